@@ -1,0 +1,29 @@
+# privzo: `make run` runs the main job, `make test` the test suite. Both install into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPEC ?= specs/examples/digits_dpzero.yaml
+
+.PHONY: install run test validate clean
+
+# torch is installed first and pinned: an unpinned torch pulls the newest CUDA build (several GB).
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/privzo run $(SPEC)
+
+validate: install
+	$(VENV)/bin/privzo validate $(SPEC)
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf mlflow.db mlruns mlartifacts .pytest_cache

@@ -1,0 +1,1 @@
+"""privzo components: pure compute (torch, numpy, dp-accounting). Never imports prefect or mlflow."""

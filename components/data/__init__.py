@@ -1,0 +1,6 @@
+"""Data sources, public/private/test splits and private samplers."""
+from components.data.sampling import PoissonSampler
+from components.data.sources import Table, load_sklearn
+from components.data.split import SplitData, fraction_split
+
+__all__ = ["PoissonSampler", "SplitData", "Table", "fraction_split", "load_sklearn"]

@@ -1,0 +1,118 @@
+"""Public / private / test split with content-fingerprint disjointness (DESIGN §4 rule 4)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from components.data.sources import Table, content_fingerprint
+from components.randomness import STREAM_SPLIT, public_seed
+
+
+class SplitOverlapError(RuntimeError):
+    """Two splits share a row's content: refusing to train (the test or public data would leak)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    features: np.ndarray
+    labels: np.ndarray
+    fingerprints: List[str]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def fingerprint(self) -> str:
+        return content_fingerprint(self.fingerprints)
+
+
+@dataclass(frozen=True)
+class SplitData:
+    public: Part
+    private: Part
+    test: Part
+    n_classes: int
+    n_features: int
+
+    @property
+    def fingerprints(self) -> Dict[str, str]:
+        return {"public": self.public.fingerprint, "private": self.private.fingerprint, "test": self.test.fingerprint}
+
+
+def class_ratios(imbalance: Optional[Sequence[float]], n_classes: int) -> np.ndarray:
+    """Per-class ratios: None -> all 1; two values -> linear from first to last; else one per class."""
+    if imbalance is None:
+        return np.ones(n_classes)
+    if len(imbalance) == 2:
+        return np.linspace(imbalance[0], imbalance[1], n_classes)
+    if len(imbalance) != n_classes:
+        raise ValueError(
+            f"data.split.imbalance: {len(imbalance)} values for {n_classes} classes; give 2 values or {n_classes}"
+        )
+    return np.asarray(imbalance, dtype=float)
+
+
+def fraction_split(
+    table: Table, *, public: float, test: float, imbalance: Optional[Sequence[float]], seed: int, scale: str
+) -> SplitData:
+    """Seeded split: ``test`` of all rows, then ``public`` of the remaining rows (per-class ``imbalance``
+    ratios), the rest private. Features are scaled without looking at private rows."""
+    rng = np.random.default_rng(public_seed(seed, STREAM_SPLIT))
+    n = len(table)
+    order = rng.permutation(n)
+    n_test = int(round(test * n))
+    test_idx, train_idx = order[:n_test], order[n_test:]
+
+    public_idx: List[int] = []
+    if public > 0:
+        ratios = class_ratios(imbalance, table.n_classes)
+        labels = table.labels[train_idx]
+        for c in range(table.n_classes):
+            members = train_idx[labels == c]
+            take = int(round(public * ratios[c] * len(members)))
+            public_idx.extend(members[:take].tolist())  # train_idx is already a random order
+    public_set = set(public_idx)
+    private_idx = np.array([i for i in train_idx if i not in public_set], dtype=np.int64)
+    public_arr = np.array(sorted(public_idx), dtype=np.int64)
+    if len(private_idx) == 0:
+        raise ValueError("data.split: no private rows left; lower data.split.public or data.split.test")
+
+    features = _scaled(table, public_arr, scale)
+    fps = table.row_fingerprints()
+
+    def part(idx: np.ndarray) -> Part:
+        return Part(features[idx], table.labels[idx], [fps[i] for i in idx])
+
+    data = SplitData(part(public_arr), part(private_idx), part(np.sort(test_idx)), table.n_classes, features.shape[1])
+    check_disjoint(data)
+    return data
+
+
+def _scaled(table: Table, public_idx: np.ndarray, scale: str) -> np.ndarray:
+    if scale == "auto":
+        scale = "fixed" if table.fixed_scale is not None else "public"
+    if scale == "none":
+        return table.features
+    if scale == "fixed":
+        if table.fixed_scale is None:
+            raise ValueError(f"data.source.scale: no fixed scale is known for {table.name}; use public or none")
+        return table.features * np.float32(table.fixed_scale)
+    if scale == "public":
+        if len(public_idx) < 2:
+            raise ValueError("data.source.scale: public standardisation needs at least 2 public rows")
+        pub = table.features[public_idx]
+        mean, std = pub.mean(axis=0), pub.std(axis=0)
+        return ((table.features - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
+    raise ValueError(f"data.source.scale: unknown {scale!r}; allowed: auto, none, fixed, public")
+
+
+def check_disjoint(data: SplitData) -> None:
+    parts = {"public": data.public, "private": data.private, "test": data.test}
+    names = list(parts)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            shared = set(parts[a].fingerprints) & set(parts[b].fingerprints)
+            if shared:
+                raise SplitOverlapError(f"data.split: {len(shared)} rows appear in both {a} and {b}")

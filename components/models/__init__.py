@@ -1,0 +1,47 @@
+"""Models and their per-example loss."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
+
+
+def linear(n_features: int, n_classes: int) -> nn.Module:
+    return nn.Linear(n_features, n_classes)
+
+
+def mlp(n_features: int, n_classes: int, hidden: Sequence[int], activation: str = "relu") -> nn.Module:
+    layers = []
+    width = n_features
+    for h in hidden:
+        layers += [nn.Linear(width, h), _ACTIVATIONS[activation]()]
+        width = h
+    layers.append(nn.Linear(width, n_classes))
+    return nn.Sequential(*layers)
+
+
+def per_example_loss(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per example, shape [b] (no reduction: clipping is per example)."""
+    return F.cross_entropy(model(features), labels, reduction="none")
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, batch_size: int = 4096) -> dict:
+    """Accuracy and mean loss on a split that is not private training data (test or public)."""
+    if len(labels) == 0:
+        return {"accuracy": float("nan"), "loss": float("nan")}
+    correct, total_loss = 0, 0.0
+    for start in range(0, len(labels), batch_size):
+        x, y = features[start : start + batch_size], labels[start : start + batch_size]
+        logits = model(x)
+        total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == y).sum())
+    return {"accuracy": correct / len(labels), "loss": total_loss / len(labels)}
+
+
+def trainable_parameters(model: nn.Module) -> list:
+    return [p for p in model.parameters() if p.requires_grad]

@@ -1,0 +1,61 @@
+"""SGD with momentum and (coupled, L2) weight decay for zeroth-order updates.
+
+Without momentum a zeroth-order update is applied by regenerating each direction tensor from its seed
+(nothing d-sized is kept). Momentum needs one d-sized buffer: the velocity is dense by nature.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from components.estimators.directions import Directions
+from components.estimators.two_point import ZoUpdate
+
+
+class Sgd:
+    def __init__(self, directions: Directions, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        self.directions = directions
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self._velocity: Optional[List[torch.Tensor]] = None
+
+    @torch.no_grad()
+    def apply(self, update: ZoUpdate) -> None:
+        params = self.directions.params
+        if self.momentum == 0.0:
+            for i, p in enumerate(params):
+                if self.weight_decay:
+                    p.mul_(1.0 - self.lr * self.weight_decay)
+                for seed, coef in update.terms:
+                    p.add_(self.directions.tensor(seed, i), alpha=-self.lr * coef)
+            return
+        if self._velocity is None:
+            self._velocity = [torch.zeros_like(p) for p in params]
+        for i, (p, v) in enumerate(zip(params, self._velocity)):
+            grad = torch.zeros_like(p)
+            for seed, coef in update.terms:
+                grad.add_(self.directions.tensor(seed, i), alpha=coef)
+            if self.weight_decay:
+                grad.add_(p, alpha=self.weight_decay)
+            v.mul_(self.momentum).add_(grad)
+            p.add_(v, alpha=-self.lr)
+
+    def state_dict(self) -> dict:
+        return {"velocity": None if self._velocity is None else [v.clone() for v in self._velocity]}
+
+    def load_state_dict(self, state: dict) -> None:
+        vel = state.get("velocity")
+        self._velocity = None if vel is None else [v.clone() for v in vel]
+
+
+def replay(directions: Directions, journal, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+    """Re-apply a journal of (step, seed, coefficient) entries to ``directions.params`` in place:
+    x_T = replay(x_0, journal). Uses the same arithmetic as training, so the result is bit-identical."""
+    opt = Sgd(directions, lr, momentum, weight_decay)
+    by_step: dict = {}
+    for entry in journal:
+        by_step.setdefault(entry.step, []).append((entry.seed, entry.coefficient))
+    for step in sorted(by_step):
+        opt.apply(ZoUpdate(tuple(by_step[step])))

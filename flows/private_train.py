@@ -1,0 +1,176 @@
+"""``private_train``: resolve -> load and split -> calibrate sigma -> train in chunks -> evaluate -> log.
+
+Reads like the algorithm: every side effect (MLflow, Prefect artifacts, files) is here, every
+computation is a component. A chunk of training draws DP noise, so its task is never cached and never
+retried (a retry would release fresh noise on the same data without accounting for it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import mlflow
+import numpy as np
+import torch
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+import specs
+from components import builders, models
+from components.accountants import event_to_json
+from components.data import SplitData
+from flows.reporting import PrivacySummary, privacy_report
+from flows.tracking import dp_tags, journal_json, log_text_artifacts
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: specs.RunSpec  # resolved
+    n_private: int
+    sampling_rate: float
+    planned_epsilon: float
+
+
+@task(name="load-and-split", cache_policy=NO_CACHE, retries=2)
+def load_and_split(spec: specs.RunSpec) -> SplitData:
+    data = builders.load_data(spec)
+    get_run_logger().info(
+        "split %s: %d public, %d private, %d test rows", spec.data.source.name, len(data.public),
+        len(data.private), len(data.test))
+    return data
+
+
+@task(name="calibrate", cache_policy=NO_CACHE)
+def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
+    if spec.sampling.expected_batch_size > n_private:
+        raise ValueError(
+            f"sampling.expected_batch_size: {spec.sampling.expected_batch_size} exceeds the {n_private} private rows")
+    sigma = spec.mechanism.noise_multiplier
+    if sigma == "auto":
+        sigma = builders.calibrate_noise(spec, n_private)
+    resolved = spec.resolved(n_private=n_private, noise_multiplier=float(sigma))
+    rate = resolved.sampling.expected_batch_size / n_private
+    import dp_accounting
+
+    planned = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(float(sigma))), resolved.optimizer.steps)
+    eps = builders.accountant(resolved).epsilon(planned, float(resolved.privacy.delta))
+    if eps > resolved.privacy.epsilon * (1 + 1e-9):
+        raise ValueError(
+            f"mechanism.noise_multiplier: {sigma} gives epsilon {eps:.4g} > privacy.epsilon "
+            f"{resolved.privacy.epsilon}; use noise_multiplier: auto or raise it")
+    return Plan(resolved, n_private, rate, eps)
+
+
+@task(name="train-chunk", cache_policy=NO_CACHE, retries=0)
+def train_chunk(built: builders.Built, until: int, progress=None) -> int:
+    start = built.loop.step
+    built.loop.run(until, on_step=(lambda _s: progress.update(1)) if progress is not None else None)
+    return built.loop.step - start
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
+    """Metrics on the declared evaluation split and on public data only (never private training rows)."""
+    dev = built.device
+    out = {f"eval/{k}": v for k, v in models.evaluate(
+        built.model, torch.as_tensor(data.test.features, device=dev), torch.as_tensor(data.test.labels, device=dev)
+    ).items()}
+    if len(data.public):
+        out["public/loss"] = models.evaluate(
+            built.model, torch.as_tensor(data.public.features, device=dev),
+            torch.as_tensor(data.public.labels, device=dev))["loss"]
+    return out
+
+
+def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
+    spec = plan.spec
+    return PrivacySummary(
+        dataset=spec.data.source.name, epsilon=built.loop.tracker.epsilon(), target_epsilon=spec.privacy.epsilon,
+        delta=float(spec.privacy.delta), accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
+        noise_multiplier=float(spec.mechanism.noise_multiplier), steps=built.loop.tracker.steps,
+        sampling_rate=plan.sampling_rate, clip=spec.mechanism.clip,
+        queries_per_step=built.loop.estimator.queries_per_step, private=not spec.privacy.insecure_deterministic)
+
+
+def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
+    if (spec_path is None) == (spec is None):
+        raise ValueError("private_train: give exactly one of spec_path or spec")
+    return specs.load_spec(spec_path) if spec_path is not None else specs.spec_from_dict(spec)
+
+
+@flow(name="private-train", log_prints=True, validate_parameters=True)
+def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None,
+                  progress: bool = False) -> Dict[str, Any]:
+    """Train a model under differential privacy as declared by one run spec (a YAML path or a mapping)."""
+    run_spec = _load(spec_path, spec)
+    if run_spec.execution.threads:
+        torch.set_num_threads(run_spec.execution.threads)
+    data = load_and_split(run_spec)
+    plan = calibrate(run_spec, len(data.private))
+    resolved = plan.spec
+    built = builders.build_loop(resolved, data)
+    total = resolved.optimizer.steps
+
+    mlflow.set_tracking_uri(resolved.tracking.uri)
+    mlflow.set_experiment(resolved.tracking.experiment or resolved.name)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=f"{resolved.name} private steps", unit="step", leave=False)
+    with mlflow.start_run(run_name=resolved.name) as run:
+        mlflow.log_params(specs.flatten(resolved))
+        mlflow.log_params({
+            "derived.n_private": len(data.private), "derived.n_public": len(data.public),
+            "derived.n_test": len(data.test), "derived.sampling_rate": plan.sampling_rate,
+            "derived.dimension": built.loop.backend.directions.dim, "derived.device": str(built.device)})
+        mlflow.set_tags({"privzo.spec": resolved.name, "dp.target_epsilon": str(resolved.privacy.epsilon),
+                         "dp.private": str(not resolved.privacy.insecure_deterministic).lower()})
+        log_text_artifacts({"spec.yaml": specs.dump_yaml(resolved)})
+        metrics: Dict[str, float] = {}
+        try:
+            while built.loop.step < total:
+                until = min(total, built.loop.step + resolved.tracking.log_every)
+                train_chunk(built, until, bar)
+                metrics = evaluate(built, data)
+                metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
+                mlflow.log_metrics(metrics, step=built.loop.step)
+        finally:
+            # whatever happened, record what was spent: the steps executed are the privacy cost
+            if bar is not None:
+                bar.close()
+            summary = _summary(plan, built)
+            mlflow.set_tags(dp_tags(summary, data.private.fingerprint))
+            report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
+            log_text_artifacts({
+                "dp_event.json": event_to_json(built.loop.tracker.event()),
+                "privacy_report.md": report,
+                "journal/journal.json": journal_json(built.loop.journal),
+            })
+        info = mlflow.pytorch.log_model(
+            built.model.cpu(), name="model", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            # an all-zero row: the exported graph needs an example input, and no real row may be logged
+            input_example=np.zeros((1, data.n_features), dtype=np.float32),
+            registered_model_name=resolved.name)
+        client = mlflow.MlflowClient()
+        for key, value in dp_tags(summary, data.private.fingerprint).items():  # registered models carry DP tags
+            client.set_model_version_tag(resolved.name, str(info.registered_model_version), key, value)
+        create_markdown_artifact(report, key=_artifact_key(resolved.name), description="privzo privacy report")
+
+    result = {
+        "run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": resolved.tracking.uri,
+        "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": resolved.privacy.epsilon,
+        "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
+        "model_version": str(info.registered_model_version), **metrics,
+    }
+    return result
+
+
+def _artifact_key(name: str) -> str:
+    # Prefect artifact keys allow lowercase letters, digits and dashes only
+    return "privacy-report-" + "".join(c if c.isalnum() else "-" for c in name.lower())
+
+

@@ -1,0 +1,58 @@
+"""Plain-language statements of what a run guarantees."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrivacySummary:
+    dataset: str
+    epsilon: float
+    target_epsilon: float
+    delta: float
+    accountant: str
+    neighboring: str
+    noise_multiplier: float
+    steps: int
+    sampling_rate: float
+    clip: float
+    queries_per_step: int
+    private: bool
+
+    def guarantee(self) -> str:
+        if not self.private:
+            return (f"NOT private: insecure_deterministic drew the noise and batches from the public seed; "
+                    f"the nominal ({self.epsilon:.4g}, {self.delta:.3g}) does not hold for {self.dataset}.")
+        unit = "add/remove of one example" if self.neighboring == "add_remove" else "replacement of one example"
+        return f"({self.epsilon:.4g}, {self.delta:.3g})-DP for {unit} of {self.dataset}."
+
+
+def privacy_report(s: PrivacySummary, metrics: dict) -> str:
+    lines = [
+        f"# Privacy report: {s.dataset}",
+        "",
+        f"**Guarantee.** {s.guarantee()}",
+        "",
+        "| quantity | value |",
+        "|---|---|",
+        f"| epsilon spent (accounted) | {s.epsilon:.6g} |",
+        f"| epsilon target | {s.target_epsilon:.6g} |",
+        f"| delta | {s.delta:.6g} |",
+        f"| accountant | {s.accountant} (dp-accounting) |",
+        f"| neighbouring relation | {s.neighboring} |",
+        f"| noise multiplier sigma | {s.noise_multiplier:.6g} |",
+        f"| private steps | {s.steps} |",
+        f"| Poisson sampling rate | {s.sampling_rate:.6g} |",
+        f"| clip C | {s.clip:.6g} |",
+        f"| noisy queries per step | {s.queries_per_step} |",
+        "",
+        "Each step releases the clipped per-example sums of its queries with Gaussian noise; the run's "
+        "DpEvent (dp_event.json) is the self-composition of one Poisson-subsampled Gaussian per step.",
+        "Noise and batch selection come from OS entropy, never from the spec's seed."
+        if s.private else "**This run is not private.**",
+        "",
+        "## Metrics (evaluation split, not private training data)",
+        "",
+    ]
+    lines += [f"- {k}: {v:.4f}" for k, v in metrics.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,150 @@
+"""YAML -> RunSpec, with every problem reported on one readable line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Dict, List, Tuple, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from specs.run import RunSpec
+
+
+class SpecError(ValueError):
+    """A spec that cannot run. ``str(err)`` is one line naming each bad field and what is allowed."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (plain YAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise SpecError(f"{key}: duplicate key at line {key_node.start_mark.line + 1}; give it once")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, origin: str = "spec") -> Dict[str, Any]:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{origin}: not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{origin}: expected a mapping of sections (name, data, model, ...), found {type(data).__name__}")
+    return data
+
+
+def load_spec(path: Union[str, Path]) -> RunSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read spec ({err.strerror})") from None
+    return spec_from_dict(parse_yaml(text, str(path)))
+
+
+def spec_from_dict(data: Dict[str, Any]) -> RunSpec:
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(format_errors(err)) from None
+
+
+def dump_yaml(spec: RunSpec) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+
+
+def json_schema() -> str:
+    return json.dumps(RunSpec.model_json_schema(), indent=2)
+
+
+# ------------------------------------------------------------------ error formatting
+def format_errors(err: ValidationError) -> str:
+    """One line: ``field.path: problem (found X; allowed: ...)`` for each error, joined by '; '."""
+    parts: List[str] = []
+    for e in err.errors(include_url=False):
+        loc = tuple(e["loc"])
+        path, model = _walk(loc)
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            allowed = ", ".join(model.model_fields) if model is not None else "see `privzo schema`"
+            parts.append(f"{path}: unknown key; allowed keys here: {allowed}")
+        elif kind == "union_tag_invalid":
+            ctx = e.get("ctx", {})
+            parts.append(f"{path}.kind: unknown kind {ctx.get('tag')!r}; allowed: {ctx.get('expected_tags')}")
+        elif kind == "union_tag_not_found":
+            parts.append(f"{path}: missing key 'kind'; see `privzo schema` for the allowed kinds")
+        elif kind == "missing":
+            parts.append(f"{path}: required key is missing")
+        elif kind == "value_error" and not loc:
+            parts.extend(m.strip() for m in str(e["ctx"]["error"]).split(" | "))
+        else:
+            msg = e["msg"]
+            if kind == "value_error":
+                msg = str(e["ctx"]["error"])
+            found = e.get("input")
+            found_text = "" if isinstance(found, (dict, list)) else f" (found {found!r})"
+            parts.append(f"{path or 'spec'}: {msg}{found_text}")
+    return "; ".join(dict.fromkeys(parts))
+
+
+def _walk(loc: Tuple[Any, ...]) -> Tuple[str, Any]:
+    """Return the user-facing dotted path for ``loc`` and the model class that owns its last key.
+
+    pydantic inserts the discriminator tag into locations (``estimator.two_point.queries``); the user
+    wrote ``estimator.queries``, so tags are dropped from the path.
+    """
+    names: List[str] = []
+    current: Any = RunSpec
+    owner: Any = None
+    for part in loc:
+        members = _union_members(current)
+        if members is None and _is_model(current) and part not in current.model_fields:
+            members = [current]  # a one-member union: pydantic unwraps it but keeps the tag in loc
+        if members is not None:
+            chosen = [m for m in members if _literal_value(m) == part]
+            if chosen:
+                current = chosen[0]
+                continue
+        names.append(str(part))
+        if _is_model(current):
+            owner = current
+            field = current.model_fields.get(part) if isinstance(part, str) else None
+            current = field.annotation if field is not None else None
+        else:
+            owner = None
+            args = get_args(current)
+            current = args[0] if args else None
+    return ".".join(names), owner
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _literal_value(model: Any) -> Any:
+    field = model.model_fields.get("kind")
+    args = get_args(field.annotation) if field is not None else ()
+    return args[0] if args else None
+
+
+def _union_members(tp: Any):
+    """Members of a (possibly Annotated, possibly Optional) union of spec models, else None."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _union_members(get_args(tp)[0])
+    if origin is Union:
+        members = [a for a in get_args(tp) if _is_model(a)]
+        return members or None
+    return None

@@ -1,0 +1,114 @@
+"""The whole run: one typed spec, validated per field and then by cross-field rules."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+from pydantic import Field, model_validator
+
+from specs.base import Strict
+from specs.sections import (
+    DataSpec,
+    EstimatorSpec,
+    ExecutionSpec,
+    MechanismSpec,
+    ModelSpec,
+    OptimizerSpec,
+    PrivacySpec,
+    SamplingSpec,
+    TrackingSpec,
+)
+
+
+class RunSpec(Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", description="Run and experiment name.")
+    seed: int = Field(0, ge=0, description="Public randomness only (directions, splits); never DP noise.")
+    data: DataSpec
+    model: ModelSpec
+    estimator: EstimatorSpec
+    mechanism: MechanismSpec
+    privacy: PrivacySpec
+    sampling: SamplingSpec
+    optimizer: OptimizerSpec
+    execution: ExecutionSpec = ExecutionSpec()
+    tracking: TrackingSpec = TrackingSpec()
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "RunSpec":
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValueError(" | ".join(problems))
+        return self
+
+    # ------------------------------------------------------------ resolution
+    @property
+    def is_resolved(self) -> bool:
+        return not any(
+            v == "auto"
+            for v in (self.privacy.delta, self.mechanism.noise_multiplier, self.optimizer.steps)
+        )
+
+    def planned_steps(self, n_private: int) -> int:
+        """Number of private steps: explicit ``steps`` or ceil(epochs * n_private / batch)."""
+        if self.optimizer.steps != "auto":
+            return int(self.optimizer.steps)
+        assert self.optimizer.epochs is not None  # guaranteed by the cross-field rules
+        return max(1, math.ceil(self.optimizer.epochs * n_private / self.sampling.expected_batch_size))
+
+    def resolved(self, *, n_private: int, noise_multiplier: float) -> "RunSpec":
+        """The spec with every ``auto`` replaced; this is what a run logs and replays."""
+        delta = 1.0 / n_private if self.privacy.delta == "auto" else self.privacy.delta
+        data: Dict[str, Any] = self.model_dump(mode="json")
+        data["privacy"]["delta"] = delta
+        data["mechanism"]["noise_multiplier"] = noise_multiplier
+        # epochs are a request; the resolved run is a fixed number of steps
+        data["optimizer"]["steps"] = self.planned_steps(n_private)
+        data["optimizer"]["epochs"] = None
+        return RunSpec.model_validate(data)
+
+
+def cross_field_problems(spec: RunSpec) -> List[str]:
+    """Rules that involve more than one field; each message names its fields and the fix."""
+    problems: List[str] = []
+    opt = spec.optimizer
+    if opt.steps == "auto" and opt.epochs is None:
+        problems.append("optimizer: give epochs or steps (steps: auto needs epochs)")
+    if opt.steps != "auto" and opt.epochs is not None:
+        problems.append("optimizer: give one of epochs or steps, not both")
+    if spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
+        problems.append(
+            "privacy.neighboring: replace_one is not accounted for poisson sampling; use add_remove "
+            "with sampling.kind: poisson"
+        )
+    est = spec.estimator
+    if est.kind == "two_point" and est.radius != "auto" and est.directions != "sphere":
+        problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
+    split = spec.data.split
+    if split.imbalance is not None and split.public == 0.0:
+        problems.append("data.split.imbalance: needs a public fraction > 0")
+    if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
+        problems.append("data.split: public and test fractions leave no private rows")
+    if spec.data.source.kind == "sklearn":
+        scale = spec.data.source.scale
+        if scale == "fixed" and spec.data.source.name != "digits":
+            problems.append("data.source.scale: fixed is only known for digits; use public or none")
+        if (scale == "public" or (scale == "auto" and spec.data.source.name != "digits")) and split.public == 0.0:
+            problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
+    return problems
+
+
+def flatten(spec: RunSpec) -> Dict[str, str]:
+    """Flattened ``section.key`` -> string view of the spec (MLflow params)."""
+    out: Dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, sub)
+        else:
+            out[prefix] = "null" if value is None else str(value)
+
+    walk("", spec.model_dump(mode="json"))
+    return out
+
+

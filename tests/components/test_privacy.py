@@ -1,0 +1,121 @@
+"""Mechanism noise, private randomness, accounting against independent dp-accounting computations."""
+import math
+
+import dp_accounting
+import pytest
+import torch
+from dp_accounting import pld, rdp
+from scipy import stats
+
+from components.accountants import Accountant, PrivacyTracker, event_from_json, event_to_json
+from components.data import PoissonSampler
+from components.mechanisms import GaussianMechanism
+from components.randomness import private_generator, public_seed
+
+
+def test_noise_has_the_stated_std():
+    """KS test of (release - sum) / std against N(0, 1), plus a chi-square interval on the variance."""
+    for queries, neighboring, factor in ((1, "add_remove", 1.0), (4, "add_remove", 1.0), (3, "replace_one", 2.0)):
+        mech = GaussianMechanism(clip=1.5, noise_multiplier=0.8, queries_per_step=queries, neighboring=neighboring,
+                                 generator=private_generator(123))
+        assert mech.std == pytest.approx(math.sqrt(queries) * 0.8 * 1.5 * factor)
+        sums = torch.arange(queries, dtype=torch.float64)
+        noise = torch.cat([(mech.release(sums) - sums) for _ in range(20000 // queries)]) / mech.std
+        assert stats.kstest(noise.numpy(), "norm").pvalue > 1e-3
+        n = len(noise)
+        var = float(noise.var())
+        lo, hi = stats.chi2.ppf([1e-4, 1 - 1e-4], n - 1) / (n - 1)
+        assert lo < var < hi
+
+
+def test_noise_differs_between_runs_with_the_same_public_seed():
+    """Two mechanisms built the production way never share noise, whatever the public seed."""
+    a = GaussianMechanism(1.0, 1.0, 2, "add_remove", private_generator())
+    b = GaussianMechanism(1.0, 1.0, 2, "add_remove", private_generator())
+    zeros = torch.zeros(2, dtype=torch.float64)
+    assert not torch.equal(a.release(zeros), b.release(zeros))
+
+
+def test_noise_is_not_touched_by_public_streams():
+    """Drawing directions or re-seeding torch's global RNG does not change the private stream."""
+    gen_a, gen_b = private_generator(7), private_generator(7)
+    a = GaussianMechanism(1.0, 1.0, 1, "add_remove", gen_a)
+    b = GaussianMechanism(1.0, 1.0, 1, "add_remove", gen_b)
+    zeros = torch.zeros(1, dtype=torch.float64)
+    first = a.release(zeros)
+    torch.manual_seed(7)
+    torch.randn(100)
+    public_seed(7, 2, 0, 0)
+    assert torch.equal(first, b.release(zeros))
+
+
+def test_release_checks_shape():
+    mech = GaussianMechanism(1.0, 1.0, 2, "add_remove", private_generator(0))
+    with pytest.raises(ValueError, match="expected 2 query sums"):
+        mech.release(torch.zeros(3))
+
+
+def test_poisson_sampler_rate_and_private_selection():
+    sampler = PoissonSampler(1000, 50, private_generator(1))
+    sizes = [len(sampler.sample()) for _ in range(400)]
+    assert sum(sizes) / len(sizes) == pytest.approx(50, rel=0.05)
+    a = PoissonSampler(1000, 50, private_generator())
+    b = PoissonSampler(1000, 50, private_generator())
+    assert not torch.equal(a.sample(), b.sample())
+    c, d = PoissonSampler(1000, 50, private_generator(9)), PoissonSampler(1000, 50, private_generator(9))
+    assert torch.equal(c.sample(), d.sample())
+    assert sampler.wrap(dp_accounting.GaussianDpEvent(1.0)) == dp_accounting.PoissonSampledDpEvent(
+        0.05, dp_accounting.GaussianDpEvent(1.0))
+    with pytest.raises(ValueError, match="expected_batch_size"):
+        PoissonSampler(10, 11, private_generator(0))
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_epsilon_equals_independent_dp_accounting(kind):
+    rate, sigma, steps, delta = 64 / 1438, 1.1, 700, 1e-5
+    step = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))
+    tracker = PrivacyTracker(Accountant(kind), step, delta)
+    for _ in range(steps):
+        tracker.record_step()
+    independent = (rdp.RdpAccountant() if kind == "rdp" else pld.PLDAccountant())
+    independent.compose(step, steps)
+    assert tracker.epsilon() == pytest.approx(independent.get_epsilon(delta), rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_calibration_meets_the_target_tightly(kind):
+    acc = Accountant(kind)
+    rate, steps, delta, target = 0.05, 500, 1e-5, 1.0
+
+    def event(sigma):
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps)
+
+    sigma = acc.calibrate(event, target, delta)
+    assert acc.epsilon(event(sigma), delta) <= target
+    assert acc.epsilon(event(sigma * 0.98), delta) > target  # not wastefully large
+
+
+def test_tracker_starts_at_zero_and_composes():
+    tracker = PrivacyTracker(Accountant("rdp"), dp_accounting.GaussianDpEvent(5.0), 1e-5)
+    assert tracker.epsilon() == 0.0 and isinstance(tracker.event(), dp_accounting.NoOpDpEvent)
+    tracker.record_step()
+    one = tracker.epsilon()
+    tracker.record_step()
+    assert tracker.epsilon() > one
+    assert tracker.event() == dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(5.0), 2)
+
+
+def test_event_json_round_trip_and_closed_registry():
+    event = dp_accounting.ComposedDpEvent([
+        dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.2)), 30),
+        dp_accounting.GaussianDpEvent(3.0),
+    ])
+    assert event_from_json(event_to_json(event)) == event
+    with pytest.raises(ValueError, match="unknown DpEvent type 'os.system'"):
+        event_from_json('{"type": "os.system", "command": "true"}')
+
+
+def test_unsupported_event_fails_closed():
+    with pytest.raises(ValueError, match="cannot account"):
+        Accountant("rdp").epsilon(dp_accounting.UnsupportedDpEvent(), 1e-5)

@@ -1,0 +1,37 @@
+import copy
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "specs" / "examples"
+
+TINY = {
+    "name": "tiny-digits",
+    "seed": 3,
+    "data": {"source": {"kind": "sklearn", "name": "digits"}, "split": {"kind": "fraction", "public": 0.04, "test": 0.2,
+                                                                          "imbalance": [1.0, 0.85]}},
+    "model": {"kind": "linear"},
+    "estimator": {"kind": "two_point", "queries": 2, "smoothing": 1e-3},
+    "mechanism": {"kind": "gaussian", "clip": 2.0},
+    "privacy": {"epsilon": 2.0, "delta": "auto", "accountant": "rdp"},
+    "sampling": {"kind": "poisson", "expected_batch_size": 64},
+    "optimizer": {"kind": "sgd", "lr": 0.02, "steps": 60},
+    "tracking": {"log_every": 20},
+}
+
+
+@pytest.fixture
+def tiny_spec_dict():
+    return copy.deepcopy(TINY)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_prefect_home(tmp_path_factory):
+    """Prefect keeps state under PREFECT_HOME; tests never touch the user's."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    yield

@@ -1,0 +1,87 @@
+"""The privzo command line, run as a user would (subprocesses in a scratch directory)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import EXAMPLES
+
+PRIVZO = [sys.executable, "-m", "flows.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _privzo(args, cwd, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(PRIVZO + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _write(tmp_path, data, name="spec.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d["estimator"].update(querys=2), "estimator.querys"),
+        (lambda d: d["privacy"].update(epsilon=0), "privacy.epsilon"),
+        (lambda d: d["privacy"].update(epsilon=-1), "privacy.epsilon"),
+        (lambda d: d["data"]["split"].update(public=1.0), "data.split.public"),
+        (lambda d: d["data"]["split"].update(public=1.5), "data.split.public"),
+        (lambda d: d["model"].update(kind="transformer"), "model.kind"),
+    ],
+)
+def test_validate_rejects_bad_spec_in_one_line_and_creates_nothing(tmp_path, tiny_spec_dict, mutate, field):
+    mutate(tiny_spec_dict)
+    path = _write(tmp_path, tiny_spec_dict)
+    for command in ("validate", "run"):
+        out = _privzo([command, str(path)], tmp_path, timeout=60)
+        assert out.returncode == 2, out
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0], out.stderr
+        assert "Traceback" not in out.stderr and out.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # no mlflow.db, no mlruns
+
+
+def test_validate_accepts_examples(tmp_path):
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        out = _privzo(["validate", str(path)], tmp_path, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith("ok: "), out
+
+
+def test_missing_file_is_one_line(tmp_path):
+    out = _privzo(["validate", str(tmp_path / "nope.yaml")], tmp_path, timeout=60)
+    assert out.returncode == 2 and "cannot read spec" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_prints_sigma_steps_rate_epsilon(tmp_path, tiny_spec_dict):
+    out = _privzo(["calibrate", str(_write(tmp_path, tiny_spec_dict))], tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    values = dict(line.split(":", 1) for line in out.stdout.strip().splitlines())
+    assert float(values["noise_multiplier (sigma)"]) > 0
+    assert int(values["steps"]) == 60
+    assert float(values["epsilon"].split()[0]) <= 2.0
+    assert float(values["sampling rate"].split()[0]) > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+
+
+def test_schema_is_valid_json(tmp_path):
+    out = _privzo(["schema"], tmp_path, timeout=60)
+    assert out.returncode == 0 and json.loads(out.stdout)["title"] == "RunSpec"
+
+
+@pytest.mark.e2e
+def test_run_reports_accuracy_privacy_and_mlflow(tmp_path, tiny_spec_dict):
+    tiny_spec_dict["optimizer"]["steps"] = 40
+    env_home = tmp_path / "prefect-home"
+    os.environ.setdefault("PREFECT_HOME", str(env_home))
+    out = _privzo(["run", "--no-progress", str(_write(tmp_path, tiny_spec_dict))], tmp_path, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "test accuracy" in out.stdout and "-DP for add/remove of one example of digits" in out.stdout
+    assert "mlflow ui --backend-store-uri sqlite:///mlflow.db" in out.stdout
+    assert (tmp_path / "mlflow.db").exists()

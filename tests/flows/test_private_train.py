@@ -1,0 +1,93 @@
+"""End to end: the Prefect flow trains, and MLflow holds the run as DESIGN §7 describes."""
+import json
+from pathlib import Path
+
+import dp_accounting
+import mlflow
+import pytest
+import yaml
+from dp_accounting import rdp
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def finished_run(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = private_train(spec=tiny_spec_dict)
+    mlflow.set_tracking_uri(tiny_spec_dict["tracking"]["uri"])
+    client = mlflow.MlflowClient()
+    return result, client, client.get_run(result["run_id"]), tmp_path
+
+
+def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_dict):
+    result, client, run, _ = finished_run
+    tags, params = run.data.tags, run.data.params
+    assert float(tags["dp.epsilon"]) <= tiny_spec_dict["privacy"]["epsilon"]
+    assert tags["dp.accountant"] == "rdp" and tags["dp.neighboring"] == "add_remove"
+    assert tags["dp.guarantee"].endswith("-DP for add/remove of one example of digits.")
+    assert tags["dp.private"] == "true"
+    assert len(tags["data.fingerprint"]) == 64
+    assert params["estimator.queries"] == "2" and params["optimizer.steps"] == "60"
+    assert params["privacy.delta"] != "auto" and params["mechanism.noise_multiplier"] != "auto"
+    eps_curve = client.get_metric_history(run.info.run_id, "privacy/epsilon")
+    assert [m.step for m in eps_curve] == [20, 40, 60]
+    assert all(a.value < b.value for a, b in zip(eps_curve, eps_curve[1:]))
+    for key in ("eval/accuracy", "eval/loss", "public/loss"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 3
+    assert not any(k.startswith(("train/", "private/")) for k in run.data.metrics)  # no private training loss
+
+
+def test_reported_epsilon_equals_independent_dp_accounting(finished_run):
+    result, _, run, _ = finished_run
+    params = run.data.params
+    rate = float(params["derived.sampling_rate"])
+    sigma = float(params["mechanism.noise_multiplier"])
+    steps = int(params["optimizer.steps"])
+    delta = float(params["privacy.delta"])
+    assert rate == pytest.approx(64 / int(params["derived.n_private"]))
+    independent = rdp.RdpAccountant().compose(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps).get_epsilon(delta)
+    assert result["epsilon"] == pytest.approx(independent, rel=1e-9)
+    assert run.data.metrics["privacy/epsilon"] == pytest.approx(independent, rel=1e-9)
+    assert independent <= result["target_epsilon"]
+
+
+def test_artifacts_exist_and_describe_the_run(finished_run):
+    result, client, run, tmp = finished_run
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"spec.yaml", "dp_event.json", "privacy_report.md", "journal"} <= names
+    local = Path(client.download_artifacts(run.info.run_id, "", str(tmp / "dl")))
+    spec = yaml.safe_load((local / "spec.yaml").read_text())
+    assert spec["privacy"]["delta"] == pytest.approx(float(run.data.params["privacy.delta"]))
+    event = json.loads((local / "dp_event.json").read_text())
+    assert event["type"] == "SelfComposedDpEvent" and event["count"] == 60
+    assert event["event"]["type"] == "PoissonSampledDpEvent"
+    report = (local / "privacy_report.md").read_text()
+    assert "-DP for add/remove of one example of digits" in report
+    journal = json.loads((local / "journal" / "journal.json").read_text())
+    assert len(journal) == 60 * 2 and {"step", "seed", "coefficient"} <= set(journal[0])
+
+
+def test_model_is_registered_with_dp_tags(finished_run, tiny_spec_dict):
+    result, client, run, _ = finished_run
+    version = client.get_model_version(tiny_spec_dict["name"], result["model_version"])
+    assert version.run_id == run.info.run_id
+    assert version.tags["dp.epsilon"] == run.data.tags["dp.epsilon"]
+    assert "dp.guarantee" in version.tags
+
+
+def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["privacy"]["insecure_deterministic"] = True
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    result = private_train(spec=tiny_spec_dict)
+    run = mlflow.MlflowClient(tiny_spec_dict["tracking"]["uri"]).get_run(result["run_id"])
+    assert run.data.tags["dp.private"] == "false"
+    assert run.data.tags["dp.guarantee"].startswith("NOT private")

@@ -1,0 +1,111 @@
+"""Spec layer: closed typed specs, one-line errors, auto resolution, no torch."""
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import specs
+from tests.conftest import EXAMPLES, ROOT
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_spec_validates(path):
+    spec = specs.load_spec(path)
+    assert spec.name
+    assert not spec.is_resolved  # examples leave sigma / delta to calibration
+
+
+def test_examples_exist():
+    assert (EXAMPLES / "digits_dpzero.yaml").exists()
+
+
+def _error_for(tiny, mutate):
+    mutate(tiny)
+    with pytest.raises(specs.SpecError) as info:
+        specs.spec_from_dict(tiny)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "mutate, must_contain",
+    [
+        (lambda d: d["estimator"].update(querys=2), ["estimator.querys", "unknown key", "queries"]),
+        (lambda d: d.update(optimiser={}), ["optimiser", "unknown key", "optimizer"]),
+        (lambda d: d["privacy"].update(epsilon=0), ["privacy.epsilon", "greater than 0"]),
+        (lambda d: d["privacy"].update(epsilon=-1.5), ["privacy.epsilon"]),
+        (lambda d: d["data"]["split"].update(public=1.0), ["data.split.public", "less than 1"]),
+        (lambda d: d["model"].update(kind="cnn"), ["model.kind", "'cnn'", "'linear'", "'mlp'"]),
+        (lambda d: d["estimator"].update(kind="pazo_z"), ["estimator.kind", "'pazo_z'", "two_point"]),
+        (lambda d: d["privacy"].update(delta=2), ["privacy.delta"]),
+        (lambda d: d["optimizer"].pop("steps"), ["optimizer", "epochs or steps"]),
+        (lambda d: d["optimizer"].update(epochs=3), ["optimizer", "not both"]),
+        (lambda d: d["privacy"].update(neighboring="replace_one"), ["privacy.neighboring", "poisson"]),
+        (lambda d: d.pop("mechanism"), ["mechanism", "missing"]),
+        (lambda d: d["sampling"].update(expected_batch_size=0), ["sampling.expected_batch_size"]),
+    ],
+)
+def test_bad_specs_name_the_field_in_one_line(tiny_spec_dict, mutate, must_contain):
+    message = _error_for(tiny_spec_dict, mutate)
+    for fragment in must_contain:
+        assert fragment in message, message
+
+
+def test_several_errors_are_reported_together(tiny_spec_dict):
+    tiny_spec_dict["privacy"]["epsilon"] = 0
+    tiny_spec_dict["model"]["kind"] = "cnn"
+    message = _error_for(tiny_spec_dict, lambda d: None)
+    assert "privacy.epsilon" in message and "model.kind" in message
+
+
+def test_duplicate_yaml_keys_are_rejected():
+    with pytest.raises(specs.SpecError, match="seed: duplicate key"):
+        specs.parse_yaml("name: a\nseed: 1\nseed: 2\n")
+
+
+def test_not_a_mapping_and_bad_yaml():
+    with pytest.raises(specs.SpecError, match="expected a mapping"):
+        specs.parse_yaml("- 1\n- 2\n")
+    with pytest.raises(specs.SpecError, match="not valid YAML"):
+        specs.parse_yaml("name: [unclosed\n")
+
+
+def test_resolution_replaces_every_auto(tiny_spec_dict):
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    resolved = spec.resolved(n_private=1000, noise_multiplier=1.25)
+    assert resolved.is_resolved
+    assert resolved.privacy.delta == pytest.approx(1e-3)
+    assert resolved.mechanism.noise_multiplier == 1.25
+    assert resolved.optimizer.steps == 60
+    # the resolved spec round-trips through YAML unchanged
+    assert specs.spec_from_dict(yaml.safe_load(specs.dump_yaml(resolved))) == resolved
+
+
+def test_epochs_resolve_to_steps(tiny_spec_dict):
+    tiny_spec_dict["optimizer"].pop("steps")
+    tiny_spec_dict["optimizer"]["epochs"] = 2.5
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    resolved = spec.resolved(n_private=1000, noise_multiplier=1.0)
+    assert resolved.optimizer.steps == 40  # ceil(2.5 * 1000 / 64)
+    assert resolved.optimizer.epochs is None
+
+
+def test_flatten_gives_dotted_params(tiny_spec_dict):
+    flat = specs.flatten(specs.spec_from_dict(tiny_spec_dict))
+    assert flat["estimator.queries"] == "2"
+    assert flat["data.source.name"] == "digits"
+
+
+def test_schema_is_json_with_every_section():
+    schema = json.loads(specs.json_schema())
+    assert {"data", "model", "estimator", "mechanism", "privacy", "sampling", "optimizer"} <= set(schema["properties"])
+
+
+def test_specs_never_import_torch():
+    code = "import sys, specs; specs.load_spec(sys.argv[1]); bad = [m for m in ('torch', 'ray', 'prefect', 'mlflow') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / "digits_dpzero.yaml")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
