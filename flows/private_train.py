@@ -7,6 +7,7 @@ retried (a retry would release fresh noise on the same data without accounting f
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -16,6 +17,7 @@ import torch
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from mlflow.entities import Metric, Param, RunTag
 
 import specs
 from components import builders, models
@@ -101,6 +103,60 @@ def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.Run
     return specs.load_spec(spec_path) if spec_path is not None else specs.spec_from_dict(spec)
 
 
+@task(name="open-run", cache_policy=NO_CACHE, retries=2)
+def open_run(plan: Plan, data: SplitData, dimension: int, device: str) -> str:
+    """Create the MLflow run with the resolved spec as params; nothing private is read here."""
+    spec = plan.spec
+    mlflow.set_tracking_uri(spec.tracking.uri)
+    experiment = mlflow.set_experiment(spec.tracking.experiment or spec.name)
+    client = mlflow.MlflowClient(spec.tracking.uri)
+    run = client.create_run(experiment.experiment_id, run_name=spec.name, tags={
+        "privzo.spec": spec.name, "dp.target_epsilon": str(spec.privacy.epsilon),
+        "dp.private": str(not spec.privacy.insecure_deterministic).lower()})
+    params = dict(specs.flatten(spec))
+    params.update({
+        "derived.n_private": str(len(data.private)), "derived.n_public": str(len(data.public)),
+        "derived.n_test": str(len(data.test)), "derived.sampling_rate": repr(plan.sampling_rate),
+        "derived.dimension": str(dimension), "derived.device": device})
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+    log_text_artifacts(client, run.info.run_id, {"spec.yaml": specs.dump_yaml(spec)})
+    return run.info.run_id
+
+
+@task(name="log-metrics", cache_policy=NO_CACHE, retries=2)
+def log_metrics(tracking_uri: str, run_id: str, metrics: Dict[str, float], step: int) -> None:
+    now = int(time.time() * 1000)
+    mlflow.MlflowClient(tracking_uri).log_batch(
+        run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+
+@task(name="log-privacy", cache_policy=NO_CACHE, retries=2)
+def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: str, event_json: str,
+                journal: str) -> None:
+    """What was spent, whatever happened: DP tags, the composed DpEvent, the report and the journal."""
+    client = mlflow.MlflowClient(tracking_uri)
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    log_text_artifacts(client, run_id, {
+        "dp_event.json": event_json, "privacy_report.md": report, "journal/journal.json": journal})
+
+
+@task(name="register-model", cache_policy=NO_CACHE)
+def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, n_features: int, name: str,
+                   tags: Dict[str, str]) -> str:
+    mlflow.set_tracking_uri(tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(
+            model.cpu(), name="model", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            # an all-zero row: the exported graph needs an example input, and no real row may be logged
+            input_example=np.zeros((2, n_features), dtype=np.float32),  # 2 rows: batch size stays dynamic
+            registered_model_name=name)
+    client = mlflow.MlflowClient(tracking_uri)
+    version = str(info.registered_model_version)
+    for key, value in tags.items():  # registered models carry the DP tags
+        client.set_model_version_tag(name, version, key, value)
+    return version
+
+
 @flow(name="private-train", log_prints=True, validate_parameters=True)
 def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None,
                   progress: bool = False) -> Dict[str, Any]:
@@ -111,62 +167,47 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     data = load_and_split(run_spec)
     plan = calibrate(run_spec, len(data.private))
     resolved = plan.spec
+    uri = resolved.tracking.uri
     built = builders.build_loop(resolved, data)
     total = resolved.optimizer.steps
+    run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
 
-    mlflow.set_tracking_uri(resolved.tracking.uri)
-    mlflow.set_experiment(resolved.tracking.experiment or resolved.name)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=total, desc=f"{resolved.name} private steps", unit="step", leave=False)
-    with mlflow.start_run(run_name=resolved.name) as run:
-        mlflow.log_params(specs.flatten(resolved))
-        mlflow.log_params({
-            "derived.n_private": len(data.private), "derived.n_public": len(data.public),
-            "derived.n_test": len(data.test), "derived.sampling_rate": plan.sampling_rate,
-            "derived.dimension": built.loop.backend.directions.dim, "derived.device": str(built.device)})
-        mlflow.set_tags({"privzo.spec": resolved.name, "dp.target_epsilon": str(resolved.privacy.epsilon),
-                         "dp.private": str(not resolved.privacy.insecure_deterministic).lower()})
-        log_text_artifacts({"spec.yaml": specs.dump_yaml(resolved)})
-        metrics: Dict[str, float] = {}
-        try:
-            while built.loop.step < total:
-                until = min(total, built.loop.step + resolved.tracking.log_every)
-                train_chunk(built, until, bar)
-                metrics = evaluate(built, data)
-                metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
-                mlflow.log_metrics(metrics, step=built.loop.step)
-        finally:
-            # whatever happened, record what was spent: the steps executed are the privacy cost
-            if bar is not None:
-                bar.close()
-            summary = _summary(plan, built)
-            mlflow.set_tags(dp_tags(summary, data.private.fingerprint))
-            report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
-            log_text_artifacts({
-                "dp_event.json": event_to_json(built.loop.tracker.event()),
-                "privacy_report.md": report,
-                "journal/journal.json": journal_json(built.loop.journal),
-            })
-        info = mlflow.pytorch.log_model(
-            built.model.cpu(), name="model", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-            # an all-zero row: the exported graph needs an example input, and no real row may be logged
-            input_example=np.zeros((1, data.n_features), dtype=np.float32),
-            registered_model_name=resolved.name)
-        client = mlflow.MlflowClient()
-        for key, value in dp_tags(summary, data.private.fingerprint).items():  # registered models carry DP tags
-            client.set_model_version_tag(resolved.name, str(info.registered_model_version), key, value)
-        create_markdown_artifact(report, key=_artifact_key(resolved.name), description="privzo privacy report")
-
-    result = {
-        "run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": resolved.tracking.uri,
+    metrics: Dict[str, float] = {}
+    status = "FAILED"
+    try:
+        while built.loop.step < total:
+            until = min(total, built.loop.step + resolved.tracking.log_every)
+            train_chunk(built, until, bar)
+            metrics = evaluate(built, data)
+            metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
+            log_metrics(uri, run_id, metrics, built.loop.step)
+        status = "FINISHED"
+    finally:
+        # whatever happened, record what was spent: the steps executed are the privacy cost
+        if bar is not None:
+            bar.close()
+        summary = _summary(plan, built)
+        tags = dp_tags(summary, data.private.fingerprint)
+        report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
+        log_privacy(uri, run_id, tags, report, event_to_json(built.loop.tracker.event()),
+                    journal_json(built.loop.journal))
+        if status != "FINISHED":
+            mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
+    version = register_model(uri, run_id, built.model, data.n_features, resolved.name, tags)
+    create_markdown_artifact(report, key=_artifact_key(resolved.name), description="privzo privacy report")
+    mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    return {
+        "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri,
         "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": resolved.privacy.epsilon,
         "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
-        "model_version": str(info.registered_model_version), **metrics,
+        "model_version": version, **metrics,
     }
-    return result
 
 
 def _artifact_key(name: str) -> str:

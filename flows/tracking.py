@@ -25,14 +25,15 @@ def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
     }
 
 
-def log_text_artifacts(files: Dict[str, str]) -> None:
-    """Write each ``name -> text`` into the active run's artifact root."""
+def log_text_artifacts(client: mlflow.MlflowClient, run_id: str, files: Dict[str, str]) -> None:
+    """Write each ``relative/name -> text`` into the run's artifact root (no active run needed)."""
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in files.items():
             path = Path(tmp, name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            mlflow.log_artifact(str(path), artifact_path=str(Path(name).parent) if Path(name).parent != Path(".") else None)
+            parent = str(Path(name).parent)
+            client.log_artifact(run_id, str(path), artifact_path=None if parent == "." else parent)
 
 
 def journal_json(entries: Iterable) -> str:

@@ -107,10 +107,23 @@ def perturbed(model: nn.Module, directions: Directions, seed: int, scale: float)
             pre, post = make_hooks(owned)
             handles.append(module.register_forward_pre_hook(pre))
             handles.append(module.register_forward_hook(post))
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True
+        raise
     finally:
         for h in handles:
             h.remove()
         for module, name, p in swapped:  # restore even if a forward raised half way
             module._parameters[name] = p
+    if swapped and not failed:
+        seen = {id(p) for _, _, p in swapped}
+        missed = [i for i, p in enumerate(directions.params) if id(p) not in seen]
+        if missed:
+            # a parameter read outside its own module's forward would be evaluated unperturbed and bias
+            # the finite differences silently; refuse instead
+            raise RuntimeError(
+                f"perturbed forward: {len(missed)} trainable parameter tensor(s) (first: #{missed[0]}) were not "
+                "used through their own module's forward; freeze unused parameters (requires_grad=False)")

@@ -100,3 +100,20 @@ def test_add_direction_moves_along_u():
 def test_unknown_direction_kind():
     with pytest.raises(ValueError, match="allowed: gaussian, sphere, rademacher"):
         Directions([torch.zeros(2)], "cauchy")
+
+
+def test_parameter_read_outside_its_module_is_refused():
+    class Sneaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 3)
+            self.b = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return torch.nn.functional.linear(self.a(x), self.b.weight)  # b's forward never runs
+
+    model = Sneaky()
+    d = Directions(list(model.parameters()), "gaussian")
+    with pytest.raises(RuntimeError, match="not used through their own module"):
+        with perturbed(model, d, 0, 0.1):
+            model(torch.randn(2, 3))

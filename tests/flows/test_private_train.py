@@ -78,6 +78,10 @@ def test_model_is_registered_with_dp_tags(finished_run, tiny_spec_dict):
     assert version.run_id == run.info.run_id
     assert version.tags["dp.epsilon"] == run.data.tags["dp.epsilon"]
     assert "dp.guarantee" in version.tags
+    import torch
+
+    model = mlflow.pytorch.load_model(f"models:/{tiny_spec_dict['name']}/{result['model_version']}")
+    assert model(torch.zeros(5, 64)).shape == (5, 10)  # any batch size, not the example's
 
 
 def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
@@ -91,3 +95,32 @@ def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny
     run = mlflow.MlflowClient(tiny_spec_dict["tracking"]["uri"]).get_run(result["run_id"])
     assert run.data.tags["dp.private"] == "false"
     assert run.data.tags["dp.guarantee"].startswith("NOT private")
+
+
+def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """The run is marked FAILED and its dp tags and dp_event.json account for the executed steps."""
+    from components.runtime.local import LocalBackend
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = uri
+    original = LocalBackend.query
+    calls = {"n": 0}
+
+    def failing_query(self, plan, indices, clip):
+        calls["n"] += 1
+        if calls["n"] == 31:
+            raise RuntimeError("worker lost")
+        return original(self, plan, indices, clip)
+
+    monkeypatch.setattr(LocalBackend, "query", failing_query)
+    with pytest.raises(RuntimeError, match="worker lost"):
+        private_train(spec=tiny_spec_dict)
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(tiny_spec_dict["name"]).experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["dp.steps"] == "30"
+    local = Path(client.download_artifacts(run.info.run_id, "dp_event.json", str(tmp_path / "dl")))
+    assert json.loads(local.read_text())["count"] == 30
+    assert float(run.data.tags["dp.epsilon"]) < tiny_spec_dict["privacy"]["epsilon"]
