@@ -9,8 +9,16 @@ import torch
 from components import models
 from components.accountants import Accountant, PrivacyTracker
 from components.data import PoissonSampler, SplitData, fraction_split, load_sklearn
-from components.estimators import Directions, TwoPointEstimator
-from components.mechanisms import GaussianMechanism
+from components.estimators import (
+    Directions,
+    DpgdZerothEstimator,
+    PazoMEstimator,
+    PazoPEstimator,
+    PazoSEstimator,
+    TwoPointEstimator,
+)
+from components.estimators.public import PublicOracle, warm_start
+from components.mechanisms import GaussianMechanism, NoMechanism
 from components.optimizers import Sgd
 from components.randomness import STREAM_INIT, STREAM_INSECURE_PRIVATE, private_generator, public_seed
 from components.runtime import LocalBackend, PrivateLoop
@@ -36,14 +44,52 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
 
 
 def accountant(spec: RunSpec) -> Accountant:
+    if spec.privacy is None:
+        return Accountant("rdp", "add_remove")  # non-private runs: only NonPrivateDpEvent (epsilon = inf)
     return Accountant(spec.privacy.accountant, spec.privacy.neighboring)
+
+
+def build_estimator(spec: RunSpec):
+    est = spec.estimator
+    if est.kind == "two_point":
+        return TwoPointEstimator(est.queries, est.smoothing)
+    if est.kind == "dpgd_0th":
+        return DpgdZerothEstimator(est.queries, est.smoothing)
+    if est.kind == "pazo_m":
+        return PazoMEstimator(est.queries, est.smoothing, est.mix, est.public_batch_size)
+    if est.kind == "pazo_p":
+        return PazoPEstimator(est.queries, est.smoothing, est.public_batches, est.public_batch_size, est.basis)
+    if est.kind == "pazo_s":
+        return PazoSEstimator(est.public_batches, est.public_batch_size, est.candidate_noise, spec.optimizer.lr)
+    raise ValueError(f"estimator.kind: unknown {est.kind!r}")
+
+
+def build_directions(spec: RunSpec, params) -> Directions:
+    """Random directions of the estimator; radius auto = sqrt(d), or d^(1/4) for PAZO-M (§A.1 of PAZO)."""
+    est = spec.estimator
+    kind = getattr(est, "directions", "gaussian")
+    radius = getattr(est, "radius", "auto")
+    if radius == "auto":
+        d = sum(p.numel() for p in params)
+        radius = d ** 0.25 if est.kind == "pazo_m" else None
+    return Directions(params, kind, radius)
+
+
+CACHE_LIMIT_BYTES = 512 * 2**20
+
+
+def use_direction_cache(spec: RunSpec, params, queries: int) -> bool:
+    mode = getattr(spec.estimator, "perturbation", "regenerate")
+    if mode != "auto":
+        return mode == "cache"
+    return queries * sum(p.numel() * p.element_size() for p in params) <= CACHE_LIMIT_BYTES
 
 
 def calibrate_noise(spec: RunSpec, n_private: int) -> float:
     """sigma for the whole planned run: Poisson(rate) of Gaussian(sigma), composed over the planned steps."""
     import dp_accounting
 
-    delta = 1.0 / n_private if spec.privacy.delta == "auto" else spec.privacy.delta
+    delta = spec.delta_for(n_private)
     rate = spec.sampling.expected_batch_size / n_private
     steps = spec.planned_steps(n_private)
 
@@ -82,23 +128,45 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
     device = device_for(spec)
     model = build_model(spec, data.n_features, data.n_classes).to(device)
     params = models.trainable_parameters(model)
-    est = spec.estimator
-    directions = Directions(params, est.directions, None if est.radius == "auto" else est.radius)
-    estimator = TwoPointEstimator(est.queries, est.smoothing)
+    directions = build_directions(spec, params)
+    estimator = build_estimator(spec)
     opt = spec.optimizer
     optimizer = Sgd(directions, opt.lr, opt.momentum, opt.weight_decay)
     x = torch.as_tensor(data.private.features, device=device)
     y = torch.as_tensor(data.private.labels, device=device)
-    backend = LocalBackend(model, directions, optimizer, x, y, estimator)
+    cache = use_direction_cache(spec, params, len(estimator.direction_seeds(0, spec.seed)))
+    backend = LocalBackend(model, directions, optimizer, x, y, cache_directions=cache)
+    public = None
+    if len(data.public):
+        public = PublicOracle(model, params, models.per_example_loss, torch.as_tensor(data.public.features, device=device),
+                              torch.as_tensor(data.public.labels, device=device), spec.seed)
+    if estimator.uses_public and public is None:
+        raise ValueError(f"estimator.kind: {estimator.name} needs public rows; set data.split.public > 0")
 
-    insecure = spec.privacy.insecure_deterministic
+    insecure = spec.privacy is not None and spec.privacy.insecure_deterministic
     if noise_generator is None:
         noise_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 1) if insecure else None)
     if sampling_generator is None:
         sampling_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
     sampler = PoissonSampler(len(y), spec.sampling.expected_batch_size, sampling_generator)
-    mechanism = GaussianMechanism(spec.mechanism.clip, float(spec.mechanism.noise_multiplier),
-                                  estimator.queries_per_step, spec.privacy.neighboring, noise_generator)
-    tracker = PrivacyTracker(accountant(spec), sampler.wrap(mechanism.step_event()), float(spec.privacy.delta))
-    loop = PrivateLoop(backend, sampler, estimator, mechanism, tracker, spec.seed)
+    if spec.mechanism.kind == "none":
+        mechanism = NoMechanism(estimator.queries_per_step)
+        tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)
+    else:
+        mechanism = GaussianMechanism(spec.mechanism.clip, float(spec.mechanism.noise_multiplier),
+                                      estimator.queries_per_step, spec.privacy.neighboring, noise_generator)
+        tracker = PrivacyTracker(accountant(spec), sampler.wrap(mechanism.step_event()), float(spec.privacy.delta))
+    loop = PrivateLoop(backend, sampler, estimator, mechanism, tracker, spec.seed, public=public)
     return Built(model, loop, device)
+
+
+def public_warm_start(spec: RunSpec, built: Built) -> int:
+    """Train on the public split before the private phase, if the spec asks for it (no privacy cost)."""
+    ws = spec.estimator.public_warm_start
+    if ws is None:
+        return 0
+    public = built.loop.public
+    if public is None:
+        raise ValueError("estimator.public_warm_start: needs public rows; set data.split.public > 0")
+    return warm_start(built.model, public.params, public.loss, public.features, public.labels,
+                      epochs=ws.epochs, lr=ws.lr, batch_size=ws.batch_size, seed=spec.seed)

@@ -20,8 +20,9 @@ def _fail(message: str, code: int = 2) -> int:
 
 def cmd_validate(args) -> int:
     spec = specs.load_spec(args.spec)
-    print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, "
-          f"target epsilon {spec.privacy.epsilon}, accountant {spec.privacy.accountant}")
+    privacy = (f"target epsilon {spec.privacy.epsilon}, accountant {spec.privacy.accountant}"
+               if spec.privacy else "NOT private (mechanism none)")
+    print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, {privacy}")
     return 0
 
 
@@ -31,6 +32,9 @@ def cmd_calibrate(args) -> int:
 
     data = builders.load_data(spec)
     n = len(data.private)
+    if spec.mechanism.kind == "none":
+        print(f"mechanism none: no noise, not private ({spec.planned_steps(n)} steps)")
+        return 0
     sigma = spec.mechanism.noise_multiplier
     sigma = builders.calibrate_noise(spec, n) if sigma == "auto" else float(sigma)
     resolved = spec.resolved(n_private=n, noise_multiplier=sigma)
@@ -56,8 +60,11 @@ def cmd_run(args) -> int:
     result = private_train(spec_path=str(args.spec), progress=not args.no_progress)
     print()
     print(f"{spec.name}: test accuracy {result['eval/accuracy']:.4f}, test loss {result['eval/loss']:.4f}")
-    print(f"privacy: {result['guarantee']}  (target epsilon {result['target_epsilon']}, "
-          f"sigma {result['noise_multiplier']:.4g}, {result['steps']} steps)")
+    if spec.privacy is None:
+        print(f"privacy: {result['guarantee']}")
+    else:
+        print(f"privacy: {result['guarantee']}  (target epsilon {result['target_epsilon']}, "
+              f"sigma {result['noise_multiplier']:.4g}, {result['steps']} steps)")
     print(f"MLflow run {result['run_id']} in {result['tracking_uri']}")
     print(f"open the UI with: mlflow ui --backend-store-uri {result['tracking_uri']}  (then http://127.0.0.1:5000)")
     return 0

@@ -49,11 +49,13 @@ def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
     if spec.sampling.expected_batch_size > n_private:
         raise ValueError(
             f"sampling.expected_batch_size: {spec.sampling.expected_batch_size} exceeds the {n_private} private rows")
+    rate = spec.sampling.expected_batch_size / n_private
+    if spec.mechanism.kind == "none":
+        return Plan(spec.resolved(n_private=n_private, noise_multiplier=None), n_private, rate, math.inf)
     sigma = spec.mechanism.noise_multiplier
     if sigma == "auto":
         sigma = builders.calibrate_noise(spec, n_private)
     resolved = spec.resolved(n_private=n_private, noise_multiplier=float(sigma))
-    rate = resolved.sampling.expected_batch_size / n_private
     import dp_accounting
 
     planned = dp_accounting.SelfComposedDpEvent(
@@ -64,6 +66,12 @@ def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
             f"mechanism.noise_multiplier: {sigma} gives epsilon {eps:.4g} > privacy.epsilon "
             f"{resolved.privacy.epsilon}; use noise_multiplier: auto or raise it")
     return Plan(resolved, n_private, rate, eps)
+
+
+@task(name="public-warm-start", cache_policy=NO_CACHE, retries=0)
+def public_warm_start(spec: specs.RunSpec, built: builders.Built) -> int:
+    """Plain training on public rows before the private phase (no privacy cost)."""
+    return builders.public_warm_start(spec, built)
 
 
 @task(name="train-chunk", cache_policy=NO_CACHE, retries=0)
@@ -89,12 +97,15 @@ def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
 
 def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
     spec = plan.spec
+    privacy = spec.privacy
     return PrivacySummary(
-        dataset=spec.data.source.name, epsilon=built.loop.tracker.epsilon(), target_epsilon=spec.privacy.epsilon,
-        delta=float(spec.privacy.delta), accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
-        noise_multiplier=float(spec.mechanism.noise_multiplier), steps=built.loop.tracker.steps,
-        sampling_rate=plan.sampling_rate, clip=spec.mechanism.clip,
-        queries_per_step=built.loop.estimator.queries_per_step, private=not spec.privacy.insecure_deterministic)
+        dataset=spec.data.source.name, epsilon=built.loop.tracker.epsilon(),
+        target_epsilon=privacy.epsilon if privacy else math.inf, delta=float(privacy.delta) if privacy else 0.0,
+        accountant=privacy.accountant if privacy else "none", neighboring=privacy.neighboring if privacy else "none",
+        noise_multiplier=float(spec.mechanism.noise_multiplier) if privacy else 0.0, steps=built.loop.tracker.steps,
+        sampling_rate=plan.sampling_rate, clip=getattr(spec.mechanism, "clip", math.inf),
+        queries_per_step=built.loop.estimator.queries_per_step, private=spec.private,
+        mechanism=spec.mechanism.kind)
 
 
 def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
@@ -111,8 +122,9 @@ def open_run(plan: Plan, data: SplitData, dimension: int, device: str) -> str:
     experiment = mlflow.set_experiment(spec.tracking.experiment or spec.name)
     client = mlflow.MlflowClient(spec.tracking.uri)
     run = client.create_run(experiment.experiment_id, run_name=spec.name, tags={
-        "privzo.spec": spec.name, "dp.target_epsilon": str(spec.privacy.epsilon),
-        "dp.private": str(not spec.privacy.insecure_deterministic).lower()})
+        "privzo.spec": spec.name, "privzo.estimator": spec.estimator.kind,
+        "dp.target_epsilon": str(spec.privacy.epsilon if spec.privacy else math.inf),
+        "dp.private": str(spec.private).lower()})
     params = dict(specs.flatten(spec))
     params.update({
         "derived.n_private": str(len(data.private)), "derived.n_public": str(len(data.public)),
@@ -171,6 +183,9 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     built = builders.build_loop(resolved, data)
     total = resolved.optimizer.steps
     run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
+    warm_steps = public_warm_start(resolved, built)
+    if warm_steps:
+        log_metrics(uri, run_id, {"public/warm_start_steps": warm_steps, **evaluate(built, data)}, 0)
 
     bar = None
     if progress:
@@ -184,7 +199,8 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
             until = min(total, built.loop.step + resolved.tracking.log_every)
             train_chunk(built, until, bar)
             metrics = evaluate(built, data)
-            metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
+            if resolved.privacy is not None:
+                metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
             log_metrics(uri, run_id, metrics, built.loop.step)
         status = "FINISHED"
     finally:
@@ -204,7 +220,7 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     run = mlflow.MlflowClient(uri).get_run(run_id)
     return {
         "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri,
-        "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": resolved.privacy.epsilon,
+        "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
         "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
         "model_version": version, **metrics,
     }

@@ -27,7 +27,7 @@ class RunSpec(Strict):
     model: ModelSpec
     estimator: EstimatorSpec
     mechanism: MechanismSpec
-    privacy: PrivacySpec
+    privacy: Optional[PrivacySpec] = Field(None, description="Required unless mechanism.kind is none.")
     sampling: SamplingSpec
     optimizer: OptimizerSpec
     execution: ExecutionSpec = ExecutionSpec()
@@ -42,11 +42,16 @@ class RunSpec(Strict):
 
     # ------------------------------------------------------------ resolution
     @property
+    def private(self) -> bool:
+        """True when the run is meant to be differentially private (and not insecure_deterministic)."""
+        return self.mechanism.kind != "none" and not self.privacy.insecure_deterministic
+
+    @property
     def is_resolved(self) -> bool:
-        return not any(
-            v == "auto"
-            for v in (self.privacy.delta, self.mechanism.noise_multiplier, self.optimizer.steps)
-        )
+        values = [self.optimizer.steps]
+        if self.mechanism.kind != "none":
+            values += [self.privacy.delta, self.mechanism.noise_multiplier]
+        return "auto" not in values
 
     def planned_steps(self, n_private: int) -> int:
         """Number of private steps: explicit ``steps`` or ceil(epochs * n_private / batch)."""
@@ -55,12 +60,15 @@ class RunSpec(Strict):
         assert self.optimizer.epochs is not None  # guaranteed by the cross-field rules
         return max(1, math.ceil(self.optimizer.epochs * n_private / self.sampling.expected_batch_size))
 
-    def resolved(self, *, n_private: int, noise_multiplier: float) -> "RunSpec":
+    def delta_for(self, n_private: int) -> float:
+        return 1.0 / n_private if self.privacy.delta == "auto" else float(self.privacy.delta)
+
+    def resolved(self, *, n_private: int, noise_multiplier: Optional[float]) -> "RunSpec":
         """The spec with every ``auto`` replaced; this is what a run logs and replays."""
-        delta = 1.0 / n_private if self.privacy.delta == "auto" else self.privacy.delta
         data: Dict[str, Any] = self.model_dump(mode="json")
-        data["privacy"]["delta"] = delta
-        data["mechanism"]["noise_multiplier"] = noise_multiplier
+        if self.mechanism.kind != "none":
+            data["privacy"]["delta"] = self.delta_for(n_private)
+            data["mechanism"]["noise_multiplier"] = noise_multiplier
         # epochs are a request; the resolved run is a fixed number of steps
         data["optimizer"]["steps"] = self.planned_steps(n_private)
         data["optimizer"]["epochs"] = None
@@ -75,15 +83,24 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         problems.append("optimizer: give epochs or steps (steps: auto needs epochs)")
     if opt.steps != "auto" and opt.epochs is not None:
         problems.append("optimizer: give one of epochs or steps, not both")
-    if spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
+    if spec.mechanism.kind == "none" and spec.privacy is not None:
+        problems.append("privacy: mechanism.kind none trains without privacy; remove the privacy section")
+    if spec.mechanism.kind != "none" and spec.privacy is None:
+        problems.append("privacy: required key is missing (epsilon, delta, accountant, neighboring)")
+        return problems
+    if spec.privacy is not None and spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
         problems.append(
             "privacy.neighboring: replace_one is not accounted for poisson sampling; use add_remove "
             "with sampling.kind: poisson"
         )
     est = spec.estimator
-    if est.kind == "two_point" and est.radius != "auto" and est.directions != "sphere":
-        problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
     split = spec.data.split
+    if getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
+        problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
+    if est.kind.startswith("pazo") and split.public == 0.0:
+        problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
+    if est.public_warm_start is not None and split.public == 0.0:
+        problems.append("estimator.public_warm_start: needs public data; set data.split.public > 0")
     if split.imbalance is not None and split.public == 0.0:
         problems.append("data.split.imbalance: needs a public fraction > 0")
     if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:

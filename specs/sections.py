@@ -76,20 +76,79 @@ ModelSpec = Annotated[Union[LinearModel, MlpModel], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- estimator
-class TwoPointEstimator(Strict):
-    """DPZero (Algorithm 2 of the DPZero paper, mini-batch form): per-example clipped scalar finite
-    differences along q public random directions, one noisy scalar per direction."""
+class PublicWarmStart(Strict):
+    """Plain (non-private) training on the public split before the private phase; costs no privacy."""
 
-    kind: Literal["two_point"]
-    queries: PositiveInt = 1
-    smoothing: PositiveFloat = 1e-3
+    epochs: PositiveFloat = 5.0
+    lr: PositiveFloat = 0.1
+    batch_size: PositiveInt = 32
+
+
+class _ZerothOrder(Strict):
+    queries: PositiveInt = Field(1, description="q: directions queried per step, all on the same private batch.")
+    smoothing: PositiveFloat = Field(1e-3, description="lambda: the finite-difference perturbation scale.")
+    perturbation: Literal["auto", "regenerate", "cache"] = Field(
+        "auto", description="regenerate: directions re-drawn from their seeds each use (no d-sized memory); "
+        "cache: drawn once per step (+q*d memory, one RNG pass); auto: cache when it fits in 512 MiB.")
+    public_warm_start: Optional[PublicWarmStart] = None
+
+
+class _RandomDirections(_ZerothOrder):
     directions: Literal["gaussian", "sphere", "rademacher"] = "gaussian"
     radius: Union[PositiveFloat, Auto] = Field(
-        "auto", description="Sphere radius; 'auto' = sqrt(d) as in DPZero. Only for directions: sphere."
-    )
+        "auto", description="Sphere radius (directions: sphere only); 'auto' = sqrt(d), or d^(1/4) for pazo_m.")
 
 
-EstimatorSpec = Annotated[Union[TwoPointEstimator], Field(discriminator="kind")]
+class TwoPointEstimator(_RandomDirections):
+    """DPZero (Algorithm 2 of the DPZero paper, mini-batch form): per-example clipped scalar finite
+    differences along q public random directions, one noisy scalar per direction. MeZO with
+    ``mechanism.kind: none``."""
+
+    kind: Literal["two_point"]
+
+
+class DpgdZerothEstimator(_RandomDirections):
+    """DPGD-0th (Algorithm 1 of DPZero): the d-dimensional zeroth-order estimate is clipped in L2 norm per
+    example and gets d-dimensional noise."""
+
+    kind: Literal["dpgd_0th"]
+
+
+class PazoMEstimator(_RandomDirections):
+    """PAZO-M (Algorithm 1 of PAZO): mix alpha of a public mini-batch gradient and the private two-point
+    estimate along directions on the sphere of radius d^(1/4)."""
+
+    kind: Literal["pazo_m"]
+    directions: Literal["gaussian", "sphere", "rademacher"] = "sphere"
+    mix: float = Field(0.5, ge=0.0, le=1.0, description="alpha: weight of the public gradient.")
+    public_batch_size: PositiveInt = 32
+
+
+class PazoPEstimator(_ZerothOrder):
+    """PAZO-P (Algorithm 2 of PAZO): directions u on sqrt(k) S^(k-1) in the span of k public gradients,
+    perturbation lambda * G u."""
+
+    kind: Literal["pazo_p"]
+    public_batches: PositiveInt = Field(3, description="k: public gradients spanning the subspace.")
+    public_batch_size: PositiveInt = 32
+    basis: Literal["orthonormal", "normalized"] = "orthonormal"
+
+
+class PazoSEstimator(Strict):
+    """PAZO-S (Algorithm 3 of PAZO): k public-gradient candidates plus one perturbed copy of the best,
+    scored by privatized clipped private losses; step along the argmin."""
+
+    kind: Literal["pazo_s"]
+    public_batches: PositiveInt = Field(3, description="k: candidates from k distinct public batches.")
+    public_batch_size: PositiveInt = 32
+    candidate_noise: float = Field(1e-3, ge=0.0, description="Std of the extra candidate's perturbation (0: none).")
+    public_warm_start: Optional[PublicWarmStart] = None
+
+
+EstimatorSpec = Annotated[
+    Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator],
+    Field(discriminator="kind"),
+]
 
 
 # ---------------------------------------------------------------- mechanism
@@ -101,7 +160,13 @@ class GaussianMechanism(Strict):
     noise_multiplier: Union[PositiveFloat, Auto] = "auto"
 
 
-MechanismSpec = Annotated[Union[GaussianMechanism], Field(discriminator="kind")]
+class NoMechanism(Strict):
+    """No clipping and no noise: a non-private run (MeZO with two_point). Labelled not private everywhere."""
+
+    kind: Literal["none"]
+
+
+MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- privacy

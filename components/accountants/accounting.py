@@ -79,7 +79,11 @@ class PrivacyTracker:
         return dp_accounting.SelfComposedDpEvent(self.step_event, self.steps)
 
     def epsilon(self) -> float:
-        return 0.0 if self.steps == 0 else self.accountant.epsilon(self.event(), self.delta)
+        if self.steps == 0:
+            return 0.0
+        if isinstance(self.step_event, dp_accounting.NonPrivateDpEvent):
+            return math.inf
+        return self.accountant.epsilon(self.event(), self.delta)
 
 
 # ------------------------------------------------------------------ serialisation (closed registry)

@@ -32,6 +32,18 @@ class Directions:
         self.dim = sum(p.numel() for p in self.params)
         self.radius = math.sqrt(self.dim) if radius is None else float(radius)
         self._norms: "OrderedDict[int, float]" = OrderedDict()  # seed -> ||z|| for the sphere (scalars only)
+        self._cache: dict = {}  # seed -> list of tensors, only inside ``cached``
+
+    @contextlib.contextmanager
+    def cached(self, seeds) -> Iterator[None]:
+        """Cache mode: generate each direction once (one RNG pass) and reuse it for the +lambda and -lambda
+        points and the update, at the price of d extra numbers per direction kept for the step."""
+        for seed in seeds:
+            self._cache[seed] = [self._generate(seed, i) for i in range(len(self.params))]
+        try:
+            yield
+        finally:
+            self._cache.clear()
 
     def _raw(self, seed: int, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -53,7 +65,13 @@ class Directions:
         return norm
 
     def tensor(self, seed: int, i: int) -> torch.Tensor:
-        """Tensor ``i`` of direction ``seed``."""
+        """Tensor ``i`` of direction ``seed`` (do not modify it: in cache mode it is shared)."""
+        cached = self._cache.get(seed)
+        if cached is not None:
+            return cached[i]
+        return self._generate(seed, i)
+
+    def _generate(self, seed: int, i: int) -> torch.Tensor:
         z = self._raw(seed, i)
         if self.kind == "sphere":
             z.mul_(self.radius / self._sphere_norm(seed))
@@ -68,6 +86,16 @@ class Directions:
         return list(self.iter_tensors(seed))
 
 
+def direction_tensor(directions: Directions, direction, i: int) -> torch.Tensor:
+    """Tensor ``i`` of a ``Seeded``/``Dense`` direction (a bare int is a seed)."""
+    if isinstance(direction, int):
+        return directions.tensor(direction, i)
+    seed = getattr(direction, "seed", None)
+    if seed is not None:
+        return directions.tensor(seed, i)
+    return direction.tensor(i)
+
+
 def add_direction_(directions: Directions, seed: int, scale: float) -> None:
     """In place: x <- x + scale * u(seed). Used for updates (not for the +-lambda query points)."""
     with torch.no_grad():
@@ -76,8 +104,8 @@ def add_direction_(directions: Directions, seed: int, scale: float) -> None:
 
 
 @contextlib.contextmanager
-def perturbed(model: nn.Module, directions: Directions, seed: int, scale: float) -> Iterator[None]:
-    """Run the model's forward passes at x + scale * u(seed) without writing x.
+def perturbed(model: nn.Module, directions: Directions, direction, scale: float) -> Iterator[None]:
+    """Run the model's forward passes at x + scale * v without writing x (v: a seed, ``Seeded`` or ``Dense``).
 
     Each module's own parameters are swapped for ``p + scale * z`` just before that module runs and
     swapped back right after, so at most one module's perturbed tensors exist at a time (memory of
@@ -92,7 +120,8 @@ def perturbed(model: nn.Module, directions: Directions, seed: int, scale: float)
     def make_hooks(owned):
         def pre(module, _args):
             for name, p in owned:
-                module._parameters[name] = torch.add(p.detach(), directions.tensor(seed, index[id(p)]), alpha=scale)
+                module._parameters[name] = torch.add(
+                    p.detach(), direction_tensor(directions, direction, index[id(p)]), alpha=scale)
                 swapped.append((module, name, p))
 
         def post(module, _args, _out):

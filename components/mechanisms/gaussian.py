@@ -1,29 +1,25 @@
-"""Gaussian mechanism on sums of per-example clipped scalars."""
+"""Gaussian mechanism on clipped per-example sums, and the explicit no-mechanism of non-private runs."""
 from __future__ import annotations
 
 import math
+from typing import List, Sequence
 
 import dp_accounting
 import torch
 
 
-def clip_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
-    """Clamp each per-example value to [-clip, clip] and sum over examples: [q, b] -> [q] (float64).
-
-    One example changes each of the q sums by at most ``clip`` (add/remove), so the q-vector moves by at
-    most sqrt(q) * clip in L2.
-    """
-    return values.double().clamp(-clip, clip).sum(dim=1)
-
-
 class GaussianMechanism:
-    """Adds N(0, (sqrt(q) * sigma * Delta)^2) to each of q query sums.
+    """Adds N(0, (sqrt(Q) * sigma * Delta)^2) to each released coordinate, Q = noisy queries per step.
 
-    Delta = clip for add/remove neighbours and 2 * clip for replace-one. Releasing q sums of one batch
-    with per-coordinate std sqrt(q) sigma Delta is a single Gaussian mechanism of multiplier sigma on a
-    vector of L2 sensitivity sqrt(q) Delta, so a step's DpEvent is GaussianDpEvent(sigma) for any q.
-    Noise comes from the generator handed in (OS entropy unless a test injects one).
+    Delta = clip for add/remove neighbours and 2 * clip for replace-one. Releasing Q sums of one batch
+    (possibly in adaptive rounds, as PAZO-S does) with per-coordinate std sqrt(Q) sigma Delta composes to a
+    single Gaussian mechanism of multiplier sigma on a vector of L2 sensitivity sqrt(Q) Delta (Gaussian DP
+    composition), so a step's DpEvent is GaussianDpEvent(sigma) for any Q. A d-dimensional release
+    (DPGD-0th) is one query of L2 sensitivity Delta. Noise comes from the generator handed in (OS entropy
+    unless a test injects one).
     """
+
+    private = True
 
     def __init__(self, clip: float, noise_multiplier: float, queries_per_step: int, neighboring: str,
                  generator: torch.Generator):
@@ -39,10 +35,38 @@ class GaussianMechanism:
         self._generator = generator
 
     def release(self, sums: torch.Tensor) -> torch.Tensor:
-        if sums.shape != (self.queries,):
-            raise ValueError(f"release: expected {self.queries} query sums, got shape {tuple(sums.shape)}")
-        noise = torch.randn(self.queries, generator=self._generator, dtype=torch.float64)
+        if sums.dim() != 1 or not 0 < len(sums) <= self.queries:
+            raise ValueError(f"release: expected 1..{self.queries} query sums, got shape {tuple(sums.shape)}")
+        noise = torch.randn(len(sums), generator=self._generator, dtype=torch.float64)
         return sums.double() + self.std * noise
+
+    def release_dense(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """A d-dimensional clipped sum plus N(0, std^2 I_d), tensor by tensor."""
+        out = []
+        for t in tensors:
+            noise = torch.randn(t.shape, generator=self._generator, dtype=torch.float64)
+            out.append((t.double() + self.std * noise).to(dtype=t.dtype, device=t.device))
+        return out
 
     def step_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+
+
+class NoMechanism:
+    """Releases exact, unclipped values: the run is not private (MeZO). Accounted as NonPrivateDpEvent."""
+
+    private = False
+    clip = math.inf
+    std = 0.0
+
+    def __init__(self, queries_per_step: int):
+        self.queries = queries_per_step
+
+    def release(self, sums: torch.Tensor) -> torch.Tensor:
+        return sums.double()
+
+    def release_dense(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        return list(tensors)
+
+    def step_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.NonPrivateDpEvent()

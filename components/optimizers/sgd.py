@@ -1,7 +1,8 @@
-"""SGD with momentum and (coupled, L2) weight decay for zeroth-order updates.
+"""SGD with momentum and (coupled, L2) weight decay for estimator updates.
 
-Without momentum a zeroth-order update is applied by regenerating each direction tensor from its seed
-(nothing d-sized is kept). Momentum needs one d-sized buffer: the velocity is dense by nature.
+Seeded terms of an update are applied by regenerating each direction tensor from its seed (nothing
+d-sized is kept without momentum); dense terms (public gradients, PAZO-P/S directions, DPGD-0th's noisy
+vector) are added as they are. Momentum needs one d-sized buffer: the velocity is dense by nature.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import List, Optional
 import torch
 
 from components.estimators.directions import Directions
-from components.estimators.two_point import ZoUpdate
+from components.estimators.queries import Update
 
 
 class Sgd:
@@ -21,8 +22,15 @@ class Sgd:
         self.weight_decay = weight_decay
         self._velocity: Optional[List[torch.Tensor]] = None
 
+    def _gradient_into(self, i: int, update: Update, out: torch.Tensor) -> torch.Tensor:
+        for seed, coef in update.terms:
+            out.add_(self.directions.tensor(seed, i), alpha=coef)
+        for tensors, coef in update.dense:
+            out.add_(tensors[i], alpha=coef)
+        return out
+
     @torch.no_grad()
-    def apply(self, update: ZoUpdate) -> None:
+    def apply(self, update: Update) -> None:
         params = self.directions.params
         if self.momentum == 0.0:
             for i, p in enumerate(params):
@@ -30,13 +38,13 @@ class Sgd:
                     p.mul_(1.0 - self.lr * self.weight_decay)
                 for seed, coef in update.terms:
                     p.add_(self.directions.tensor(seed, i), alpha=-self.lr * coef)
+                for tensors, coef in update.dense:
+                    p.add_(tensors[i], alpha=-self.lr * coef)
             return
         if self._velocity is None:
             self._velocity = [torch.zeros_like(p) for p in params]
         for i, (p, v) in enumerate(zip(params, self._velocity)):
-            grad = torch.zeros_like(p)
-            for seed, coef in update.terms:
-                grad.add_(self.directions.tensor(seed, i), alpha=coef)
+            grad = self._gradient_into(i, update, torch.zeros_like(p))
             if self.weight_decay:
                 grad.add_(p, alpha=self.weight_decay)
             v.mul_(self.momentum).add_(grad)
@@ -52,10 +60,11 @@ class Sgd:
 
 def replay(directions: Directions, journal, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
     """Re-apply a journal of (step, seed, coefficient) entries to ``directions.params`` in place:
-    x_T = replay(x_0, journal). Uses the same arithmetic as training, so the result is bit-identical."""
+    x_T = replay(x_0, journal) for estimators whose updates are purely seeded (two_point, MeZO). Uses the
+    same arithmetic as training, so the result is bit-identical."""
     opt = Sgd(directions, lr, momentum, weight_decay)
     by_step: dict = {}
     for entry in journal:
         by_step.setdefault(entry.step, []).append((entry.seed, entry.coefficient))
     for step in sorted(by_step):
-        opt.apply(ZoUpdate(tuple(by_step[step])))
+        opt.apply(Update(terms=tuple(by_step[step])))

@@ -1,26 +1,28 @@
 """In-process backend: the model replica and the private rows live in this process.
 
-A backend answers ``query``: per-example values at the estimator's perturbed points, clipped per
-example and summed. Only those clipped sums leave it; the caller adds the noise.
+A backend answers ``query``: per-example values at the estimator's queried points, clipped per example
+and summed. Only those clipped sums leave it; the caller adds the noise.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
 
 from components.estimators.directions import Directions
-from components.estimators.two_point import StepPlan, ZoUpdate
-from components.mechanisms.gaussian import clip_sum
+from components.estimators.evaluate import evaluate_query
+from components.estimators.queries import Query, Update
 from components.models import per_example_loss
 
 
 class LocalBackend:
     def __init__(self, model: nn.Module, directions: Directions, optimizer, features: torch.Tensor,
-                 labels: torch.Tensor, estimator):
+                 labels: torch.Tensor, cache_directions: bool = False):
         self.model = model.eval()  # no dropout or batch statistics: both forward passes see one function
         self.directions = directions
         self.optimizer = optimizer
-        self.estimator = estimator
+        self.cache_directions = cache_directions
         self._features = features
         self._labels = labels
 
@@ -28,12 +30,17 @@ class LocalBackend:
     def n_private(self) -> int:
         return len(self._labels)
 
-    def query(self, plan: StepPlan, indices: torch.Tensor, clip: float) -> torch.Tensor:
-        x, y = self._features[indices], self._labels[indices]
-        values = self.estimator.private_values(self.model, self.directions, per_example_loss, x, y, plan)
-        return clip_sum(values, clip)
+    def step_scope(self, seeds):
+        """Cache mode keeps the step's directions for its queries and its update; regenerate keeps none."""
+        if self.cache_directions and seeds:
+            return self.directions.cached(seeds)
+        return contextlib.nullcontext()
 
-    def apply(self, update: ZoUpdate) -> None:
+    def query(self, query: Query, indices: torch.Tensor, clip: float) -> torch.Tensor:
+        x, y = self._features[indices], self._labels[indices]
+        return evaluate_query(self.model, self.directions, per_example_loss, x, y, query, clip)
+
+    def apply(self, update: Update) -> None:
         self.optimizer.apply(update)
 
     def state_dict(self) -> dict:

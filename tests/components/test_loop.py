@@ -9,7 +9,7 @@ from components import builders, models
 from components.estimators import Directions
 from components.optimizers import Sgd, replay
 from components.randomness import private_generator
-from components.estimators.two_point import ZoUpdate
+from components.estimators.queries import Update
 
 
 def _built(tiny, noise_seed=None, sampling_seed=None, **privacy):
@@ -93,7 +93,7 @@ def test_sgd_momentum_and_weight_decay_match_dense_reference():
     opt = Sgd(d, lr=0.1, momentum=0.9, weight_decay=0.01)
     v = torch.zeros(5, dtype=torch.float64)
     for step in range(4):
-        update = ZoUpdate(((step, 0.5), (step + 100, -0.25)))
+        update = Update(terms=((step, 0.5), (step + 100, -0.25)))
         opt.apply(update)
         g = 0.5 * d.tensor(step, 0) - 0.25 * d.tensor(step + 100, 0) + 0.01 * ref
         v = 0.9 * v + g

@@ -3,8 +3,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.estimators import Directions, TwoPointEstimator
-from components.mechanisms import clip_sum
+from components.estimators import Directions, FiniteDifferences, Seeded, TwoPointEstimator
+from components.estimators.evaluate import clip_sum, per_example_values
 
 
 class Quadratic(torch.nn.Module):
@@ -24,12 +24,12 @@ def quad_loss(model, features, _labels):
     return model(features)
 
 
-def test_plan_is_public_and_reproducible():
+def test_direction_seeds_are_public_and_reproducible():
     est = TwoPointEstimator(queries=3)
-    assert est.plan(7, seed=1) == est.plan(7, seed=1)
-    assert est.plan(7, seed=1) != est.plan(8, seed=1)
-    assert est.plan(7, seed=1) != est.plan(7, seed=2)
-    assert len(set(est.plan(7, seed=1).seeds)) == 3
+    assert est.direction_seeds(7, seed=1) == est.direction_seeds(7, seed=1)
+    assert est.direction_seeds(7, seed=1) != est.direction_seeds(8, seed=1)
+    assert est.direction_seeds(7, seed=1) != est.direction_seeds(7, seed=2)
+    assert len(set(est.direction_seeds(7, seed=1))) == 3
 
 
 def test_finite_difference_is_exact_directional_derivative_on_quadratic():
@@ -40,9 +40,9 @@ def test_finite_difference_is_exact_directional_derivative_on_quadratic():
     dirs = Directions([model.x], "gaussian")
     est = TwoPointEstimator(queries=1, smoothing=0.1)
     centres = torch.randn(4, d, dtype=torch.float64)
-    plan = est.plan(0, seed=0)
-    values = est.private_values(model, dirs, quad_loss, centres, torch.zeros(4), plan)
-    u = dirs.tensor(plan.seeds[0], 0)
+    (seed,) = est.direction_seeds(0, seed=0)
+    values = per_example_values(model, dirs, quad_loss, centres, torch.zeros(4), FiniteDifferences((Seeded(seed),), 0.1))
+    u = dirs.tensor(seed, 0)
     grads = model.a * (model.x.detach() - centres)  # per-example gradient
     assert torch.allclose(values[0], grads @ u, atol=1e-9)  # central difference is exact on quadratics
 
@@ -60,9 +60,10 @@ def test_two_point_estimate_is_unbiased_on_quadratic():
         total = torch.zeros(d, dtype=torch.float64)
         n = 6000
         for step in range(n):
-            plan = est.plan(step, seed=5)
-            a = est.private_values(model, dirs, quad_loss, centres, torch.zeros(1), plan)[0, 0]
-            total += a * dirs.tensor(plan.seeds[0], 0)
+            (seed,) = est.direction_seeds(step, seed=5)
+            query = FiniteDifferences((Seeded(seed),), est.smoothing)
+            a = per_example_values(model, dirs, quad_loss, centres, torch.zeros(1), query)[0, 0]
+            total += a * dirs.tensor(seed, 0)
         estimate = total / n
         assert torch.allclose(estimate, true_grad, atol=0.35 * true_grad.norm().item() / 2), (kind, estimate, true_grad)
 
@@ -87,9 +88,3 @@ def test_one_example_moves_each_clipped_sum_by_at_most_clip(values, extra, clip,
         assert abs(float(clip_sum(torch.tensor([replaced], dtype=torch.float64), clip) - s)) <= 2 * clip * (1 + 1e-12)
 
 
-def test_combine_normalises_by_batch_and_queries():
-    est = TwoPointEstimator(queries=2)
-    plan = est.plan(0, seed=0)
-    update = est.combine(torch.tensor([6.0, -2.0], dtype=torch.float64), plan, batch_normaliser=4.0)
-    assert [c for _, c in update.terms] == [0.75, -0.25]
-    assert [s for s, _ in update.terms] == list(plan.seeds)

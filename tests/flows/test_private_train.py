@@ -108,11 +108,11 @@ def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_sp
     original = LocalBackend.query
     calls = {"n": 0}
 
-    def failing_query(self, plan, indices, clip):
+    def failing_query(self, query, indices, clip):
         calls["n"] += 1
         if calls["n"] == 31:
             raise RuntimeError("worker lost")
-        return original(self, plan, indices, clip)
+        return original(self, query, indices, clip)
 
     monkeypatch.setattr(LocalBackend, "query", failing_query)
     with pytest.raises(RuntimeError, match="worker lost"):

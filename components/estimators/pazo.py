@@ -1,0 +1,150 @@
+"""Public-data-assisted zeroth-order estimators (PAZO, Gong & Li): PAZO-M, PAZO-P, PAZO-S.
+
+Private rows are only ever touched through per-example clipped scalar queries released by the
+mechanism; public rows give ordinary backprop gradients, which need no privatisation.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from components.estimators.directions import Directions
+from components.estimators.queries import Dense, FiniteDifferences, LossValues, Seeded, Update
+from components.estimators.two_point import TwoPointEstimator
+from components.randomness import public_seed
+
+STREAM_SUBSPACE = 6
+STREAM_CANDIDATE = 7
+
+
+class PazoMEstimator(TwoPointEstimator):
+    """PAZO-M (Algorithm 1): update = alpha * g_pub + (1 - alpha) * (1/q) sum_j (s~_j / b) u_j, with u_j on
+    the sphere of radius d^(1/4) so that E||g~||^2 matches ||grad f||^2 (§A.1)."""
+
+    name = "pazo_m"
+    uses_public = True
+
+    def __init__(self, queries: int, smoothing: float, mix: float, public_batch_size: int):
+        super().__init__(queries, smoothing)
+        if not 0.0 <= mix <= 1.0:
+            raise ValueError("estimator.mix: must be in [0, 1]")
+        self.mix = mix
+        self.public_batch_size = public_batch_size
+
+    def step(self, ctx) -> Update:
+        (batch,) = ctx.public.batches(ctx.step, 1, self.public_batch_size)
+        g_pub = ctx.public.gradient(batch)  # at x_t, before any private query of this step
+        seeds = self.direction_seeds(ctx.step, ctx.seed)
+        noisy = ctx.release(FiniteDifferences(tuple(Seeded(s) for s in seeds), self.smoothing))
+        coeffs = (1.0 - self.mix) * noisy / (ctx.batch_normaliser * self.queries)
+        return Update(terms=tuple((s, float(c)) for s, c in zip(seeds, coeffs)), dense=((g_pub, self.mix),))
+
+
+def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflatten(vector: torch.Tensor, like: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+    out, offset = [], 0
+    for t in like:
+        out.append(vector[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return tuple(out)
+
+
+def subspace_basis(grads: List[Tuple[torch.Tensor, ...]], basis: str) -> torch.Tensor:
+    """G in R^{d x k}: orthonormalised (QR) or column-normalised public gradients."""
+    g = torch.stack([_flatten(gr) for gr in grads], dim=1)
+    if basis == "orthonormal":
+        q, _ = torch.linalg.qr(g, mode="reduced")
+        return q
+    if basis == "normalized":
+        return g / torch.clamp(g.norm(dim=0, keepdim=True), min=1e-30)
+    raise ValueError(f"estimator.basis: unknown {basis!r}; allowed: orthonormal, normalized")
+
+
+class PazoPEstimator:
+    """PAZO-P (Algorithm 2): u_j on sqrt(k) S^{k-1}, perturbation lambda * G u_j, update (1/q) sum_j
+    (s~_j / b) G u_j. With orthonormal G the expected update is Proj_G grad f."""
+
+    name = "pazo_p"
+    uses_public = True
+
+    def __init__(self, queries: int, smoothing: float, public_batches: int, public_batch_size: int, basis: str):
+        if queries < 1 or smoothing <= 0 or public_batches < 1:
+            raise ValueError("estimator: queries, public_batches must be >= 1 and smoothing > 0")
+        self.queries = queries
+        self.smoothing = smoothing
+        self.k = public_batches
+        self.public_batch_size = public_batch_size
+        self.basis = basis
+
+    @property
+    def queries_per_step(self) -> int:
+        return self.queries
+
+    def direction_seeds(self, step: int, seed: int) -> Tuple[int, ...]:
+        return ()  # directions are dense combinations of public gradients, nothing to cache
+
+    def coefficients(self, step: int, seed: int) -> np.ndarray:
+        """u_1..u_q on the sphere of radius sqrt(k) in R^k (public, from the run's seed)."""
+        rng = np.random.default_rng(public_seed(seed, STREAM_SUBSPACE, step))
+        z = rng.standard_normal((self.queries, self.k))
+        return math.sqrt(self.k) * z / np.linalg.norm(z, axis=1, keepdims=True)
+
+    def step(self, ctx) -> Update:
+        grads = [ctx.public.gradient(b) for b in ctx.public.batches(ctx.step, self.k, self.public_batch_size)]
+        g = subspace_basis(grads, self.basis)
+        us = torch.as_tensor(self.coefficients(ctx.step, ctx.seed), dtype=g.dtype, device=g.device)
+        like = grads[0]
+        directions = [Dense(_unflatten(g @ u, like)) for u in us]
+        noisy = ctx.release(FiniteDifferences(tuple(directions), self.smoothing))
+        weights = (noisy / (ctx.batch_normaliser * self.queries)).to(dtype=g.dtype, device=g.device)
+        update = g @ (us.T @ weights)  # sum_j w_j G u_j
+        return Update(dense=((_unflatten(update, like), 1.0),))
+
+
+class PazoSEstimator:
+    """PAZO-S (Algorithm 3): score x - eta g_j for k public gradients from k disjoint public batches by the
+    privatised mean clipped private loss, add one candidate g_best + N(0, candidate_noise^2 I), score it,
+    step along the argmin. k + 1 noisy queries per step (two adaptive rounds on the same batch).
+
+    The candidate perturbation is exploration, not privacy noise: it is drawn from the public seed."""
+
+    name = "pazo_s"
+    uses_public = True
+
+    def __init__(self, public_batches: int, public_batch_size: int, candidate_noise: float, lr: float):
+        if public_batches < 1 or lr <= 0 or candidate_noise < 0:
+            raise ValueError("estimator: public_batches >= 1, candidate_noise >= 0 and optimizer.lr > 0")
+        self.k = public_batches
+        self.public_batch_size = public_batch_size
+        self.candidate_noise = candidate_noise
+        self.lr = lr  # eta: the same step size scores the candidates and takes the step
+        self.last_candidates: List[Tuple[torch.Tensor, ...]] = []
+
+    @property
+    def queries_per_step(self) -> int:
+        return self.k + 1
+
+    def direction_seeds(self, step: int, seed: int) -> Tuple[int, ...]:
+        return ()
+
+    def step(self, ctx) -> Update:
+        grads = [ctx.public.gradient(b) for b in ctx.public.batches(ctx.step, self.k, self.public_batch_size)]
+        scores = ctx.release(LossValues(tuple((Dense(g), -self.lr) for g in grads))) / ctx.batch_normaliser
+        best = int(torch.argmin(scores))
+        if self.candidate_noise > 0:
+            noise = Directions(list(grads[best]), "gaussian")
+            seed = public_seed(ctx.seed, STREAM_CANDIDATE, ctx.step)
+            extra = tuple(g + self.candidate_noise * noise.tensor(seed, i) for i, g in enumerate(grads[best]))
+        else:
+            extra = grads[best]
+        extra_score = ctx.release(LossValues(((Dense(extra), -self.lr),))) / ctx.batch_normaliser
+        candidates = grads + [extra]
+        self.last_candidates = candidates
+        chosen = int(torch.argmin(torch.cat([scores, extra_score])))
+        return Update(dense=((candidates[chosen], 1.0),))

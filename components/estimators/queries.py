@@ -1,0 +1,80 @@
+"""What an estimator asks of the private data, as plain values a backend (local or remote) can evaluate.
+
+A direction in parameter space is either ``Seeded`` (a public random direction regenerated from its seed)
+or ``Dense`` (explicit tensors, e.g. a public gradient or a combination of them). A query lists the
+points at which every private example's loss is evaluated; the backend clips each per-example value and
+returns only the sums.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class Seeded:
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class Dense:
+    tensors: Tuple[torch.Tensor, ...]
+
+    def tensor(self, i: int) -> torch.Tensor:
+        return self.tensors[i]
+
+
+Direction = Union[Seeded, Dense]
+
+
+@dataclass(frozen=True)
+class FiniteDifferences:
+    """Per example and per direction v: (f(x + lambda v) - f(x - lambda v)) / (2 lambda). Sums: one per v."""
+
+    directions: Tuple[Direction, ...]
+    smoothing: float
+
+    @property
+    def size(self) -> int:
+        return len(self.directions)
+
+
+@dataclass(frozen=True)
+class LossValues:
+    """Per example and per point: f(x + scale * v). Sums: one per point (PAZO-S candidates)."""
+
+    points: Tuple[Tuple[Direction, float], ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.points)
+
+
+@dataclass(frozen=True)
+class VectorFiniteDifferences:
+    """DPGD-0th: per example the d-dimensional estimate g_i = (1/q) sum_j a_ij v_j, clipped in L2 norm.
+
+    The backend returns the clipped sum in the basis of the directions (q coefficients); the mechanism
+    adds d-dimensional noise to the vector they describe, so the coefficients themselves never leave
+    unnoised.
+    """
+
+    directions: Tuple[Seeded, ...]
+    smoothing: float
+
+    @property
+    def size(self) -> int:
+        return len(self.directions)
+
+
+Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences]
+
+
+@dataclass(frozen=True, eq=False)
+class Update:
+    """x <- x - lr * (sum coefficient * u(seed) + sum coefficient * dense)."""
+
+    terms: Tuple[Tuple[int, float], ...] = ()
+    dense: Tuple[Tuple[Tuple[torch.Tensor, ...], float], ...] = ()
