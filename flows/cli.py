@@ -70,6 +70,19 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    for path in args.specs:
+        specs.load_spec(path)  # fail fast on any bad spec
+    from flows.sweep import sweep
+
+    result = sweep(spec_paths=[str(p) for p in args.specs], epsilons=args.epsilons, seeds=args.seeds,
+                   tracking_uri=args.tracking_uri, experiment=args.experiment, output=args.out)
+    print()
+    print(result["table"], end="")
+    print(f"MLflow parent run {result['parent_run_id']}" + (f"; table written to {args.out}" if args.out else ""))
+    return 0
+
+
 def cmd_schema(_args) -> int:
     print(specs.json_schema())
     return 0
@@ -88,6 +101,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("calibrate", help="print sigma, steps, sampling rate and epsilon for a spec")
     p.add_argument("spec")
     p.set_defaults(func=cmd_calibrate)
+    p = sub.add_parser("sweep", help="run specs across epsilons and seeds; table + privacy-utility plot")
+    p.add_argument("specs", nargs="+")
+    p.add_argument("--epsilons", nargs="+", type=float, default=[0.1, 0.5, 1.0, 2.0, 3.0])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--tracking-uri", default=None, help="default: the first spec's tracking.uri")
+    p.add_argument("--experiment", default="privzo-sweep")
+    p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
+    p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)

