@@ -1,20 +1,77 @@
-"""Public random directions regenerated from integer seeds, one parameter tensor at a time.
+"""Public random directions regenerated from integer seeds, and forward passes at perturbed points.
 
-A direction u is never stored whole: tensor i of direction ``seed`` is regenerated from
-``public_seed(seed, i)`` whenever it is needed (MeZO's memory trick). Because each tensor has its own
-stream, tensors can be produced in any order (module hooks, replicas, replays) with identical values.
+A direction u is never stored whole unless the run asks for cache mode: tensor i of direction ``seed``
+is regenerated whenever it is needed (MeZO's memory trick). Each tensor is cut into fixed chunks of
+``CHUNK`` elements, each chunk with its own stream derived from (seed, i, chunk); so tensors and chunks
+can be produced in any order or in parallel threads (module hooks, replicas, replays) with identical
+values.
+
+Generation and perturbation write into buffers that live as long as the ``Directions`` object: fresh
+d-sized allocations cost page faults that, on CPU, take longer than the arithmetic itself.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import threading
 from collections import OrderedDict
-from typing import Iterator, List, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from components.randomness import public_seed
+
+CHUNK = 1 << 18
+PARALLEL_MIN = 1 << 21
+_MASK64 = (1 << 64) - 1
+_local = threading.local()
+_executor: Optional[ThreadPoolExecutor] = None
+_executor_lock = threading.Lock()
+
+
+def _buffer(size, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A long-lived buffer: allocated as a normal tensor even inside inference mode, so it can be
+    written in place later outside it."""
+    with torch.inference_mode(False):
+        return torch.empty(size, device=device, dtype=dtype)
+
+
+def _sum_squares(t: torch.Tensor) -> float:
+    """sum of squares in float64 (the same reduction wherever a direction's norm is computed)."""
+    return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+
+
+def _chunk_seed(base: int, chunk: int) -> int:
+    """splitmix64 of (base, chunk): a cheap, well-mixed per-chunk seed."""
+    z = (base + (chunk + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    gens = getattr(_local, "gens", None)
+    if gens is None:
+        gens = _local.gens = {}
+    gen = gens.get(device)
+    if gen is None:
+        gen = gens[device] = torch.Generator(device=device)
+    return gen
+
+
+def _pool() -> Optional[ThreadPoolExecutor]:
+    """Threads for CPU generation (torch releases the GIL inside kernels)."""
+    global _executor
+    workers = min(4, os.cpu_count() or 1)
+    if workers < 2:
+        return None
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="privzo-directions")
+    return _executor
 
 
 class Directions:
@@ -32,58 +89,151 @@ class Directions:
         self.dim = sum(p.numel() for p in self.params)
         self.radius = math.sqrt(self.dim) if radius is None else float(radius)
         self._norms: "OrderedDict[int, float]" = OrderedDict()  # seed -> ||z|| for the sphere (scalars only)
-        self._cache: dict = {}  # seed -> list of tensors, only inside ``cached``
+        self._slots: List[List[torch.Tensor]] = []  # cache-mode buffers, reused step after step
+        self._cache: Dict[int, List[torch.Tensor]] = {}  # seed -> its slot, only inside ``cached``
+        self._scratch: Dict[Tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._pools: Dict[Tuple[torch.device, torch.dtype], "_Stack"] = {}
+        self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
 
-    @contextlib.contextmanager
-    def cached(self, seeds) -> Iterator[None]:
-        """Cache mode: generate each direction once (one RNG pass) and reuse it for the +lambda and -lambda
-        points and the update, at the price of d extra numbers per direction kept for the step."""
-        for seed in seeds:
-            self._cache[seed] = [self._generate(seed, i) for i in range(len(self.params))]
-        try:
-            yield
-        finally:
-            self._cache.clear()
+    # ------------------------------------------------------------------ generation
+    def _fill_chunks(self, jobs: List[Tuple[int, torch.Tensor, int]]) -> None:
+        """jobs: (tensor seed, flat view, chunk index); fills each chunk from its own stream."""
 
-    def _raw(self, seed: int, i: int) -> torch.Tensor:
+        def run(job):
+            base, flat, c = job
+            view = flat[c * CHUNK:(c + 1) * CHUNK]
+            gen = _generator(view.device)
+            gen.manual_seed(_chunk_seed(base, c))
+            if self.kind == "rademacher":
+                view.random_(0, 2, generator=gen).mul_(2).sub_(1)
+            else:
+                view.normal_(generator=gen)
+
+        # threads pay off only when there is a lot to draw; small directions are faster inline
+        parallel = len(jobs) > 1 and jobs[0][1].device.type == "cpu" and len(jobs) * CHUNK >= PARALLEL_MIN
+        executor = _pool() if parallel else None
+        if executor is None:
+            for job in jobs:
+                run(job)
+        else:
+            list(executor.map(run, jobs))
+
+    def _jobs(self, seed: int, i: int, out: torch.Tensor) -> List[Tuple[int, torch.Tensor, int]]:
+        base = public_seed(seed, i)
+        flat = out.view(-1)
+        return [(base, flat, c) for c in range(max(1, math.ceil(flat.numel() / CHUNK)))]
+
+    def _scale(self, seed: int) -> float:
+        return self.radius / self._sphere_norm(seed) if self.kind == "sphere" else 1.0
+
+    def fill_(self, seed: int, i: int, out: torch.Tensor) -> torch.Tensor:
+        """Write tensor ``i`` of direction ``seed`` into ``out`` (shaped like parameter i)."""
+        cached = self._cache.get(seed)
+        if cached is not None:
+            return out.copy_(cached[i])
+        self._fill_chunks(self._jobs(seed, i, out))
+        scale = self._scale(seed)
+        if scale != 1.0:
+            out.mul_(scale)
+        return out
+
+    def _scratch_for(self, i: int) -> torch.Tensor:
         p = self.params[i]
-        gen = torch.Generator(device=p.device)
-        gen.manual_seed(public_seed(seed, i))
-        if self.kind == "rademacher":
-            z = torch.randint(0, 2, p.shape, generator=gen, device=p.device, dtype=torch.int8)
-            return z.to(p.dtype).mul_(2).sub_(1)
-        return torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype)
+        key = (p.device, p.dtype)
+        buf = self._scratch.get(key)
+        if buf is None:
+            size = max(q.numel() for q in self.params if (q.device, q.dtype) == key)
+            buf = self._scratch[key] = _buffer(size, p.device, p.dtype)
+        return buf[: p.numel()].view_as(p)
 
     def _sphere_norm(self, seed: int) -> float:
         norm = self._norms.get(seed)
         if norm is None:
-            # one extra generation pass, in float64, to get ||z|| over the whole direction
-            norm = math.sqrt(sum(float(self._raw(seed, i).double().square().sum()) for i in range(len(self.params))))
+            # one extra generation pass (through the scratch buffer) to get ||z|| over the whole direction
+            total = 0.0
+            for i in range(len(self.params)):
+                buf = self._scratch_for(i)
+                self._fill_chunks(self._jobs(seed, i, buf))
+                total += _sum_squares(buf)
+            norm = math.sqrt(total)
             self._norms[seed] = norm
             if len(self._norms) > 256:
                 self._norms.popitem(last=False)
         return norm
 
     def tensor(self, seed: int, i: int) -> torch.Tensor:
-        """Tensor ``i`` of direction ``seed`` (do not modify it: in cache mode it is shared)."""
+        """Tensor ``i`` of direction ``seed`` (shared in cache mode: do not modify it)."""
         cached = self._cache.get(seed)
         if cached is not None:
             return cached[i]
-        return self._generate(seed, i)
+        return self.fill_(seed, i, torch.empty_like(self.params[i]))
 
-    def _generate(self, seed: int, i: int) -> torch.Tensor:
-        z = self._raw(seed, i)
-        if self.kind == "sphere":
-            z.mul_(self.radius / self._sphere_norm(seed))
-        return z
+    def add_to_(self, seed: int, i: int, target: torch.Tensor, alpha: float) -> None:
+        """target += alpha * u_i(seed), without allocating (cache slot or the scratch buffer)."""
+        cached = self._cache.get(seed)
+        target.add_(cached[i] if cached is not None else self.fill_(seed, i, self._scratch_for(i)), alpha=alpha)
 
     def iter_tensors(self, seed: int) -> Iterator[torch.Tensor]:
         for i in range(len(self.params)):
             yield self.tensor(seed, i)
 
     def dense(self, seed: int) -> List[torch.Tensor]:
-        """The whole direction materialised (tests and cache mode only)."""
+        """The whole direction materialised (tests and diagnostics)."""
         return list(self.iter_tensors(seed))
+
+    @contextlib.contextmanager
+    def cached(self, seeds) -> Iterator[None]:
+        """Cache mode: generate each direction once per step, all chunks in parallel, into buffers kept
+        across steps, and reuse it for the +lambda and -lambda points and the update (+d memory per
+        direction, one RNG pass)."""
+        seeds = list(dict.fromkeys(seeds))
+        while len(self._slots) < len(seeds):
+            self._slots.append([_buffer(p.shape, p.device, p.dtype) for p in self.params])
+        jobs = []
+        for seed, slot in zip(seeds, self._slots):
+            for i, buf in enumerate(slot):
+                jobs.extend(self._jobs(seed, i, buf))
+        self._fill_chunks(jobs)
+        for seed, slot in zip(seeds, self._slots):
+            if self.kind == "sphere" and seed not in self._norms:
+                # the raw direction is already here: its norm needs no second generation pass
+                self._norms[seed] = math.sqrt(sum(_sum_squares(buf) for buf in slot))
+            scale = self._scale(seed)
+            if scale != 1.0:
+                for buf in slot:
+                    buf.mul_(scale)
+            self._cache[seed] = slot
+        try:
+            yield
+        finally:
+            self._cache.clear()
+
+    def stack(self, p: torch.Tensor, capacity: int) -> "_Stack":
+        key = (p.device, p.dtype)
+        stack = self._pools.get(key)
+        if stack is None or stack.capacity < capacity:
+            stack = self._pools[key] = _Stack(capacity, p.device, p.dtype)
+        return stack
+
+
+class _Stack:
+    """LIFO scratch for perturbed parameters: nested module calls take and give back in order."""
+
+    def __init__(self, capacity: int, device: torch.device, dtype: torch.dtype):
+        self.capacity = capacity
+        self.buffer = _buffer(capacity, device, dtype)
+        self.offset = 0
+
+    def take(self, like: torch.Tensor) -> torch.Tensor:
+        n = like.numel()
+        if self.offset + n > self.capacity:
+            raise RuntimeError("perturbed forward: scratch stack exhausted (a module ran outside its parent)")
+        view = self.buffer[self.offset:self.offset + n].view_as(like)
+        self.offset += n
+        return view
+
+    def give_back(self, like: torch.Tensor) -> None:
+        self.offset -= like.numel()
 
 
 def direction_tensor(directions: Directions, direction, i: int) -> torch.Tensor:
@@ -100,33 +250,86 @@ def add_direction_(directions: Directions, seed: int, scale: float) -> None:
     """In place: x <- x + scale * u(seed). Used for updates (not for the +-lambda query points)."""
     with torch.no_grad():
         for i, p in enumerate(directions.params):
-            p.add_(directions.tensor(seed, i), alpha=scale)
+            directions.add_to_(seed, i, p, scale)
+
+
+def _capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple[torch.device, torch.dtype], int]:
+    """Scratch needed at once: a module's own perturbed parameters plus the largest need of a child
+    (children run inside their parent's forward)."""
+
+    def need(module: nn.Module) -> Dict:
+        own: Dict = {}
+        for p in module._parameters.values():
+            if p is not None and id(p) in index:
+                key = (p.device, p.dtype)
+                own[key] = own.get(key, 0) + p.numel()
+        child_max: Dict = {}
+        for child in module.children():
+            for key, n in need(child).items():
+                child_max[key] = max(child_max.get(key, 0), n)
+        for key, n in child_max.items():
+            own[key] = own.get(key, 0) + n
+        return own
+
+    return need(model)
+
+
+def _aliases(value, storage_ptrs) -> bool:
+    return isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in storage_ptrs
 
 
 @contextlib.contextmanager
 def perturbed(model: nn.Module, directions: Directions, direction, scale: float) -> Iterator[None]:
     """Run the model's forward passes at x + scale * v without writing x (v: a seed, ``Seeded`` or ``Dense``).
 
-    Each module's own parameters are swapped for ``p + scale * z`` just before that module runs and
-    swapped back right after, so at most one module's perturbed tensors exist at a time (memory of
-    inference + one parameter tensor) and the parameters are restored bit for bit: x itself is never
-    modified, unlike MeZO's in-place +lambda, -2lambda, +lambda, which drifts by rounding in floating
-    point.
+    Each module's own parameters are swapped for ``p + scale * v`` (written into a reusable scratch
+    stack) just before that module runs and swapped back right after, so only the parameters of the
+    modules currently running exist perturbed (memory of inference + about one module's parameters) and
+    the parameters are restored bit for bit: x itself is never modified, unlike MeZO's in-place
+    +lambda, -2lambda, +lambda, which drifts by rounding in floating point.
     """
     index = {id(p): i for i, p in enumerate(directions.params)}
+    capacity = directions._capacities.get(id(model))
+    if capacity is None:
+        capacity = directions._capacities[id(model)] = _capacity(model, index)
+    stacks = {key: directions.stack(next(p for p in directions.params if (p.device, p.dtype) == key), n)
+              for key, n in capacity.items() if n}
+    storage_ptrs = {s.buffer.untyped_storage().data_ptr() for s in stacks.values()}
+    seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
+    cached = directions._cache.get(seed) if seed is not None else None
     handles = []
     swapped: List[tuple] = []
+    seen = set()
+
+    def write(p: torch.Tensor, i: int, out: torch.Tensor) -> None:
+        if seed is None:
+            torch.add(p, direction.tensor(i), alpha=scale, out=out)
+        elif cached is not None:
+            torch.add(p, cached[i], alpha=scale, out=out)
+        else:
+            directions.fill_(seed, i, out)
+            torch.add(p, out, alpha=scale, out=out)  # same op as the cached path: identical values
 
     def make_hooks(owned):
         def pre(module, _args):
             for name, p in owned:
-                module._parameters[name] = torch.add(
-                    p.detach(), direction_tensor(directions, direction, index[id(p)]), alpha=scale)
-                swapped.append((module, name, p))
+                stack = stacks[(p.device, p.dtype)]
+                view = stack.take(p)
+                write(p.detach(), index[id(p)], view)
+                module._parameters[name] = view
+                swapped.append((module, name, p, stack))
+                seen.add(id(p))
 
-        def post(module, _args, _out):
-            for name, p in owned:
+        def post(module, _args, out):
+            for name, p in reversed(owned):
                 module._parameters[name] = p
+                stacks[(p.device, p.dtype)].give_back(p)
+            # a module returning a view of its own (perturbed) parameter must not keep scratch memory
+            if _aliases(out, storage_ptrs):
+                return out.clone()
+            if isinstance(out, (tuple, list)) and any(_aliases(o, storage_ptrs) for o in out):
+                return type(out)(o.clone() if _aliases(o, storage_ptrs) else o for o in out)
+            return None
 
         return pre, post
 
@@ -145,10 +348,11 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     finally:
         for h in handles:
             h.remove()
-        for module, name, p in swapped:  # restore even if a forward raised half way
+        for module, name, p, _stack in swapped:  # restore even if a forward raised half way
             module._parameters[name] = p
+        for stack in stacks.values():
+            stack.offset = 0
     if swapped and not failed:
-        seen = {id(p) for _, _, p in swapped}
         missed = [i for i, p in enumerate(directions.params) if id(p) not in seen]
         if missed:
             # a parameter read outside its own module's forward would be evaluated unperturbed and bias

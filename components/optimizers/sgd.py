@@ -24,7 +24,7 @@ class Sgd:
 
     def _gradient_into(self, i: int, update: Update, out: torch.Tensor) -> torch.Tensor:
         for seed, coef in update.terms:
-            out.add_(self.directions.tensor(seed, i), alpha=coef)
+            self.directions.add_to_(seed, i, out, coef)
         for tensors, coef in update.dense:
             out.add_(tensors[i], alpha=coef)
         return out
@@ -37,7 +37,7 @@ class Sgd:
                 if self.weight_decay:
                     p.mul_(1.0 - self.lr * self.weight_decay)
                 for seed, coef in update.terms:
-                    p.add_(self.directions.tensor(seed, i), alpha=-self.lr * coef)
+                    self.directions.add_to_(seed, i, p, -self.lr * coef)
                 for tensors, coef in update.dense:
                     p.add_(tensors[i], alpha=-self.lr * coef)
             return
