@@ -91,7 +91,6 @@ class Directions:
         self._norms: "OrderedDict[int, float]" = OrderedDict()  # seed -> ||z|| for the sphere (scalars only)
         self._slots: List[List[torch.Tensor]] = []  # cache-mode buffers, reused step after step
         self._cache: Dict[int, List[torch.Tensor]] = {}  # seed -> its slot, only inside ``cached``
-        self._scratch: Dict[Tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self._pools: Dict[Tuple[torch.device, torch.dtype], "_Stack"] = {}
         self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
 
@@ -138,13 +137,15 @@ class Directions:
         return out
 
     def _scratch_for(self, i: int) -> torch.Tensor:
+        """A view shaped like parameter i in the buffer the perturbation stack also uses: the two are never
+        busy at once (updates and norm passes run outside perturbed forwards), so regenerate mode keeps
+        about one parameter tensor beyond inference."""
         p = self.params[i]
-        key = (p.device, p.dtype)
-        buf = self._scratch.get(key)
-        if buf is None:
-            size = max(q.numel() for q in self.params if (q.device, q.dtype) == key)
-            buf = self._scratch[key] = _buffer(size, p.device, p.dtype)
-        return buf[: p.numel()].view_as(p)
+        size = max(q.numel() for q in self.params if (q.device, q.dtype) == (p.device, p.dtype))
+        stack = self.stack(p, size)
+        if stack.offset:
+            raise RuntimeError("directions: scratch requested during a perturbed forward")
+        return stack.buffer[: p.numel()].view_as(p)
 
     def _sphere_norm(self, seed: int) -> float:
         norm = self._norms.get(seed)
@@ -212,6 +213,8 @@ class Directions:
         key = (p.device, p.dtype)
         stack = self._pools.get(key)
         if stack is None or stack.capacity < capacity:
+            if stack is not None and stack.offset:
+                raise RuntimeError("directions: scratch stack resized while in use")
             stack = self._pools[key] = _Stack(capacity, p.device, p.dtype)
         return stack
 
@@ -292,11 +295,16 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     capacity = directions._capacities.get(id(model))
     if capacity is None:
         capacity = directions._capacities[id(model)] = _capacity(model, index)
-    stacks = {key: directions.stack(next(p for p in directions.params if (p.device, p.dtype) == key), n)
-              for key, n in capacity.items() if n}
+    stacks = {}
+    for key, n in capacity.items():
+        same = [p for p in directions.params if (p.device, p.dtype) == key]
+        if n and same:
+            stacks[key] = directions.stack(same[0], max(n, max(p.numel() for p in same)))
     storage_ptrs = {s.buffer.untyped_storage().data_ptr() for s in stacks.values()}
     seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
     cached = directions._cache.get(seed) if seed is not None else None
+    if seed is not None and cached is None:
+        directions._scale(seed)  # a sphere's norm pass uses the scratch: run it before any module does
     handles = []
     swapped: List[tuple] = []
     seen = set()
