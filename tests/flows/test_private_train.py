@@ -124,3 +124,37 @@ def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_sp
     local = Path(client.download_artifacts(run.info.run_id, "dp_event.json", str(tmp_path / "dl")))
     assert json.loads(local.read_text())["count"] == 30
     assert float(run.data.tags["dp.epsilon"]) < tiny_spec_dict["privacy"]["epsilon"]
+
+
+def test_mezo_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = uri
+    tiny_spec_dict["mechanism"] = {"kind": "none"}
+    del tiny_spec_dict["privacy"]
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    result = private_train(spec=tiny_spec_dict)
+    run = mlflow.MlflowClient(uri).get_run(result["run_id"])
+    assert run.data.tags["dp.private"] == "false" and run.data.tags["dp.epsilon"] == "inf"
+    assert run.data.tags["dp.guarantee"].startswith("NOT private: mechanism none")
+    assert "privacy/epsilon" not in run.data.metrics
+    assert result["epsilon"] == float("inf")
+
+
+def test_pazo_run_with_public_warm_start(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = uri
+    tiny_spec_dict["estimator"] = {"kind": "pazo_s", "public_batches": 3, "public_batch_size": 8,
+                                   "public_warm_start": {"epochs": 2, "lr": 0.1, "batch_size": 8}}
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    result = private_train(spec=tiny_spec_dict)
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(result["run_id"])
+    assert run.data.tags["privzo.estimator"] == "pazo_s"
+    assert float(run.data.tags["dp.epsilon"]) <= 2.0
+    assert client.get_metric_history(result["run_id"], "public/warm_start_steps")[0].value > 0

@@ -46,12 +46,29 @@ def _error_for(tiny, mutate):
         (lambda d: d["privacy"].update(neighboring="replace_one"), ["privacy.neighboring", "poisson"]),
         (lambda d: d.pop("mechanism"), ["mechanism", "missing"]),
         (lambda d: d["sampling"].update(expected_batch_size=0), ["sampling.expected_batch_size"]),
+        (lambda d: d.update(mechanism={"kind": "none"}), ["privacy", "mechanism.kind none", "remove the privacy section"]),
+        (lambda d: d.pop("privacy"), ["privacy: required"]),
+        (lambda d: (d["data"]["split"].update(public=0.0, imbalance=None),
+                    d.update(estimator={"kind": "pazo_s"})), ["estimator.kind", "pazo_s uses public data"]),
+        (lambda d: d.update(estimator={"kind": "pazo_m", "mix": 1.5}), ["estimator.mix"]),
+        (lambda d: d.update(estimator={"kind": "pazo_p", "basis": "qr"}), ["estimator.basis", "orthonormal"]),
+        (lambda d: d.update(estimator={"kind": "two_point", "radius": 3.0}), ["estimator.radius", "sphere"]),
+        (lambda d: d.update(estimator={"kind": "pazo_s", "candidate_noise": -1}), ["estimator.candidate_noise"]),
     ],
 )
 def test_bad_specs_name_the_field_in_one_line(tiny_spec_dict, mutate, must_contain):
     message = _error_for(tiny_spec_dict, mutate)
     for fragment in must_contain:
         assert fragment in message, message
+
+
+def test_mezo_spec_has_no_privacy_section(tiny_spec_dict):
+    tiny_spec_dict["mechanism"] = {"kind": "none"}
+    del tiny_spec_dict["privacy"]
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    assert not spec.private
+    resolved = spec.resolved(n_private=1000, noise_multiplier=None)
+    assert resolved.is_resolved and resolved.privacy is None
 
 
 def test_several_errors_are_reported_together(tiny_spec_dict):
