@@ -23,7 +23,7 @@ import specs
 from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
-from flows.reporting import PrivacySummary, privacy_report
+from flows.reporting import PrivacySummary, privacy_report, summarize
 from flows.tracking import dp_tags, journal_json, log_text_artifacts
 
 
@@ -96,16 +96,9 @@ def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
 
 
 def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
-    spec = plan.spec
-    privacy = spec.privacy
-    return PrivacySummary(
-        dataset=spec.data.source.name, epsilon=built.loop.tracker.epsilon(),
-        target_epsilon=privacy.epsilon if privacy else math.inf, delta=float(privacy.delta) if privacy else 0.0,
-        accountant=privacy.accountant if privacy else "none", neighboring=privacy.neighboring if privacy else "none",
-        noise_multiplier=float(spec.mechanism.noise_multiplier) if privacy else 0.0, steps=built.loop.tracker.steps,
-        sampling_rate=plan.sampling_rate, clip=getattr(spec.mechanism, "clip", math.inf),
-        queries_per_step=built.loop.estimator.queries_per_step, private=spec.private,
-        mechanism=spec.mechanism.kind)
+    loop = built.loop
+    return summarize(plan.spec, loop.tracker.epsilon(), loop.tracker.steps, plan.sampling_rate,
+                     loop.estimator.queries_per_step)
 
 
 def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:

@@ -1,6 +1,7 @@
 """Plain-language statements of what a run guarantees."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -60,3 +61,15 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
     ]
     lines += [f"- {k}: {v:.4f}" for k, v in metrics.items()]
     return "\n".join(lines) + "\n"
+
+
+def summarize(spec, tracker_epsilon: float, steps: int, sampling_rate: float, queries_per_step: int) -> PrivacySummary:
+    """The privacy summary of a resolved run spec after ``steps`` executed steps."""
+    privacy = spec.privacy
+    return PrivacySummary(
+        dataset=spec.data.source.name, epsilon=tracker_epsilon,
+        target_epsilon=privacy.epsilon if privacy else math.inf, delta=float(privacy.delta) if privacy else 0.0,
+        accountant=privacy.accountant if privacy else "none", neighboring=privacy.neighboring if privacy else "none",
+        noise_multiplier=float(spec.mechanism.noise_multiplier) if privacy else 0.0, steps=steps,
+        sampling_rate=sampling_rate, clip=getattr(spec.mechanism, "clip", math.inf),
+        queries_per_step=queries_per_step, private=spec.private, mechanism=spec.mechanism.kind)

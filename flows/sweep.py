@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 import specs
 from components import builders, models
-from flows.reporting import PrivacySummary
+from flows.reporting import summarize
 from flows.tracking import dp_tags, log_text_artifacts
 
 
@@ -40,13 +40,8 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
                            torch.as_tensor(data.test.labels, device=built.device))
     eps = built.loop.tracker.epsilon()
     privacy = resolved.privacy
-    summary = PrivacySummary(
-        dataset=resolved.data.source.name, epsilon=eps, target_epsilon=privacy.epsilon if privacy else math.inf,
-        delta=float(privacy.delta) if privacy else 0.0, accountant=privacy.accountant if privacy else "none",
-        neighboring=privacy.neighboring if privacy else "none", noise_multiplier=sigma or 0.0,
-        steps=built.loop.tracker.steps, sampling_rate=resolved.sampling.expected_batch_size / n,
-        clip=getattr(resolved.mechanism, "clip", math.inf), queries_per_step=built.loop.estimator.queries_per_step,
-        private=resolved.private, mechanism=resolved.mechanism.kind)
+    summary = summarize(resolved, eps, built.loop.tracker.steps, resolved.sampling.expected_batch_size / n,
+                        built.loop.estimator.queries_per_step)
     client = mlflow.MlflowClient()
     run = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}-s{resolved.seed}",
                             tags={"mlflow.parentRunId": parent_run_id, "privzo.estimator": resolved.estimator.kind})

@@ -11,5 +11,8 @@ def test_step_cost_runs_on_the_mlp():
         [sys.executable, "bench/step_cost.py", "--models", "mlp", "--steps", "2", "--estimators", "two_point", "pazo_s"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    rows = [line for line in out.stdout.splitlines() if line.startswith("mlp")]
-    assert len(rows) == 4 and all(float(r.split()[6]) > 0 for r in rows)
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("mlp")]
+    peer = [r for r in rows if r[1] == "mezo-peer"]
+    cells = [r for r in rows if r[1] != "mezo-peer"]
+    assert len(peer) == 1 and float(peer[0][3]) > 0
+    assert len(cells) == 4 and all(float(r[6]) > 0 for r in cells)  # ratio column

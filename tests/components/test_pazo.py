@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 
+from tests.components.quadratic import Quadratic, quad_loss
+
 from components.estimators import Directions, PazoMEstimator, PazoPEstimator, PazoSEstimator
 from components.estimators.evaluate import evaluate_query
 from components.estimators.pazo import subspace_basis, _flatten
@@ -11,19 +13,6 @@ from components.estimators.public import PublicOracle
 from components.estimators.queries import FiniteDifferences, Seeded
 
 
-class Quadratic(torch.nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.x = torch.nn.Parameter(torch.linspace(-1.0, 2.0, d, dtype=torch.float64))
-        self.a = torch.linspace(0.5, 2.0, d, dtype=torch.float64)
-
-    def forward(self, centres):
-        diff = self.x - centres
-        return 0.5 * (self.a * diff * diff).sum(dim=1)
-
-
-def quad_loss(model, features, _labels):
-    return model(features)
 
 
 class ExactContext:
@@ -43,7 +32,7 @@ class ExactContext:
 
 def _setup(d=6, n_public=40):
     torch.manual_seed(0)
-    model = Quadratic(d)
+    model = Quadratic(d, torch.linspace(-1.0, 2.0, d, dtype=torch.float64))
     params = [model.x]
     public_centres = torch.randn(n_public, d, dtype=torch.float64)
     public = PublicOracle(model, params, quad_loss, public_centres, torch.zeros(n_public), seed=0)

@@ -1,5 +1,7 @@
 """DPZero's two-point estimator: sensitivity, unbiasedness on a quadratic, public plans."""
 import torch
+
+from tests.components.quadratic import Quadratic, quad_loss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -7,21 +9,6 @@ from components.estimators import Directions, FiniteDifferences, Seeded, TwoPoin
 from components.estimators.evaluate import clip_sum, per_example_values
 
 
-class Quadratic(torch.nn.Module):
-    """f(x; xi) = 0.5 * ||x - xi||_A^2 with per-example centres xi (the 'features')."""
-
-    def __init__(self, d):
-        super().__init__()
-        self.x = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
-        self.a = torch.linspace(0.5, 2.0, d, dtype=torch.float64)
-
-    def forward(self, centres):
-        diff = self.x - centres
-        return 0.5 * (self.a * diff * diff).sum(dim=1)
-
-
-def quad_loss(model, features, _labels):
-    return model(features)
 
 
 def test_direction_seeds_are_public_and_reproducible():
