@@ -1,6 +1,7 @@
 """Turn resolved spec sections into components with plain arguments (the only place that reads specs)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -85,19 +86,38 @@ def use_direction_cache(spec: RunSpec, params, queries: int) -> bool:
     return queries * sum(p.numel() * p.element_size() for p in params) <= CACHE_LIMIT_BYTES
 
 
-def calibrate_noise(spec: RunSpec, n_private: int) -> float:
-    """sigma for the whole planned run: Poisson(rate) of Gaussian(sigma), composed over the planned steps."""
+def planned_event(spec: RunSpec, n_private: int, sigma: float):
+    """The whole planned run: Poisson(rate) of Gaussian(sigma), composed over the planned steps."""
     import dp_accounting
 
-    delta = spec.delta_for(n_private)
     rate = spec.sampling.expected_batch_size / n_private
-    steps = spec.planned_steps(n_private)
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), spec.planned_steps(n_private))
 
-    def event(sigma: float):
-        return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps)
 
-    return accountant(spec).calibrate(event, spec.privacy.epsilon, delta)
+def calibrate_noise(spec: RunSpec, n_private: int) -> float:
+    """sigma for the whole planned run (dp-accounting's calibration; never less privacy than asked)."""
+    return accountant(spec).calibrate(lambda sigma: planned_event(spec, n_private, sigma), spec.privacy.epsilon,
+                                      spec.delta_for(n_private))
+
+
+def resolve_privacy(spec: RunSpec, n_private: int):
+    """(resolved spec, sampling rate, planned epsilon). sigma 'auto' is calibrated; an explicit sigma must
+    meet the target epsilon; mechanism none resolves to a non-private run (epsilon = inf)."""
+    if not 0 < spec.sampling.expected_batch_size <= n_private:
+        raise ValueError(f"sampling.expected_batch_size: {spec.sampling.expected_batch_size} must be between 1 "
+                         f"and the {n_private} private rows")
+    rate = spec.sampling.expected_batch_size / n_private
+    if spec.mechanism.kind == "none":
+        return spec.resolved(n_private=n_private, noise_multiplier=None), rate, math.inf
+    sigma = spec.mechanism.noise_multiplier
+    sigma = calibrate_noise(spec, n_private) if sigma == "auto" else float(sigma)
+    resolved = spec.resolved(n_private=n_private, noise_multiplier=sigma)
+    eps = accountant(resolved).epsilon(planned_event(resolved, n_private, sigma), float(resolved.privacy.delta))
+    if eps > resolved.privacy.epsilon * (1 + 1e-9):
+        raise ValueError(f"mechanism.noise_multiplier: {sigma} gives epsilon {eps:.4g} > privacy.epsilon "
+                         f"{resolved.privacy.epsilon}; use noise_multiplier: auto or raise it")
+    return resolved, rate, eps
 
 
 def device_for(spec: RunSpec) -> torch.device:

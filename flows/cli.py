@@ -32,18 +32,11 @@ def cmd_calibrate(args) -> int:
 
     data = builders.load_data(spec)
     n = len(data.private)
-    if spec.mechanism.kind == "none":
-        print(f"mechanism none: no noise, not private ({spec.planned_steps(n)} steps)")
+    resolved, rate, eps = builders.resolve_privacy(spec, n)
+    if resolved.privacy is None:
+        print(f"mechanism none: no noise, not private ({resolved.optimizer.steps} steps)")
         return 0
-    sigma = spec.mechanism.noise_multiplier
-    sigma = builders.calibrate_noise(spec, n) if sigma == "auto" else float(sigma)
-    resolved = spec.resolved(n_private=n, noise_multiplier=sigma)
-    import dp_accounting
-
-    rate = resolved.sampling.expected_batch_size / n
-    event = dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), resolved.optimizer.steps)
-    eps = builders.accountant(resolved).epsilon(event, float(resolved.privacy.delta))
+    sigma = float(resolved.mechanism.noise_multiplier)
     print(f"noise_multiplier (sigma): {sigma:.6g}")
     print(f"steps:                    {resolved.optimizer.steps}")
     print(f"sampling rate:            {rate:.6g}  (expected batch {resolved.sampling.expected_batch_size} of {n} private rows)")
@@ -116,6 +109,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.func(args)
     except specs.SpecError as err:
         return _fail(str(err))
+    except ValueError as err:  # a spec that validates but does not fit its data (e.g. batch > rows)
+        return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
 

@@ -46,25 +46,7 @@ def load_and_split(spec: specs.RunSpec) -> SplitData:
 
 @task(name="calibrate", cache_policy=NO_CACHE)
 def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
-    if spec.sampling.expected_batch_size > n_private:
-        raise ValueError(
-            f"sampling.expected_batch_size: {spec.sampling.expected_batch_size} exceeds the {n_private} private rows")
-    rate = spec.sampling.expected_batch_size / n_private
-    if spec.mechanism.kind == "none":
-        return Plan(spec.resolved(n_private=n_private, noise_multiplier=None), n_private, rate, math.inf)
-    sigma = spec.mechanism.noise_multiplier
-    if sigma == "auto":
-        sigma = builders.calibrate_noise(spec, n_private)
-    resolved = spec.resolved(n_private=n_private, noise_multiplier=float(sigma))
-    import dp_accounting
-
-    planned = dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(float(sigma))), resolved.optimizer.steps)
-    eps = builders.accountant(resolved).epsilon(planned, float(resolved.privacy.delta))
-    if eps > resolved.privacy.epsilon * (1 + 1e-9):
-        raise ValueError(
-            f"mechanism.noise_multiplier: {sigma} gives epsilon {eps:.4g} > privacy.epsilon "
-            f"{resolved.privacy.epsilon}; use noise_multiplier: auto or raise it")
+    resolved, rate, eps = builders.resolve_privacy(spec, n_private)
     return Plan(resolved, n_private, rate, eps)
 
 

@@ -31,8 +31,7 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     """Train one cell to the end and log it as a child run; noise is drawn here, so never retried."""
     data = builders.load_data(spec)
     n = len(data.private)
-    sigma = None if spec.mechanism.kind == "none" else builders.calibrate_noise(spec, n)
-    resolved = spec.resolved(n_private=n, noise_multiplier=sigma)
+    resolved, _rate, _planned = builders.resolve_privacy(spec, n)
     built = builders.build_loop(resolved, data)
     builders.public_warm_start(resolved, built)
     built.loop.run(resolved.optimizer.steps)

@@ -85,3 +85,11 @@ def test_run_reports_accuracy_privacy_and_mlflow(tmp_path, tiny_spec_dict):
     assert "test accuracy" in out.stdout and "-DP for add/remove of one example of digits" in out.stdout
     assert "mlflow ui --backend-store-uri sqlite:///mlflow.db" in out.stdout
     assert (tmp_path / "mlflow.db").exists()
+
+
+def test_calibrate_rejects_a_batch_larger_than_the_private_rows(tmp_path, tiny_spec_dict):
+    tiny_spec_dict["sampling"]["expected_batch_size"] = 5000
+    out = _privzo(["calibrate", str(_write(tmp_path, tiny_spec_dict))], tmp_path, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sampling.expected_batch_size: 5000" in lines[0]
