@@ -130,6 +130,36 @@ def device_for(spec: RunSpec) -> torch.device:
 
 
 @dataclass
+class LocalParts:
+    model: torch.nn.Module
+    params: list
+    directions: Directions
+    estimator: object
+    optimizer: Sgd
+    backend: LocalBackend
+    device: torch.device
+
+
+def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) -> LocalParts:
+    """One replica: model (public init from the seed), directions, estimator, optimizer and a local backend
+    over the private rows (none on a Ray driver, whose workers load their own)."""
+    device = device_for(spec)
+    model = build_model(spec, data.n_features, data.n_classes).to(device)
+    params = models.trainable_parameters(model)
+    directions = build_directions(spec, params)
+    estimator = build_estimator(spec)
+    opt = spec.optimizer
+    optimizer = Sgd(directions, opt.lr, opt.momentum, opt.weight_decay)
+    rows = data.private if with_private_rows else data.private.__class__(
+        data.private.features[:0], data.private.labels[:0], [])
+    x = torch.as_tensor(rows.features, device=device)
+    y = torch.as_tensor(rows.labels, device=device)
+    cache = use_direction_cache(spec, params, len(estimator.direction_seeds(0, spec.seed)))
+    backend = LocalBackend(model, directions, optimizer, x, y, cache_directions=cache)
+    return LocalParts(model, params, directions, estimator, optimizer, backend, device)
+
+
+@dataclass
 class Built:
     model: torch.nn.Module
     loop: PrivateLoop
@@ -145,17 +175,17 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
     """
     if not spec.is_resolved:
         raise ValueError("build_loop needs a resolved spec (no 'auto' left)")
-    device = device_for(spec)
-    model = build_model(spec, data.n_features, data.n_classes).to(device)
-    params = models.trainable_parameters(model)
-    directions = build_directions(spec, params)
-    estimator = build_estimator(spec)
-    opt = spec.optimizer
-    optimizer = Sgd(directions, opt.lr, opt.momentum, opt.weight_decay)
-    x = torch.as_tensor(data.private.features, device=device)
-    y = torch.as_tensor(data.private.labels, device=device)
-    cache = use_direction_cache(spec, params, len(estimator.direction_seeds(0, spec.seed)))
-    backend = LocalBackend(model, directions, optimizer, x, y, cache_directions=cache)
+    parts = build_local(spec, data, with_private_rows=spec.execution.backend == "local")
+    model, params, directions, estimator, device = parts.model, parts.params, parts.directions, parts.estimator, parts.device
+    backend = parts.backend
+    if spec.execution.backend == "ray":
+        from components.runtime.ray_backend import RayBackend
+
+        ex = spec.execution
+        backend = RayBackend(parts.backend, spec.model_dump(mode="json"), n_private=len(data.private), workers=ex.workers,
+                             gpus_per_worker=ex.gpus_per_worker, address=ex.address, parallelism=ex.parallelism,
+                             checksum_every=ex.checksum_every)
+    n_private = len(data.private)
     public = None
     if len(data.public):
         public = PublicOracle(model, params, models.per_example_loss, torch.as_tensor(data.public.features, device=device),
@@ -168,7 +198,7 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         noise_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 1) if insecure else None)
     if sampling_generator is None:
         sampling_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
-    sampler = PoissonSampler(len(y), spec.sampling.expected_batch_size, sampling_generator)
+    sampler = PoissonSampler(n_private, spec.sampling.expected_batch_size, sampling_generator)
     if spec.mechanism.kind == "none":
         mechanism = NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)
@@ -188,5 +218,9 @@ def public_warm_start(spec: RunSpec, built: Built) -> int:
     public = built.loop.public
     if public is None:
         raise ValueError("estimator.public_warm_start: needs public rows; set data.split.public > 0")
-    return warm_start(built.model, public.params, public.loss, public.features, public.labels,
-                      epochs=ws.epochs, lr=ws.lr, batch_size=ws.batch_size, seed=spec.seed)
+    steps = warm_start(built.model, public.params, public.loss, public.features, public.labels,
+                       epochs=ws.epochs, lr=ws.lr, batch_size=ws.batch_size, seed=spec.seed)
+    sync = getattr(built.loop.backend, "sync", None)
+    if sync is not None:
+        sync()  # remote replicas start the private phase from the warm-started parameters
+    return steps

@@ -182,6 +182,9 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
         # whatever happened, record what was spent: the steps executed are the privacy cost
         if bar is not None:
             bar.close()
+        close = getattr(built.loop.backend, "close", None)
+        if close is not None:
+            close()  # Ray workers hold private rows: stop them with the run
         summary = _summary(plan, built)
         tags = dp_tags(summary, data.private.fingerprint)
         report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})

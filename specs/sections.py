@@ -208,7 +208,15 @@ OptimizerSpec = Annotated[Union[SgdOptimizer], Field(discriminator="kind")]
 
 # ---------------------------------------------------------------- execution and tracking
 class ExecutionSpec(Strict):
-    backend: Literal["local"] = "local"
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: forward passes in this process; ray: on Ray actors holding replicas.")
+    workers: PositiveInt = Field(2, description="Ray worker actors (backend: ray).")
+    gpus_per_worker: float = Field(0.0, ge=0.0)
+    address: str = Field("local", min_length=1,
+                         description="local: start Ray here; auto: join the running cluster; ray://host:port: a remote one.")
+    parallelism: Literal["data", "directions"] = Field(
+        "data", description="data: split each private batch across workers; directions: split the queries.")
+    checksum_every: PositiveInt = Field(100, description="Steps between replica parameter checksums.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: Optional[PositiveInt] = Field(None, description="torch intra-op threads; default: torch's choice.")
 

@@ -158,3 +158,29 @@ def test_pazo_run_with_public_warm_start(prefect_server, tiny_spec_dict, tmp_pat
     assert run.data.tags["privzo.estimator"] == "pazo_s"
     assert float(run.data.tags["dp.epsilon"]) <= 2.0
     assert client.get_metric_history(result["run_id"], "public/warm_start_steps")[0].value > 0
+
+
+def test_run_on_ray_workers(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """execution.backend: ray runs the forward passes on local Ray actors and stops them at the end."""
+    import ray
+
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = uri
+    tiny_spec_dict["execution"] = {"backend": "ray", "workers": 2}
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    from components.runtime.ray_backend import RayBackend
+
+    closed = []
+    original_close = RayBackend.close
+    monkeypatch.setattr(RayBackend, "close", lambda self: (closed.append(len(self.workers)), original_close(self)))
+    try:
+        result = private_train(spec=tiny_spec_dict)
+        run = mlflow.MlflowClient(uri).get_run(result["run_id"])
+        assert run.data.params["execution.backend"] == "ray"
+        assert float(run.data.tags["dp.epsilon"]) <= 2.0 and run.data.tags["dp.steps"] == "20"
+        assert closed == [2]  # the two workers holding private rows are stopped with the run
+    finally:
+        ray.shutdown()
