@@ -76,6 +76,26 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_budget(args) -> int:
+    from flows.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(args.ledger)
+    ds = ledger.dataset(args.dataset)
+    if ds is None:
+        return _fail(f"budget: no runs recorded for dataset {args.dataset!r} in {args.ledger}")
+    spent = ledger.spent(args.dataset)
+    if args.action == "show":
+        print(f"{args.dataset}: {spent:.6g} of {ds.lifetime_epsilon:g} epsilon spent, "
+              f"{max(ds.lifetime_epsilon - spent, 0.0):.6g} left (delta {ds.delta:.3g}, {ds.accountant}, {ds.neighboring})")
+        return 0
+    print(f"{'created (UTC)':20} {'run':24} {'status':10} {'steps':>11} {'run epsilon':>12}  fingerprint")
+    for c in ledger.history(args.dataset):
+        print(f"{c.created_at:%Y-%m-%d %H:%M:%S} {c.run_name[:24]:24} {c.status:10} "
+              f"{c.steps_run:>5}/{c.steps_planned:<5} {c.planned_epsilon:12.4g}  {c.fingerprint[:12]}")
+    print(f"total (exact composition): {spent:.6g} of {ds.lifetime_epsilon:g}")
+    return 0
+
+
 def cmd_schema(_args) -> int:
     print(specs.json_schema())
     return 0
@@ -102,6 +122,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--experiment", default="privzo-sweep")
     p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
     p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history")
+    p.add_argument("action", choices=["show", "history"])
+    p.add_argument("dataset")
+    p.add_argument("--ledger", default="sqlite:///privacy-ledger.db", help="SQLAlchemy URL of the ledger")
+    p.set_defaults(func=cmd_budget)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)

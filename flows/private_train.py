@@ -50,6 +50,34 @@ def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
     return Plan(resolved, n_private, rate, eps)
 
 
+@task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
+def reserve_budget(plan: Plan, fingerprint: str) -> Optional[str]:
+    """Reserve the planned DpEvent on the dataset's lifetime budget, in one transaction, before any
+    private row is queried; refuses (writing nothing) if the composed total would exceed it."""
+    spec = plan.spec
+    if spec.budget is None:
+        return None
+    from flows.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(spec.budget.ledger)
+    return ledger.reserve(
+        dataset=spec.budget.dataset, fingerprint=fingerprint, run_name=spec.name,
+        planned=builders.planned_event(spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
+        steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
+        accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring)
+
+
+@task(name="commit-budget", cache_policy=NO_CACHE, retries=3)
+def commit_budget(spec: specs.RunSpec, charge_id: str, event_json: str, steps: int, run_id: Optional[str]) -> float:
+    """Charge what was executed (all steps, or those before a crash); returns the dataset's budget left."""
+    from components.accountants import event_from_json
+    from flows.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(spec.budget.ledger)
+    ledger.commit(charge_id, event_from_json(event_json), steps, run_id)
+    return spec.budget.lifetime_epsilon - ledger.spent(spec.budget.dataset)
+
+
 @task(name="public-warm-start", cache_policy=NO_CACHE, retries=0)
 def public_warm_start(spec: specs.RunSpec, built: builders.Built) -> int:
     """Plain training on public rows before the private phase (no privacy cost)."""
@@ -155,9 +183,38 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     plan = calibrate(run_spec, len(data.private))
     resolved = plan.spec
     uri = resolved.tracking.uri
-    built = builders.build_loop(resolved, data)
+    charge_id = reserve_budget(plan, data.private.fingerprint)
+    try:
+        built = builders.build_loop(resolved, data)
+    except BaseException:
+        if charge_id is not None:  # nothing was queried: release the reservation
+            from flows.ledger import PrivacyLedger
+
+            PrivacyLedger(resolved.budget.ledger).abort(charge_id)
+        raise
+    run_id = None
+    try:
+        run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
+        result, report = _train_and_log(plan, data, built, run_id, progress)
+    finally:
+        if charge_id is not None:  # the ledger is charged with the steps actually executed, whatever happened
+            left = commit_budget(resolved, charge_id, event_to_json(built.loop.tracker.event()),
+                                 built.loop.tracker.steps, run_id)
+            get_run_logger().info("dataset %s: %.4g epsilon left", resolved.budget.dataset, left)
+    if charge_id is not None:
+        result["budget_left"] = left
+        mlflow.MlflowClient(uri).set_tag(run_id, "dp.budget_left", f"{left:.6g}")
+        report += (f"\n**Dataset budget.** {resolved.budget.dataset}: {left:.4g} of "
+                   f"{resolved.budget.lifetime_epsilon:g} epsilon left (ledger: exact composition of every run).\n")
+    create_markdown_artifact(report, key=_artifact_key(resolved.name), description="privzo privacy report")
+    return result
+
+
+def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: str, progress: bool):
+    """Train in chunks, log as we go; returns (result, privacy report markdown)."""
+    resolved = plan.spec
+    uri = resolved.tracking.uri
     total = resolved.optimizer.steps
-    run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
     warm_steps = public_warm_start(resolved, built)
     if warm_steps:
         log_metrics(uri, run_id, {"public/warm_start_steps": warm_steps, **evaluate(built, data)}, 0)
@@ -193,7 +250,6 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
         if status != "FINISHED":
             mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
     version = register_model(uri, run_id, built.model, data.n_features, resolved.name, tags)
-    create_markdown_artifact(report, key=_artifact_key(resolved.name), description="privzo privacy report")
     mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
     run = mlflow.MlflowClient(uri).get_run(run_id)
     return {
@@ -201,7 +257,7 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
         "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
         "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
         "model_version": version, **metrics,
-    }
+    }, report
 
 
 def _artifact_key(name: str) -> str:

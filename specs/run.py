@@ -16,6 +16,7 @@ from specs.sections import (
     OptimizerSpec,
     PrivacySpec,
     SamplingSpec,
+    BudgetSpec,
     TrackingSpec,
 )
 
@@ -32,6 +33,7 @@ class RunSpec(Strict):
     optimizer: OptimizerSpec
     execution: ExecutionSpec = ExecutionSpec()
     tracking: TrackingSpec = TrackingSpec()
+    budget: Optional[BudgetSpec] = None
 
     @model_validator(mode="after")
     def _cross_field(self) -> "RunSpec":
@@ -88,6 +90,10 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if spec.mechanism.kind != "none" and spec.privacy is None:
         problems.append("privacy: required key is missing (epsilon, delta, accountant, neighboring)")
         return problems
+    if spec.budget is not None and not (spec.privacy and not spec.privacy.insecure_deterministic):
+        problems.append("budget: only private runs are charged to a dataset's budget; remove budget")
+    if spec.budget is not None and spec.privacy is not None and spec.privacy.epsilon > spec.budget.lifetime_epsilon:
+        problems.append("privacy.epsilon: larger than budget.lifetime_epsilon; lower it or raise the budget")
     if spec.privacy is not None and spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
         problems.append(
             "privacy.neighboring: replace_one is not accounted for poisson sampling; use add_remove "

@@ -225,3 +225,12 @@ class TrackingSpec(Strict):
     uri: str = Field("sqlite:///mlflow.db", min_length=1)
     experiment: Optional[str] = Field(None, description="MLflow experiment; default: the spec name.")
     log_every: PositiveInt = Field(50, description="Steps between metric points (epsilon, eval).")
+
+
+class BudgetSpec(Strict):
+    """Lifetime privacy budget of a dataset, kept in the privacy ledger across runs."""
+
+    dataset: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$",
+                         description="Ledger id of the people whose data this is (shared by every run on it).")
+    lifetime_epsilon: PositiveFloat
+    ledger: str = Field("sqlite:///privacy-ledger.db", min_length=1, description="SQLAlchemy URL (SQLite, PostgreSQL).")

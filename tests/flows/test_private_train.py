@@ -184,3 +184,30 @@ def test_run_on_ray_workers(prefect_server, tiny_spec_dict, tmp_path, monkeypatc
         assert closed == [2]  # the two workers holding private rows are stopped with the run
     finally:
         ray.shutdown()
+
+
+def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """Runs on one dataset compose in the ledger; the run that would overspend is refused before training."""
+    import subprocess
+    import sys
+
+    from flows.ledger import BudgetExceeded, PrivacyLedger
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    tiny_spec_dict["privacy"]["epsilon"] = 1.0
+    tiny_spec_dict["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 1.2, "ledger": ledger_url}
+    first = private_train(spec=tiny_spec_dict)
+    assert first["budget_left"] == pytest.approx(1.2 - first["epsilon"], rel=1e-9)  # one run: its own epsilon
+    with pytest.raises(BudgetExceeded, match="left and this run needs"):
+        private_train(spec=tiny_spec_dict)
+    ledger = PrivacyLedger(ledger_url)
+    history = ledger.history("digits-patients")
+    assert [c.status for c in history] == ["committed"] and history[0].steps_run == 20
+    assert history[0].run_id == first["run_id"]
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "show", "digits-patients", "--ledger", ledger_url],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0 and "of 1.2 epsilon spent" in out.stdout

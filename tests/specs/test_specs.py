@@ -54,6 +54,10 @@ def _error_for(tiny, mutate):
         (lambda d: d.update(estimator={"kind": "pazo_p", "basis": "qr"}), ["estimator.basis", "orthonormal"]),
         (lambda d: d.update(estimator={"kind": "two_point", "radius": 3.0}), ["estimator.radius", "sphere"]),
         (lambda d: d.update(estimator={"kind": "pazo_s", "candidate_noise": -1}), ["estimator.candidate_noise"]),
+        (lambda d: d.update(budget={"dataset": "x", "lifetime_epsilon": 1.0}), ["privacy.epsilon", "lifetime_epsilon"]),
+        (lambda d: (d.update(budget={"dataset": "x", "lifetime_epsilon": 9.0}), d["privacy"].update(
+            insecure_deterministic=True)), ["budget: only private runs"]),
+        (lambda d: d.update(budget={"dataset": "bad name!", "lifetime_epsilon": 9.0}), ["budget.dataset"]),
     ],
 )
 def test_bad_specs_name_the_field_in_one_line(tiny_spec_dict, mutate, must_contain):

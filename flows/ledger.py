@@ -1,0 +1,207 @@
+"""The privacy ledger: what every run has spent on each dataset, and refusal to overspend.
+
+One row per run: dataset id and content fingerprint, the planned and the executed DpEvent (JSON),
+status (reserved / committed / aborted) and steps run. A dataset's total is the exact composition of its
+runs' events with dp-accounting (never a sum of epsilons): committed runs count with what they executed,
+reserved runs with what they planned.
+
+Reservation is one transaction holding the dataset's lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL:
+``SELECT ... FOR UPDATE`` on the dataset's row), so concurrent runs cannot both fit into the same
+remaining budget.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from dataclasses import dataclass
+from typing import List, Optional
+
+import dp_accounting
+from sqlalchemy import Column, DateTime, Float, Integer, String, Text, create_engine, event, select, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Session
+
+from components.accountants import Accountant, event_from_json, event_to_json
+
+RESERVED, COMMITTED, ABORTED = "reserved", "committed", "aborted"
+
+
+class BudgetExceeded(RuntimeError):
+    """The run would take the dataset past its lifetime epsilon; nothing was reserved."""
+
+    def __init__(self, dataset: str, remaining: float, requested: float, lifetime: float):
+        self.dataset, self.remaining, self.requested, self.lifetime = dataset, remaining, requested, lifetime
+        super().__init__(
+            f"budget.lifetime_epsilon: dataset {dataset!r} has {max(remaining, 0.0):.4g} of {lifetime:.4g} epsilon "
+            f"left and this run needs {requested:.4g}; lower privacy.epsilon, or wait for new data")
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class DatasetRow(_Base):
+    __tablename__ = "privzo_datasets"
+    dataset = Column(String(200), primary_key=True)
+    lifetime_epsilon = Column(Float, nullable=False)
+    delta = Column(Float, nullable=False)
+    accountant = Column(String(20), nullable=False)
+    neighboring = Column(String(20), nullable=False)
+
+
+class ChargeRow(_Base):
+    __tablename__ = "privzo_charges"
+    id = Column(String(36), primary_key=True)
+    dataset = Column(String(200), nullable=False, index=True)
+    fingerprint = Column(String(64), nullable=False)
+    run_name = Column(String(200), nullable=False)
+    run_id = Column(String(64), nullable=True)
+    status = Column(String(12), nullable=False)
+    planned_event = Column(Text, nullable=False)
+    executed_event = Column(Text, nullable=True)
+    steps_planned = Column(Integer, nullable=False)
+    steps_run = Column(Integer, nullable=False, default=0)
+    planned_epsilon = Column(Float, nullable=False)
+    created_at = Column(DateTime, nullable=False)
+    updated_at = Column(DateTime, nullable=False)
+
+
+@dataclass(frozen=True)
+class Charge:
+    id: str
+    dataset: str
+    fingerprint: str
+    run_name: str
+    run_id: Optional[str]
+    status: str
+    steps_planned: int
+    steps_run: int
+    planned_epsilon: float
+    event: dp_accounting.DpEvent  # executed if committed, planned otherwise
+    created_at: dt.datetime
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class PrivacyLedger:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine: Engine = create_engine(url, future=True, **self._engine_options(url))
+        if self.engine.dialect.name == "sqlite":
+            @event.listens_for(self.engine, "connect")
+            def _sqlite(dbapi_connection, _record):  # noqa: ANN001 - DB-API connection
+                dbapi_connection.isolation_level = None  # we issue BEGIN IMMEDIATE ourselves
+                dbapi_connection.execute("PRAGMA busy_timeout = 60000")
+
+            @event.listens_for(self.engine, "begin")
+            def _begin(conn):  # noqa: ANN001
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock before reading the total
+        _Base.metadata.create_all(self.engine)
+
+    @staticmethod
+    def _engine_options(url: str) -> dict:
+        if url.startswith("sqlite"):
+            return {"connect_args": {"timeout": 60, "check_same_thread": False}}
+        return {"pool_pre_ping": True}
+
+    # ---------------------------------------------------------------- queries
+    def _charges(self, session: Session, dataset: str) -> List[ChargeRow]:
+        return list(session.scalars(select(ChargeRow).where(ChargeRow.dataset == dataset)
+                                    .order_by(ChargeRow.created_at)))
+
+    @staticmethod
+    def _live_event(row: ChargeRow) -> Optional[dp_accounting.DpEvent]:
+        if row.status == ABORTED:
+            return None
+        return event_from_json(row.executed_event if row.status == COMMITTED else row.planned_event)
+
+    def _epsilon(self, ds: DatasetRow, events: List[dp_accounting.DpEvent]) -> float:
+        if not events:
+            return 0.0
+        return Accountant(ds.accountant, ds.neighboring).epsilon(dp_accounting.ComposedDpEvent(events), ds.delta)
+
+    def spent(self, dataset: str) -> float:
+        """Composed epsilon of every committed and reserved run on ``dataset`` at its delta."""
+        with Session(self.engine) as session, session.begin():
+            ds = session.get(DatasetRow, dataset)
+            if ds is None:
+                return 0.0
+            events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
+            return self._epsilon(ds, events)
+
+    def dataset(self, dataset: str) -> Optional[DatasetRow]:
+        with Session(self.engine) as session:
+            row = session.get(DatasetRow, dataset)
+            if row is not None:
+                session.expunge(row)
+            return row
+
+    def history(self, dataset: str) -> List[Charge]:
+        with Session(self.engine) as session, session.begin():
+            return [Charge(r.id, r.dataset, r.fingerprint, r.run_name, r.run_id, r.status, r.steps_planned,
+                           r.steps_run, r.planned_epsilon,
+                           event_from_json(r.executed_event if r.status == COMMITTED else r.planned_event),
+                           r.created_at)
+                    for r in self._charges(session, dataset)]
+
+    # ---------------------------------------------------------------- state changes
+    def reserve(self, *, dataset: str, fingerprint: str, run_name: str, planned: dp_accounting.DpEvent,
+                steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str) -> str:
+        """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon``;
+        returns the charge id or raises ``BudgetExceeded`` having written nothing."""
+        with Session(self.engine) as session, session.begin():
+            ds = self._lock(session, dataset)
+            if ds is None:
+                ds = DatasetRow(dataset=dataset, lifetime_epsilon=lifetime_epsilon, delta=delta,
+                                accountant=accountant, neighboring=neighboring)
+                session.add(ds)
+                session.flush()
+            else:
+                self._check_terms(ds, lifetime_epsilon, accountant, neighboring)
+            events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
+            before = self._epsilon(ds, events)
+            after = self._epsilon(ds, events + [planned])
+            requested = self._epsilon(ds, [planned])
+            if not after <= ds.lifetime_epsilon:  # fails closed on nan / inf
+                raise BudgetExceeded(dataset, ds.lifetime_epsilon - before, requested, ds.lifetime_epsilon)
+            charge = ChargeRow(id=str(uuid.uuid4()), dataset=dataset, fingerprint=fingerprint, run_name=run_name,
+                               status=RESERVED, planned_event=event_to_json(planned), steps_planned=steps,
+                               steps_run=0, planned_epsilon=requested, created_at=_now(), updated_at=_now())
+            session.add(charge)
+            return charge.id
+
+    def _lock(self, session: Session, dataset: str) -> Optional[DatasetRow]:
+        if self.engine.dialect.name == "postgresql":
+            # serialise reservations of one dataset; the first run creates the row under an advisory lock
+            session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:d))"), {"d": dataset})
+            return session.scalars(select(DatasetRow).where(DatasetRow.dataset == dataset).with_for_update()).first()
+        return session.get(DatasetRow, dataset)  # SQLite: BEGIN IMMEDIATE already holds the write lock
+
+    @staticmethod
+    def _check_terms(ds: DatasetRow, lifetime_epsilon: float, accountant: str, neighboring: str) -> None:
+        if not math.isclose(ds.lifetime_epsilon, lifetime_epsilon):
+            raise ValueError(f"budget.lifetime_epsilon: dataset {ds.dataset!r} is registered with "
+                             f"{ds.lifetime_epsilon:g}, the spec says {lifetime_epsilon:g}; they must match")
+        if ds.neighboring != neighboring:
+            raise ValueError(f"privacy.neighboring: dataset {ds.dataset!r} is accounted under {ds.neighboring}, "
+                             f"the spec says {neighboring}")
+
+    def commit(self, charge_id: str, executed: dp_accounting.DpEvent, steps_run: int, run_id: Optional[str] = None) -> None:
+        """Record what the run actually executed (all of it, or the steps before a crash)."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(ChargeRow, charge_id)
+            if row is None or row.status != RESERVED:
+                raise ValueError(f"ledger: charge {charge_id} is not reserved (status {row.status if row else None})")
+            row.status, row.executed_event, row.steps_run = COMMITTED, event_to_json(executed), steps_run
+            row.run_id = run_id or row.run_id
+            row.updated_at = _now()
+
+    def abort(self, charge_id: str) -> None:
+        """Release a reservation whose run never queried private data."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(ChargeRow, charge_id)
+            if row is not None and row.status == RESERVED:
+                row.status, row.updated_at = ABORTED, _now()

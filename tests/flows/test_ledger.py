@@ -1,0 +1,92 @@
+"""Privacy ledger: exact composition, atomic reservations, commit of executed steps."""
+from concurrent.futures import ThreadPoolExecutor
+
+import dp_accounting
+import pytest
+from dp_accounting import rdp
+
+from flows.ledger import ABORTED, COMMITTED, RESERVED, BudgetExceeded, PrivacyLedger
+
+DELTA = 1e-5
+
+
+def run_event(steps=200, sigma=1.2, rate=0.05):
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps)
+
+
+def composed_eps(events):
+    return rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent(events)).get_epsilon(DELTA)
+
+
+def _reserve(ledger, lifetime, event=None, dataset="patients"):
+    return ledger.reserve(dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event or run_event(),
+                          steps=200, lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp",
+                          neighboring="add_remove")
+
+
+def test_total_is_the_exact_composition_not_a_sum(tmp_path):
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    a, b = run_event(200), run_event(300, sigma=1.5)
+    ca = _reserve(ledger, 100.0, a)
+    cb = _reserve(ledger, 100.0, b)
+    ledger.commit(ca, a, 200)
+    ledger.commit(cb, run_event(120, sigma=1.5), 120)  # crashed after 120 of 300 steps
+    expected = composed_eps([a, run_event(120, sigma=1.5)])
+    assert ledger.spent("patients") == pytest.approx(expected, rel=1e-12)
+    assert ledger.spent("patients") < composed_eps([a]) + composed_eps([run_event(120, sigma=1.5)])
+    assert [c.status for c in ledger.history("patients")] == [COMMITTED, COMMITTED]
+
+
+def test_refusal_names_remaining_and_requested_and_writes_nothing(tmp_path):
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    one, two = composed_eps([run_event()]), composed_eps([run_event(), run_event()])
+    lifetime = (one + two) / 2  # admits one run, not two (composition is sub-additive: two < 2 * one)
+    _reserve(ledger, lifetime)
+    with pytest.raises(BudgetExceeded) as info:
+        _reserve(ledger, lifetime)
+    message = str(info.value)
+    assert "budget.lifetime_epsilon" in message and "left and this run needs" in message
+    assert info.value.requested == pytest.approx(one)
+    assert len(ledger.history("patients")) == 1
+
+
+def test_abort_releases_a_reservation(tmp_path):
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    one = composed_eps([run_event()])
+    charge = _reserve(ledger, one * 1.2)
+    ledger.abort(charge)
+    assert ledger.history("patients")[0].status == ABORTED
+    _reserve(ledger, one * 1.2)  # fits again
+    assert ledger.history("patients")[1].status == RESERVED
+
+
+def test_lifetime_must_match_the_registered_dataset(tmp_path):
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    _reserve(ledger, 10.0)
+    with pytest.raises(ValueError, match="registered with 10"):
+        _reserve(ledger, 20.0)
+
+
+def test_concurrent_runs_never_overspend_sqlite(tmp_path):
+    """20 runs at once on a dataset whose budget admits 5: exactly 5 reserve, 15 are refused."""
+    events = [run_event() for _ in range(6)]
+    lifetime = (composed_eps(events[:5]) + composed_eps(events[:6])) / 2
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    PrivacyLedger(url)  # create tables once
+
+    def attempt(_):
+        ledger = PrivacyLedger(url)  # a process of its own would open its own engine too
+        try:
+            return _reserve(ledger, lifetime)
+        except BudgetExceeded:
+            return None
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        results = list(pool.map(attempt, range(20)))
+    admitted = [r for r in results if r is not None]
+    assert len(admitted) == 5
+    ledger = PrivacyLedger(url)
+    for charge in admitted:
+        ledger.commit(charge, run_event(), 200)
+    assert ledger.spent("patients") <= lifetime
