@@ -68,11 +68,39 @@ def test_lifetime_must_match_the_registered_dataset(tmp_path):
         _reserve(ledger, 20.0)
 
 
-def test_concurrent_runs_never_overspend_sqlite(tmp_path):
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A real PostgreSQL on 127.0.0.1 (installed and started by infra/postgres/test-db.sh), stopped after."""
+    import subprocess
+    import uuid
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "infra" / "postgres" / "test-db.sh"
+    out = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        pytest.skip(f"PostgreSQL could not be started here ({out.stderr.strip().splitlines()[-1:]}); "
+                    "run infra/postgres/test-db.sh start as root")
+    state, url = out.stdout.strip().splitlines()[-2:]
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # a fresh schema per test session: no state from earlier runs
+        schema = f"t{uuid.uuid4().hex[:12]}"
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    yield f"{url}?options=-csearch_path%3D{schema}"
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+    engine.dispose()
+    if state == "started":  # stop only what the tests started
+        subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
+def test_concurrent_runs_never_overspend(tmp_path, request, backend):
     """20 runs at once on a dataset whose budget admits 5: exactly 5 reserve, 15 are refused."""
     events = [run_event() for _ in range(6)]
     lifetime = (composed_eps(events[:5]) + composed_eps(events[:6])) / 2
-    url = f"sqlite:///{tmp_path / 'l.db'}"
+    url = f"sqlite:///{tmp_path / 'l.db'}" if backend == "sqlite" else request.getfixturevalue("postgres_url")
     PrivacyLedger(url)  # create tables once
 
     def attempt(_):
@@ -81,6 +109,8 @@ def test_concurrent_runs_never_overspend_sqlite(tmp_path):
             return _reserve(ledger, lifetime)
         except BudgetExceeded:
             return None
+        finally:
+            ledger.engine.dispose()
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         results = list(pool.map(attempt, range(20)))
