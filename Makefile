@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SPEC ?= specs/examples/digits_dpzero.yaml
 
-.PHONY: install run test validate bench clean
+.PHONY: install run test validate bench up down clean
 
 # torch is installed first and pinned: an unpinned torch pulls the newest CUDA build (several GB).
 $(VENV)/.installed: pyproject.toml
@@ -29,6 +29,13 @@ test: install
 bench: install
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	PYTHONPATH=. $(PY) bench/step_cost.py
+
+# local Prefect server + worker + deployments and an MLflow server, on 127.0.0.1
+up: install
+	bash infra/local-stack.sh up
+
+down:
+	bash infra/local-stack.sh down
 
 clean:
 	rm -rf mlflow.db mlruns mlartifacts .pytest_cache

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Local privzo stack on 127.0.0.1: Prefect server, a process work pool with one worker, the deployments
+# of infra/prefect.yaml, and an MLflow tracking server (UI) over the default sqlite:///mlflow.db.
+#   infra/local-stack.sh up     (make up)    -> prints the exports to use the stack
+#   infra/local-stack.sh down   (make down)
+# Ports: PRIVZO_PREFECT_PORT (4200), PRIVZO_MLFLOW_PORT (5000). State and logs under .privzo-stack/.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/.venv/bin"
+state="$root/.privzo-stack"
+prefect_port=${PRIVZO_PREFECT_PORT:-4200}
+mlflow_port=${PRIVZO_MLFLOW_PORT:-5000}
+export PREFECT_API_URL="http://127.0.0.1:$prefect_port/api"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_HOME="${PREFECT_HOME:-$state/prefect-home}"
+
+start() {  # name, command...: run in its own process group in the background, remember the group
+  local name=$1; shift
+  cd "$root"
+  setsid "$@" >"$state/$name.log" 2>&1 < /dev/null &
+  echo $! >"$state/$name.pid"
+}
+
+wait_http() {
+  for _ in $(seq 1 120); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 1; done
+  echo "local-stack: $1 did not answer; see $state/*.log" >&2; return 1
+}
+
+case "${1:-up}" in
+  up)
+    mkdir -p "$state" "$PREFECT_HOME"
+    start prefect-server "$bin/prefect" server start --host 127.0.0.1 --port "$prefect_port"
+    wait_http "http://127.0.0.1:$prefect_port/api/health"
+    "$bin/prefect" work-pool inspect local >/dev/null 2>&1 || "$bin/prefect" work-pool create local --type process >/dev/null
+    (cd "$root" && PRIVZO_ROOT="$root" "$bin/prefect" --no-prompt deploy --all --prefect-file infra/prefect.yaml >"$state/deploy.log" 2>&1)
+    start prefect-worker "$bin/prefect" worker start --pool local
+    start mlflow "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --backend-store-uri sqlite:///mlflow.db
+    wait_http "http://127.0.0.1:$mlflow_port/health"
+    echo "export PREFECT_API_URL=$PREFECT_API_URL PREFECT_HOME=$PREFECT_HOME"
+    echo "# Prefect UI http://127.0.0.1:$prefect_port/   MLflow UI http://127.0.0.1:$mlflow_port/"
+    ;;
+  down)
+    for name in prefect-worker mlflow prefect-server; do
+      if [ -f "$state/$name.pid" ]; then
+        pid=$(cat "$state/$name.pid")
+        kill -TERM -- "-$pid" 2>/dev/null || true   # the whole group: servers fork workers
+        for _ in $(seq 1 20); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        rm -f "$state/$name.pid"
+      fi
+    done
+    ;;
+  *) echo "usage: $0 up|down" >&2; exit 2 ;;
+esac
