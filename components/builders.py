@@ -34,14 +34,17 @@ def load_data(spec: RunSpec) -> SplitData:
 
 
 def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
-    torch_state = torch.random.get_rng_state()
-    torch.manual_seed(public_seed(spec.seed, STREAM_INIT))  # public init stream; restored below
-    try:
+    """The model at its public initialisation, drawn from its own generator seeded by ``seed`` (torch's
+    global RNG is never seeded or advanced, so nothing else can share or reveal the stream)."""
+    with torch.device("meta"):  # shapes only: module constructors would draw from the global RNG
         if spec.model.kind == "linear":
-            return models.linear(n_features, n_classes)
-        return models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
-    finally:
-        torch.random.set_rng_state(torch_state)
+            model = models.linear(n_features, n_classes)
+        else:
+            model = models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
+    model = model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(public_seed(spec.seed, STREAM_INIT))
+    models.initialise_(model, gen)
+    return model
 
 
 def accountant(spec: RunSpec) -> Accountant:

@@ -1,6 +1,7 @@
 """Models and their per-example loss."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -22,6 +23,19 @@ def mlp(n_features: int, n_classes: int, hidden: Sequence[int], activation: str 
         width = h
     layers.append(nn.Linear(width, n_classes))
     return nn.Sequential(*layers)
+
+
+@torch.no_grad()
+def initialise_(model: nn.Module, generator: torch.Generator) -> None:
+    """Re-draw every Linear layer with torch's default scheme (Kaiming-uniform weights, a=sqrt(5);
+    bias uniform in +-1/sqrt(fan_in)) from ``generator``, so initialisation is reproducible from the
+    public seed without touching the global RNG."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+            if module.bias is not None:
+                bound = 1.0 / math.sqrt(module.in_features) if module.in_features > 0 else 0.0
+                nn.init.uniform_(module.bias, -bound, bound, generator=generator)
 
 
 def per_example_loss(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

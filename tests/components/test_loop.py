@@ -99,3 +99,15 @@ def test_sgd_momentum_and_weight_decay_match_dense_reference():
         v = 0.9 * v + g
         ref = ref - 0.1 * v
     assert torch.allclose(p.detach(), ref, atol=1e-12)
+
+
+def test_model_init_is_public_and_leaves_the_global_rng_alone(tiny_spec_dict):
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    state = torch.random.get_rng_state()
+    a = builders.build_model(spec, 64, 10)
+    assert torch.equal(state, torch.random.get_rng_state())
+    b = builders.build_model(spec, 64, 10)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    other = dict(tiny_spec_dict, seed=tiny_spec_dict["seed"] + 1)
+    c = builders.build_model(specs.spec_from_dict(other), 64, 10)
+    assert not torch.equal(a.weight, c.weight)
