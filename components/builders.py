@@ -213,6 +213,31 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
     return Built(model, loop, device)
 
 
+def restart_insecure_streams(spec: RunSpec, built: Built) -> None:
+    """insecure_deterministic runs only: the noise and batch streams restart from (seed, step) at each chunk,
+    so a run resumed from a checkpoint draws exactly what the uninterrupted run drew. A private run keeps
+    its OS-entropy generators (a resumed one gets fresh ones): they are never saved or derived."""
+    if spec.privacy is None or not spec.privacy.insecure_deterministic:
+        return
+    loop = built.loop
+    loop.mechanism.use_generator(private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 1, loop.step)))
+    loop.sampler.use_generator(private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2, loop.step)))
+
+
+def load_weights(built: Built, state: dict) -> None:
+    """Start from another model's weights (a registered version); every key and shape must match."""
+    own = built.model.state_dict()
+    problems = sorted(set(own) ^ set(state)) + sorted(
+        k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if problems:
+        raise ValueError(f"optimizer.init: the registered model does not fit this spec's model (differs at "
+                         f"{', '.join(problems[:4])}); change the spec or use init: seed")
+    built.model.load_state_dict(state)
+    sync = getattr(built.loop.backend, "sync", None)
+    if sync is not None:
+        sync()
+
+
 def public_warm_start(spec: RunSpec, built: Built) -> int:
     """Train on the public split before the private phase, if the spec asks for it (no privacy cost)."""
     ws = spec.estimator.public_warm_start

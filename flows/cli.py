@@ -50,7 +50,7 @@ def cmd_run(args) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.private_train import private_train
 
-    result = private_train(spec_path=str(args.spec), progress=not args.no_progress)
+    result = private_train(spec_path=str(args.spec), progress=not args.no_progress, resume=args.resume)
     print()
     print(f"{spec.name}: test accuracy {result['eval/accuracy']:.4f}, test loss {result['eval/loss']:.4f}")
     if spec.privacy is None:
@@ -107,6 +107,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("run", help="run a spec as a Prefect flow, tracked in MLflow")
     p.add_argument("spec")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="KEY", default=None,
+                   help="resume a killed run from its last checkpoint: its run key (printed at start) or 'latest'")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="check a spec; creates nothing")
     p.add_argument("spec")
@@ -134,7 +136,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.func(args)
     except specs.SpecError as err:
         return _fail(str(err))
-    except ValueError as err:  # a spec that validates but does not fit its data (e.g. batch > rows)
+    except (ValueError, FileNotFoundError) as err:  # a spec that does not fit its data; nothing to resume
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)

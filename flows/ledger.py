@@ -147,6 +147,12 @@ class PrivacyLedger:
                            r.created_at)
                     for r in self._charges(session, dataset)]
 
+    def status(self, charge_id: str) -> Optional[str]:
+        """reserved / committed / aborted, or None for an unknown charge."""
+        with Session(self.engine) as session:
+            row = session.get(ChargeRow, charge_id)
+            return None if row is None else row.status
+
     # ---------------------------------------------------------------- state changes
     def reserve(self, *, dataset: str, fingerprint: str, run_name: str, planned: dp_accounting.DpEvent,
                 steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str) -> str:

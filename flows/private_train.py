@@ -1,13 +1,18 @@
-"""``private_train``: resolve -> load and split -> calibrate sigma -> train in chunks -> evaluate -> log.
+"""``private_train``: resolve -> load and split -> calibrate sigma -> reserve budget -> train in
+checkpointed chunks -> evaluate -> log -> register -> commit budget.
 
 Reads like the algorithm: every side effect (MLflow, Prefect artifacts, files) is here, every
-computation is a component. A chunk of training draws DP noise, so its task is never cached and never
-retried (a retry would release fresh noise on the same data without accounting for it).
+computation is a component. A chunk of training draws DP noise: it is never cached; a failed chunk is
+retried from the last checkpoint, and the steps the failed attempt spent stay charged. A process killed
+mid-run resumes from its last checkpoint under the same ledger reservation and MLflow run: nothing of
+the steps after that checkpoint left the process (metrics and checkpoints are written only at chunk
+ends), so they are redone, not charged twice.
 """
 from __future__ import annotations
 
 import math
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -23,6 +28,7 @@ import specs
 from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
+from flows.checkpoints import Checkpointer, CheckpointStore, spec_digest
 from flows.reporting import PrivacySummary, privacy_report, summarize
 from flows.tracking import dp_tags, journal_json, log_text_artifacts
 
@@ -84,11 +90,100 @@ def public_warm_start(spec: specs.RunSpec, built: builders.Built) -> int:
     return builders.public_warm_start(spec, built)
 
 
-@task(name="train-chunk", cache_policy=NO_CACHE, retries=0)
-def train_chunk(built: builders.Built, until: int, progress=None) -> int:
-    start = built.loop.step
-    built.loop.run(until, on_step=(lambda _s: progress.update(1)) if progress is not None else None)
-    return built.loop.step - start
+@task(name="train-chunk", cache_policy=NO_CACHE, retries=2)
+def train_chunk(spec: specs.RunSpec, built: builders.Built, until: int, checkpointer: Checkpointer,
+                progress=None) -> int:
+    """Private steps up to ``until``, then a checkpoint. A retry starts from the last checkpoint."""
+    loop = built.loop
+    discarded = checkpointer.rewind(loop)
+    if discarded:
+        get_run_logger().warning("retrying from the checkpoint at step %d; the %d steps of the failed attempt "
+                                 "stay charged (%d privacy steps spent)", loop.step, discarded, loop.tracker.steps)
+    if progress is not None:
+        progress.n = loop.step
+        progress.refresh()
+    start = loop.step
+    builders.restart_insecure_streams(spec, built)
+    loop.run(until, on_step=(lambda _s: progress.update(1)) if progress is not None else None)
+    checkpointer.save(loop)
+    return loop.step - start
+
+
+@task(name="find-checkpoint", cache_policy=NO_CACHE)
+def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
+    """The run's checkpoint store and, when resuming, its last checkpoint (checked against the spec, the
+    data and the ledger). The key is ``resume`` or this flow run's id: a retried flow run resumes itself."""
+    from prefect.runtime import flow_run
+
+    spec = plan.spec
+    root = spec.checkpoint.dir
+    key = resume
+    if resume == "latest":
+        key = CheckpointStore.latest_key(root, spec.name)
+        if key is None:
+            raise FileNotFoundError(f"resume: no checkpoint of {spec.name} under {root}; nothing to resume")
+    if key is None:
+        key = flow_run.get_id() or uuid.uuid4().hex
+    store = CheckpointStore(root, spec.name, str(key))
+    if not store.exists():
+        if resume is not None:
+            raise FileNotFoundError(f"resume: no checkpoint {store.path}; see the folders under {root}/{spec.name}")
+        return store, None
+    saved = store.load()
+    if saved["spec_digest"] != spec_digest(spec):
+        raise ValueError(f"resume: the spec changed since checkpoint {store.path} was written; resume with the "
+                         f"same spec or start a new run")
+    if saved["fingerprint"] != fingerprint:
+        raise ValueError(f"resume: the private rows changed since checkpoint {store.path} was written; "
+                         f"start a new run on the new data")
+    if saved["charge_id"] is not None:
+        from flows.ledger import PrivacyLedger
+
+        status = PrivacyLedger(spec.budget.ledger).status(saved["charge_id"])
+        if status != "reserved":
+            raise ValueError(f"resume: ledger charge {saved['charge_id']} is {status}, not reserved; the run "
+                             f"was closed, start a new run")
+    get_run_logger().info("resuming %s from its checkpoint at step %d (%s)", spec.name, saved["loop"]["step"],
+                          store.path)
+    return store, saved
+
+
+@task(name="registered-source", cache_policy=NO_CACHE, retries=2)
+def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
+    """``optimizer.init: latest_registered``: the latest registered version of this spec's model, checked
+    before anything is reserved or written. A private run never starts from a version that is not DP."""
+    if spec.optimizer.init != "latest_registered":
+        return None
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(spec.tracking.uri)
+    try:
+        versions = client.search_model_versions(f"name = '{spec.name}'")
+    except MlflowException:
+        versions = []
+    if not versions:
+        get_run_logger().info("no registered version of %s yet: starting from the seed initialisation", spec.name)
+        return None
+    latest = max(versions, key=lambda v: int(v.version))
+    tags = latest.tags or {}
+    if spec.private and tags.get("dp.private") != "true":
+        raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} is not "
+                         f"differentially private (dp.private={tags.get('dp.private')!r}); a private run "
+                         f"cannot start from it; use init: seed")
+    return {"privzo.init": f"models:/{spec.name}/{latest.version}",
+            "privzo.init_epsilon": tags.get("dp.epsilon", "unknown"),
+            "privzo.init_data_fingerprint": tags.get("data.fingerprint", "unknown")}
+
+
+@task(name="initial-weights", cache_policy=NO_CACHE, retries=2)
+def initial_weights(spec: specs.RunSpec, built: builders.Built, source: Optional[Dict[str, str]]) -> Dict[str, str]:
+    """Load the registered version found by ``registered_source`` into the model (and its replicas)."""
+    if source is None:
+        return {"privzo.init": "seed" if spec.optimizer.init == "seed" else "seed (no registered version yet)"}
+    model = mlflow.pytorch.load_model(source["privzo.init"], map_location="cpu")
+    builders.load_weights(built, model.state_dict())
+    get_run_logger().info("initialised from %s", source["privzo.init"])
+    return source
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -174,8 +269,12 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, n_fea
 
 @flow(name="private-train", log_prints=True, validate_parameters=True)
 def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None,
-                  progress: bool = False) -> Dict[str, Any]:
-    """Train a model under differential privacy as declared by one run spec (a YAML path or a mapping)."""
+                  progress: bool = False, resume: Optional[str] = None) -> Dict[str, Any]:
+    """Train a model under differential privacy as declared by one run spec (a YAML path or a mapping).
+
+    ``resume``: the run key of a killed run (its checkpoint folder name) or ``latest``; by default a
+    retried flow run resumes its own checkpoint.
+    """
     run_spec = _load(spec_path, spec)
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
@@ -183,24 +282,45 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     plan = calibrate(run_spec, len(data.private))
     resolved = plan.spec
     uri = resolved.tracking.uri
-    charge_id = reserve_budget(plan, data.private.fingerprint)
+    fingerprint = data.private.fingerprint
+    store, saved = find_checkpoint(plan, fingerprint, resume)
+    source = None if saved else registered_source(resolved)
+    charge_id = saved["charge_id"] if saved else reserve_budget(plan, fingerprint)
     try:
         built = builders.build_loop(resolved, data)
+        init_tags = {} if saved else initial_weights(resolved, built, source)
     except BaseException:
-        if charge_id is not None:  # nothing was queried: release the reservation
+        if charge_id is not None and saved is None:  # nothing was queried: release the reservation
             from flows.ledger import PrivacyLedger
 
             PrivacyLedger(resolved.budget.ledger).abort(charge_id)
         raise
-    run_id = None
+    run_id = saved["run_id"] if saved else None
+    checkpointer = None
+    finished = False
     try:
-        run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
-        result, report = _train_and_log(plan, data, built, run_id, progress)
+        if saved:
+            reopen_run(uri, run_id, saved["loop"]["step"])
+            built.loop.load_state_dict(saved["loop"], restore_privacy_steps=True)
+            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id), saved["loop"])
+        else:
+            run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
+            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id))
+        get_run_logger().info("run key %s: checkpoints in %s (after a crash: privzo run SPEC --resume %s)",
+                              store.key, store.dir, store.key)
+        result, report = _train_and_log(plan, data, built, run_id, checkpointer, init_tags, progress=progress)
+        finished = True
     finally:
         if charge_id is not None:  # the ledger is charged with the steps actually executed, whatever happened
             left = commit_budget(resolved, charge_id, event_to_json(built.loop.tracker.event()),
                                  built.loop.tracker.steps, run_id)
             get_run_logger().info("dataset %s: %.4g epsilon left", resolved.budget.dataset, left)
+        if finished or charge_id is not None:
+            if not (finished and resolved.checkpoint.keep):
+                store.remove()  # the run is closed: a committed charge cannot be resumed
+        elif checkpointer is not None:
+            checkpointer.record_spent(built.loop)  # resumable; the discarded steps stay counted
+    result["run_key"] = store.key
     if charge_id is not None:
         result["budget_left"] = left
         mlflow.MlflowClient(uri).set_tag(run_id, "dp.budget_left", f"{left:.6g}")
@@ -210,30 +330,51 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     return result
 
 
-def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: str, progress: bool):
-    """Train in chunks, log as we go; returns (result, privacy report markdown)."""
+def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str) -> Dict[str, Any]:
+    return {"spec_digest": spec_digest(spec), "fingerprint": fingerprint, "charge_id": charge_id, "run_id": run_id}
+
+
+@task(name="reopen-run", cache_policy=NO_CACHE, retries=2)
+def reopen_run(tracking_uri: str, run_id: str, step: int) -> None:
+    client = mlflow.MlflowClient(tracking_uri)
+    client.update_run(run_id, status="RUNNING")
+    client.set_tag(run_id, "privzo.resumed_from_step", str(step))
+
+
+def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: str, checkpointer: Checkpointer,
+                   init_tags: Dict[str, str], *, progress: bool):
+    """Train in checkpointed chunks, log as we go; returns (result, privacy report markdown)."""
     resolved = plan.spec
     uri = resolved.tracking.uri
     total = resolved.optimizer.steps
-    warm_steps = public_warm_start(resolved, built)
-    if warm_steps:
-        log_metrics(uri, run_id, {"public/warm_start_steps": warm_steps, **evaluate(built, data)}, 0)
+    if init_tags:  # a new run (a resumed one's checkpoint holds its initial and warm-started weights)
+        mlflow.MlflowClient(uri).log_batch(run_id, tags=[RunTag(k, v) for k, v in init_tags.items()])
+        warm_steps = public_warm_start(resolved, built)
+        if warm_steps:
+            log_metrics(uri, run_id, {"public/warm_start_steps": warm_steps, **evaluate(built, data)}, 0)
+        checkpointer.save(built.loop)  # step 0: binds this key to the reservation before any private query
 
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=f"{resolved.name} private steps", unit="step", leave=False)
+        bar = tqdm(total=total, initial=built.loop.step, desc=f"{resolved.name} private steps", unit="step",
+                   leave=False)
+    log_every = resolved.tracking.log_every
+    every = resolved.checkpoint.every or log_every
+    chunk = train_chunk.with_options(retries=resolved.checkpoint.retries)
     metrics: Dict[str, float] = {}
     status = "FAILED"
     try:
         while built.loop.step < total:
-            until = min(total, built.loop.step + resolved.tracking.log_every)
-            train_chunk(built, until, bar)
-            metrics = evaluate(built, data)
-            if resolved.privacy is not None:
-                metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
-            log_metrics(uri, run_id, metrics, built.loop.step)
+            step = built.loop.step
+            until = min(total, (step // every + 1) * every, (step // log_every + 1) * log_every)
+            chunk(resolved, built, until, checkpointer, bar)
+            if until % log_every == 0 or until == total:
+                metrics = evaluate(built, data)
+                if resolved.privacy is not None:
+                    metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
+                log_metrics(uri, run_id, metrics, built.loop.step)
         status = "FINISHED"
     finally:
         # whatever happened, record what was spent: the steps executed are the privacy cost
@@ -245,6 +386,10 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         summary = _summary(plan, built)
         tags = dp_tags(summary, data.private.fingerprint)
         report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
+        if init_tags.get("privzo.init", "seed").startswith("models:/"):
+            report += (f"\n**Initialisation.** {init_tags['privzo.init']} (epsilon {init_tags['privzo.init_epsilon']}). "
+                       "On the same people's data the model's guarantee is the composition of both runs; a "
+                       "`budget` section keeps that total in the ledger.\n")
         log_privacy(uri, run_id, tags, report, event_to_json(built.loop.tracker.event()),
                     journal_json(built.loop.journal))
         if status != "FINISHED":

@@ -17,6 +17,7 @@ from specs.sections import (
     PrivacySpec,
     SamplingSpec,
     BudgetSpec,
+    CheckpointSpec,
     TrackingSpec,
 )
 
@@ -33,6 +34,7 @@ class RunSpec(Strict):
     optimizer: OptimizerSpec
     execution: ExecutionSpec = ExecutionSpec()
     tracking: TrackingSpec = TrackingSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
     budget: Optional[BudgetSpec] = None
 
     @model_validator(mode="after")

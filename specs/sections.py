@@ -201,6 +201,10 @@ class SgdOptimizer(Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     epochs: Optional[PositiveFloat] = Field(None, description="Passes over the private data (in expectation).")
     steps: Union[PositiveInt, Auto] = Field("auto", description="'auto' = ceil(epochs * n_private / batch).")
+    init: Literal["seed", "latest_registered"] = Field(
+        "seed", description="seed: the public initialisation drawn from seed; latest_registered: the latest "
+        "version of the MLflow registered model named like this spec (scheduled retraining), or the seed "
+        "initialisation when none is registered yet.")
 
 
 OptimizerSpec = Annotated[Union[SgdOptimizer], Field(discriminator="kind")]
@@ -225,6 +229,16 @@ class TrackingSpec(Strict):
     uri: str = Field("sqlite:///mlflow.db", min_length=1)
     experiment: Optional[str] = Field(None, description="MLflow experiment; default: the spec name.")
     log_every: PositiveInt = Field(50, description="Steps between metric points (epsilon, eval).")
+
+
+class CheckpointSpec(Strict):
+    """Training runs in checkpointed chunks; a crashed run resumes from its last checkpoint."""
+
+    dir: str = Field(".privzo/checkpoints", min_length=1,
+                     description="Where chunk checkpoints live (one folder per spec name and run key).")
+    every: Optional[PositiveInt] = Field(None, description="Steps between checkpoints; default tracking.log_every.")
+    retries: int = Field(2, ge=0, le=10, description="Prefect retries of a failed chunk, each from the last checkpoint.")
+    keep: bool = Field(False, description="Keep the last checkpoint after the run succeeds.")
 
 
 class BudgetSpec(Strict):

@@ -22,6 +22,10 @@ class PoissonSampler:
         self.rate = expected_batch_size / n
         self._generator = generator
 
+    def use_generator(self, generator: torch.Generator) -> None:
+        """Draw from ``generator`` from now on (an insecure_deterministic run restarts its stream per chunk)."""
+        self._generator = generator
+
     def sample(self) -> torch.Tensor:
         keep = torch.rand(self.n, generator=self._generator, dtype=torch.float64) < self.rate
         return keep.nonzero().flatten()

@@ -34,6 +34,10 @@ class GaussianMechanism:
         self.std = math.sqrt(queries_per_step) * noise_multiplier * self.sensitivity
         self._generator = generator
 
+    def use_generator(self, generator: torch.Generator) -> None:
+        """Draw from ``generator`` from now on (an insecure_deterministic run restarts its stream per chunk)."""
+        self._generator = generator
+
     def release(self, sums: torch.Tensor) -> torch.Tensor:
         if sums.dim() != 1 or not 0 < len(sums) <= self.queries:
             raise ValueError(f"release: expected 1..{self.queries} query sums, got shape {tuple(sums.shape)}")

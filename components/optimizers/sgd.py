@@ -55,7 +55,8 @@ class Sgd:
 
     def load_state_dict(self, state: dict) -> None:
         vel = state.get("velocity")
-        self._velocity = None if vel is None else [v.clone() for v in vel]
+        self._velocity = None if vel is None else [
+            v.to(device=p.device, dtype=p.dtype).clone() for v, p in zip(vel, self.directions.params)]
 
 
 def replay(directions: Directions, journal, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:

@@ -91,3 +91,38 @@ class PrivateLoop:
             self.step += 1
             if on_step is not None:
                 on_step(self.step)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """The trajectory at ``step``: trainable parameters, optimizer state, journal and released values,
+        plus the privacy steps spent so far. Plain tensors, numbers and tuples (loads with weights_only).
+        Holds no private row, no un-noised sum and no private generator state."""
+        return {
+            "step": self.step,
+            "params": [p.detach().cpu().clone() for p in self.backend.directions.params],
+            "optimizer": self.backend.optimizer.state_dict(),
+            "journal": [(e.step, e.seed, e.coefficient) for e in self.journal],
+            "released": [(step, tuple(values)) for step, values in self.released],
+            "privacy_steps": self.tracker.steps,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict, *, restore_privacy_steps: bool) -> None:
+        """Return to a saved trajectory. ``restore_privacy_steps=False`` keeps this process's count of
+        steps spent, so steps executed after the checkpoint and now discarded stay charged (an in-process
+        retry); a new process resuming a killed run restores the count saved with the checkpoint."""
+        params = self.backend.directions.params
+        if len(state["params"]) != len(params) or any(
+                saved.shape != p.shape for saved, p in zip(state["params"], params)):
+            raise ValueError("checkpoint: its parameters do not fit this spec's model")
+        for p, saved in zip(params, state["params"]):
+            p.copy_(saved)
+        self.backend.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.journal = [JournalEntry(int(s), int(seed), float(c)) for s, seed, c in state["journal"]]
+        self.released = [(int(step), tuple(values)) for step, values in state["released"]]
+        if restore_privacy_steps:
+            self.tracker.steps = int(state["privacy_steps"])
+        sync = getattr(self.backend, "sync", None)
+        if sync is not None:
+            sync()  # remote replicas continue from the restored parameters

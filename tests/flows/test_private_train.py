@@ -97,33 +97,57 @@ def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny
     assert run.data.tags["dp.guarantee"].startswith("NOT private")
 
 
-def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
-    """The run is marked FAILED and its dp tags and dp_event.json account for the executed steps."""
+def _fail_queries(monkeypatch, from_call: int, until_call: float):
+    """LocalBackend.query raises on calls from_call..until_call (a lost worker)."""
     from components.runtime.local import LocalBackend
-    from flows.private_train import private_train
 
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tiny_spec_dict["tracking"]["uri"] = uri
     original = LocalBackend.query
     calls = {"n": 0}
 
     def failing_query(self, query, indices, clip):
         calls["n"] += 1
-        if calls["n"] == 31:
+        if from_call <= calls["n"] <= until_call:
             raise RuntimeError("worker lost")
         return original(self, query, indices, clip)
 
     monkeypatch.setattr(LocalBackend, "query", failing_query)
+
+
+def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """Retries exhausted: the run is marked FAILED and its dp tags and dp_event.json account for every
+    step executed, including those of the attempt that was rolled back to the checkpoint."""
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = uri
+    _fail_queries(monkeypatch, 31, float("inf"))  # step 30 fails, and every retry from step 20 too
     with pytest.raises(RuntimeError, match="worker lost"):
         private_train(spec=tiny_spec_dict)
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name(tiny_spec_dict["name"]).experiment_id])
     assert run.info.status == "FAILED"
-    assert run.data.tags["dp.steps"] == "30"
+    assert run.data.tags["dp.steps"] == "30"  # 20 checkpointed + 10 discarded by the failed attempt
     local = Path(client.download_artifacts(run.info.run_id, "dp_event.json", str(tmp_path / "dl")))
     assert json.loads(local.read_text())["count"] == 30
     assert float(run.data.tags["dp.epsilon"]) < tiny_spec_dict["privacy"]["epsilon"]
+
+
+def test_a_failed_chunk_is_retried_from_its_checkpoint(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """One lost worker: the chunk restarts from the step-20 checkpoint and the run finishes; the journal
+    is the uninterrupted trajectory and the 10 discarded steps stay charged."""
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _fail_queries(monkeypatch, 31, 31)
+    result = private_train(spec=tiny_spec_dict)
+    assert result["steps"] == 70  # 60 on the trajectory + 10 discarded
+    client = mlflow.MlflowClient(result["tracking_uri"])
+    local = Path(client.download_artifacts(result["run_id"], "journal/journal.json", str(tmp_path / "dl")))
+    steps = sorted({e["step"] for e in json.loads(local.read_text())})
+    assert steps == list(range(60))
+    assert not (tmp_path / ".privzo" / "checkpoints" / "tiny-digits" / result["run_key"]).exists()
 
 
 def test_mezo_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
@@ -211,3 +235,52 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     out = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "show", "digits-patients", "--ledger", ledger_url],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0 and "of 1.2 epsilon spent" in out.stdout
+
+
+def test_retraining_starts_from_the_latest_registered_version(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """optimizer.init: latest_registered. No version yet: the seed initialisation. A MeZO (not private)
+    version: a private run refuses it before reserving or writing anything. A DP version: the next run
+    starts from it, so replaying the new run's journal from that version gives the new model."""
+    import copy
+
+    import torch
+
+    import specs
+    from components import builders
+    from components.optimizers.sgd import replay
+    from components.runtime.loop import JournalEntry
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = uri
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    retrain = copy.deepcopy(tiny_spec_dict)
+    retrain["optimizer"]["init"] = "latest_registered"
+    client = mlflow.MlflowClient(uri)
+
+    first = private_train(spec=retrain)  # nothing registered yet
+    assert client.get_run(first["run_id"]).data.tags["privzo.init"] == "seed (no registered version yet)"
+
+    mezo = copy.deepcopy(tiny_spec_dict)
+    mezo["mechanism"] = {"kind": "none"}
+    del mezo["privacy"]
+    assert private_train(spec=mezo)["model_version"] == "2"
+    runs_before = len(client.search_runs([first["experiment_id"]]))
+    with pytest.raises(ValueError, match="version 2 is not differentially private"):
+        private_train(spec=retrain)
+    assert len(client.search_runs([first["experiment_id"]])) == runs_before  # refused before any MLflow run
+
+    assert private_train(spec=tiny_spec_dict)["model_version"] == "3"
+    second = private_train(spec=retrain)
+    assert second["model_version"] == "4"
+    assert client.get_run(second["run_id"]).data.tags["privzo.init"] == "models:/tiny-digits/3"
+    start = mlflow.pytorch.load_model("models:/tiny-digits/3")
+    end = mlflow.pytorch.load_model("models:/tiny-digits/4")
+    journal_file = client.download_artifacts(second["run_id"], "journal/journal.json", str(tmp_path / "dl"))
+    journal = [JournalEntry(e["step"], e["seed"], e["coefficient"]) for e in json.loads(Path(journal_file).read_text())]
+    spec = specs.spec_from_dict(retrain)
+    params = [p for p in start.parameters()]
+    replay(builders.build_directions(spec, params), journal, spec.optimizer.lr)
+    for a, b in zip(params, end.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

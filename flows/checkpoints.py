@@ -1,0 +1,101 @@
+"""Chunk checkpoints of a training run: one folder per spec name and run key, written atomically.
+
+A checkpoint binds a run to its ledger reservation and its MLflow run, so a process killed mid-training
+resumes under both (no second reservation, no second MLflow run). It holds the trajectory (parameters,
+optimizer state, journal, released noisy values) and the privacy steps spent; never a private row, an
+un-noised sum or a private generator's state (from which past noise could be recovered).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+FORMAT = 1
+FILE = "checkpoint.pt"
+
+
+def spec_digest(spec) -> str:
+    """What must not change between a run and its resumption: the resolved spec except checkpoint and
+    tracking cadence (both only say where and how often to write)."""
+    body = spec.model_dump(mode="json", exclude={"checkpoint": True, "tracking": {"log_every"}})
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class CheckpointStore:
+    def __init__(self, root: str, name: str, key: str):
+        if not key or any(c in key for c in "/\\") or key in (".", ".."):
+            raise ValueError(f"resume: {key!r} is not a run key (the folder name under {root}/{name})")
+        self.root = Path(root)
+        self.dir = self.root / name / key
+        self.key = key
+
+    @property
+    def path(self) -> Path:
+        return self.dir / FILE
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def load(self) -> dict:
+        state = torch.load(self.path, map_location="cpu", weights_only=True)
+        if state.get("format") != FORMAT:
+            raise ValueError(f"checkpoint: {self.path} has format {state.get('format')!r}, privzo reads {FORMAT}")
+        return state
+
+    def save(self, state: dict) -> None:
+        """Write-then-rename, so a kill mid-write leaves the previous checkpoint intact."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.dir / f".{FILE}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)  # model parameters of a private run: the owner's only
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @staticmethod
+    def latest_key(root: str, name: str) -> Optional[str]:
+        """The run key of the most recently written checkpoint of ``name``, if any."""
+        runs = [p.parent for p in (Path(root) / name).glob(f"*/{FILE}")]
+        if not runs:
+            return None
+        return max(runs, key=lambda d: (d / FILE).stat().st_mtime).name
+
+
+class Checkpointer:
+    """Saves a loop's trajectory after each chunk and rewinds to it when a chunk is retried."""
+
+    def __init__(self, store: CheckpointStore, binding: dict, last: Optional[dict] = None):
+        self.store = store
+        self.binding = binding  # spec digest, data fingerprint, ledger charge, MLflow run
+        self.last = last  # the loop state of the last checkpoint written
+
+    def save(self, loop) -> None:
+        state = loop.state_dict()
+        self.store.save({**self.binding, "loop": state})
+        self.last = state
+
+    def rewind(self, loop) -> int:
+        """Back to the last checkpoint after a failed attempt; the steps the attempt spent stay charged
+        (the exception may have depended on what they released). Returns the steps discarded."""
+        if self.last is None or loop.step == self.last["step"]:
+            return 0
+        discarded = loop.step - self.last["step"]
+        loop.load_state_dict(self.last, restore_privacy_steps=False)
+        return discarded
+
+    def record_spent(self, loop) -> None:
+        """Keep the last trajectory but the privacy steps spent now, so a later resume of a failed run
+        still counts the steps it discarded."""
+        if self.last is not None:
+            self.last = {**self.last, "privacy_steps": loop.tracker.steps}
+            self.store.save({**self.binding, "loop": self.last})

@@ -1,0 +1,138 @@
+"""A training process killed mid-run resumes from its last checkpoint: one ledger charge, the same model."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spec(tiny_spec_dict, tmp_path, *, private: bool) -> dict:
+    spec = tiny_spec_dict
+    spec["optimizer"]["steps"] = 1200
+    spec["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 50}
+    spec["checkpoint"] = {"dir": str(tmp_path / "checkpoints"), "keep": True}
+    if private:
+        spec["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0,
+                          "ledger": f"sqlite:///{tmp_path / 'ledger.db'}"}
+    else:
+        spec["privacy"]["insecure_deterministic"] = True
+    return spec
+
+
+def _cli(*args: str, cwd: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), **kwargs)
+
+
+def _checkpoint(root: Path, name: str):
+    files = list((root / name).glob("*/checkpoint.pt"))
+    if not files:
+        return None, None
+    try:
+        return files[0].parent.name, torch.load(files[0], weights_only=True)
+    except (EOFError, RuntimeError, FileNotFoundError):
+        return files[0].parent.name, None
+
+
+def _kill_after(spec: dict, spec_path: Path, tmp_path: Path, step: int) -> str:
+    """Run the spec in a child process and SIGKILL it (with its Prefect server) once a checkpoint at
+    ``step`` or later exists; returns the run key."""
+    root, name = Path(spec["checkpoint"]["dir"]), spec["name"]
+    proc = _cli("run", str(spec_path), "--no-progress", cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            key, state = _checkpoint(root, name)
+            if state is not None and state["loop"]["step"] >= step:
+                assert state["loop"]["step"] < spec["optimizer"]["steps"], "the run finished before the kill"
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+                return key
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.02)
+        raise AssertionError("no checkpoint appeared")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _final(spec: dict, key: str):
+    state = torch.load(Path(spec["checkpoint"]["dir"]) / spec["name"] / key / "checkpoint.pt", weights_only=True)
+    return state
+
+
+@pytest.mark.parametrize("private", [True, False], ids=["private-with-budget", "insecure-deterministic"])
+def test_killed_run_resumes_with_one_charge_and_the_same_model(prefect_server, tiny_spec_dict, tmp_path,
+                                                                monkeypatch, private):
+    from components.accountants import event_to_json
+    from flows.ledger import PrivacyLedger
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tiny_spec_dict, tmp_path, private=private)
+
+    # the uninterrupted run, on its own ledger and checkpoint folder
+    reference = yaml.safe_load(yaml.safe_dump(spec))
+    reference["checkpoint"]["dir"] = str(tmp_path / "reference-checkpoints")
+    if private:
+        reference["budget"]["ledger"] = f"sqlite:///{tmp_path / 'reference-ledger.db'}"
+    ref = private_train(spec=reference)
+    ref_state = _final(reference, ref["run_key"])
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    key = _kill_after(spec, spec_path, tmp_path, step=150)
+    killed_at = _checkpoint(Path(spec["checkpoint"]["dir"]), spec["name"])[1]["loop"]["step"]
+    if private:  # killed: the reservation still counts the planned run, nothing more
+        (charge,) = PrivacyLedger(spec["budget"]["ledger"]).history("digits-patients")
+        assert charge.status == "reserved"
+
+    resumed = _cli("run", str(spec_path), "--no-progress", "--resume", "latest", cwd=tmp_path)
+    out, _ = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"resuming {spec['name']} from its checkpoint at step {killed_at}" in out
+    state = _final(spec, key)
+    assert state["loop"]["step"] == ref_state["loop"]["step"] == spec["optimizer"]["steps"]
+    assert state["loop"]["privacy_steps"] == ref_state["loop"]["privacy_steps"] == spec["optimizer"]["steps"]
+    if private:
+        (charge,) = PrivacyLedger(spec["budget"]["ledger"]).history("digits-patients")
+        (ref_charge,) = PrivacyLedger(reference["budget"]["ledger"]).history("digits-patients")
+        assert charge.status == ref_charge.status == "committed"
+        assert charge.steps_run == ref_charge.steps_run == spec["optimizer"]["steps"]
+        assert event_to_json(charge.event) == event_to_json(ref_charge.event)  # the same charge, exactly
+        assert charge.run_id == state["run_id"]
+        ledger = PrivacyLedger(spec["budget"]["ledger"])
+        assert ledger.spent("digits-patients") == pytest.approx(ref["epsilon"], rel=1e-12)
+    else:  # same seed-derived streams: the resumed trajectory is the uninterrupted one
+        for a, b in zip(state["loop"]["params"], ref_state["loop"]["params"]):
+            assert torch.equal(a, b)
+        assert state["loop"]["journal"] == ref_state["loop"]["journal"]
+    import mlflow
+
+    run = mlflow.MlflowClient(spec["tracking"]["uri"]).get_run(state["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["privzo.resumed_from_step"] == str(killed_at)
+
+
+def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, tmp_path):
+    spec = _spec(tiny_spec_dict, tmp_path, private=False)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "latest", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "resume: no checkpoint of tiny-digits" in out
+
+    from flows.checkpoints import CheckpointStore
+
+    CheckpointStore(spec["checkpoint"]["dir"], spec["name"], "k1").save(
+        {"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0}})
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k1", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "resume: the spec changed since checkpoint" in out
