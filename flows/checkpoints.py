@@ -7,6 +7,7 @@ un-noised sum or a private generator's state (from which past noise could be rec
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +28,10 @@ def spec_digest(spec) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+class RunLocked(RuntimeError):
+    """Another live process holds this run's checkpoint folder."""
+
+
 class CheckpointStore:
     def __init__(self, root: str, name: str, key: str):
         if not key or any(c in key for c in "/\\") or key in (".", ".."):
@@ -34,6 +39,25 @@ class CheckpointStore:
         self.root = Path(root)
         self.dir = self.root / name / key
         self.key = key
+        self._lock_fd: Optional[int] = None
+
+    def lock(self) -> None:
+        """Hold the run's folder for this process's lifetime: a resume of a run that is still going (the
+        same reservation spent twice) is refused. The kernel drops the lock when the process dies."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunLocked(f"resume: run {self.key} is still running (its checkpoint folder {self.dir} is "
+                               f"locked); wait for it or stop it first") from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     @property
     def path(self) -> Path:
@@ -61,6 +85,7 @@ class CheckpointStore:
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.unlock()
 
     @staticmethod
     def latest_key(root: str, name: str) -> Optional[str]:

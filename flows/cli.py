@@ -138,6 +138,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _fail(str(err))
     except (ValueError, FileNotFoundError) as err:  # a spec that does not fit its data; nothing to resume
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    except RuntimeError as err:
+        from flows.checkpoints import RunLocked
+        from flows.ledger import BudgetExceeded
+
+        if isinstance(err, (BudgetExceeded, RunLocked)):  # refusals, not crashes: one line
+            return _fail(str(err).splitlines()[0])
+        raise
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
 

@@ -128,7 +128,9 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
     if not store.exists():
         if resume is not None:
             raise FileNotFoundError(f"resume: no checkpoint {store.path}; see the folders under {root}/{spec.name}")
+        store.lock()
         return store, None
+    store.lock()
     saved = store.load()
     if saved["spec_digest"] != spec_digest(spec):
         raise ValueError(f"resume: the spec changed since checkpoint {store.path} was written; resume with the "
@@ -284,16 +286,20 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     uri = resolved.tracking.uri
     fingerprint = data.private.fingerprint
     store, saved = find_checkpoint(plan, fingerprint, resume)
-    source = None if saved else registered_source(resolved)
-    charge_id = saved["charge_id"] if saved else reserve_budget(plan, fingerprint)
+    charge_id = None
     try:
+        source = None if saved else registered_source(resolved)
+        charge_id = saved["charge_id"] if saved else reserve_budget(plan, fingerprint)
         built = builders.build_loop(resolved, data)
         init_tags = {} if saved else initial_weights(resolved, built, source)
     except BaseException:
-        if charge_id is not None and saved is None:  # nothing was queried: release the reservation
-            from flows.ledger import PrivacyLedger
+        if saved is None:  # nothing was queried: release the reservation and the run's folder
+            if charge_id is not None:
+                from flows.ledger import PrivacyLedger
 
-            PrivacyLedger(resolved.budget.ledger).abort(charge_id)
+                PrivacyLedger(resolved.budget.ledger).abort(charge_id)
+            store.remove()
+        store.unlock()
         raise
     run_id = saved["run_id"] if saved else None
     checkpointer = None
@@ -320,6 +326,7 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
                 store.remove()  # the run is closed: a committed charge cannot be resumed
         elif checkpointer is not None:
             checkpointer.record_spent(built.loop)  # resumable; the discarded steps stay counted
+        store.unlock()
     result["run_key"] = store.key
     if charge_id is not None:
         result["budget_left"] = left

@@ -136,3 +136,16 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, 
     proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k1", cwd=tmp_path)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: the spec changed since checkpoint" in out
+
+
+def test_a_running_run_cannot_be_resumed_twice(tmp_path):
+    """The run's folder is locked while its process lives: a second resume of it (the same reservation
+    spent twice) is refused; the lock goes with the process (here: unlock)."""
+    from flows.checkpoints import CheckpointStore
+
+    running = CheckpointStore(str(tmp_path), "tiny-digits", "k1")
+    running.lock()
+    with pytest.raises(RuntimeError, match="resume: run k1 is still running"):
+        CheckpointStore(str(tmp_path), "tiny-digits", "k1").lock()
+    running.unlock()
+    CheckpointStore(str(tmp_path), "tiny-digits", "k1").lock()
