@@ -28,6 +28,7 @@ test: install
 bench: install
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	PYTHONPATH=. $(PY) bench/step_cost.py
+	PYTHONPATH=. $(PY) bench/ray_step.py
 
 # local Prefect server + worker + deployments and an MLflow server, on 127.0.0.1
 up: install
