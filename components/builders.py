@@ -9,7 +9,7 @@ import torch
 
 from components import models
 from components.accountants import Accountant, PrivacyTracker
-from components.data import PoissonSampler, SplitData, fraction_split, load_sklearn
+from components.data import PoissonSampler, SplitData, fraction_split, load_sklearn, load_text
 from components.estimators import (
     Directions,
     DpgdZerothEstimator,
@@ -28,21 +28,27 @@ from specs import RunSpec
 
 def load_data(spec: RunSpec) -> SplitData:
     source, split = spec.data.source, spec.data.split
-    table = load_sklearn(source.name)
+    if source.kind == "text":
+        table, scale = load_text(source.name, source.max_length, source.tokenizer), "none"  # ids are not scaled
+    else:
+        table, scale = load_sklearn(source.name), source.scale
     return fraction_split(table, public=split.public, test=split.test, imbalance=split.imbalance,
-                          seed=spec.seed, scale=source.scale)
+                          seed=spec.seed, scale=scale)
 
 
 def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
     """The model at its public initialisation, drawn from its own generator seeded by ``seed`` (torch's
     global RNG is never seeded or advanced, so nothing else can share or reveal the stream)."""
+    gen = torch.Generator().manual_seed(public_seed(spec.seed, STREAM_INIT))
+    if spec.model.kind == "hf":
+        # pretrained weights come from the package; only the head is drawn, as the other models are
+        return models.text_classifier(spec.model.name, n_classes, spec.model.trainable, gen)
     with torch.device("meta"):  # shapes only: module constructors would draw from the global RNG
         if spec.model.kind == "linear":
             model = models.linear(n_features, n_classes)
         else:
             model = models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
     model = model.to_empty(device="cpu")
-    gen = torch.Generator().manual_seed(public_seed(spec.seed, STREAM_INIT))
     models.initialise_(model, gen)
     return model
 

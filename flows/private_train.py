@@ -14,7 +14,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import mlflow
 import numpy as np
@@ -253,14 +253,15 @@ def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: st
 
 
 @task(name="register-model", cache_policy=NO_CACHE)
-def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, n_features: int, name: str,
-                   tags: Dict[str, str]) -> str:
+def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_shape: Tuple[int, ...], row_dtype: str,
+                   name: str, tags: Dict[str, str]) -> str:
+    """``row_shape``/``row_dtype``: of one input row (float features, or token ids and mask for text)."""
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pytorch.log_model(
             model.cpu(), name="model", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-            # an all-zero row: the exported graph needs an example input, and no real row may be logged
-            input_example=np.zeros((2, n_features), dtype=np.float32),  # 2 rows: batch size stays dynamic
+            # all-zero rows: the exported graph needs an example input, and no real row may be logged
+            input_example=np.zeros((2, *row_shape), dtype=row_dtype),  # 2 rows: batch size stays dynamic
             registered_model_name=name)
     client = mlflow.MlflowClient(tracking_uri)
     version = str(info.registered_model_version)
@@ -401,7 +402,8 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
                     journal_json(built.loop.journal))
         if status != "FINISHED":
             mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
-    version = register_model(uri, run_id, built.model, data.n_features, resolved.name, tags)
+    version = register_model(uri, run_id, built.model, data.test.features.shape[1:], str(data.test.features.dtype),
+                             resolved.name, tags)
     mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
     run = mlflow.MlflowClient(uri).get_run(run_id)
     return {

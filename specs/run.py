@@ -113,6 +113,12 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         problems.append("data.split.imbalance: needs a public fraction > 0")
     if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
         problems.append("data.split: public and test fractions leave no private rows")
+    text, hf = spec.data.source.kind == "text", spec.model.kind == "hf"
+    if hf and not text:
+        problems.append("model.kind: hf reads token ids; use data.source.kind: text")
+    if text and not hf:
+        problems.append(f"data.source.kind: text gives token ids, which model.kind {spec.model.kind} cannot read; "
+                        "use model.kind: hf")
     if spec.data.source.kind == "sklearn":
         scale = spec.data.source.scale
         if scale == "fixed" and spec.data.source.name != "digits":

@@ -29,7 +29,19 @@ class SklearnSource(Strict):
     )
 
 
-Source = Annotated[Union[SklearnSource], Field(discriminator="kind")]
+class TextSource(Strict):
+    """Short English texts labelled by topic, tokenised to a fixed length (offline: the corpus ships in a
+    package). Rows are token ids and attention masks, read only by ``model.kind: hf``."""
+
+    kind: Literal["text"]
+    name: Literal["chatterbot"] = Field(
+        ..., description="chatterbot: the English lines of the chatterbot-corpus package, one topic per file.")
+    max_length: int = Field(32, ge=2, le=512, description="Tokens per row, [CLS] and [SEP] included; longer "
+                            "lines are truncated, shorter ones padded.")
+    tokenizer: Literal["minilm"] = Field("minilm", description="The pretrained model whose vocabulary makes the ids.")
+
+
+Source = Annotated[Union[SklearnSource, TextSource], Field(discriminator="kind")]
 
 
 class FractionSplit(Strict):
@@ -72,7 +84,18 @@ class MlpModel(Strict):
     activation: Literal["relu", "tanh", "gelu"] = "relu"
 
 
-ModelSpec = Annotated[Union[LinearModel, MlpModel], Field(discriminator="kind")]
+class HfModel(Strict):
+    """A pretrained transformer encoder shipped in an installed package (no download), mean pooling over
+    the attention mask, and a linear head drawn from the public seed."""
+
+    kind: Literal["hf"]
+    name: Literal["minilm"] = Field(..., description="minilm: all-MiniLM-L6-v2 (22.7M parameters).")
+    trainable: Literal["head", "bias", "all"] = Field(
+        "head", description="head: the linear head only; bias: the head and every bias of the encoder (BitFit); "
+        "all: every parameter. Frozen parameters are never perturbed nor updated.")
+
+
+ModelSpec = Annotated[Union[LinearModel, MlpModel, HfModel], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- estimator

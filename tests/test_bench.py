@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -16,3 +18,15 @@ def test_step_cost_runs_on_the_mlp():
     cells = [r for r in rows if r[1] != "mezo-peer"]
     assert len(peer) == 1 and float(peer[0][3]) > 0
     assert len(cells) == 4 and all(float(r[6]) > 0 for r in cells)  # ratio column
+
+
+@pytest.mark.e2e
+def test_ray_step_runs_on_the_transformer():
+    """Starts Ray with 2 MiniLM workers: one timed step each way, the smallest cell."""
+    out = subprocess.run(
+        [sys.executable, "bench/ray_step.py", "--steps", "1", "--warmup", "0", "--queries", "1", "--trainable", "head"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    (row,) = [line.split() for line in out.stdout.splitlines() if line.startswith("head")]
+    assert row[1] == "8085" and float(row[5]) > 0  # trainable dimension, ray/local ratio
+    assert row[-2:] == ["[1,", "1]"]  # one torch thread per worker

@@ -2,5 +2,6 @@
 from components.data.sampling import PoissonSampler
 from components.data.sources import Table, load_sklearn
 from components.data.split import SplitData, fraction_split
+from components.data.text import load_text
 
-__all__ = ["PoissonSampler", "SplitData", "Table", "fraction_split", "load_sklearn"]
+__all__ = ["PoissonSampler", "SplitData", "Table", "fraction_split", "load_sklearn", "load_text"]

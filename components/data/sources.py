@@ -10,7 +10,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Table:
-    """Features (float32), integer labels and one SHA-256 per row over its features and label."""
+    """Features (float32 values, or int64 token ids and attention masks [n, 2, length] for text), integer
+    labels and one SHA-256 per row over its features and label."""
 
     name: str
     features: np.ndarray

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.models.hf import TextClassifier, freeze_
+
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
 
@@ -36,6 +38,21 @@ def initialise_(model: nn.Module, generator: torch.Generator) -> None:
             if module.bias is not None:
                 bound = 1.0 / math.sqrt(module.in_features) if module.in_features > 0 else 0.0
                 nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+
+
+def text_classifier(name: str, n_classes: int, trainable: str, generator: torch.Generator) -> nn.Module:
+    """Pretrained encoder ``name`` (from its package, offline) + mean pooling + a linear head initialised
+    from ``generator``; parameters outside ``trainable`` (head, bias, all) are frozen."""
+    from components import pretrained
+
+    encoder = pretrained.encoder(name)
+    with torch.device("meta"):
+        head = nn.Linear(encoder.config.hidden_size, n_classes)
+    head = head.to_empty(device="cpu")
+    initialise_(head, generator)  # the head only: the encoder's Linear layers keep their pretrained weights
+    model = TextClassifier(encoder, head)
+    freeze_(model, trainable)
+    return model
 
 
 def per_example_loss(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,26 @@ def test_ray_matches_local(ray_cluster, tiny_spec_dict, parallelism, estimator):
         remote.loop.backend.close()
 
 
+def test_ray_matches_local_on_the_transformer(ray_cluster, tiny_spec_dict):
+    """Workers rebuild MiniLM and the tokenised corpus from the spec alone and follow the driver's run."""
+    tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot", "max_length": 16}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "bias"}
+    tiny_spec_dict["sampling"]["expected_batch_size"] = 16
+    tiny_spec_dict["optimizer"]["lr"] = 1e-3
+    local = _built(tiny_spec_dict, "local", estimator={"kind": "two_point", "queries": 2, "smoothing": 1e-3})
+    remote = _built(tiny_spec_dict, "ray", estimator={"kind": "two_point", "queries": 2, "smoothing": 1e-3})
+    try:
+        before = _flat(local)
+        local.loop.run(2)
+        remote.loop.run(2)
+        assert float((_flat(local) - before).abs().max()) > 1e-4  # the run moved
+        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
+        remote.loop.backend.verify()
+        assert remote.loop.backend.resyncs == 0
+    finally:
+        remote.loop.backend.close()
+
+
 def test_killed_worker_is_rebuilt_and_the_run_is_unchanged(ray_cluster, tiny_spec_dict):
     reference = _built(tiny_spec_dict, "local")
     reference.loop.run(30)

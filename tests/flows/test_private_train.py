@@ -84,6 +84,26 @@ def test_model_is_registered_with_dp_tags(finished_run, tiny_spec_dict):
     assert model(torch.zeros(5, 64)).shape == (5, 10)  # any batch size, not the example's
 
 
+def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(prefect_server, tmp_path, monkeypatch):
+    """The MiniLM example, cut to 2 steps in this process: the registered model takes [b, 2, length] ids."""
+    import torch
+
+    from flows.private_train import private_train
+    from tests.conftest import EXAMPLES
+
+    monkeypatch.chdir(tmp_path)
+    spec = yaml.safe_load((EXAMPLES / "chatterbot_minilm_dpzero.yaml").read_text())
+    spec["optimizer"]["steps"] = 2
+    spec["execution"] = {"backend": "local"}
+    spec["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 2}
+    result = private_train(spec=spec)
+    assert result["steps"] == 2 and 0.0 <= result["eval/accuracy"] <= 1.0
+    model = mlflow.pytorch.load_model(f"models:/{spec['name']}/{result['model_version']}")
+    ids = torch.zeros(3, 2, 32, dtype=torch.long)
+    ids[:, :, 0] = torch.tensor([101, 1])  # [CLS], unmasked
+    assert model(ids).shape == (3, 21)
+
+
 def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
     from flows.private_train import private_train
 

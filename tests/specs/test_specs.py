@@ -58,12 +58,31 @@ def _error_for(tiny, mutate):
         (lambda d: (d.update(budget={"dataset": "x", "lifetime_epsilon": 9.0}), d["privacy"].update(
             insecure_deterministic=True)), ["budget: only private runs"]),
         (lambda d: d.update(budget={"dataset": "bad name!", "lifetime_epsilon": 9.0}), ["budget.dataset"]),
+        (lambda d: d.update(model={"kind": "hf", "name": "minilm"}), ["model.kind: hf", "data.source.kind: text"]),
+        (lambda d: d["data"].update(source={"kind": "text", "name": "chatterbot"}),
+         ["data.source.kind: text", "model.kind linear", "use model.kind: hf"]),
+        (lambda d: (d["data"].update(source={"kind": "text", "name": "reddit"}), d.update(model={"kind": "hf", "name": "minilm"})),
+         ["data.source.name", "'chatterbot'", "'reddit'"]),
+        (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot"}), d.update(model={"kind": "hf", "name": "bert"})),
+         ["model.name", "'minilm'"]),
+        (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot"}),
+                    d.update(model={"kind": "hf", "name": "minilm", "trainable": "lora"})), ["model.trainable", "'bias'"]),
+        (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot", "max_length": 1}),
+                    d.update(model={"kind": "hf", "name": "minilm"})), ["data.source.max_length"]),
     ],
 )
 def test_bad_specs_name_the_field_in_one_line(tiny_spec_dict, mutate, must_contain):
     message = _error_for(tiny_spec_dict, mutate)
     for fragment in must_contain:
         assert fragment in message, message
+
+
+def test_text_source_and_hf_model_validate_together(tiny_spec_dict):
+    tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot"}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm"}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    assert (spec.data.source.max_length, spec.data.source.tokenizer, spec.model.trainable) == (32, "minilm", "head")
+    assert specs.flatten(spec)["model.trainable"] == "head"
 
 
 def test_mezo_spec_has_no_privacy_section(tiny_spec_dict):

@@ -1,0 +1,80 @@
+"""Text sources that work offline: short lines labelled by topic, as fixed-length token ids.
+
+A row's features are an int64 array [2, max_length]: token ids, then the attention mask. Rows stay plain
+arrays, so the split, the content fingerprints and index-based batches work as for tabular sources.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import yaml
+
+from components import pretrained
+from components.data.sources import Table
+
+
+def _chatterbot_english() -> Path:
+    try:
+        import chatterbot_corpus
+    except ImportError:
+        raise RuntimeError("data.source.name: chatterbot needs the package chatterbot-corpus; install privzo's "
+                           "text extra (pip install -e '.[text]')") from None
+    return Path(chatterbot_corpus.__file__).parent / "data" / "english"
+
+
+# name -> directory of topic files (a closed registry: a spec never names a path to read)
+CORPORA: Dict[str, Callable[[], Path]] = {"chatterbot": _chatterbot_english}
+
+
+def read_topics(directory: Path) -> List[Tuple[str, List[str]]]:
+    """(topic, lines) for each ``*.yml``/``*.yaml`` file of a chatterbot-style corpus, in file-name order
+    (so labels are stable): the topic is the file name, the lines are every line of every conversation
+    (``conversations: [[line, line, ...], ...]``). YAML's base loader keeps each line as written: 'Yes'
+    or '1.0' stay text instead of becoming a boolean or a number."""
+    directory = Path(directory)
+    paths = sorted(p for p in directory.iterdir() if p.suffix in (".yml", ".yaml"))
+    if not paths:
+        raise ValueError(f"data.source: no .yml topic files in {directory}")
+    topics = []
+    for path in paths:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)  # noqa: S506 - no objects
+        conversations = doc.get("conversations") if isinstance(doc, dict) else None
+        if isinstance(conversations, list):
+            # a conversation is a list of lines; a lone line (a quoting slip in the packaged corpus) is one
+            conversations = [[c] if isinstance(c, str) else c for c in conversations]
+        if not conversations or not all(isinstance(c, list) and all(isinstance(line, str) for line in c)
+                                        for c in conversations):
+            raise ValueError(f"data.source: {path.name}: expected 'conversations:' as a list of lists of lines")
+        topics.append((path.stem, [line.strip() for c in conversations for line in c if line.strip()]))
+    return topics
+
+
+def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_length: int) -> Table:
+    """One row per line, labelled by its topic's position; ids and mask padded/truncated to ``max_length``.
+
+    Content is what the model reads (the ids after truncation). Repeated content keeps its first row;
+    content found under two topics is dropped whole, since it has no single label. Either way no content
+    can land in two splits, which are checked disjoint on content fingerprints.
+    """
+    lines = [line for _topic, topic_lines in topics for line in topic_lines]
+    if not lines:
+        raise ValueError(f"data.source: {name} has no lines")
+    labels = np.asarray([k for k, (_t, topic_lines) in enumerate(topics) for _ in topic_lines], dtype=np.int64)
+    enc = tokenizer(lines, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
+    features = np.ascontiguousarray(np.stack([enc["input_ids"], enc["attention_mask"]], axis=1), dtype=np.int64)
+    first: Dict[bytes, int] = {}
+    label_sets: Dict[bytes, set] = {}
+    for i in range(len(lines)):
+        key = features[i].tobytes()
+        first.setdefault(key, i)
+        label_sets.setdefault(key, set()).add(int(labels[i]))
+    keep = np.asarray(sorted(i for key, i in first.items() if len(label_sets[key]) == 1), dtype=np.int64)
+    return Table(name, features[keep], labels[keep], len(topics), None)
+
+
+def load_text(name: str, max_length: int, tokenizer: str) -> Table:
+    if name not in CORPORA:
+        raise ValueError(f"data.source.name: unknown text corpus {name!r}; allowed: {', '.join(CORPORA)}")
+    return tokenised(name, read_topics(CORPORA[name]()), pretrained.tokenizer(tokenizer), max_length)
