@@ -72,7 +72,16 @@ class MlpModel(Strict):
     activation: Literal["relu", "tanh", "gelu"] = "relu"
 
 
-ModelSpec = Annotated[Union[LinearModel, MlpModel], Field(discriminator="kind")]
+class CnnModel(Strict):
+    """Small CNN for square single-channel images (digits: 8x8): 3x3 convolutions with ``channels``
+    output channels, one 2x2 max-pool, a linear classifier; no normalisation layers."""
+
+    kind: Literal["cnn"]
+    channels: List[PositiveInt] = Field(default_factory=lambda: [8, 16], min_length=1)
+    activation: Literal["relu", "tanh", "gelu"] = "relu"
+
+
+ModelSpec = Annotated[Union[LinearModel, MlpModel, CnnModel], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- estimator
