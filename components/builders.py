@@ -46,6 +46,8 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
     with torch.device("meta"):  # shapes only: module constructors would draw from the global RNG
         if spec.model.kind == "linear":
             model = models.linear(n_features, n_classes)
+        elif spec.model.kind == "cnn":
+            model = models.cnn(n_features, n_classes, spec.model.channels, spec.model.activation)
         else:
             model = models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
     model = model.to_empty(device="cpu")

@@ -84,6 +84,15 @@ class MlpModel(Strict):
     activation: Literal["relu", "tanh", "gelu"] = "relu"
 
 
+class CnnModel(Strict):
+    """Small CNN for square single-channel images (digits: 8x8): 3x3 convolutions with ``channels``
+    output channels, one 2x2 max-pool, a linear classifier; no normalisation layers."""
+
+    kind: Literal["cnn"]
+    channels: List[PositiveInt] = Field(default_factory=lambda: [8, 16], min_length=1)
+    activation: Literal["relu", "tanh", "gelu"] = "relu"
+
+
 class HfModel(Strict):
     """A pretrained transformer encoder shipped in an installed package (no download), mean pooling over
     the attention mask, and a linear head drawn from the public seed."""
@@ -95,7 +104,7 @@ class HfModel(Strict):
         "all: every parameter. Frozen parameters are never perturbed nor updated.")
 
 
-ModelSpec = Annotated[Union[LinearModel, MlpModel, HfModel], Field(discriminator="kind")]
+ModelSpec = Annotated[Union[LinearModel, MlpModel, CnnModel, HfModel], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- estimator

@@ -27,16 +27,33 @@ def mlp(n_features: int, n_classes: int, hidden: Sequence[int], activation: str 
     return nn.Sequential(*layers)
 
 
+def cnn(n_features: int, n_classes: int, channels: Sequence[int], activation: str = "relu") -> nn.Module:
+    """Small CNN on square single-channel images given as flat rows (e.g. digits' 8x8 = 64 features):
+    3x3 convolutions (padding 1) with ``channels`` output channels each, one 2x2 max-pool after the
+    last, then a linear classifier. No normalisation layers (nothing computed across examples)."""
+    side = math.isqrt(n_features)
+    if side * side != n_features or side < 2:
+        raise ValueError(f"model.kind cnn: needs square single-channel images; {n_features} features is not a square")
+    layers: list = [nn.Unflatten(1, (1, side, side))]
+    width = 1
+    for c in channels:
+        layers += [nn.Conv2d(width, c, 3, padding=1), _ACTIVATIONS[activation]()]
+        width = c
+    layers += [nn.MaxPool2d(2), nn.Flatten(), nn.Linear(width * (side // 2) ** 2, n_classes)]
+    return nn.Sequential(*layers)
+
+
 @torch.no_grad()
 def initialise_(model: nn.Module, generator: torch.Generator) -> None:
-    """Re-draw every Linear layer with torch's default scheme (Kaiming-uniform weights, a=sqrt(5);
-    bias uniform in +-1/sqrt(fan_in)) from ``generator``, so initialisation is reproducible from the
-    public seed without touching the global RNG."""
+    """Re-draw every Linear and Conv2d layer with torch's default scheme (Kaiming-uniform weights,
+    a=sqrt(5); bias uniform in +-1/sqrt(fan_in)) from ``generator``, so initialisation is reproducible
+    from the public seed without touching the global RNG."""
     for module in model.modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
             nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
             if module.bias is not None:
-                bound = 1.0 / math.sqrt(module.in_features) if module.in_features > 0 else 0.0
+                fan_in = module.weight[0].numel()  # in_features, or in_channels * kernel area
+                bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
                 nn.init.uniform_(module.bias, -bound, bound, generator=generator)
 
 

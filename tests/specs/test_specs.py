@@ -38,7 +38,7 @@ def _error_for(tiny, mutate):
         (lambda d: d["privacy"].update(epsilon=0), ["privacy.epsilon", "greater than 0"]),
         (lambda d: d["privacy"].update(epsilon=-1.5), ["privacy.epsilon"]),
         (lambda d: d["data"]["split"].update(public=1.0), ["data.split.public", "less than 1"]),
-        (lambda d: d["model"].update(kind="cnn"), ["model.kind", "'cnn'", "'linear'", "'mlp'"]),
+        (lambda d: d["model"].update(kind="resnet"), ["model.kind", "'resnet'", "'linear'", "'mlp'", "'cnn'"]),
         (lambda d: d["estimator"].update(kind="pazo_z"), ["estimator.kind", "'pazo_z'", "two_point"]),
         (lambda d: d["privacy"].update(delta=2), ["privacy.delta"]),
         (lambda d: d["optimizer"].pop("steps"), ["optimizer", "epochs or steps"]),
@@ -96,7 +96,7 @@ def test_mezo_spec_has_no_privacy_section(tiny_spec_dict):
 
 def test_several_errors_are_reported_together(tiny_spec_dict):
     tiny_spec_dict["privacy"]["epsilon"] = 0
-    tiny_spec_dict["model"]["kind"] = "cnn"
+    tiny_spec_dict["model"]["kind"] = "resnet"
     message = _error_for(tiny_spec_dict, lambda d: None)
     assert "privacy.epsilon" in message and "model.kind" in message
 
