@@ -83,14 +83,22 @@ class CheckpointStore:
         os.chmod(tmp, 0o600)  # model parameters of a private run: the owner's only
         os.replace(tmp, self.path)
 
+    @property
+    def finished(self) -> bool:
+        return (self.dir / "finished").exists()
+
+    def mark_finished(self) -> None:
+        """A kept checkpoint of a run that completed: there is nothing to resume."""
+        (self.dir / "finished").touch()
+
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.unlock()
 
     @staticmethod
     def latest_key(root: str, name: str) -> Optional[str]:
-        """The run key of the most recently written checkpoint of ``name``, if any."""
-        runs = [p.parent for p in (Path(root) / name).glob(f"*/{FILE}")]
+        """The run key of the most recently written checkpoint of an unfinished run of ``name``, if any."""
+        runs = [p.parent for p in (Path(root) / name).glob(f"*/{FILE}") if not (p.parent / "finished").exists()]
         if not runs:
             return None
         return max(runs, key=lambda d: (d / FILE).stat().st_mtime).name

@@ -131,6 +131,21 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
         store.lock()
         return store, None
     store.lock()
+    try:
+        saved = _resumable(store, spec, fingerprint)
+    except BaseException:
+        store.unlock()
+        raise
+    get_run_logger().info("resuming %s from its checkpoint at step %d (%s)", spec.name, saved["loop"]["step"],
+                          store.path)
+    return store, saved
+
+
+def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str) -> Dict[str, Any]:
+    """The checkpoint, if this run may continue from it: unfinished, same spec, same private rows, and
+    its ledger reservation still open."""
+    if store.finished:
+        raise ValueError(f"resume: run {store.key} of {spec.name} finished; there is nothing to resume")
     saved = store.load()
     if saved["spec_digest"] != spec_digest(spec):
         raise ValueError(f"resume: the spec changed since checkpoint {store.path} was written; resume with the "
@@ -145,9 +160,7 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
         if status != "reserved":
             raise ValueError(f"resume: ledger charge {saved['charge_id']} is {status}, not reserved; the run "
                              f"was closed, start a new run")
-    get_run_logger().info("resuming %s from its checkpoint at step %d (%s)", spec.name, saved["loop"]["step"],
-                          store.path)
-    return store, saved
+    return saved
 
 
 @task(name="registered-source", cache_policy=NO_CACHE, retries=2)
@@ -322,9 +335,10 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
             left = commit_budget(resolved, charge_id, event_to_json(built.loop.tracker.event()),
                                  built.loop.tracker.steps, run_id)
             get_run_logger().info("dataset %s: %.4g epsilon left", resolved.budget.dataset, left)
-        if finished or charge_id is not None:
-            if not (finished and resolved.checkpoint.keep):
-                store.remove()  # the run is closed: a committed charge cannot be resumed
+        if finished and resolved.checkpoint.keep:
+            store.mark_finished()
+        elif finished or charge_id is not None:
+            store.remove()  # the run is closed: a committed charge cannot be resumed
         elif checkpointer is not None:
             checkpointer.record_spent(built.loop)  # resumable; the discarded steps stay counted
         store.unlock()

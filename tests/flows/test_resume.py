@@ -137,6 +137,14 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, 
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: the spec changed since checkpoint" in out
 
+    done = CheckpointStore(spec["checkpoint"]["dir"], spec["name"], "k2")
+    done.save({"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0}})
+    done.mark_finished()
+    assert CheckpointStore.latest_key(spec["checkpoint"]["dir"], spec["name"]) == "k1"  # finished runs are skipped
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k2", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "resume: run k2 of tiny-digits finished" in out
+
 
 def test_a_running_run_cannot_be_resumed_twice(tmp_path):
     """The run's folder is locked while its process lives: a second resume of it (the same reservation
