@@ -101,7 +101,9 @@ def test_sgd_momentum_and_weight_decay_match_dense_reference():
     assert torch.allclose(p.detach(), ref, atol=1e-12)
 
 
-def test_model_init_is_public_and_leaves_the_global_rng_alone(tiny_spec_dict):
+@pytest.mark.parametrize("model", [{"kind": "linear"}, {"kind": "mlp", "hidden": [16]}, {"kind": "cnn", "channels": [4, 8]}])
+def test_model_init_is_public_and_leaves_the_global_rng_alone(tiny_spec_dict, model):
+    tiny_spec_dict["model"] = model
     spec = specs.spec_from_dict(tiny_spec_dict)
     state = torch.random.get_rng_state()
     a = builders.build_model(spec, 64, 10)
@@ -110,4 +112,4 @@ def test_model_init_is_public_and_leaves_the_global_rng_alone(tiny_spec_dict):
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
     other = dict(tiny_spec_dict, seed=tiny_spec_dict["seed"] + 1)
     c = builders.build_model(specs.spec_from_dict(other), 64, 10)
-    assert not torch.equal(a.weight, c.weight)
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
