@@ -17,15 +17,18 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from components.randomness import public_seed
 
-CHUNK = 1 << 18
-PARALLEL_MIN = 1 << 21
+# A chunk is at most torch's intra-op grain (32,768 elements), so its arithmetic runs serially on the
+# thread that drew it: an op above the grain on a pool thread starts an OpenMP team of its own there,
+# which slows every later forward pass of the process about 2x on a 2-core machine.
+CHUNK = 1 << 15
+PARALLEL_MIN = 1 << 17
 _MASK64 = (1 << 64) - 1
 _local = threading.local()
 _executor: Optional[ThreadPoolExecutor] = None
@@ -62,16 +65,59 @@ def _generator(device: torch.device) -> torch.Generator:
     return gen
 
 
+def _chunk_buffer(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """One chunk of scratch per thread, for work that needs a chunk of a direction at a time."""
+    bufs = getattr(_local, "chunks", None)
+    if bufs is None:
+        bufs = _local.chunks = {}
+    buf = bufs.get((device, dtype))
+    if buf is None:
+        buf = bufs[(device, dtype)] = _buffer(CHUNK, device, dtype)
+    return buf
+
+
+def _threads() -> int:
+    """Threads that draw a large direction: the calling one plus up to three from the pool."""
+    return min(4, os.cpu_count() or 1)
+
+
 def _pool() -> Optional[ThreadPoolExecutor]:
-    """Threads for CPU generation (torch releases the GIL inside kernels)."""
+    """Pool threads for CPU generation (torch releases the GIL inside kernels)."""
     global _executor
-    workers = min(4, os.cpu_count() or 1)
-    if workers < 2:
+    if _threads() < 2:
         return None
     with _executor_lock:
         if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="privzo-directions")
+            _executor = ThreadPoolExecutor(max_workers=_threads() - 1, thread_name_prefix="privzo-directions")
     return _executor
+
+
+def _run(tasks: List[Tuple[int, Callable[[], None]]], device: torch.device) -> None:
+    """Run (elements, fn) tasks: inline when small, else in contiguous groups of about equal size, one
+    group on this thread and the others on the pool (one dispatch per group, not per chunk)."""
+    total = sum(n for n, _ in tasks)
+    executor = _pool() if device.type == "cpu" and len(tasks) > 1 and total >= PARALLEL_MIN else None
+    if executor is None:
+        for _, fn in tasks:
+            fn()
+        return
+    n_groups = min(len(tasks), _threads())
+    groups: List[List[Callable[[], None]]] = [[] for _ in range(n_groups)]
+    done = 0
+    for n, fn in tasks:
+        groups[min(n_groups - 1, done * n_groups // total)].append(fn)
+        done += n
+
+    def run_group(group):
+        for fn in group:
+            fn()
+
+    futures = [executor.submit(run_group, g) for g in groups[1:] if g]
+    try:
+        run_group(groups[0])
+    finally:
+        for f in futures:
+            f.result()
 
 
 class Directions:
@@ -95,32 +141,26 @@ class Directions:
         self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
 
     # ------------------------------------------------------------------ generation
-    def _fill_chunks(self, jobs: List[Tuple[int, torch.Tensor, int]]) -> None:
-        """jobs: (tensor seed, flat view, chunk index); fills each chunk from its own stream."""
-
-        def run(job):
-            base, flat, c = job
-            view = flat[c * CHUNK:(c + 1) * CHUNK]
-            gen = _generator(view.device)
-            gen.manual_seed(_chunk_seed(base, c))
-            if self.kind == "rademacher":
-                view.random_(0, 2, generator=gen).mul_(2).sub_(1)
-            else:
-                view.normal_(generator=gen)
-
-        # threads pay off only when there is a lot to draw; small directions are faster inline
-        parallel = len(jobs) > 1 and jobs[0][1].device.type == "cpu" and len(jobs) * CHUNK >= PARALLEL_MIN
-        executor = _pool() if parallel else None
-        if executor is None:
-            for job in jobs:
-                run(job)
+    def _draw(self, base: int, c: int, out: torch.Tensor) -> None:
+        """Chunk ``c`` of the tensor whose stream base is ``base``, into the 1-D ``out`` of the chunk's
+        exact length (the values of a draw depend on its length)."""
+        gen = _generator(out.device)
+        gen.manual_seed(_chunk_seed(base, c))
+        if self.kind == "rademacher":
+            out.random_(0, 2, generator=gen).mul_(2).sub_(1)
         else:
-            list(executor.map(run, jobs))
+            out.normal_(generator=gen)
 
-    def _jobs(self, seed: int, i: int, out: torch.Tensor) -> List[Tuple[int, torch.Tensor, int]]:
+    def _chunks(self, i: int) -> List[Tuple[int, int]]:
+        """(start, length) of each chunk of parameter i, flattened."""
+        n = self.params[i].numel()
+        return [(c * CHUNK, min(CHUNK, n - c * CHUNK)) for c in range(max(1, math.ceil(n / CHUNK)))]
+
+    def _fill_tasks(self, seed: int, i: int, out: torch.Tensor) -> List[Tuple[int, Callable[[], None]]]:
         base = public_seed(seed, i)
         flat = out.view(-1)
-        return [(base, flat, c) for c in range(max(1, math.ceil(flat.numel() / CHUNK)))]
+        return [(n, lambda c=c, a=a, n=n: self._draw(base, c, flat[a:a + n]))
+                for c, (a, n) in enumerate(self._chunks(i))]
 
     def _scale(self, seed: int) -> float:
         return self.radius / self._sphere_norm(seed) if self.kind == "sphere" else 1.0
@@ -130,37 +170,51 @@ class Directions:
         cached = self._cache.get(seed)
         if cached is not None:
             return out.copy_(cached[i])
-        self._fill_chunks(self._jobs(seed, i, out))
+        _run(self._fill_tasks(seed, i, out), out.device)
         scale = self._scale(seed)
         if scale != 1.0:
             out.mul_(scale)
         return out
 
-    def _scratch_for(self, i: int) -> torch.Tensor:
-        """A view shaped like parameter i in the buffer the perturbation stack also uses: the two are never
-        busy at once (updates and norm passes run outside perturbed forwards), so regenerate mode keeps
-        about one parameter tensor beyond inference."""
+    def _chunkwise(self, seed: int, i: int, consume: Callable[[int, int, torch.Tensor], None],
+                   chunks: Optional[List[int]] = None) -> None:
+        """Draw the raw chunks of tensor i of ``seed`` (all, or those listed) one at a time into a
+        per-thread buffer and hand each to ``consume(index, start, values)``: nothing d-sized is allocated."""
         p = self.params[i]
-        size = max(q.numel() for q in self.params if (q.device, q.dtype) == (p.device, p.dtype))
-        stack = self.stack(p, size)
-        if stack.offset:
-            raise RuntimeError("directions: scratch requested during a perturbed forward")
-        return stack.buffer[: p.numel()].view_as(p)
+        base = public_seed(seed, i)
+        spans = self._chunks(i)
+
+        def task(c: int) -> None:
+            a, n = spans[c]
+            with torch.no_grad():  # grad mode is per thread: pool threads would track writes to parameters
+                buf = _chunk_buffer(p.device, p.dtype)[:n]
+                self._draw(base, c, buf)
+                consume(c, a, buf)
+
+        _run([(spans[c][1], lambda c=c: task(c)) for c in (range(len(spans)) if chunks is None else chunks)],
+             p.device)
 
     def _sphere_norm(self, seed: int) -> float:
         norm = self._norms.get(seed)
         if norm is None:
-            # one extra generation pass (through the scratch buffer) to get ||z|| over the whole direction
-            total = 0.0
+            # one extra generation pass, a chunk at a time, to get ||z|| over the whole direction
+            parts: Dict[Tuple[int, int], float] = {}
             for i in range(len(self.params)):
-                buf = self._scratch_for(i)
-                self._fill_chunks(self._jobs(seed, i, buf))
-                total += _sum_squares(buf)
-            norm = math.sqrt(total)
+                self._chunkwise(seed, i, lambda c, _a, buf, i=i: parts.__setitem__((i, c), _sum_squares(buf)))
+            norm = math.sqrt(sum(parts[key] for key in sorted(parts)))
             self._norms[seed] = norm
             if len(self._norms) > 256:
                 self._norms.popitem(last=False)
         return norm
+
+    def _norm_of_slot(self, slot: List[torch.Tensor]) -> float:
+        """||z|| of a drawn direction, summed per chunk in the order ``_sphere_norm`` uses."""
+        total = 0.0
+        for i, buf in enumerate(slot):
+            flat = buf.view(-1)
+            for a, n in self._chunks(i):
+                total += _sum_squares(flat[a:a + n])
+        return math.sqrt(total)
 
     def tensor(self, seed: int, i: int) -> torch.Tensor:
         """Tensor ``i`` of direction ``seed`` (shared in cache mode: do not modify it)."""
@@ -170,9 +224,53 @@ class Directions:
         return self.fill_(seed, i, torch.empty_like(self.params[i]))
 
     def add_to_(self, seed: int, i: int, target: torch.Tensor, alpha: float) -> None:
-        """target += alpha * u_i(seed), without allocating (cache slot or the scratch buffer)."""
+        """target += alpha * u_i(seed), without allocating: from the cache slot, or regenerated a chunk at
+        a time (regenerate mode keeps no d-sized or tensor-sized scratch for updates)."""
         cached = self._cache.get(seed)
-        target.add_(cached[i] if cached is not None else self.fill_(seed, i, self._scratch_for(i)), alpha=alpha)
+        if cached is not None:
+            target.add_(cached[i], alpha=alpha)
+            return
+        if not target.is_contiguous():
+            target.add_(self.tensor(seed, i), alpha=alpha)
+            return
+        scale = self._scale(seed)
+        flat = target.view(-1)
+
+        def consume(_c: int, a: int, buf: torch.Tensor) -> None:
+            if scale != 1.0:
+                buf.mul_(scale)
+            flat[a:a + buf.numel()].add_(buf, alpha=alpha)
+
+        self._chunkwise(seed, i, consume)
+
+    def rows(self, seed: int, i: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of tensor i (a 2-D embedding table) of direction ``seed``, shaped ids.shape + (dim,):
+        only the chunks holding those rows are drawn, into a buffer the size of the distinct rows."""
+        cached = self._cache.get(seed)
+        if cached is not None:
+            return nn.functional.embedding(ids, cached[i])
+        p = self.params[i]
+        dim = p.shape[1]
+        unique, inverse = torch.unique(ids.reshape(-1), sorted=True, return_inverse=True)
+        # flat positions of the wanted rows, ascending: each chunk owns one contiguous run of them
+        positions = (unique[:, None] * dim + torch.arange(dim, device=unique.device)).reshape(-1)
+        chunk_of = torch.div(positions, CHUNK, rounding_mode="floor")
+        chunks, counts = torch.unique_consecutive(chunk_of, return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        runs = {int(c): (int(s), int(s + n)) for c, s, n in zip(chunks, starts, counts)}
+        with torch.inference_mode(False):
+            out = torch.empty(len(unique), dim, device=p.device, dtype=p.dtype)
+        flat = out.view(-1)
+
+        def consume(c: int, a: int, buf: torch.Tensor) -> None:
+            lo, hi = runs[c]
+            torch.index_select(buf, 0, positions[lo:hi] - a, out=flat[lo:hi])
+
+        self._chunkwise(seed, i, consume, sorted(runs))
+        scale = self._scale(seed)
+        if scale != 1.0:
+            out.mul_(scale)
+        return nn.functional.embedding(inverse.view(ids.shape), out)
 
     def iter_tensors(self, seed: int) -> Iterator[torch.Tensor]:
         for i in range(len(self.params)):
@@ -190,15 +288,16 @@ class Directions:
         seeds = list(dict.fromkeys(seeds))
         while len(self._slots) < len(seeds):
             self._slots.append([_buffer(p.shape, p.device, p.dtype) for p in self.params])
-        jobs = []
+        tasks = []
         for seed, slot in zip(seeds, self._slots):
             for i, buf in enumerate(slot):
-                jobs.extend(self._jobs(seed, i, buf))
-        self._fill_chunks(jobs)
+                tasks.extend(self._fill_tasks(seed, i, buf))
+        if tasks:
+            _run(tasks, self.params[0].device)
         for seed, slot in zip(seeds, self._slots):
             if self.kind == "sphere" and seed not in self._norms:
                 # the raw direction is already here: its norm needs no second generation pass
-                self._norms[seed] = math.sqrt(sum(_sum_squares(buf) for buf in slot))
+                self._norms[seed] = self._norm_of_slot(slot)
             scale = self._scale(seed)
             if scale != 1.0:
                 for buf in slot:
@@ -256,16 +355,25 @@ def add_direction_(directions: Directions, seed: int, scale: float) -> None:
             directions.add_to_(seed, i, p, scale)
 
 
+def _row_lookup(module: nn.Module) -> bool:
+    """A plain embedding table: its forward reads only the rows of its input ids, so its perturbation is
+    added to those rows (W[ids] + s * V[ids] == (W + s * V)[ids]) instead of to the whole table. Tables
+    with ``max_norm`` (which rewrite W in forward) or a custom forward go the general way."""
+    return (isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward
+            and module.max_norm is None)
+
+
 def _capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple[torch.device, torch.dtype], int]:
     """Scratch needed at once: a module's own perturbed parameters plus the largest need of a child
-    (children run inside their parent's forward)."""
+    (children run inside their parent's forward). Embedding tables need none."""
 
     def need(module: nn.Module) -> Dict:
         own: Dict = {}
-        for p in module._parameters.values():
-            if p is not None and id(p) in index:
-                key = (p.device, p.dtype)
-                own[key] = own.get(key, 0) + p.numel()
+        if not _row_lookup(module):
+            for p in module._parameters.values():
+                if p is not None and id(p) in index:
+                    key = (p.device, p.dtype)
+                    own[key] = own.get(key, 0) + p.numel()
         child_max: Dict = {}
         for child in module.children():
             for key, n in need(child).items():
@@ -289,7 +397,9 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     stack) just before that module runs and swapped back right after, so only the parameters of the
     modules currently running exist perturbed (memory of inference + about one module's parameters) and
     the parameters are restored bit for bit: x itself is never modified, unlike MeZO's in-place
-    +lambda, -2lambda, +lambda, which drifts by rounding in floating point.
+    +lambda, -2lambda, +lambda, which drifts by rounding in floating point. An embedding table is not
+    swapped: the rows its forward looked up get ``scale * v`` added (a transformer's word embeddings are
+    most of its parameters, and a batch reads a few hundred of their rows).
     """
     index = {id(p): i for i, p in enumerate(directions.params)}
     capacity = directions._capacities.get(id(model))
@@ -299,12 +409,12 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     for key, n in capacity.items():
         same = [p for p in directions.params if (p.device, p.dtype) == key]
         if n and same:
-            stacks[key] = directions.stack(same[0], max(n, max(p.numel() for p in same)))
+            stacks[key] = directions.stack(same[0], n)
     storage_ptrs = {s.buffer.untyped_storage().data_ptr() for s in stacks.values()}
     seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
     cached = directions._cache.get(seed) if seed is not None else None
     if seed is not None and cached is None:
-        directions._scale(seed)  # a sphere's norm pass uses the scratch: run it before any module does
+        directions._scale(seed)  # a sphere's norm pass: once, before any module runs
     handles = []
     swapped: List[tuple] = []
     seen = set()
@@ -341,9 +451,25 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
 
         return pre, post
 
+    def make_row_hook(p: torch.Tensor):
+        i = index[id(p)]
+
+        def post(_module, args, out):
+            ids = args[0]
+            if seed is None:
+                rows = nn.functional.embedding(ids, direction.tensor(i))
+            else:
+                rows = directions.rows(seed, i, ids)
+            seen.add(id(p))
+            return torch.add(out, rows, alpha=scale)
+
+        return post
+
     for module in model.modules():
         owned = [(n, p) for n, p in module._parameters.items() if p is not None and id(p) in index]
-        if owned:
+        if owned and _row_lookup(module):
+            handles.append(module.register_forward_hook(make_row_hook(module.weight)))
+        elif owned:
             pre, post = make_hooks(owned)
             handles.append(module.register_forward_pre_hook(pre))
             handles.append(module.register_forward_hook(post))

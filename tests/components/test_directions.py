@@ -1,4 +1,5 @@
 """Seeded directions and perturbation: exact restoration, correct perturbed point, distributions."""
+import contextlib
 import math
 
 import pytest
@@ -117,3 +118,86 @@ def test_parameter_read_outside_its_module_is_refused():
     with pytest.raises(RuntimeError, match="not used through their own module"):
         with perturbed(model, d, 0, 0.1):
             model(torch.randn(2, 3))
+
+
+class _Bag(torch.nn.Module):
+    """An embedding table spanning several generation chunks (rows straddle chunk boundaries) under a
+    linear head: the shape of a transformer's word embeddings."""
+
+    def __init__(self, vocab=700, dim=300, max_norm=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(vocab, dim, padding_idx=0, max_norm=max_norm)
+        self.head = torch.nn.Linear(dim, 3)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(dim=1))
+
+
+def _ids():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 700, (6, 9), generator=g)
+    ids[0, :3] = 0  # padding rows and repeated ids
+    ids[1, :4] = 699
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
+@pytest.mark.parametrize("cache", [False, True])
+def test_embedding_rows_are_perturbed_as_the_whole_table(kind, cache):
+    """W[ids] + s V[ids] is the forward at W + s V: equal to a forward with the whole table perturbed."""
+    from components.estimators.directions import CHUNK
+    model = _Bag()
+    assert model.emb.weight.numel() > 3 * CHUNK
+    d = Directions(list(model.parameters()), kind)
+    ids, lam = _ids(), 0.25
+    shifted = {n: torch.add(p.detach(), z, alpha=lam) for (n, p), z in zip(model.named_parameters(), d.dense(4))}
+    expected = functional_call(model, shifted, (ids,))
+    before = _snapshot(model)
+    with (d.cached([4]) if cache else contextlib.nullcontext()):
+        with perturbed(model, d, 4, lam):
+            got = model(ids)
+    assert torch.equal(got, expected)
+    assert _bitwise_equal(before, _snapshot(model))
+
+
+def test_embedding_rows_identical_in_cache_and_regenerate_mode():
+    model = _Bag()
+    d = Directions(list(model.parameters()), "sphere")
+    ids = _ids()
+    with perturbed(model, d, 7, 1e-3):
+        regenerated = model(ids)
+    with d.cached([7]):
+        with perturbed(model, d, 7, 1e-3):
+            cached = model(ids)
+    assert torch.equal(regenerated, cached)
+    dense = d.dense(7)[0]
+    assert torch.equal(d.rows(7, 0, ids), dense[ids])
+
+
+def test_embedding_with_max_norm_is_perturbed_whole():
+    """max_norm renormalises looked-up rows of the table inside forward: such a table takes the general
+    path (a perturbed copy is renormalised, never x), and the forward is the one at W + s V."""
+    model = _Bag(max_norm=1.0)
+    d = Directions(list(model.parameters()), "gaussian")
+    ids, lam = _ids(), 1e-2
+    shifted = {n: torch.add(p.detach(), z, alpha=lam) for (n, p), z in zip(model.named_parameters(), d.dense(2))}
+    expected = functional_call(model, shifted, (ids,))
+    before = _snapshot(model)
+    with torch.no_grad(), perturbed(model, d, 2, lam):
+        got = model(ids)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert _bitwise_equal(before, _snapshot(model))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere"])
+def test_regenerated_update_equals_cached_update(kind):
+    """Updates in regenerate mode go a chunk at a time; they must land exactly where cache mode's do."""
+    a, b = _Bag(), _Bag()
+    da = Directions(list(a.parameters()), kind)
+    db = Directions(list(b.parameters()), kind)
+    with torch.no_grad():
+        add_direction_(da, 3, -0.01)
+        with db.cached([3]):
+            add_direction_(db, 3, -0.01)
+    assert _bitwise_equal(_snapshot(a), _snapshot(b))
