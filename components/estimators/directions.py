@@ -28,7 +28,9 @@ from components.randomness import public_seed
 # thread that drew it: an op above the grain on a pool thread starts an OpenMP team of its own there,
 # which slows every later forward pass of the process about 2x on a 2-core machine.
 CHUNK = 1 << 15
-PARALLEL_MIN = 1 << 17
+# Below ~2M elements a step draws faster on one thread: a pool thread competes with torch's own
+# intra-op threads still spinning from the last forward (measured on the 301K-parameter bench MLP).
+PARALLEL_MIN = 1 << 21
 _MASK64 = (1 << 64) - 1
 _local = threading.local()
 _executor: Optional[ThreadPoolExecutor] = None

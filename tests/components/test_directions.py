@@ -201,3 +201,18 @@ def test_regenerated_update_equals_cached_update(kind):
         with db.cached([3]):
             add_direction_(db, 3, -0.01)
     assert _bitwise_equal(_snapshot(a), _snapshot(b))
+
+
+def test_regenerate_mode_keeps_no_table_sized_scratch():
+    """Regenerate mode's memory: a perturbed forward and an update leave scratch for the largest
+    non-embedding module only (here the head), never the size of the table or of the direction."""
+    from components.estimators.directions import CHUNK
+    model = _Bag()
+    d = Directions(list(model.parameters()), "sphere")
+    with torch.inference_mode(), perturbed(model, d, 1, 1e-3):
+        model(_ids())
+    with torch.no_grad():
+        add_direction_(d, 1, -0.01)
+    scratch = sum(stack.capacity for stack in d._pools.values())
+    assert scratch == model.head.weight.numel() + model.head.bias.numel()
+    assert not d._slots and model.emb.weight.numel() > 3 * CHUNK
