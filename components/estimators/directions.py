@@ -6,8 +6,10 @@ is regenerated whenever it is needed (MeZO's memory trick). Each tensor is cut i
 can be produced in any order or in parallel threads (module hooks, replicas, replays) with identical
 values.
 
-Generation and perturbation write into buffers that live as long as the ``Directions`` object: fresh
-d-sized allocations cost page faults that, on CPU, take longer than the arithmetic itself.
+Generation and perturbation write into buffers that live as long as the ``Directions`` object (cache
+slots, the perturbation stack) or the thread (one chunk each): fresh d-sized allocations cost page faults
+that, on CPU, take longer than the arithmetic itself. In regenerate mode updates, sphere norms and
+embedding rows are drawn a chunk at a time; a perturbed module's own parameters go whole into the stack.
 """
 from __future__ import annotations
 
