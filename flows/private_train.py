@@ -28,6 +28,7 @@ import specs
 from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
+from components.estimators.directions import GENERATOR_VERSION
 from flows.checkpoints import Checkpointer, CheckpointStore, spec_digest
 from flows.reporting import PrivacySummary, privacy_report, summarize
 from flows.tracking import dp_tags, journal_json, log_text_artifacts
@@ -147,6 +148,10 @@ def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str) ->
     if store.finished:
         raise ValueError(f"resume: run {store.key} of {spec.name} finished; there is nothing to resume")
     saved = store.load()
+    written_with = saved.get("directions_version", 1)  # checkpoints before versioning drew version 1
+    if written_with != GENERATOR_VERSION:
+        raise ValueError(f"resume: checkpoint {store.path} was written by direction generator v{written_with}, this "
+                         f"privzo draws v{GENERATOR_VERSION}; its journal would not replay, start a new run")
     if saved["spec_digest"] != spec_digest(spec):
         raise ValueError(f"resume: the spec changed since checkpoint {store.path} was written; resume with the "
                          f"same spec or start a new run")
@@ -353,7 +358,8 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
 
 
 def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str) -> Dict[str, Any]:
-    return {"spec_digest": spec_digest(spec), "fingerprint": fingerprint, "charge_id": charge_id, "run_id": run_id}
+    return {"spec_digest": spec_digest(spec), "fingerprint": fingerprint, "charge_id": charge_id, "run_id": run_id,
+            "directions_version": GENERATOR_VERSION}
 
 
 @task(name="reopen-run", cache_policy=NO_CACHE, retries=2)
@@ -406,7 +412,7 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         if close is not None:
             close()  # Ray workers hold private rows: stop them with the run
         summary = _summary(plan, built)
-        tags = dp_tags(summary, data.private.fingerprint)
+        tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION)}
         report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
         if init_tags.get("privzo.init", "seed").startswith("models:/"):
             report += (f"\n**Initialisation.** {init_tags['privzo.init']} (epsilon {init_tags['privzo.init_epsilon']}). "

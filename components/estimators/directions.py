@@ -33,6 +33,10 @@ CHUNK = 1 << 15
 # Below ~2M elements a step draws faster on one thread: a pool thread competes with torch's own
 # intra-op threads still spinning from the last forward (measured on the 301K-parameter bench MLP).
 PARALLEL_MIN = 1 << 21
+# Bump whenever the values drawn for a given seed change (chunk size, stream derivation, kernels):
+# checkpoints and trained models record it, and a resume across versions is refused, since a journal
+# of (seed, coefficient) only means something with the generator that wrote it. 2: 32,768-element chunks.
+GENERATOR_VERSION = 2
 _MASK64 = (1 << 64) - 1
 _local = threading.local()
 _executor: Optional[ThreadPoolExecutor] = None

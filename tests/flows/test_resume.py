@@ -129,10 +129,12 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, 
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: no checkpoint of tiny-digits" in out
 
+    from components.estimators.directions import GENERATOR_VERSION
     from flows.checkpoints import CheckpointStore
 
     CheckpointStore(spec["checkpoint"]["dir"], spec["name"], "k1").save(
-        {"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0}})
+        {"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0},
+         "directions_version": GENERATOR_VERSION})
     proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k1", cwd=tmp_path)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: the spec changed since checkpoint" in out
@@ -144,6 +146,14 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, 
     proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k2", cwd=tmp_path)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: run k2 of tiny-digits finished" in out
+
+    # a checkpoint from before direction generator versioning (v1: other chunk size) is refused first:
+    # its journal would not replay with this generator
+    CheckpointStore(spec["checkpoint"]["dir"], spec["name"], "k0").save(
+        {"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0}})
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k0", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "written by direction generator v1, this privzo draws v2" in out
 
 
 def test_a_running_run_cannot_be_resumed_twice(tmp_path):
