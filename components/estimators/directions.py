@@ -265,7 +265,7 @@ class Directions:
         chunk_of = torch.div(positions, CHUNK, rounding_mode="floor")
         chunks, counts = torch.unique_consecutive(chunk_of, return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
-        runs = {int(c): (int(s), int(s + n)) for c, s, n in zip(chunks, starts, counts)}
+        runs = {c: (s, s + n) for c, s, n in zip(chunks.tolist(), starts.tolist(), counts.tolist())}
         with torch.inference_mode(False):
             out = torch.empty(len(unique), dim, device=p.device, dtype=p.dtype)
         flat = out.view(-1)
