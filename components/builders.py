@@ -94,7 +94,8 @@ def use_direction_cache(spec: RunSpec, params, queries: int) -> bool:
     mode = getattr(spec.estimator, "perturbation", "regenerate")
     if mode != "auto":
         return mode == "cache"
-    return queries * sum(p.numel() * p.element_size() for p in params) <= CACHE_LIMIT_BYTES
+    slots = queries * (2 if spec.execution.prefetch_directions else 1)  # a prefetch holds the next step's too
+    return slots * sum(p.numel() * p.element_size() for p in params) <= CACHE_LIMIT_BYTES
 
 
 def planned_event(spec: RunSpec, n_private: int, sigma: float):
@@ -166,7 +167,8 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     x = torch.as_tensor(rows.features, device=device)
     y = torch.as_tensor(rows.labels, device=device)
     cache = use_direction_cache(spec, params, len(estimator.direction_seeds(0, spec.seed)))
-    backend = LocalBackend(model, directions, optimizer, x, y, cache_directions=cache)
+    backend = LocalBackend(model, directions, optimizer, x, y, cache_directions=cache,
+                           prefetch_directions=spec.execution.prefetch_directions)
     return LocalParts(model, params, directions, estimator, optimizer, backend, device)
 
 

@@ -23,8 +23,10 @@ FILE = "checkpoint.pt"
 
 def spec_digest(spec) -> str:
     """What must not change between a run and its resumption: the resolved spec except checkpoint and
-    tracking cadence (both only say where and how often to write)."""
-    body = spec.model_dump(mode="json", exclude={"checkpoint": True, "tracking": {"log_every"}})
+    tracking cadence (both only say where and how often to write) and direction prefetching (the same
+    values, drawn earlier)."""
+    body = spec.model_dump(mode="json", exclude={"checkpoint": True, "tracking": {"log_every"},
+                                                 "execution": {"prefetch_directions"}})
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -105,6 +105,13 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     split = spec.data.split
     if getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
         problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
+    if spec.execution.prefetch_directions:
+        if est.kind in ("pazo_p", "pazo_s"):
+            problems.append(f"execution.prefetch_directions: {est.kind} has no seeded directions to draw ahead; "
+                            "remove it (two_point, dpgd_0th and pazo_m use it)")
+        elif est.perturbation == "regenerate":
+            problems.append("execution.prefetch_directions: needs cached directions; set estimator.perturbation "
+                            "to cache or auto, or remove prefetch_directions")
     if est.kind.startswith("pazo") and split.public == 0.0:
         problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
     if est.public_warm_start is not None and split.public == 0.0:

@@ -255,6 +255,10 @@ class ExecutionSpec(Strict):
     checksum_every: PositiveInt = Field(100, description="Steps between replica parameter checksums.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: Optional[PositiveInt] = Field(None, description="torch intra-op threads; default: torch's choice.")
+    prefetch_directions: bool = Field(
+        False, description="Cache mode: draw the next step's directions on a background thread while this "
+        "step's forward passes run (+q*d memory). Pays off on CPU when drawing costs as much as the "
+        "forwards (small models) and ``threads`` leaves that thread a core; results are identical.")
 
 
 class TrackingSpec(Strict):

@@ -17,7 +17,10 @@ def test_step_cost_runs_on_the_mlp():
     peer = [r for r in rows if r[1] == "mezo-peer"]
     cells = [r for r in rows if r[1] != "mezo-peer"]
     assert len(peer) == 1 and float(peer[0][3]) > 0
-    assert len(cells) == 4 and all(float(r[6]) > 0 for r in cells)  # ratio column
+    # two_point: cache, regenerate, prefetch; pazo_s has no seeded directions to prefetch
+    assert [(r[1], r[2]) for r in cells] == [("two_point", "cache"), ("two_point", "regenerate"),
+                                             ("two_point", "prefetch"), ("pazo_s", "cache"), ("pazo_s", "regenerate")]
+    assert all(float(r[6]) > 0 for r in cells)  # ratio column
 
 
 @pytest.mark.e2e

@@ -18,7 +18,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -40,6 +40,7 @@ GENERATOR_VERSION = 2
 _MASK64 = (1 << 64) - 1
 _local = threading.local()
 _executor: Optional[ThreadPoolExecutor] = None
+_prefetcher: Optional[ThreadPoolExecutor] = None
 _executor_lock = threading.Lock()
 
 
@@ -100,6 +101,15 @@ def _pool() -> Optional[ThreadPoolExecutor]:
     return _executor
 
 
+def _prefetch_thread() -> ThreadPoolExecutor:
+    """The one background thread that draws the next step's directions (``Directions.prefetch``)."""
+    global _prefetcher
+    with _executor_lock:
+        if _prefetcher is None:
+            _prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="privzo-prefetch")
+    return _prefetcher
+
+
 def _run(tasks: List[Tuple[int, Callable[[], None]]], device: torch.device) -> None:
     """Run (elements, fn) tasks: inline when small, else in contiguous groups of about equal size, one
     group on this thread and the others on the pool (one dispatch per group, not per chunk)."""
@@ -145,6 +155,9 @@ class Directions:
         self._norms: "OrderedDict[int, float]" = OrderedDict()  # seed -> ||z|| for the sphere (scalars only)
         self._slots: List[List[torch.Tensor]] = []  # cache-mode buffers, reused step after step
         self._cache: Dict[int, List[torch.Tensor]] = {}  # seed -> its slot, only inside ``cached``
+        self._spare: List[List[torch.Tensor]] = []  # cache slots free for a prefetch
+        # (seeds, future of their sphere norms, slots) of a prefetch not yet taken over by ``cached``
+        self._pending: Optional[Tuple[Tuple[int, ...], "Future[List[Optional[float]]]", List[List[torch.Tensor]]]] = None
         self._pools: Dict[Tuple[torch.device, torch.dtype], "_Stack"] = {}
         self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
 
@@ -210,10 +223,13 @@ class Directions:
             for i in range(len(self.params)):
                 self._chunkwise(seed, i, lambda c, _a, buf, i=i: parts.__setitem__((i, c), _sum_squares(buf)))
             norm = math.sqrt(sum(parts[key] for key in sorted(parts)))
-            self._norms[seed] = norm
-            if len(self._norms) > 256:
-                self._norms.popitem(last=False)
+            self._remember_norm(seed, norm)
         return norm
+
+    def _remember_norm(self, seed: int, norm: float) -> None:
+        self._norms[seed] = norm
+        if len(self._norms) > 256:
+            self._norms.popitem(last=False)
 
     def _norm_of_slot(self, slot: List[torch.Tensor]) -> float:
         """||z|| of a drawn direction, summed per chunk in the order ``_sphere_norm`` uses."""
@@ -294,6 +310,14 @@ class Directions:
         across steps, and reuse it for the +lambda and -lambda points and the update (+d memory per
         direction, one RNG pass)."""
         seeds = list(dict.fromkeys(seeds))
+        ready = self._take_prefetched(tuple(seeds))
+        if ready is not None:
+            # the prefetched slots become this step's; the ones they replace become spare
+            self._spare.extend(self._slots[:len(seeds)])
+            self._slots = ready + self._slots[len(seeds):]
+            for seed, slot in zip(seeds, ready):
+                self._cache[seed] = slot
+            seeds = []
         while len(self._slots) < len(seeds):
             self._slots.append([_buffer(p.shape, p.device, p.dtype) for p in self.params])
         tasks = []
@@ -305,7 +329,7 @@ class Directions:
         for seed, slot in zip(seeds, self._slots):
             if self.kind == "sphere" and seed not in self._norms:
                 # the raw direction is already here: its norm needs no second generation pass
-                self._norms[seed] = self._norm_of_slot(slot)
+                self._remember_norm(seed, self._norm_of_slot(slot))
             scale = self._scale(seed)
             if scale != 1.0:
                 for buf in slot:
@@ -315,6 +339,57 @@ class Directions:
             yield
         finally:
             self._cache.clear()
+
+    def prefetch(self, seeds) -> None:
+        """Start drawing ``seeds`` (the next step's directions) on a background thread, into spare cache
+        slots, while this step's forward passes run; the ``cached`` call for exactly these seeds takes
+        them over, and any other call discards them. The values are bit for bit those ``cached`` draws:
+        same chunk streams, and the sphere's norm and scaling chunk by chunk in the same order. Every op
+        on that thread is one chunk, below torch's intra-op grain, so it never starts an OpenMP team.
+        +d memory per direction on top of cache mode's."""
+        seeds = tuple(dict.fromkeys(seeds))
+        self._discard_prefetch()
+        if not seeds:
+            return
+        while len(self._spare) < len(seeds):
+            self._spare.append([_buffer(p.shape, p.device, p.dtype) for p in self.params])
+        slots, self._spare = self._spare[:len(seeds)], self._spare[len(seeds):]
+        future = _prefetch_thread().submit(lambda: [self._draw_slot(seed, slot) for seed, slot in zip(seeds, slots)])
+        self._pending = (seeds, future, slots)
+
+    def _draw_slot(self, seed: int, slot: List[torch.Tensor]) -> Optional[float]:
+        """Direction ``seed`` into ``slot``, one chunk at a time on the calling thread; its sphere norm."""
+        with torch.no_grad():  # grad mode is per thread
+            for i, buf in enumerate(slot):
+                flat, base = buf.view(-1), public_seed(seed, i)
+                for c, (a, n) in enumerate(self._chunks(i)):
+                    self._draw(base, c, flat[a:a + n])
+            if self.kind != "sphere":
+                return None
+            norm = self._norm_of_slot(slot)
+            scale = self.radius / norm
+            for i, buf in enumerate(slot):
+                flat = buf.view(-1)
+                for a, n in self._chunks(i):
+                    flat[a:a + n].mul_(scale)
+            return norm
+
+    def _take_prefetched(self, seeds: Tuple[int, ...]) -> Optional[List[List[torch.Tensor]]]:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        wanted, future, slots = pending
+        norms = future.result()  # waits; re-raises a failed draw here
+        if wanted != seeds:
+            self._spare.extend(slots)
+            return None
+        for seed, norm in zip(wanted, norms):
+            if norm is not None and seed not in self._norms:
+                self._remember_norm(seed, norm)
+        return slots
+
+    def _discard_prefetch(self) -> None:
+        self._take_prefetched(())
 
     def stack(self, p: torch.Tensor, capacity: int) -> "_Stack":
         key = (p.device, p.dtype)

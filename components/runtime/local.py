@@ -18,11 +18,12 @@ from components.models import per_example_loss
 
 class LocalBackend:
     def __init__(self, model: nn.Module, directions: Directions, optimizer, features: torch.Tensor,
-                 labels: torch.Tensor, cache_directions: bool = False):
+                 labels: torch.Tensor, cache_directions: bool = False, prefetch_directions: bool = False):
         self.model = model.eval()  # no dropout or batch statistics: both forward passes see one function
         self.directions = directions
         self.optimizer = optimizer
         self.cache_directions = cache_directions
+        self.prefetch_directions = cache_directions and prefetch_directions
         self._features = features
         self._labels = labels
 
@@ -30,11 +31,17 @@ class LocalBackend:
     def n_private(self) -> int:
         return len(self._labels)
 
-    def step_scope(self, seeds):
-        """Cache mode keeps the step's directions for its queries and its update; regenerate keeps none."""
-        if self.cache_directions and seeds:
-            return self.directions.cached(seeds)
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def step_scope(self, seeds, ahead=()):
+        """Cache mode keeps the step's directions for its queries and its update; regenerate keeps none.
+        With prefetch, ``ahead`` (the next step's seeds) is drawn in the background meanwhile."""
+        if not (self.cache_directions and seeds):
+            yield
+            return
+        with self.directions.cached(seeds):
+            if self.prefetch_directions and ahead:
+                self.directions.prefetch(ahead)
+            yield
 
     def query(self, query: Query, indices: torch.Tensor, clip: float) -> torch.Tensor:
         x, y = self._features[indices], self._labels[indices]

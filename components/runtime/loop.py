@@ -79,7 +79,9 @@ class PrivateLoop:
         while self.step < until:
             indices = self.sampler.sample()
             ctx = StepContext(self, indices)
-            with self.backend.step_scope(self.estimator.direction_seeds(self.step, self.seed)):
+            seeds = self.estimator.direction_seeds(self.step, self.seed)
+            ahead = self.estimator.direction_seeds(self.step + 1, self.seed)  # public: may be drawn early
+            with self.backend.step_scope(seeds, ahead):
                 update = self.estimator.step(ctx)
                 del indices, ctx._indices
                 if ctx.used == 0:

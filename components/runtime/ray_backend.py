@@ -62,11 +62,14 @@ class ReplicaWorker:
         self._enter(seeds if seeds is not None else seeds_of(query))
         return self.backend.query(query, torch.as_tensor(indices, dtype=torch.long), clip).tolist()
 
-    def apply(self, message) -> float:
+    def apply(self, message, ahead=()) -> float:
         update = decode_update(message)
         self._enter(tuple(seed for seed, _ in update.terms) or self._seeds)
         self.backend.apply(update)
         self._leave()
+        if ahead and self.backend.prefetch_directions:
+            # drawn while the driver releases and combines the next step's queries
+            self.backend.directions.prefetch(ahead)
         return self.checksum()
 
     def checksum(self) -> float:
@@ -147,6 +150,7 @@ class RayBackend:
         self.checksum_every = checksum_every
         self.workers = [self._start() for _ in range(workers)]
         self._seeds: tuple = ()
+        self._ahead: tuple = ()
         self.applied = 0
         self.restarts = 0
         self.resyncs = 0
@@ -162,9 +166,10 @@ class RayBackend:
         return self._n_private
 
     @contextlib.contextmanager
-    def step_scope(self, seeds):
+    def step_scope(self, seeds, ahead=()):
         self._seeds = tuple(seeds)
-        with self.local.step_scope(seeds):
+        self._ahead = tuple(ahead) if self.local.prefetch_directions else ()
+        with self.local.step_scope(seeds, ahead):
             yield
 
     # ---------------------------------------------------------------- queries
@@ -211,7 +216,7 @@ class RayBackend:
     def apply(self, update: Update) -> None:
         self.local.apply(update)
         message = encode_update(update)
-        refs = [w.apply.remote(message) for w in self.workers]
+        refs = [w.apply.remote(message, self._ahead) for w in self.workers]
         try:
             sums = ray.get(refs)
         except ray.exceptions.RayActorError:

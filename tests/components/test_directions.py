@@ -216,3 +216,71 @@ def test_regenerate_mode_keeps_no_table_sized_scratch():
     scratch = sum(stack.capacity for stack in d._pools.values())
     assert scratch == model.head.weight.numel() + model.head.bias.numel()
     assert not d._slots and model.emb.weight.numel() > 3 * CHUNK
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
+def test_prefetched_directions_are_the_ones_cache_mode_draws(kind):
+    """A prefetch draws the next step's direction on a background thread, chunk by chunk (the sphere's
+    norm and scaling too); the step that takes it over sees exactly the values of a plain draw."""
+    import threading
+
+    from components.estimators import directions as directions_module
+
+    plain = Directions(list(_Bag().parameters()), kind)
+    ahead = Directions(list(_Bag().parameters()), kind)
+    threads = set()
+    draw = ahead._draw
+
+    def recording_draw(base, c, out):
+        threads.add(threading.current_thread().name)
+        draw(base, c, out)
+
+    ahead._draw = recording_draw
+    for seed in (5, 6):
+        with plain.cached([seed]):
+            expected = [t.clone() for t in plain.iter_tensors(seed)]
+        ahead.prefetch([seed])
+        with ahead.cached([seed]):
+            got = list(ahead.iter_tensors(seed))
+            assert _bitwise_equal(expected, got)
+            if kind == "sphere":
+                assert ahead._norms[seed] == plain._norms[seed]
+    assert threads and all(name.startswith("privzo-prefetch") for name in threads)  # nothing redrawn here
+    assert len(ahead._slots) + len(ahead._spare) == 2  # two slots, swapped step after step
+    assert directions_module.CHUNK < _Bag().emb.weight.numel()
+
+
+def test_a_prefetch_for_other_seeds_is_discarded():
+    """Prefetching step t+1 and then running another step (a resume, a retry) draws that step as usual
+    and reuses the prefetch's slot; nothing accumulates."""
+    plain = Directions(list(_Bag().parameters()), "gaussian")
+    d = Directions(list(_Bag().parameters()), "gaussian")
+    for seed in range(3):
+        d.prefetch([seed + 100])
+        with d.cached([seed]), plain.cached([seed]):
+            assert _bitwise_equal(list(d.iter_tensors(seed)), list(plain.iter_tensors(seed)))
+    d.prefetch([])  # waits for and drops the last one
+    assert d._pending is None and len(d._slots) + len(d._spare) == 2
+
+
+def test_prefetched_run_follows_the_same_trajectory(tiny_spec_dict):
+    """Whole private loops, with and without prefetch, on the same noise and batches: identical."""
+    from components import builders
+    from components.randomness import private_generator
+    import specs
+
+    finals = []
+    for prefetch in (False, True):
+        spec_dict = dict(tiny_spec_dict, model={"kind": "mlp", "hidden": [400]},
+                         estimator={"kind": "pazo_m", "queries": 2, "mix": 0.3, "public_batch_size": 8,
+                                    "perturbation": "cache"},
+                         execution={"backend": "local", "prefetch_directions": prefetch})
+        spec = specs.spec_from_dict(spec_dict)
+        data = builders.load_data(spec)
+        resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+        built = builders.build_loop(resolved, data, noise_generator=private_generator(1),
+                                    sampling_generator=private_generator(2))
+        assert built.loop.backend.prefetch_directions is prefetch
+        built.loop.run(15)
+        finals.append(_snapshot(built.model))
+    assert _bitwise_equal(*finals)

@@ -43,8 +43,8 @@ class Recorder:
         self.sums = []
         self.directions = backend.directions
 
-    def step_scope(self, seeds):
-        return self.inner.step_scope(seeds)
+    def step_scope(self, seeds, ahead=()):
+        return self.inner.step_scope(seeds, ahead)
 
     def query(self, query, indices, clip):
         if self.transform is not None:

@@ -109,3 +109,19 @@ def test_drifted_replica_is_resynchronised(ray_cluster, tiny_spec_dict):
         assert len(set(sums)) == 1
     finally:
         remote.loop.backend.close()
+
+
+def test_ray_with_prefetch_matches_local(ray_cluster, tiny_spec_dict):
+    """Workers and the driver draw the next step's directions ahead; the run is the local one."""
+    estimator = {"kind": "two_point", "queries": 2, "smoothing": 1e-3, "perturbation": "cache"}
+    local = _built(tiny_spec_dict, "local", estimator=estimator)
+    remote = _built(tiny_spec_dict, "ray", estimator=estimator, prefetch_directions=True)
+    try:
+        assert remote.loop.backend.local.prefetch_directions
+        local.loop.run(25)
+        remote.loop.run(25)
+        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
+        remote.loop.backend.verify()
+        assert remote.loop.backend.resyncs == 0
+    finally:
+        remote.loop.backend.close()

@@ -167,3 +167,23 @@ def test_a_running_run_cannot_be_resumed_twice(tmp_path):
         CheckpointStore(str(tmp_path), "tiny-digits", "k1").lock()
     running.unlock()
     CheckpointStore(str(tmp_path), "tiny-digits", "k1").lock()
+
+
+def test_spec_digest_ignores_cadence_and_prefetch_but_not_training(tiny_spec_dict):
+    """A run may resume with another checkpoint/log cadence or with prefetching toggled (same values),
+    never with anything that changes the trajectory."""
+    import copy
+
+    import specs
+    from flows.checkpoints import spec_digest
+
+    def digest(mutate):
+        d = copy.deepcopy(tiny_spec_dict)
+        mutate(d)
+        return spec_digest(specs.spec_from_dict(d))
+
+    base = digest(lambda d: None)
+    assert digest(lambda d: d.update(execution={"prefetch_directions": True})) == base
+    assert digest(lambda d: d["tracking"].update(log_every=7)) == base
+    assert digest(lambda d: d["optimizer"].update(lr=0.03)) != base
+    assert digest(lambda d: d.update(execution={"threads": 1})) != base

@@ -54,6 +54,10 @@ def _error_for(tiny, mutate):
         (lambda d: d.update(estimator={"kind": "pazo_p", "basis": "qr"}), ["estimator.basis", "orthonormal"]),
         (lambda d: d.update(estimator={"kind": "two_point", "radius": 3.0}), ["estimator.radius", "sphere"]),
         (lambda d: d.update(estimator={"kind": "pazo_s", "candidate_noise": -1}), ["estimator.candidate_noise"]),
+        (lambda d: (d.update(execution={"prefetch_directions": True}), d["estimator"].update(perturbation="regenerate")),
+         ["execution.prefetch_directions", "cache or auto"]),
+        (lambda d: d.update(execution={"prefetch_directions": True}, estimator={"kind": "pazo_s"}),
+         ["execution.prefetch_directions", "pazo_s has no seeded directions"]),
         (lambda d: d.update(budget={"dataset": "x", "lifetime_epsilon": 1.0}), ["privacy.epsilon", "lifetime_epsilon"]),
         (lambda d: (d.update(budget={"dataset": "x", "lifetime_epsilon": 9.0}), d["privacy"].update(
             insecure_deterministic=True)), ["budget: only private runs"]),
