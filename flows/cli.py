@@ -64,9 +64,12 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from flows.sweep import refusal, sweep
+
     for path in args.specs:
-        specs.load_spec(path)  # fail fast on any bad spec
-    from flows.sweep import sweep
+        problem = refusal(specs.load_spec(path))  # fail fast on any bad spec, before Prefect starts
+        if problem:
+            raise specs.SpecError(problem)
 
     result = sweep(spec_paths=[str(p) for p in args.specs], epsilons=args.epsilons, seeds=args.seeds,
                    tracking_uri=args.tracking_uri, experiment=args.experiment, output=args.out)

@@ -98,11 +98,27 @@ def utility_plot(cells: List[Dict[str, Any]], epsilons: List[float]) -> bytes:
     return buf.getvalue()
 
 
+def refusal(spec: specs.RunSpec) -> Optional[str]:
+    """Why a spec cannot be swept as written (one line), or None. A sweep cell trains on the private rows
+    but is charged to no ledger and starts from the seed, so a spec that promises either is refused
+    rather than silently run differently."""
+    if spec.budget is not None:
+        return (f"sweep: {spec.name} is charged to dataset {spec.budget.dataset}'s lifetime budget, and sweep "
+                "cells are charged to no ledger; sweep a copy without the budget section")
+    if spec.optimizer.init != "seed":
+        return (f"sweep: {spec.name} starts from the latest registered model (optimizer.init), sweep cells "
+                "from the seed; sweep a copy with init: seed")
+    return None
+
+
 @flow(name="sweep", log_prints=True)
 def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracking_uri: Optional[str] = None,
           experiment: str = "privzo-sweep", output: Optional[str] = None) -> Dict[str, Any]:
     """Run every spec at every epsilon and seed; returns the cells and the markdown table."""
     base_specs = [specs.load_spec(p) for p in spec_paths]  # all validated before anything runs
+    for base in base_specs:
+        if refusal(base):
+            raise specs.SpecError(refusal(base))
     if any(e <= 0 for e in epsilons):
         raise specs.SpecError("epsilons: every epsilon must be > 0")
     uri = tracking_uri or base_specs[0].tracking.uri

@@ -93,3 +93,22 @@ def test_calibrate_rejects_a_batch_larger_than_the_private_rows(tmp_path, tiny_s
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "sampling.expected_batch_size: 5000" in lines[0]
+
+
+def test_sweep_refuses_a_budgeted_or_registered_start_spec_and_creates_nothing(tmp_path):
+    """A sweep cell is charged to no ledger and starts from the seed: the nightly retraining spec, which
+    promises both, is refused in one line before Prefect, MLflow or a ledger is touched."""
+    proc = _privzo(["sweep", str(EXAMPLES / "digits_retrain.yaml"), "--epsilons", "1", "--seeds", "0",
+                    "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "digits-retrain" in lines[0] and "budget" in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    import specs
+    from flows.sweep import refusal
+
+    spec = specs.load_spec(EXAMPLES / "digits_retrain.yaml").model_dump(mode="json")
+    spec.pop("budget")
+    assert "optimizer.init" in refusal(specs.spec_from_dict(spec))
+    spec["optimizer"]["init"] = "seed"
+    assert refusal(specs.spec_from_dict(spec)) is None
