@@ -116,9 +116,9 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
           experiment: str = "privzo-sweep", output: Optional[str] = None) -> Dict[str, Any]:
     """Run every spec at every epsilon and seed; returns the cells and the markdown table."""
     base_specs = [specs.load_spec(p) for p in spec_paths]  # all validated before anything runs
-    for base in base_specs:
-        if refusal(base):
-            raise specs.SpecError(refusal(base))
+    problems = [p for p in map(refusal, base_specs) if p]
+    if problems:
+        raise specs.SpecError(problems[0])
     if any(e <= 0 for e in epsilons):
         raise specs.SpecError("epsilons: every epsilon must be > 0")
     uri = tracking_uri or base_specs[0].tracking.uri
