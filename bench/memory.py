@@ -1,11 +1,12 @@
 """Peak memory of a zeroth-order step against inference, on the transformer (MiniLM + linear head).
 
-Each measurement runs in a fresh process and reads its peak resident set (ru_maxrss): (a) inference only,
+Each measurement runs in a fresh process and reads its peak memory (on CPU the resident set, ru_maxrss;
+on a GPU the peak of torch's device allocations, which is what a GPU runs out of): (a) inference only,
 forward passes at batch 32; (b) two_point steps in regenerate mode; (c) in cache mode. Extra memory is
 printed in units of the model's largest parameter tensor: regenerate mode should need about one,
 cache mode about d more (the cached direction).
 
-    python bench/memory.py [--model transformer|mlp]
+    python bench/memory.py [--model transformer|mlp] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import subprocess
 import sys
 
 
-def measure(mode: str, model_name: str) -> dict:
+def measure(mode: str, model_name: str, device: str) -> dict:
     import torch
 
     import bench.step_cost as sc
+    sc.DEVICE = torch.device(device)
     from components import models
     from components.accountants import Accountant, PrivacyTracker
     from components.estimators import Directions, TwoPointEstimator
@@ -45,26 +47,32 @@ def measure(mode: str, model_name: str) -> dict:
         loop = PrivateLoop(backend, sc.FixedBatch(batch), TwoPointEstimator(1, 1e-3), mech,
                            PrivacyTracker(Accountant("rdp"), mech.step_event(), 1e-5), seed=0)
         loop.run(4)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    if device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"peak": peak, "largest": largest, "params": total}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="transformer", choices=["transformer", "mlp"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args.model)))
+        print(json.dumps(measure(args.child, args.model, args.device)))
         return
     results = {}
     for mode in ("inference", "regenerate", "cache"):
-        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--child", mode],
+        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--device", args.device, "--child", mode],
                              capture_output=True, text=True, check=True)
         results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     base = results["inference"]
     mib = 2 ** 20
-    print(f"# peak RSS, {args.model}: parameters {base['params'] / mib:.1f} MiB, largest tensor {base['largest'] / mib:.1f} MiB")
+    what = "peak GPU allocation" if args.device == "cuda" else "peak RSS"
+    print(f"# {what}, {args.model}: parameters {base['params'] / mib:.1f} MiB, largest tensor {base['largest'] / mib:.1f} MiB")
     print(f"{'mode':11} {'peak MiB':>9} {'extra MiB':>10} {'extra / largest tensor':>23}")
     for mode, r in results.items():
         extra = r["peak"] - base["peak"]

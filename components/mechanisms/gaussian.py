@@ -8,6 +8,12 @@ import dp_accounting
 import torch
 
 
+def _host(sums: torch.Tensor) -> torch.Tensor:
+    """Query sums as float64 on the host, where the noise is drawn: a release is a few scalars, whatever
+    device computed them."""
+    return sums.detach().to(device="cpu", dtype=torch.float64)
+
+
 class GaussianMechanism:
     """Adds N(0, (sqrt(Q) * sigma * Delta)^2) to each released coordinate, Q = noisy queries per step.
 
@@ -42,7 +48,7 @@ class GaussianMechanism:
         if sums.dim() != 1 or not 0 < len(sums) <= self.queries:
             raise ValueError(f"release: expected 1..{self.queries} query sums, got shape {tuple(sums.shape)}")
         noise = torch.randn(len(sums), generator=self._generator, dtype=torch.float64)
-        return sums.double() + self.std * noise
+        return _host(sums) + self.std * noise
 
     def release_dense(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         """A d-dimensional clipped sum plus N(0, std^2 I_d), tensor by tensor."""
@@ -67,7 +73,7 @@ class NoMechanism:
         self.queries = queries_per_step
 
     def release(self, sums: torch.Tensor) -> torch.Tensor:
-        return sums.double()
+        return _host(sums)
 
     def release_dense(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         return list(tensors)
