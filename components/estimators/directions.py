@@ -24,6 +24,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import nn
 
+from components.estimators import philox
 from components.randomness import public_seed
 
 # A chunk is at most torch's intra-op grain (32,768 elements), so its arithmetic runs serially on the
@@ -51,9 +52,18 @@ def _buffer(size, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(size, device=device, dtype=dtype)
 
 
-def _sum_squares(t: torch.Tensor) -> float:
-    """sum of squares in float64 (the same reduction wherever a direction's norm is computed)."""
-    return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+def _chunk_norm(t: torch.Tensor) -> torch.Tensor:
+    """float64 norm of one chunk, left on its device (the same reduction wherever a direction's norm is
+    computed)."""
+    return torch.linalg.vector_norm(t, dtype=torch.float64)
+
+
+def _sum_squares(norms: List[torch.Tensor]) -> float:
+    """sum of the squared chunk norms, in the order given: one host transfer for all of them (a GPU would
+    otherwise wait for the host once per chunk)."""
+    if not norms:
+        return 0.0
+    return sum(v ** 2 for v in torch.stack([n.reshape(()) for n in norms]).cpu().tolist())
 
 
 def _chunk_seed(base: int, chunk: int) -> int:
@@ -160,6 +170,52 @@ class Directions:
         self._pending: Optional[Tuple[Tuple[int, ...], "Future[List[Optional[float]]]", List[List[torch.Tensor]]]] = None
         self._pools: Dict[Tuple[torch.device, torch.dtype], "_Stack"] = {}
         self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
+        # on a CUDA device: counter-based streams, one kernel per direction (philox.py)
+        self._philox: Optional[philox.Layout] = philox.Layout(self.params) if philox.supports(self.params) else None
+
+    @property
+    def stream(self) -> str:
+        """Which generator draws these directions: a journal of (seed, coefficient) replays only on the
+        same one (checkpoints record it; a resume on another is refused)."""
+        if self._philox is not None:
+            return f"cuda-philox-v{philox.PHILOX_VERSION}"
+        return f"{self.params[0].device.type if self.params else 'cpu'}-torch-v{GENERATOR_VERSION}"
+
+    def _keys(self, seed: int) -> List[int]:
+        return [public_seed(seed, i) for i in range(len(self.params))]
+
+    def _new_slot(self) -> List[torch.Tensor]:
+        """Buffers for one cached direction; on the philox path one flat buffer seen as the tensors."""
+        if self._philox is None:
+            return [_buffer(p.shape, p.device, p.dtype) for p in self.params]
+        flat = self._philox.new_flat()
+        slot = _Slot(self._philox.views(flat, self.params))
+        slot.flat = flat
+        return slot
+
+    def _philox_draw(self, seed: int, slot: "_Slot") -> Optional[float]:
+        """Direction ``seed`` into a flat slot, scaled; its sphere norm."""
+        sphere = self.kind == "sphere"
+        squares = self._philox.draw(self._keys(seed), self.kind, slot.flat, norm=sphere)
+        if not sphere:
+            return None
+        norm = math.sqrt(squares)
+        philox.scale_(slot.flat, self.radius / norm)
+        return norm
+
+    def perturb_into(self, seed: int, i: int, p: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+        """out = p + scale * u_i(seed), the perturbed forward's parameter tensor."""
+        cached = self._cache.get(seed)
+        if self._philox is not None and p.is_contiguous() and out.is_contiguous():
+            if cached is not None:
+                philox.axpy(p, out, scale, u=cached[i])
+            else:
+                philox.axpy(p, out, scale, key=public_seed(seed, i), kind=self.kind, scale=self._scale(seed))
+        elif cached is not None:
+            torch.add(p, cached[i], alpha=scale, out=out)
+        else:
+            self.fill_(seed, i, out)
+            torch.add(p, out, alpha=scale, out=out)  # same op as the cached path: identical values
 
     # ------------------------------------------------------------------ generation
     def _draw(self, base: int, c: int, out: torch.Tensor) -> None:
@@ -191,6 +247,10 @@ class Directions:
         cached = self._cache.get(seed)
         if cached is not None:
             return out.copy_(cached[i])
+        if self._philox is not None:
+            if not out.is_contiguous():
+                return out.copy_(self.tensor(seed, i))
+            return philox.fill(out, public_seed(seed, i), self.kind, self._scale(seed))
         _run(self._fill_tasks(seed, i, out), out.device)
         scale = self._scale(seed)
         if scale != 1.0:
@@ -217,12 +277,15 @@ class Directions:
 
     def _sphere_norm(self, seed: int) -> float:
         norm = self._norms.get(seed)
+        if norm is None and self._philox is not None:
+            norm = math.sqrt(self._philox.draw(self._keys(seed), self.kind, None, norm=True))
+            self._remember_norm(seed, norm)
         if norm is None:
             # one extra generation pass, a chunk at a time, to get ||z|| over the whole direction
-            parts: Dict[Tuple[int, int], float] = {}
+            parts: Dict[Tuple[int, int], torch.Tensor] = {}
             for i in range(len(self.params)):
-                self._chunkwise(seed, i, lambda c, _a, buf, i=i: parts.__setitem__((i, c), _sum_squares(buf)))
-            norm = math.sqrt(sum(parts[key] for key in sorted(parts)))
+                self._chunkwise(seed, i, lambda c, _a, buf, i=i: parts.__setitem__((i, c), _chunk_norm(buf)))
+            norm = math.sqrt(_sum_squares([parts[key] for key in sorted(parts)]))
             self._remember_norm(seed, norm)
         return norm
 
@@ -233,12 +296,11 @@ class Directions:
 
     def _norm_of_slot(self, slot: List[torch.Tensor]) -> float:
         """||z|| of a drawn direction, summed per chunk in the order ``_sphere_norm`` uses."""
-        total = 0.0
+        norms = []
         for i, buf in enumerate(slot):
             flat = buf.view(-1)
-            for a, n in self._chunks(i):
-                total += _sum_squares(flat[a:a + n])
-        return math.sqrt(total)
+            norms.extend(_chunk_norm(flat[a:a + n]) for a, n in self._chunks(i))
+        return math.sqrt(_sum_squares(norms))
 
     def tensor(self, seed: int, i: int) -> torch.Tensor:
         """Tensor ``i`` of direction ``seed`` (shared in cache mode: do not modify it)."""
@@ -251,6 +313,9 @@ class Directions:
         """target += alpha * u_i(seed), without allocating: from the cache slot, or regenerated a chunk at
         a time (regenerate mode keeps no d-sized or tensor-sized scratch for updates)."""
         cached = self._cache.get(seed)
+        if self._philox is not None and target.is_contiguous():
+            self.perturb_into(seed, i, target, target, alpha)
+            return
         if cached is not None:
             target.add_(cached[i], alpha=alpha)
             return
@@ -284,6 +349,9 @@ class Directions:
         runs = {c: (s, s + n) for c, s, n in zip(chunks.tolist(), starts.tolist(), counts.tolist())}
         with torch.inference_mode(False):
             out = torch.empty(len(unique), dim, device=p.device, dtype=p.dtype)
+        if self._philox is not None:
+            philox.rows(out, unique, dim, public_seed(seed, i), self.kind, self._scale(seed))
+            return nn.functional.embedding(inverse.view(ids.shape), out)
         flat = out.view(-1)
 
         def consume(c: int, a: int, buf: torch.Tensor) -> None:
@@ -319,7 +387,14 @@ class Directions:
                 self._cache[seed] = slot
             seeds = []
         while len(self._slots) < len(seeds):
-            self._slots.append([_buffer(p.shape, p.device, p.dtype) for p in self.params])
+            self._slots.append(self._new_slot())
+        if self._philox is not None:
+            for seed, slot in zip(seeds, self._slots):
+                norm = self._philox_draw(seed, slot)
+                if norm is not None:
+                    self._remember_norm(seed, norm)
+                self._cache[seed] = slot
+            seeds = []
         tasks = []
         for seed, slot in zip(seeds, self._slots):
             for i, buf in enumerate(slot):
@@ -352,13 +427,15 @@ class Directions:
         if not seeds:
             return
         while len(self._spare) < len(seeds):
-            self._spare.append([_buffer(p.shape, p.device, p.dtype) for p in self.params])
+            self._spare.append(self._new_slot())
         slots, self._spare = self._spare[:len(seeds)], self._spare[len(seeds):]
         future = _prefetch_thread().submit(lambda: [self._draw_slot(seed, slot) for seed, slot in zip(seeds, slots)])
         self._pending = (seeds, future, slots)
 
     def _draw_slot(self, seed: int, slot: List[torch.Tensor]) -> Optional[float]:
         """Direction ``seed`` into ``slot``, one chunk at a time on the calling thread; its sphere norm."""
+        if self._philox is not None:
+            return self._philox_draw(seed, slot)
         with torch.no_grad():  # grad mode is per thread
             for i, buf in enumerate(slot):
                 flat, base = buf.view(-1), public_seed(seed, i)
@@ -399,6 +476,12 @@ class Directions:
                 raise RuntimeError("directions: scratch stack resized while in use")
             stack = self._pools[key] = _Stack(capacity, p.device, p.dtype)
         return stack
+
+
+class _Slot(list):
+    """A cached direction's tensors, views of one flat buffer (``flat``)."""
+
+    flat: torch.Tensor
 
 
 class _Stack:
@@ -505,11 +588,8 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     def write(p: torch.Tensor, i: int, out: torch.Tensor) -> None:
         if seed is None:
             torch.add(p, direction.tensor(i), alpha=scale, out=out)
-        elif cached is not None:
-            torch.add(p, cached[i], alpha=scale, out=out)
         else:
-            directions.fill_(seed, i, out)
-            torch.add(p, out, alpha=scale, out=out)  # same op as the cached path: identical values
+            directions.perturb_into(seed, i, p, out, scale)
 
     def make_hooks(owned):
         def pre(module, _args):

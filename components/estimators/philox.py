@@ -1,0 +1,194 @@
+"""Direction streams on a CUDA device: counter-based (Triton's Philox), one kernel per direction.
+
+Value j of tensor i of direction ``seed`` is drawn from the key ``public_seed(seed, i)`` at counter j: a
+pure function of (key, j). So a whole direction is one launch, any part of it (a module's tensor, the
+rows an embedding looked up) is drawn on its own with the same values, and the values depend neither on
+the GPU model nor on launch shapes (torch's CUDA generator, drawn chunk by chunk, takes a launch and a
+reseed per 32K values: 700 launches for a 22M-parameter model, four times its forward pass).
+
+Every use of a direction on this path (the cached draw, the perturbed point ``p + s u``, the update
+``p + a u``, the sphere's norm) goes through the kernels below, in cache and in regenerate mode alike,
+so the two modes agree bit for bit. These streams are not the CPU's (``Directions.stream`` names
+them): a run continues only on the kind of device that drew its journal.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+try:  # ships with torch's CUDA builds; absent from CPU-only installs, which never take this path
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+# Bump whenever the values drawn for a key change (kernels, key derivation, Triton's Philox rounds).
+PHILOX_VERSION = 1
+BLOCK = 4096
+_MAX_NUMEL = 2**31 - BLOCK  # counters are int32: Philox keeps the key's full 64 bits only then
+_KINDS = {"gaussian": 0, "sphere": 0, "rademacher": 1}
+
+
+def available() -> bool:
+    return triton is not None and torch.cuda.is_available()
+
+
+def supports(params: List[torch.Tensor]) -> bool:
+    """One CUDA device, one floating dtype, every tensor countable in int32."""
+    if not params or not available():
+        return False
+    first = params[0]
+    return (first.device.type == "cuda" and first.dtype.is_floating_point
+            and all(p.device == first.device and p.dtype == first.dtype and p.numel() < _MAX_NUMEL for p in params))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _z(key, counters, RADEMACHER: tl.constexpr):
+        if RADEMACHER:
+            bits = tl.randint(key, counters)
+            return (bits & 1).to(tl.float32) * 2.0 - 1.0
+        return tl.randn(key, counters)
+
+    @triton.jit
+    def _u(key, counters, scale, like_ptr, RADEMACHER: tl.constexpr, SCALED: tl.constexpr):
+        """The direction's values in the dtype of ``like_ptr``: rounded once, then (sphere) scaled once,
+        exactly as a cached slot holds them."""
+        z = _z(key, counters, RADEMACHER).to(like_ptr.dtype.element_ty)
+        if SCALED:
+            z = (z.to(tl.float32) * scale).to(like_ptr.dtype.element_ty)
+        return z
+
+    @triton.jit
+    def _draw_kernel(out_ptr, partial_ptr, keys_ptr, block_tensor_ptr, block_first_ptr, starts_ptr, numels_ptr,
+                     RADEMACHER: tl.constexpr, WRITE: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr):
+        """A whole direction, unscaled, into the flat ``out`` (WRITE) and/or the float64 sum of squares
+        of each block into ``partial`` (NORM): block b covers counters first[b].. of tensor t[b]."""
+        b = tl.program_id(0)
+        t = tl.load(block_tensor_ptr + b)
+        first = tl.load(block_first_ptr + b)
+        key = tl.load(keys_ptr + t)
+        start = tl.load(starts_ptr + t)
+        n = tl.load(numels_ptr + t)
+        counters = first + tl.arange(0, BLOCK)
+        mask = counters < n
+        z = _z(key, counters, RADEMACHER).to(out_ptr.dtype.element_ty)
+        if WRITE:
+            tl.store(out_ptr + start + counters, z, mask=mask)
+        if NORM:
+            z64 = tl.where(mask, z.to(tl.float64), 0.0)
+            tl.store(partial_ptr + b, tl.sum(z64 * z64, axis=0))
+
+    @triton.jit
+    def _scale_kernel(x_ptr, n, scale, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        tl.store(x_ptr + offs, (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _axpy_kernel(p_ptr, u_ptr, out_ptr, n, key, scale, alpha, FROM_U: tl.constexpr, RADEMACHER: tl.constexpr,
+                     SCALED: tl.constexpr, BLOCK: tl.constexpr):
+        """out = p + alpha * u (one fused multiply-add), u read from a cache slot or drawn here."""
+        counters = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = counters < n
+        if FROM_U:
+            u = tl.load(u_ptr + counters, mask=mask)
+        else:
+            u = _u(key, counters, scale, p_ptr, RADEMACHER, SCALED)
+        p = tl.load(p_ptr + counters, mask=mask)
+        out = tl.fma(u.to(tl.float32), alpha, p.to(tl.float32))
+        tl.store(out_ptr + counters, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _fill_kernel(out_ptr, n, key, scale, RADEMACHER: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
+        counters = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = counters < n
+        tl.store(out_ptr + counters, _u(key, counters, scale, out_ptr, RADEMACHER, SCALED), mask=mask)
+
+    @triton.jit
+    def _rows_kernel(out_ptr, rows_ptr, dim, key, scale, RADEMACHER: tl.constexpr, SCALED: tl.constexpr,
+                     BLOCK: tl.constexpr):
+        """Rows ``rows`` of a [*, dim] table: out[r] = u[rows[r] * dim : (rows[r] + 1) * dim]."""
+        r = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < dim
+        row = tl.load(rows_ptr + r).to(tl.int32)
+        u = _u(key, row * dim + cols, scale, out_ptr, RADEMACHER, SCALED)
+        tl.store(out_ptr + r.to(tl.int64) * dim + cols, u, mask=mask)
+
+
+class Layout:
+    """The parameters as one flat vector: where each tensor starts, and the draw kernel's block table."""
+
+    def __init__(self, params: List[torch.Tensor]):
+        self.device = params[0].device
+        self.dtype = params[0].dtype
+        self.numels = [p.numel() for p in params]
+        self.starts = []
+        total = 0
+        for n in self.numels:
+            self.starts.append(total)
+            total += n
+        self.dim = total
+        tensor, first = [], []
+        for t, n in enumerate(self.numels):
+            for f in range(0, n, BLOCK):
+                tensor.append(t)
+                first.append(f)
+        self.n_blocks = len(tensor)
+        self._block_tensor = torch.tensor(tensor, dtype=torch.int32, device=self.device)
+        self._block_first = torch.tensor(first, dtype=torch.int32, device=self.device)
+        self._starts = torch.tensor(self.starts, dtype=torch.int64, device=self.device)
+        self._numels = torch.tensor(self.numels, dtype=torch.int32, device=self.device)
+
+    def new_flat(self) -> torch.Tensor:
+        with torch.inference_mode(False):
+            return torch.empty(self.dim, dtype=self.dtype, device=self.device)
+
+    def views(self, flat: torch.Tensor, params: List[torch.Tensor]) -> List[torch.Tensor]:
+        return [flat[a:a + n].view(p.shape) for a, n, p in zip(self.starts, self.numels, params)]
+
+    def draw(self, keys: List[int], kind: str, out: Optional[torch.Tensor], norm: bool) -> Optional[float]:
+        """Raw direction into ``out`` (flat) if given; its squared norm (float64, summed block by block
+        in a fixed order) if ``norm``."""
+        # pinned and asynchronous: a plain host-to-device copy would wait for every queued kernel
+        keys_t = torch.tensor(keys, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+        target = out if out is not None else torch.empty(1, dtype=self.dtype, device=self.device)
+        # per call: a prefetch thread may draw while this one computes a norm
+        partials = torch.empty(self.n_blocks if norm else 1, dtype=torch.float64, device=self.device)
+        _draw_kernel[(self.n_blocks,)](target, partials, keys_t, self._block_tensor, self._block_first,
+                                       self._starts, self._numels, RADEMACHER=_KINDS[kind] == 1,
+                                       WRITE=out is not None, NORM=norm, BLOCK=BLOCK)
+        return float(partials.sum()) if norm else None
+
+
+def scale_(flat: torch.Tensor, scale: float) -> None:
+    n = flat.numel()
+    _scale_kernel[(triton.cdiv(n, BLOCK),)](flat, n, scale, BLOCK=BLOCK)
+
+
+def fill(out: torch.Tensor, key: int, kind: str, scale: float) -> torch.Tensor:
+    n = out.numel()
+    _fill_kernel[(triton.cdiv(n, BLOCK),)](out, n, key, scale, RADEMACHER=_KINDS[kind] == 1,
+                                           SCALED=scale != 1.0, BLOCK=BLOCK)
+    return out
+
+
+def axpy(p: torch.Tensor, out: torch.Tensor, alpha: float, *, u: Optional[torch.Tensor] = None, key: int = 0,
+         kind: str = "gaussian", scale: float = 1.0) -> None:
+    """out = p + alpha * u, with u the cached tensor ``u`` or drawn from ``key`` (scaled by ``scale``);
+    ``out`` may be ``p`` itself. p, out and u are contiguous."""
+    n = p.numel()
+    _axpy_kernel[(triton.cdiv(n, BLOCK),)](p, p if u is None else u, out, n, key, scale, alpha, FROM_U=u is not None,
+                                           RADEMACHER=_KINDS[kind] == 1, SCALED=scale != 1.0, BLOCK=BLOCK)
+
+
+def rows(out: torch.Tensor, unique_rows: torch.Tensor, dim: int, key: int, kind: str, scale: float) -> torch.Tensor:
+    if len(unique_rows):
+        _rows_kernel[(len(unique_rows), triton.cdiv(dim, BLOCK))](out, unique_rows, dim, key, scale,
+                                                                  RADEMACHER=_KINDS[kind] == 1,
+                                                                  SCALED=scale != 1.0, BLOCK=BLOCK)
+    return out
