@@ -172,6 +172,8 @@ class Directions:
         self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
         # on a CUDA device: counter-based streams, one kernel per direction (philox.py)
         self._philox: Optional[philox.Layout] = philox.Layout(self.params) if philox.supports(self.params) else None
+        self._swap: Optional[List[torch.Tensor]] = None
+        self._owner_lists: Dict[int, List[Tuple[nn.Module, str, int]]] = {}
 
     @property
     def stream(self) -> str:
@@ -206,11 +208,10 @@ class Directions:
     def perturb_into(self, seed: int, i: int, p: torch.Tensor, out: torch.Tensor, scale: float) -> None:
         """out = p + scale * u_i(seed), the perturbed forward's parameter tensor."""
         cached = self._cache.get(seed)
-        if self._philox is not None and p.is_contiguous() and out.is_contiguous():
-            if cached is not None:
-                philox.axpy(p, out, scale, u=cached[i])
-            else:
-                philox.axpy(p, out, scale, key=public_seed(seed, i), kind=self.kind, scale=self._scale(seed))
+        if self._philox is not None:
+            # torch's multi-tensor add: the kernel of the cached whole-model swap, so identical values
+            out.copy_(p)
+            torch._foreach_add_([out], [cached[i] if cached is not None else self.tensor(seed, i)], alpha=scale)
         elif cached is not None:
             torch.add(p, cached[i], alpha=scale, out=out)
         else:
@@ -307,14 +308,16 @@ class Directions:
         cached = self._cache.get(seed)
         if cached is not None:
             return cached[i]
-        return self.fill_(seed, i, torch.empty_like(self.params[i]))
+        return self.fill_(seed, i, torch.empty_like(self.params[i], memory_format=torch.contiguous_format))
 
     def add_to_(self, seed: int, i: int, target: torch.Tensor, alpha: float) -> None:
         """target += alpha * u_i(seed), without allocating: from the cache slot, or regenerated a chunk at
         a time (regenerate mode keeps no d-sized or tensor-sized scratch for updates)."""
         cached = self._cache.get(seed)
-        if self._philox is not None and target.is_contiguous():
-            self.perturb_into(seed, i, target, target, alpha)
+        if self._philox is not None:
+            # one tensor drawn at a time (a transient the size of tensor i); the same multi-tensor add
+            # as ``add_all_`` on a cached direction
+            torch._foreach_add_([target], [cached[i] if cached is not None else self.tensor(seed, i)], alpha=alpha)
             return
         if cached is not None:
             target.add_(cached[i], alpha=alpha)
@@ -331,6 +334,53 @@ class Directions:
             flat[a:a + buf.numel()].add_(buf, alpha=alpha)
 
         self._chunkwise(seed, i, consume)
+
+    def add_all_(self, seed: int, alpha: float) -> None:
+        """params += alpha * u(seed), tensor by tensor as ``add_to_`` (on a GPU with the direction cached,
+        one multi-tensor launch for all of them)."""
+        cached = self._cache.get(seed)
+        if self._philox is not None and cached is not None:
+            torch._foreach_add_([p.detach() for p in self.params], list(cached), alpha=alpha)
+            return
+        for i, p in enumerate(self.params):
+            self.add_to_(seed, i, p.detach(), alpha)
+
+    def _swap_views(self) -> List[torch.Tensor]:
+        """Scratch for a whole perturbed point (cache mode on a GPU), one flat buffer kept across steps."""
+        if self._swap is None:
+            self._swap = self._new_slot()
+        return self._swap
+
+    def _owners(self, model: nn.Module) -> List[Tuple[nn.Module, str, int]]:
+        """(module, name, index) of every direction tensor in ``model``; each must be a module's own."""
+        key = id(model)
+        owners = self._owner_lists.get(key)
+        if owners is None:
+            index = {id(p): i for i, p in enumerate(self.params)}
+            owners = [(m, n, index[id(p)]) for m in model.modules() for n, p in m._parameters.items()
+                      if p is not None and id(p) in index]
+            if len({i for _, _, i in owners}) != len(self.params):
+                raise RuntimeError("perturbed forward: some trainable parameter tensors are not parameters of the "
+                                   "model's modules; freeze them (requires_grad=False)")
+            owners = self._owner_lists[key] = owners
+        return owners
+
+    @contextlib.contextmanager
+    def swapped(self, model: nn.Module, seed: int, scale: float) -> Iterator[None]:
+        """Cache mode on a GPU: the model runs at x + scale * u(seed) with every parameter swapped at once
+        for a view of one scratch buffer (two multi-tensor launches, no per-module hooks: on a GPU the
+        hooks' Python cost is larger than a small model's forward). x is never written; +d memory."""
+        views = self._swap_views()
+        torch._foreach_copy_(views, [p.detach() for p in self.params])
+        torch._foreach_add_(views, list(self._cache[seed]), alpha=scale)
+        owners = self._owners(model)
+        for module, name, i in owners:
+            module._parameters[name] = views[i]
+        try:
+            yield
+        finally:
+            for module, name, i in owners:
+                module._parameters[name] = self.params[i]
 
     def rows(self, seed: int, i: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of tensor i (a 2-D embedding table) of direction ``seed``, shaped ids.shape + (dim,):
@@ -517,8 +567,7 @@ def direction_tensor(directions: Directions, direction, i: int) -> torch.Tensor:
 def add_direction_(directions: Directions, seed: int, scale: float) -> None:
     """In place: x <- x + scale * u(seed). Used for updates (not for the +-lambda query points)."""
     with torch.no_grad():
-        for i, p in enumerate(directions.params):
-            directions.add_to_(seed, i, p, scale)
+        directions.add_all_(seed, scale)
 
 
 def _row_lookup(module: nn.Module) -> bool:
@@ -579,6 +628,10 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     storage_ptrs = {s.buffer.untyped_storage().data_ptr() for s in stacks.values()}
     seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
     cached = directions._cache.get(seed) if seed is not None else None
+    if cached is not None and directions._philox is not None:
+        with directions.swapped(model, seed, scale):
+            yield
+        return
     if seed is not None and cached is None:
         directions._scale(seed)  # a sphere's norm pass: once, before any module runs
     handles = []
@@ -624,6 +677,11 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
             else:
                 rows = directions.rows(seed, i, ids)
             seen.add(id(p))
+            if seed is not None and directions._philox is not None:
+                # the multi-tensor add of the cached swap, row by row: (W + s V)[ids] exactly
+                out = out.clone()
+                torch._foreach_add_([out], [rows], alpha=scale)
+                return out
             return torch.add(out, rows, alpha=scale)
 
         return post

@@ -6,9 +6,8 @@ rows an embedding looked up) is drawn on its own with the same values, and the v
 the GPU model nor on launch shapes (torch's CUDA generator, drawn chunk by chunk, takes a launch and a
 reseed per 32K values: 700 launches for a 22M-parameter model, four times its forward pass).
 
-Every use of a direction on this path (the cached draw, the perturbed point ``p + s u``, the update
-``p + a u``, the sphere's norm) goes through the kernels below, in cache and in regenerate mode alike,
-so the two modes agree bit for bit. These streams are not the CPU's (``Directions.stream`` names
+Cache and regenerate mode draw the same values (a cached slot holds exactly what ``fill`` and ``rows``
+draw), and both then add them with torch's multi-tensor add, so the two modes agree bit for bit. These streams are not the CPU's (``Directions.stream`` names
 them): a run continues only on the kind of device that drew its journal.
 """
 from __future__ import annotations
@@ -89,20 +88,6 @@ if triton is not None:
         tl.store(x_ptr + offs, (x.to(tl.float32) * scale).to(x_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _axpy_kernel(p_ptr, u_ptr, out_ptr, n, key, scale, alpha, FROM_U: tl.constexpr, RADEMACHER: tl.constexpr,
-                     SCALED: tl.constexpr, BLOCK: tl.constexpr):
-        """out = p + alpha * u (one fused multiply-add), u read from a cache slot or drawn here."""
-        counters = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = counters < n
-        if FROM_U:
-            u = tl.load(u_ptr + counters, mask=mask)
-        else:
-            u = _u(key, counters, scale, p_ptr, RADEMACHER, SCALED)
-        p = tl.load(p_ptr + counters, mask=mask)
-        out = tl.fma(u.to(tl.float32), alpha, p.to(tl.float32))
-        tl.store(out_ptr + counters, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
     def _fill_kernel(out_ptr, n, key, scale, RADEMACHER: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
         counters = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = counters < n
@@ -175,15 +160,6 @@ def fill(out: torch.Tensor, key: int, kind: str, scale: float) -> torch.Tensor:
     _fill_kernel[(triton.cdiv(n, BLOCK),)](out, n, key, scale, RADEMACHER=_KINDS[kind] == 1,
                                            SCALED=scale != 1.0, BLOCK=BLOCK)
     return out
-
-
-def axpy(p: torch.Tensor, out: torch.Tensor, alpha: float, *, u: Optional[torch.Tensor] = None, key: int = 0,
-         kind: str = "gaussian", scale: float = 1.0) -> None:
-    """out = p + alpha * u, with u the cached tensor ``u`` or drawn from ``key`` (scaled by ``scale``);
-    ``out`` may be ``p`` itself. p, out and u are contiguous."""
-    n = p.numel()
-    _axpy_kernel[(triton.cdiv(n, BLOCK),)](p, p if u is None else u, out, n, key, scale, alpha, FROM_U=u is not None,
-                                           RADEMACHER=_KINDS[kind] == 1, SCALED=scale != 1.0, BLOCK=BLOCK)
 
 
 def rows(out: torch.Tensor, unique_rows: torch.Tensor, dim: int, key: int, kind: str, scale: float) -> torch.Tensor:

@@ -54,8 +54,8 @@ class GaussianMechanism:
         """A d-dimensional clipped sum plus N(0, std^2 I_d), tensor by tensor."""
         out = []
         for t in tensors:
-            noise = torch.randn(t.shape, generator=self._generator, dtype=torch.float64)
-            out.append((t.double() + self.std * noise).to(dtype=t.dtype, device=t.device))
+            noise = torch.randn(t.shape, generator=self._generator, dtype=torch.float64).to(t.device)
+            out.append((t.double() + self.std * noise).to(dtype=t.dtype))
         return out
 
     def step_event(self) -> dp_accounting.DpEvent:

@@ -33,12 +33,15 @@ class Sgd:
     def apply(self, update: Update) -> None:
         params = self.directions.params
         if self.momentum == 0.0:
-            for i, p in enumerate(params):
-                if self.weight_decay:
+            # per tensor: decay, then the seeded terms in order, then the dense ones (whole directions at
+            # a time, so a GPU updates every tensor in one launch per term)
+            if self.weight_decay:
+                for p in params:
                     p.mul_(1.0 - self.lr * self.weight_decay)
-                for seed, coef in update.terms:
-                    self.directions.add_to_(seed, i, p, -self.lr * coef)
-                for tensors, coef in update.dense:
+            for seed, coef in update.terms:
+                self.directions.add_all_(seed, -self.lr * coef)
+            for tensors, coef in update.dense:
+                for i, p in enumerate(params):
                     p.add_(tensors[i], alpha=-self.lr * coef)
             return
         if self._velocity is None:
