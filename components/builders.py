@@ -136,11 +136,16 @@ def resolve_privacy(spec: RunSpec, n_private: int):
 
 
 def device_for(spec: RunSpec) -> torch.device:
-    wanted = spec.execution.device
+    """Where the model and its directions live. With Ray, ``auto`` takes a GPU only when the workers get
+    GPUs too: the driver's replica and the workers' must draw directions on the same kind of device (a
+    GPU's streams are not the CPU's), and the workers are sent the driver's choice."""
+    ex = spec.execution
+    wanted = ex.device
     if wanted == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("execution.device: cuda requested but no CUDA device is available; use auto or cpu")
     if wanted == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        gpus = torch.cuda.is_available() and (ex.backend == "local" or ex.gpus_per_worker > 0)
+        return torch.device("cuda" if gpus else "cpu")
     return torch.device(wanted)
 
 
@@ -198,7 +203,9 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         from components.runtime.ray_backend import RayBackend
 
         ex = spec.execution
-        backend = RayBackend(parts.backend, spec.model_dump(mode="json"), n_private=len(data.private), workers=ex.workers,
+        worker_spec = spec.model_dump(mode="json")
+        worker_spec["execution"]["device"] = device.type  # never a different "auto" on the workers
+        backend = RayBackend(parts.backend, worker_spec, n_private=len(data.private), workers=ex.workers,
                              gpus_per_worker=ex.gpus_per_worker, address=ex.address, parallelism=ex.parallelism,
                              checksum_every=ex.checksum_every)
     n_private = len(data.private)

@@ -168,6 +168,15 @@ def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str) ->
     return saved
 
 
+def _same_stream(store: CheckpointStore, saved: Dict[str, Any], stream: str) -> None:
+    """A journal of (seed, coefficient) replays only on the generator that drew its directions, and a
+    GPU's streams are not the CPU's. Checkpoints without the field were written by CPU runs."""
+    written = saved.get("directions_stream", f"cpu-torch-v{saved.get('directions_version', 1)}")
+    if written != stream:
+        raise ValueError(f"resume: checkpoint {store.path} drew its directions with {written}, this run would draw "
+                         f"{stream}; resume on the kind of device that wrote it (execution.device) or start a new run")
+
+
 @task(name="registered-source", cache_policy=NO_CACHE, retries=2)
 def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
     """``optimizer.init: latest_registered``: the latest registered version of this spec's model, checked
@@ -310,6 +319,8 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
         source = None if saved else registered_source(resolved)
         charge_id = saved["charge_id"] if saved else reserve_budget(plan, fingerprint)
         built = builders.build_loop(resolved, data)
+        if saved:
+            _same_stream(store, saved, built.loop.backend.directions.stream)
         init_tags = {} if saved else initial_weights(resolved, built, source)
     except BaseException:
         if saved is None:  # nothing was queried: release the reservation and the run's folder
@@ -327,10 +338,11 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
         if saved:
             reopen_run(uri, run_id, saved["loop"]["step"])
             built.loop.load_state_dict(saved["loop"], restore_privacy_steps=True)
-            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id), saved["loop"])
+            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id, built),
+                                        saved["loop"])
         else:
             run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
-            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id))
+            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id, built))
         get_run_logger().info("run key %s: checkpoints in %s (after a crash: privzo run SPEC --resume %s)",
                               store.key, store.dir, store.key)
         result, report = _train_and_log(plan, data, built, run_id, checkpointer, init_tags, progress=progress)
@@ -357,9 +369,10 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     return result
 
 
-def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str) -> Dict[str, Any]:
+def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str,
+             built: builders.Built) -> Dict[str, Any]:
     return {"spec_digest": spec_digest(spec), "fingerprint": fingerprint, "charge_id": charge_id, "run_id": run_id,
-            "directions_version": GENERATOR_VERSION}
+            "directions_version": GENERATOR_VERSION, "directions_stream": built.loop.backend.directions.stream}
 
 
 @task(name="reopen-run", cache_policy=NO_CACHE, retries=2)
@@ -403,6 +416,11 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
                 if resolved.privacy is not None:
                     metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
                 log_metrics(uri, run_id, metrics, built.loop.step)
+        if not metrics:  # resumed from a checkpoint that already held every step: evaluate what it holds
+            metrics = evaluate(built, data)
+            if resolved.privacy is not None:
+                metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
+            log_metrics(uri, run_id, metrics, built.loop.step)
         status = "FINISHED"
     finally:
         # whatever happened, record what was spent: the steps executed are the privacy cost
@@ -412,7 +430,8 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         if close is not None:
             close()  # Ray workers hold private rows: stop them with the run
         summary = _summary(plan, built)
-        tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION)}
+        tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION),
+                "privzo.directions_stream": built.loop.backend.directions.stream}
         report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
         if init_tags.get("privzo.init", "seed").startswith("models:/"):
             report += (f"\n**Initialisation.** {init_tags['privzo.init']} (epsilon {init_tags['privzo.init_epsilon']}). "

@@ -105,6 +105,10 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     split = spec.data.split
     if getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
         problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
+    ex = spec.execution
+    if ex.backend == "ray" and ex.device == "cuda" and ex.gpus_per_worker == 0:
+        problems.append("execution.device: cuda with backend ray needs gpus_per_worker > 0 (workers draw the "
+                        "driver's directions on the same kind of device); set gpus_per_worker or device: cpu")
     if spec.execution.prefetch_directions:
         if est.kind in ("pazo_p", "pazo_s"):
             problems.append(f"execution.prefetch_directions: {est.kind} has no seeded directions to draw ahead; "

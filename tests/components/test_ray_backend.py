@@ -54,6 +54,9 @@ def test_ray_matches_local(ray_cluster, tiny_spec_dict, parallelism, estimator):
         assert remote.loop.tracker.epsilon() == local.loop.tracker.epsilon()
         remote.loop.backend.verify()
         assert remote.loop.backend.resyncs == 0  # replicas agree with the driver
+        # workers are told the driver's device, never left to resolve "auto" on their own
+        assert tiny_spec_dict.get("execution", {}).get("device", "auto") == "auto"
+        assert remote.loop.backend._spec["execution"]["device"] == remote.device.type
     finally:
         remote.loop.backend.close()
 

@@ -33,6 +33,7 @@ def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_d
     assert len(tags["data.fingerprint"]) == 64
     from components.estimators.directions import GENERATOR_VERSION
     assert tags["privzo.directions_version"] == str(GENERATOR_VERSION)  # what its journal replays with
+    assert tags["privzo.directions_stream"] == f"cpu-torch-v{GENERATOR_VERSION}"
     assert params["estimator.queries"] == "2" and params["optimizer.steps"] == "60"
     assert params["privacy.delta"] != "auto" and params["mechanism.noise_multiplier"] != "auto"
     eps_curve = client.get_metric_history(run.info.run_id, "privacy/epsilon")

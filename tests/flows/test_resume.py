@@ -187,3 +187,37 @@ def test_spec_digest_ignores_cadence_and_prefetch_but_not_training(tiny_spec_dic
     assert digest(lambda d: d["tracking"].update(log_every=7)) == base
     assert digest(lambda d: d["optimizer"].update(lr=0.03)) != base
     assert digest(lambda d: d.update(execution={"threads": 1})) != base
+
+
+def test_resume_refuses_directions_drawn_on_another_kind_of_device(prefect_server, tiny_spec_dict, tmp_path,
+                                                                   monkeypatch):
+    """A GPU draws other directions than the CPU for the same seeds: a checkpoint written on one is not
+    replayed on the other. The refusal comes before anything is reserved or written; the checkpoint stays."""
+    from flows.checkpoints import CheckpointStore
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tiny_spec_dict, tmp_path, private=False)
+    spec["optimizer"]["steps"] = 40
+    key = private_train(spec=spec)["run_key"]
+    store = CheckpointStore(spec["checkpoint"]["dir"], spec["name"], key)
+    (store.dir / "finished").unlink()  # as if killed after its last chunk
+    state = store.load()
+    assert state["directions_stream"] == "cpu-torch-v2"
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+
+    store.save({**{k: v for k, v in state.items() if k != "format"}, "directions_stream": "cuda-philox-v1"})
+    before = store.path.read_bytes()
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", key, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out[-3000:]
+    assert (f"resume: checkpoint {store.path} drew its directions with cuda-philox-v1, this run would draw "
+            "cpu-torch-v2") in out
+    assert store.path.read_bytes() == before and not store.finished
+
+    # checkpoints written before streams were recorded came from CPU runs, and resume on the CPU
+    store.save({k: v for k, v in state.items() if k not in ("format", "directions_stream")})
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", key, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]

@@ -58,6 +58,8 @@ def _error_for(tiny, mutate):
          ["execution.prefetch_directions", "cache or auto"]),
         (lambda d: d.update(execution={"prefetch_directions": True}, estimator={"kind": "pazo_s"}),
          ["execution.prefetch_directions", "pazo_s has no seeded directions"]),
+        (lambda d: d.update(execution={"backend": "ray", "device": "cuda"}),
+         ["execution.device: cuda with backend ray", "gpus_per_worker > 0", "device: cpu"]),
         (lambda d: d.update(budget={"dataset": "x", "lifetime_epsilon": 1.0}), ["privacy.epsilon", "lifetime_epsilon"]),
         (lambda d: (d.update(budget={"dataset": "x", "lifetime_epsilon": 9.0}), d["privacy"].update(
             insecure_deterministic=True)), ["budget: only private runs"]),
@@ -153,3 +155,17 @@ def test_specs_never_import_torch():
     out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / "digits_dpzero.yaml")], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_auto_device_keeps_ray_drivers_with_their_workers(tiny_spec_dict, monkeypatch):
+    """On a GPU machine, auto puts a local run on the GPU, and a Ray run's driver there only when its
+    workers get GPUs too (both must draw the same directions, and a GPU's are not the CPU's)."""
+    import torch
+
+    from components import builders
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    local = specs.spec_from_dict(dict(tiny_spec_dict, execution={"backend": "local"}))
+    ray_cpu = specs.spec_from_dict(dict(tiny_spec_dict, execution={"backend": "ray"}))
+    ray_gpu = specs.spec_from_dict(dict(tiny_spec_dict, execution={"backend": "ray", "gpus_per_worker": 0.5}))
+    assert [builders.device_for(s).type for s in (local, ray_cpu, ray_gpu)] == ["cuda", "cpu", "cuda"]
