@@ -173,6 +173,7 @@ class Directions:
         # on a CUDA device: counter-based streams, one kernel per direction (philox.py)
         self._philox: Optional[philox.Layout] = philox.Layout(self.params) if philox.supports(self.params) else None
         self._swap: Optional[List[torch.Tensor]] = None
+        self._detached_params: Optional[List[torch.Tensor]] = None
         self._owner_lists: Dict[int, List[Tuple[nn.Module, str, int]]] = {}
 
     @property
@@ -340,10 +341,16 @@ class Directions:
         one multi-tensor launch for all of them)."""
         cached = self._cache.get(seed)
         if self._philox is not None and cached is not None:
-            torch._foreach_add_([p.detach() for p in self.params], list(cached), alpha=alpha)
+            torch._foreach_add_(self._detached(), list(cached), alpha=alpha)
             return
         for i, p in enumerate(self.params):
             self.add_to_(seed, i, p.detach(), alpha)
+
+    def _detached(self) -> List[torch.Tensor]:
+        """The parameters as plain tensors sharing their storage (kept: 105 detaches cost 75 us a step)."""
+        if self._detached_params is None:
+            self._detached_params = [p.detach() for p in self.params]
+        return self._detached_params
 
     def _swap_views(self) -> List[torch.Tensor]:
         """Scratch for a whole perturbed point (cache mode on a GPU), one flat buffer kept across steps."""
@@ -371,7 +378,7 @@ class Directions:
         for a view of one scratch buffer (two multi-tensor launches, no per-module hooks: on a GPU the
         hooks' Python cost is larger than a small model's forward). x is never written; +d memory."""
         views = self._swap_views()
-        torch._foreach_copy_(views, [p.detach() for p in self.params])
+        torch._foreach_copy_(views, self._detached())
         torch._foreach_add_(views, list(self._cache[seed]), alpha=scale)
         owners = self._owners(model)
         for module, name, i in owners:

@@ -39,10 +39,25 @@ class GaussianMechanism:
         self.sensitivity = clip * (2.0 if neighboring == "replace_one" else 1.0)
         self.std = math.sqrt(queries_per_step) * noise_multiplier * self.sensitivity
         self._generator = generator
+        self._device_generators: dict = {}
 
     def use_generator(self, generator: torch.Generator) -> None:
         """Draw from ``generator`` from now on (an insecure_deterministic run restarts its stream per chunk)."""
         self._generator = generator
+        self._device_generators = {}
+
+    def _dense_generator(self, device: torch.device) -> torch.Generator:
+        """Where the d-dimensional noise is drawn: on the host, or on the parameters' GPU by a generator
+        seeded with 63 bits drawn from the host noise generator (private like it, and as repeatable when a
+        test or an insecure_deterministic run fixes that one's seed)."""
+        if device.type == "cpu":
+            return self._generator
+        gen = self._device_generators.get(device)
+        if gen is None:
+            seed = int(torch.randint(0, 2**63 - 1, (1,), generator=self._generator, dtype=torch.int64))
+            gen = self._device_generators[device] = torch.Generator(device=device)
+            gen.manual_seed(seed)
+        return gen
 
     def release(self, sums: torch.Tensor) -> torch.Tensor:
         if sums.dim() != 1 or not 0 < len(sums) <= self.queries:
@@ -54,7 +69,8 @@ class GaussianMechanism:
         """A d-dimensional clipped sum plus N(0, std^2 I_d), tensor by tensor."""
         out = []
         for t in tensors:
-            noise = torch.randn(t.shape, generator=self._generator, dtype=torch.float64).to(t.device)
+            noise = torch.randn(t.shape, generator=self._dense_generator(t.device), dtype=torch.float64,
+                                device=t.device)
             out.append((t.double() + self.std * noise).to(dtype=t.dtype))
         return out
 

@@ -60,7 +60,8 @@ def test_journal_replays_to_the_same_parameters(tiny_spec_dict):
     resolved, data, built = _built(dict(tiny_spec_dict), 3, 4)
     x0 = _params(built.model)
     built.loop.run(40)
-    fresh = builders.build_model(resolved, data.n_features, data.n_classes)
+    # replayed on the device that trained (a GPU's direction streams are not the CPU's)
+    fresh = builders.build_model(resolved, data.n_features, data.n_classes).to(built.device)
     assert all(torch.equal(x, y) for x, y in zip(x0, _params(fresh)))  # init is public and seeded
     replay(Directions(list(fresh.parameters()), resolved.estimator.directions), built.loop.journal,
            resolved.optimizer.lr)
@@ -80,7 +81,7 @@ def test_tracker_counts_executed_steps_and_matches_dp_accounting(tiny_spec_dict)
 def test_training_improves_test_accuracy(tiny_spec_dict):
     tiny_spec_dict["optimizer"]["steps"] = 400
     _, data, built = _built(tiny_spec_dict, 5, 6)
-    x, y = torch.as_tensor(data.test.features), torch.as_tensor(data.test.labels)
+    x, y = torch.as_tensor(data.test.features, device=built.device), torch.as_tensor(data.test.labels, device=built.device)
     before = models.evaluate(built.model, x, y)["accuracy"]
     built.loop.run(400)
     assert models.evaluate(built.model, x, y)["accuracy"] > max(0.3, before + 0.15)
