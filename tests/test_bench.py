@@ -33,3 +33,12 @@ def test_ray_step_runs_on_the_transformer():
     (row,) = [line.split() for line in out.stdout.splitlines() if line.startswith("head")]
     assert row[1] == "8085" and float(row[5]) > 0  # trainable dimension, ray/local ratio
     assert row[-2:] == ["[1,", "1]"]  # one torch thread per worker
+
+
+def test_step_parts_runs_on_the_mlp():
+    out = subprocess.run([sys.executable, "bench/step_parts.py", "--models", "mlp", "--repeats", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    (row,) = [line.split() for line in out.stdout.splitlines() if line.startswith("mlp")]
+    assert row[1] == "301066" and all(float(v) > 0 for v in row[3:])

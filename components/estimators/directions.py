@@ -10,6 +10,10 @@ Generation and perturbation write into buffers that live as long as the ``Direct
 slots, the perturbation stack) or the thread (one chunk each): fresh d-sized allocations cost page faults
 that, on CPU, take longer than the arithmetic itself. In regenerate mode updates, sphere norms and
 embedding rows are drawn a chunk at a time; a perturbed module's own parameters go whole into the stack.
+
+On a CUDA device the chunks give way to counter-based streams (``philox.py``): one kernel draws a whole
+direction, and cache mode swaps every parameter for a whole perturbed copy instead of hooking each module
+(``Directions.swapped``). ``Directions.stream`` names which generator a run's journal needs.
 """
 from __future__ import annotations
 
@@ -623,6 +627,12 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     swapped: the rows its forward looked up get ``scale * v`` added (a transformer's word embeddings are
     most of its parameters, and a batch reads a few hundred of their rows).
     """
+    seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
+    cached = directions._cache.get(seed) if seed is not None else None
+    if cached is not None and directions._philox is not None:
+        with directions.swapped(model, seed, scale):  # no hooks and no per-module scratch
+            yield
+        return
     index = {id(p): i for i, p in enumerate(directions.params)}
     capacity = directions._capacities.get(id(model))
     if capacity is None:
@@ -633,12 +643,6 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         if n and same:
             stacks[key] = directions.stack(same[0], n)
     storage_ptrs = {s.buffer.untyped_storage().data_ptr() for s in stacks.values()}
-    seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
-    cached = directions._cache.get(seed) if seed is not None else None
-    if cached is not None and directions._philox is not None:
-        with directions.swapped(model, seed, scale):
-            yield
-        return
     if seed is not None and cached is None:
         directions._scale(seed)  # a sphere's norm pass: once, before any module runs
     handles = []
