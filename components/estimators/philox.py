@@ -129,10 +129,13 @@ class Layout:
         self._block_first = torch.tensor(first, dtype=torch.int32, device=self.device)
         self._starts = torch.tensor(self.starts, dtype=torch.int64, device=self.device)
         self._numels = torch.tensor(self.numels, dtype=torch.int32, device=self.device)
-        # the keys travel through one pinned buffer (pinning per call took 0.4 ms on an H100 host)
-        self._keys_host = torch.empty(len(self.numels), dtype=torch.int64).pin_memory()
+        # the keys travel through one pinned buffer (pinning per call took 0.4 ms on an H100 host); on
+        # the host (Triton's interpreter, in tests) they are written in place
+        gpu = self.device.type == "cuda"
+        self._keys_host = torch.empty(len(self.numels), dtype=torch.int64)
+        self._keys_host = self._keys_host.pin_memory() if gpu else self._keys_host
         self._keys_device = torch.empty(len(self.numels), dtype=torch.int64, device=self.device)
-        self._keys_copied = torch.cuda.Event()
+        self._keys_copied = torch.cuda.Event() if gpu else None
         self._lock = threading.Lock()
 
     def new_flat(self) -> torch.Tensor:
@@ -151,10 +154,12 @@ class Layout:
             # asynchronous from pinned memory (a pageable copy would wait for every queued kernel); the
             # host buffer is rewritten only once its last copy is done, and the device buffer is read
             # by kernels queued before the next copy on the same stream
-            self._keys_copied.synchronize()
+            if self._keys_copied is not None:
+                self._keys_copied.synchronize()
             self._keys_host.numpy()[:] = keys
             self._keys_device.copy_(self._keys_host, non_blocking=True)
-            self._keys_copied.record()
+            if self._keys_copied is not None:
+                self._keys_copied.record()
             _draw_kernel[(self.n_blocks,)](target, partials, self._keys_device, self._block_tensor,
                                            self._block_first, self._starts, self._numels,
                                            RADEMACHER=_KINDS[kind] == 1, WRITE=out is not None, NORM=norm,
