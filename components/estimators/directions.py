@@ -21,6 +21,7 @@ import contextlib
 import math
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -178,7 +179,7 @@ class Directions:
         self._philox: Optional[philox.Layout] = philox.Layout(self.params) if philox.supports(self.params) else None
         self._swap: Optional[List[torch.Tensor]] = None
         self._detached_params: Optional[List[torch.Tensor]] = None
-        self._owner_lists: Dict[int, List[Tuple[nn.Module, str, int]]] = {}
+        self._owner_lists: Dict[int, Tuple["weakref.ref", List[Tuple[nn.Module, str, int]]]] = {}
 
     @property
     def stream(self) -> str:
@@ -189,7 +190,7 @@ class Directions:
         return f"{self.params[0].device.type if self.params else 'cpu'}-torch-v{GENERATOR_VERSION}"
 
     def _keys(self, seed: int) -> List[int]:
-        return [public_seed(seed, i) for i in range(len(self.params))]
+        return philox.keys(seed, len(self.params))
 
     def _new_slot(self) -> List[torch.Tensor]:
         """Buffers for one cached direction; on the philox path one flat buffer seen as the tensors."""
@@ -256,7 +257,7 @@ class Directions:
         if self._philox is not None:
             if not out.is_contiguous():
                 return out.copy_(self.tensor(seed, i))
-            return philox.fill(out, public_seed(seed, i), self.kind, self._scale(seed))
+            return philox.fill(out, philox.key(seed, i), self.kind, self._scale(seed))
         _run(self._fill_tasks(seed, i, out), out.device)
         scale = self._scale(seed)
         if scale != 1.0:
@@ -364,16 +365,16 @@ class Directions:
 
     def _owners(self, model: nn.Module) -> List[Tuple[nn.Module, str, int]]:
         """(module, name, index) of every direction tensor in ``model``; each must be a module's own."""
-        key = id(model)
-        owners = self._owner_lists.get(key)
-        if owners is None:
-            index = {id(p): i for i, p in enumerate(self.params)}
-            owners = [(m, n, index[id(p)]) for m in model.modules() for n, p in m._parameters.items()
-                      if p is not None and id(p) in index]
-            if len({i for _, _, i in owners}) != len(self.params):
-                raise RuntimeError("perturbed forward: some trainable parameter tensors are not parameters of the "
-                                   "model's modules; freeze them (requires_grad=False)")
-            owners = self._owner_lists[key] = owners
+        known = self._owner_lists.get(id(model))
+        if known is not None and known[0]() is model:  # an id is only reused by another model once freed
+            return known[1]
+        index = {id(p): i for i, p in enumerate(self.params)}
+        owners = [(m, n, index[id(p)]) for m in model.modules() for n, p in m._parameters.items()
+                  if p is not None and id(p) in index]
+        if len({i for _, _, i in owners}) != len(self.params):
+            raise RuntimeError("perturbed forward: some trainable parameter tensors are not parameters of the "
+                               "model's modules; freeze them (requires_grad=False)")
+        self._owner_lists[id(model)] = (weakref.ref(model), owners)
         return owners
 
     @contextlib.contextmanager
@@ -411,7 +412,7 @@ class Directions:
         with torch.inference_mode(False):
             out = torch.empty(len(unique), dim, device=p.device, dtype=p.dtype)
         if self._philox is not None:
-            philox.rows(out, unique, dim, public_seed(seed, i), self.kind, self._scale(seed))
+            philox.rows(out, unique, dim, philox.key(seed, i), self.kind, self._scale(seed))
             return nn.functional.embedding(inverse.view(ids.shape), out)
         flat = out.view(-1)
 

@@ -56,6 +56,12 @@ def _ids():
     return ids.to(DEVICE)
 
 
+def test_one_key_is_that_key_of_all():
+    assert [philox.key(s, i) for s in (0, 7, 2**62) for i in range(40)] == [
+        k for s in (0, 7, 2**62) for k in philox.keys(s, 40)]
+    assert len(set(philox.keys(3, 1000))) == 1000 and all(0 <= k < 2**63 for k in philox.keys(3, 1000))
+
+
 def test_the_bag_spans_several_blocks():
     assert _Bag().emb.weight.numel() > 2 * philox.BLOCK
 
