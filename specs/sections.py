@@ -253,7 +253,10 @@ class ExecutionSpec(Strict):
     parallelism: Literal["data", "directions"] = Field(
         "data", description="data: split each private batch across workers; directions: split the queries.")
     checksum_every: PositiveInt = Field(100, description="Steps between replica parameter checksums.")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when torch sees a GPU (with backend ray only if gpus_per_worker > 0), "
+        "else cpu. A GPU draws other directions than the CPU for the same seeds: a run resumes only on the "
+        "kind of device that started it.")
     threads: Optional[PositiveInt] = Field(None, description="torch intra-op threads; default: torch's choice.")
     prefetch_directions: bool = Field(
         False, description="Cache mode: draw the next step's directions on a background thread while this "
