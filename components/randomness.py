@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 
 _MASK63 = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
+SPLITMIX_GOLDEN, SPLITMIX_MIX1, SPLITMIX_MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
 def public_seed(seed: int, *path: int) -> int:
@@ -23,6 +25,15 @@ def public_seed(seed: int, *path: int) -> int:
     per tensor per step."""
     data = b"".join(int(v).to_bytes(16, "little", signed=True) for v in (seed, *path))
     return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"privzo-public").digest(), "little") & _MASK63
+
+
+def splitmix64(base: int, index: int) -> int:
+    """splitmix64 of (base, index), 63 bits: a cheap, well-mixed seed for part ``index`` of the stream
+    ``base`` (a direction's chunks on the CPU, its tensors' Philox keys on a GPU)."""
+    z = (base + (index + 1) * SPLITMIX_GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * SPLITMIX_MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * SPLITMIX_MIX2) & _MASK64
+    return (z ^ (z >> 31)) & _MASK63
 
 
 # Names of public streams, as integers for SeedSequence spawn keys.

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from components.estimators import philox
-from components.randomness import public_seed
+from components.randomness import public_seed, splitmix64
 
 # A chunk is at most torch's intra-op grain (32,768 elements), so its arithmetic runs serially on the
 # thread that drew it: an op above the grain on a pool thread starts an OpenMP team of its own there,
@@ -43,7 +43,6 @@ PARALLEL_MIN = 1 << 21
 # checkpoints and trained models record it, and a resume across versions is refused, since a journal
 # of (seed, coefficient) only means something with the generator that wrote it. 2: 32,768-element chunks.
 GENERATOR_VERSION = 2
-_MASK64 = (1 << 64) - 1
 _local = threading.local()
 _executor: Optional[ThreadPoolExecutor] = None
 _prefetcher: Optional[ThreadPoolExecutor] = None
@@ -69,14 +68,6 @@ def _sum_squares(norms: List[torch.Tensor]) -> float:
     if not norms:
         return 0.0
     return sum(v ** 2 for v in torch.stack([n.reshape(()) for n in norms]).cpu().tolist())
-
-
-def _chunk_seed(base: int, chunk: int) -> int:
-    """splitmix64 of (base, chunk): a cheap, well-mixed per-chunk seed."""
-    z = (base + (chunk + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def _generator(device: torch.device) -> torch.Generator:
@@ -229,7 +220,7 @@ class Directions:
         """Chunk ``c`` of the tensor whose stream base is ``base``, into the 1-D ``out`` of the chunk's
         exact length (the values of a draw depend on its length)."""
         gen = _generator(out.device)
-        gen.manual_seed(_chunk_seed(base, c))
+        gen.manual_seed(splitmix64(base, c))
         if self.kind == "rademacher":
             out.random_(0, 2, generator=gen).mul_(2).sub_(1)
         else:

@@ -19,7 +19,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from components.randomness import public_seed
+from components.randomness import SPLITMIX_GOLDEN, SPLITMIX_MIX1, SPLITMIX_MIX2, public_seed, splitmix64
 
 try:  # ships with torch's CUDA builds; absent from CPU-only installs, which never take this path
     import triton
@@ -34,30 +34,20 @@ _MAX_NUMEL = 2**31 - BLOCK  # counters are int32: Philox keeps the key's full 64
 _KINDS = {"gaussian": 0, "sphere": 0, "rademacher": 1}
 
 
-_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def _splitmix(base: int, index: np.ndarray) -> List[int]:
-    with np.errstate(over="ignore"):  # arithmetic modulo 2^64 is the point
-        z = np.uint64(base) + (index.astype(np.uint64) + np.uint64(1)) * _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _MIX1
-        z = (z ^ (z >> np.uint64(27))) * _MIX2
+def keys(seed: int, n: int) -> List[int]:
+    """The Philox keys of tensors 0..n-1 of direction ``seed``: ``splitmix64(public_seed(seed), i)``,
+    computed for all of them at once (modulo 2^64 in numpy)."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(public_seed(seed)) + (np.arange(n, dtype=np.uint64) + np.uint64(1)) * np.uint64(SPLITMIX_GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(SPLITMIX_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(SPLITMIX_MIX2)
         z = z ^ (z >> np.uint64(31))
     return (z & np.uint64((1 << 63) - 1)).astype(np.int64).tolist()
 
 
-def keys(seed: int, n: int) -> List[int]:
-    """The Philox keys of tensors 0..n-1 of direction ``seed`` (63 bits each)."""
-    return _splitmix(public_seed(seed), np.arange(n))
-
-
 def key(seed: int, i: int) -> int:
-    """``keys(seed, n)[i]`` for one tensor, in plain integers (numpy's set-up costs more for one)."""
-    mask = (1 << 64) - 1
-    z = (public_seed(seed) + (i + 1) * int(_GOLDEN)) & mask
-    z = ((z ^ (z >> 30)) * int(_MIX1)) & mask
-    z = ((z ^ (z >> 27)) * int(_MIX2)) & mask
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+    """``keys(seed, n)[i]`` for one tensor (plain integers: numpy's set-up costs more for one)."""
+    return splitmix64(public_seed(seed), i)
 
 
 def available() -> bool:

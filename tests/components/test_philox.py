@@ -57,8 +57,13 @@ def _ids():
 
 
 def test_one_key_is_that_key_of_all():
+    """keys() is splitmix64 of one BLAKE2b and the tensor index, vectorised: the same as key() and as the
+    CPU's plain-integer splitmix64."""
+    from components.randomness import public_seed, splitmix64
+
     assert [philox.key(s, i) for s in (0, 7, 2**62) for i in range(40)] == [
-        k for s in (0, 7, 2**62) for k in philox.keys(s, 40)]
+        k for s in (0, 7, 2**62) for k in philox.keys(s, 40)] == [
+        splitmix64(public_seed(s), i) for s in (0, 7, 2**62) for i in range(40)]
     assert len(set(philox.keys(3, 1000))) == 1000 and all(0 <= k < 2**63 for k in philox.keys(3, 1000))
 
 
