@@ -15,7 +15,6 @@ import torch
 
 _MASK63 = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1
-SPLITMIX_GOLDEN, SPLITMIX_MIX1, SPLITMIX_MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
 def public_seed(seed: int, *path: int) -> int:
@@ -30,9 +29,9 @@ def public_seed(seed: int, *path: int) -> int:
 def splitmix64(base: int, index: int) -> int:
     """splitmix64 of (base, index), 63 bits: a cheap, well-mixed seed for part ``index`` of the stream
     ``base`` (a direction's chunks on the CPU, its tensors' Philox keys on a GPU)."""
-    z = (base + (index + 1) * SPLITMIX_GOLDEN) & _MASK64
-    z = ((z ^ (z >> 30)) * SPLITMIX_MIX1) & _MASK64
-    z = ((z ^ (z >> 27)) * SPLITMIX_MIX2) & _MASK64
+    z = (base + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (z ^ (z >> 31)) & _MASK63
 
 

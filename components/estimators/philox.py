@@ -1,25 +1,26 @@
 """Direction streams on a CUDA device: counter-based (Triton's Philox), one kernel per direction.
 
 Value j of tensor i of direction ``seed`` is drawn from the key ``keys(seed)[i]`` at counter j: a pure
-function of (key, j). The keys are splitmix64 of one BLAKE2b ``public_seed(seed)`` and the tensor index,
-for all tensors at once (a BLAKE2b per tensor cost 0.2 ms a draw for MiniLM's 105 tensors). So a whole direction is one launch, any part of it (a module's tensor, the
-rows an embedding looked up) is drawn on its own with the same values, and the values depend neither on
-the GPU model nor on launch shapes (torch's CUDA generator, drawn chunk by chunk, takes a launch and a
-reseed per 32K values: 700 launches for a 22M-parameter model, four times its forward pass).
+function of (key, j). The keys are splitmix64 of one BLAKE2b ``public_seed(seed)`` and the tensor index
+(a BLAKE2b per tensor cost 0.2 ms a draw for MiniLM's 105 tensors). So a whole direction is one launch,
+any part of it (a module's tensor, the rows an embedding looked up) is drawn on its own with the same
+values, and the values depend neither on the GPU model nor on launch shapes (torch's CUDA generator,
+drawn chunk by chunk, takes a launch and a reseed per 32K values: 700 launches for a 22M-parameter
+model, four times its forward pass).
 
 Cache and regenerate mode draw the same values (a cached slot holds exactly what ``fill`` and ``rows``
-draw), and both then add them with torch's multi-tensor add, so the two modes agree bit for bit. These streams are not the CPU's (``Directions.stream`` names
-them): a run continues only on the kind of device that drew its journal.
+draw), and both then add them with torch's multi-tensor add, so the two modes agree bit for bit. These
+streams are not the CPU's (``Directions.stream`` names them): a run continues only on the kind of
+device that drew its journal.
 """
 from __future__ import annotations
 
 import threading
 from typing import List, Optional
 
-import numpy as np
 import torch
 
-from components.randomness import SPLITMIX_GOLDEN, SPLITMIX_MIX1, SPLITMIX_MIX2, public_seed, splitmix64
+from components.randomness import public_seed, splitmix64
 
 try:  # ships with torch's CUDA builds; absent from CPU-only installs, which never take this path
     import triton
@@ -35,18 +36,13 @@ _KINDS = {"gaussian": 0, "sphere": 0, "rademacher": 1}
 
 
 def keys(seed: int, n: int) -> List[int]:
-    """The Philox keys of tensors 0..n-1 of direction ``seed``: ``splitmix64(public_seed(seed), i)``,
-    computed for all of them at once (modulo 2^64 in numpy)."""
-    with np.errstate(over="ignore"):
-        z = np.uint64(public_seed(seed)) + (np.arange(n, dtype=np.uint64) + np.uint64(1)) * np.uint64(SPLITMIX_GOLDEN)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(SPLITMIX_MIX1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(SPLITMIX_MIX2)
-        z = z ^ (z >> np.uint64(31))
-    return (z & np.uint64((1 << 63) - 1)).astype(np.int64).tolist()
+    """The Philox keys of tensors 0..n-1 of direction ``seed``: ``splitmix64(public_seed(seed), i)``."""
+    base = public_seed(seed)
+    return [splitmix64(base, i) for i in range(n)]
 
 
 def key(seed: int, i: int) -> int:
-    """``keys(seed, n)[i]`` for one tensor (plain integers: numpy's set-up costs more for one)."""
+    """``keys(seed, n)[i]`` for one tensor."""
     return splitmix64(public_seed(seed), i)
 
 

@@ -57,8 +57,7 @@ def _ids():
 
 
 def test_one_key_is_that_key_of_all():
-    """keys() is splitmix64 of one BLAKE2b and the tensor index, vectorised: the same as key() and as the
-    CPU's plain-integer splitmix64."""
+    """keys() is splitmix64 of one BLAKE2b and the tensor index, the same as key() for each tensor."""
     from components.randomness import public_seed, splitmix64
 
     assert [philox.key(s, i) for s in (0, 7, 2**62) for i in range(40)] == [
