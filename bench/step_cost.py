@@ -1,8 +1,10 @@
 """Step cost of each estimator divided by its floor, on an MLP and on a 22M-parameter transformer.
 
 floor = the forward passes the step needs (2q batched private forwards, or k+1 for PAZO-S) plus the
-public forward/backward passes it uses, each timed on its own on the same model and batch. The ratio is
-the overhead privzo adds on top (direction generation, perturbation, clipping, noise, the update).
+public forward/backward passes it uses, each timed on its own on the same model and batch, in turn with
+the steps (every repeat times a step, then each bare pass), so that a slow spell of the machine falls on
+both. The ratio is the overhead privzo adds on top (direction generation, perturbation, clipping, noise,
+the update).
 
     python bench/step_cost.py                 # both models; cache, regenerate and prefetch modes
     python bench/step_cost.py --models mlp --mlp-steps 50
@@ -119,8 +121,25 @@ def median_ms(fn: Callable[[], None], repeats: int) -> float:
     return statistics.median(times)
 
 
-def floor_ms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, repeats: int, batch: int) -> float:
-    """Forward passes and public backward passes the algorithm itself needs, timed bare."""
+def interleaved_ms(fns: Dict[str, Callable[[], None]], repeats: int) -> Dict[str, float]:
+    """Median ms of each function, all timed in turn within every repeat: a slow spell of a shared
+    machine then falls on the step and its floor alike instead of on whichever ran during it."""
+    for fn in fns.values():
+        fn()  # warm-up
+    synchronize()
+    times: Dict[str, List[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            synchronize()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def floor_passes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, batch: int):
+    """The bare passes the algorithm itself needs (a private forward, a public forward/backward) and
+    how many of each a step runs: floor = sum of count * median time."""
     params = models.trainable_parameters(model)
 
     def forward():
@@ -131,14 +150,21 @@ def floor_ms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, repe
         loss = models.per_example_loss(model, x[:batch], y[:batch]).mean()
         torch.autograd.grad(loss, params, allow_unused=True)
 
-    fwd = median_ms(forward, repeats)
-    bwd = median_ms(public_fwd_bwd, repeats)
     if isinstance(estimator, PazoSEstimator):
-        return (estimator.k + 1) * fwd + estimator.k * bwd
-    if isinstance(estimator, PazoPEstimator):
-        return 2 * estimator.queries * fwd + estimator.k * bwd
-    n_public = 1 if isinstance(estimator, PazoMEstimator) else 0
-    return 2 * estimator.queries * fwd + n_public * bwd
+        counts = {"forward": estimator.k + 1, "public": estimator.k}
+    elif isinstance(estimator, PazoPEstimator):
+        counts = {"forward": 2 * estimator.queries, "public": estimator.k}
+    else:
+        counts = {"forward": 2 * estimator.queries, "public": 1 if isinstance(estimator, PazoMEstimator) else 0}
+    passes = {"forward": forward, "public": public_fwd_bwd}
+    return {name: passes[name] for name, n in counts.items() if n}, counts
+
+
+def floor_ms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, repeats: int, batch: int) -> float:
+    """Forward passes and public backward passes the algorithm itself needs, timed bare."""
+    passes, counts = floor_passes(model, x, y, estimator, batch)
+    medians = interleaved_ms(passes, repeats)
+    return sum(counts[name] * medians[name] for name in passes)
 
 
 SEEDED = ("two_point", "dpgd_0th", "pazo_m")  # estimators whose directions can be drawn a step ahead
@@ -162,9 +188,16 @@ def step_ms(model_name: str, est_name: str, cache: bool, steps: int, prefetch: b
     def one_step():
         loop.run(loop.step + 1)
 
-    step = median_ms(one_step, steps)
-    directions.prefetch([])  # a draw still running ahead would share the cores with the floor's timing
-    floor = floor_ms(model, x, y, estimator, steps, batch)
+    if prefetch:
+        # a step leaves the next draw running: timed apart, so that it never overlaps the floor's passes
+        step = median_ms(one_step, steps)
+        directions.prefetch([])
+        floor = floor_ms(model, x, y, estimator, steps, batch)
+    else:
+        passes, counts = floor_passes(model, x, y, estimator, batch)
+        medians = interleaved_ms({"step": one_step, **passes}, steps)
+        step = medians["step"]
+        floor = sum(counts[name] * medians[name] for name in passes)
     return {"step_ms": step, "floor_ms": floor, "ratio": step / floor,
             "params": sum(p.numel() for p in params)}
 

@@ -18,7 +18,6 @@ from components.estimators import (
     PazoSEstimator,
     TwoPointEstimator,
 )
-from components.estimators import philox
 from components.estimators.public import PublicOracle, warm_start
 from components.mechanisms import GaussianMechanism, NoMechanism
 from components.optimizers import Sgd
@@ -96,8 +95,7 @@ def use_direction_cache(spec: RunSpec, params, queries: int) -> bool:
     if mode != "auto":
         return mode == "cache"
     slots = queries * (2 if spec.execution.prefetch_directions else 1)  # a prefetch holds the next step's too
-    if philox.supports(list(params)):
-        slots += 1  # a GPU's cached forward runs on a whole perturbed copy (Directions.swapped)
+    slots += 1  # a cached forward runs on a whole perturbed copy (Directions.swapped; a CPU's skips embeddings)
     return slots * sum(p.numel() * p.element_size() for p in params) <= CACHE_LIMIT_BYTES
 
 

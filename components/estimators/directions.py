@@ -168,7 +168,7 @@ class Directions:
         self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
         # on a CUDA device: counter-based streams, one kernel per direction (philox.py)
         self._philox: Optional[philox.Layout] = philox.Layout(self.params) if philox.supports(self.params) else None
-        self._swap: Optional[List[torch.Tensor]] = None
+        self._swap: Optional[List[Optional[torch.Tensor]]] = None  # cache mode's perturbed point
         self._detached_params: Optional[List[torch.Tensor]] = None
         self._owner_lists: Dict[int, Tuple["weakref.ref", List[Tuple[nn.Module, str, int]]]] = {}
 
@@ -348,10 +348,15 @@ class Directions:
             self._detached_params = [p.detach() for p in self.params]
         return self._detached_params
 
-    def _swap_views(self) -> List[torch.Tensor]:
-        """Scratch for a whole perturbed point (cache mode on a GPU), one flat buffer kept across steps."""
+    def _swap_views(self, indices: List[int]) -> List[Optional[torch.Tensor]]:
+        """Scratch for a whole perturbed point (cache mode), kept across steps: on a GPU one flat buffer
+        for every tensor, on a CPU one buffer per swapped tensor (embedding tables are not swapped)."""
         if self._swap is None:
-            self._swap = self._new_slot()
+            self._swap = self._new_slot() if self._philox is not None else [None] * len(self.params)
+        for i in indices:
+            if self._swap[i] is None:
+                p = self.params[i]
+                self._swap[i] = _buffer(p.shape, p.device, p.dtype)
         return self._swap
 
     def _owners(self, model: nn.Module) -> List[Tuple[nn.Module, str, int]]:
@@ -370,19 +375,37 @@ class Directions:
 
     @contextlib.contextmanager
     def swapped(self, model: nn.Module, seed: int, scale: float) -> Iterator[None]:
-        """Cache mode on a GPU: the model runs at x + scale * u(seed) with every parameter swapped at once
-        for a view of one scratch buffer (two multi-tensor launches, no per-module hooks: on a GPU the
-        hooks' Python cost is larger than a small model's forward). x is never written; +d memory."""
-        views = self._swap_views()
-        torch._foreach_copy_(views, self._detached())
-        torch._foreach_add_(views, list(self._cache[seed]), alpha=scale)
+        """Cache mode: the model runs at x + scale * u(seed) with its parameters swapped at once for
+        buffers holding the perturbed values; no per-module hooks, whose Python costs more than a small
+        model's forward (on a GPU, more than MiniLM's). x is never written; +d memory.
+
+        On a GPU every tensor is written by two multi-tensor launches into one flat buffer. On a CPU each
+        tensor is one ``torch.add`` (the op regenerate mode uses, so identical values), and a plain
+        embedding table is not swapped: the rows its forward looked up get scale * u added, as in
+        ``perturbed``'s hook path."""
         owners = self._owners(model)
-        for module, name, i in owners:
+        handles = []
+        if self._philox is not None:
+            views = self._swap_views([])
+            torch._foreach_copy_(views, self._detached())
+            torch._foreach_add_(views, list(self._cache[seed]), alpha=scale)
+            swap = owners
+        else:
+            tables = {i for m, _n, i in owners if _row_lookup(m)}
+            swap = [o for o in owners if o[2] not in tables]
+            views = self._swap_views([i for _m, _n, i in swap])
+            detached, cached = self._detached(), self._cache[seed]
+            for _m, _n, i in swap:
+                torch.add(detached[i], cached[i], alpha=scale, out=views[i])
+            handles = [m.register_forward_hook(_row_hook(self, seed, i, scale)) for m, _n, i in owners if i in tables]
+        for module, name, i in swap:
             module._parameters[name] = views[i]
         try:
             yield
         finally:
-            for module, name, i in owners:
+            for h in handles:
+                h.remove()
+            for module, name, i in swap:
                 module._parameters[name] = self.params[i]
 
     def rows(self, seed: int, i: int, ids: torch.Tensor) -> torch.Tensor:
@@ -581,6 +604,30 @@ def _row_lookup(module: nn.Module) -> bool:
             and module.max_norm is None)
 
 
+def _row_hook(directions: "Directions", direction, i: int, scale: float, seen: Optional[set] = None):
+    """Forward hook of a plain embedding table (tensor i): its output rows get scale * v[ids] added,
+    which equals looking the ids up in W + scale * v (v: a seed, ``Seeded`` or ``Dense``)."""
+    seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
+    p = directions.params[i]
+
+    def post(_module, args, out):
+        ids = args[0]
+        if seed is None:
+            rows = nn.functional.embedding(ids, direction.tensor(i))
+        else:
+            rows = directions.rows(seed, i, ids)
+        if seen is not None:
+            seen.add(id(p))
+        if seed is not None and directions._philox is not None:
+            # the multi-tensor add of the cached swap, row by row: (W + s V)[ids] exactly
+            out = out.clone()
+            torch._foreach_add_([out], [rows], alpha=scale)
+            return out
+        return torch.add(out, rows, alpha=scale)
+
+    return post
+
+
 def _capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple[torch.device, torch.dtype], int]:
     """Scratch needed at once: a module's own perturbed parameters plus the largest need of a child
     (children run inside their parent's forward). Embedding tables need none."""
@@ -611,7 +658,8 @@ def _aliases(value, storage_ptrs) -> bool:
 def perturbed(model: nn.Module, directions: Directions, direction, scale: float) -> Iterator[None]:
     """Run the model's forward passes at x + scale * v without writing x (v: a seed, ``Seeded`` or ``Dense``).
 
-    Each module's own parameters are swapped for ``p + scale * v`` (written into a reusable scratch
+    A direction cached for this step (cache mode) swaps all parameters at once (``Directions.swapped``).
+    Otherwise each module's own parameters are swapped for ``p + scale * v`` (written into a reusable scratch
     stack) just before that module runs and swapped back right after, so only the parameters of the
     modules currently running exist perturbed (memory of inference + about one module's parameters) and
     the parameters are restored bit for bit: x itself is never modified, unlike MeZO's in-place
@@ -621,8 +669,8 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     """
     seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
     cached = directions._cache.get(seed) if seed is not None else None
-    if cached is not None and directions._philox is not None:
-        with directions.swapped(model, seed, scale):  # no hooks and no per-module scratch
+    if cached is not None:
+        with directions.swapped(model, seed, scale):  # no per-module hooks and no per-module scratch
             yield
         return
     index = {id(p): i for i, p in enumerate(directions.params)}
@@ -670,29 +718,11 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
 
         return pre, post
 
-    def make_row_hook(p: torch.Tensor):
-        i = index[id(p)]
-
-        def post(_module, args, out):
-            ids = args[0]
-            if seed is None:
-                rows = nn.functional.embedding(ids, direction.tensor(i))
-            else:
-                rows = directions.rows(seed, i, ids)
-            seen.add(id(p))
-            if seed is not None and directions._philox is not None:
-                # the multi-tensor add of the cached swap, row by row: (W + s V)[ids] exactly
-                out = out.clone()
-                torch._foreach_add_([out], [rows], alpha=scale)
-                return out
-            return torch.add(out, rows, alpha=scale)
-
-        return post
-
     for module in model.modules():
         owned = [(n, p) for n, p in module._parameters.items() if p is not None and id(p) in index]
         if owned and _row_lookup(module):
-            handles.append(module.register_forward_hook(make_row_hook(module.weight)))
+            handles.append(module.register_forward_hook(_row_hook(directions, direction, index[id(module.weight)],
+                                                                  scale, seen)))
         elif owned:
             pre, post = make_hooks(owned)
             handles.append(module.register_forward_pre_hook(pre))

@@ -19,12 +19,18 @@ def _snapshot(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _mode(d, seed, cache):
+    """Cache mode (the direction drawn once, parameters swapped at once) or regenerate mode (hooks)."""
+    return d.cached([seed]) if cache else contextlib.nullcontext()
+
+
 def _bitwise_equal(a, b):
     return all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
-def test_parameters_bit_identical_after_plus_minus_restore(kind):
+def test_parameters_bit_identical_after_plus_minus_restore(kind, cache):
     """perturb(+lambda), perturb(-2 lambda), perturb(+lambda): the parameters come back bit for bit."""
     model = _mlp()
     before = _snapshot(model)
@@ -32,15 +38,18 @@ def test_parameters_bit_identical_after_plus_minus_restore(kind):
     x = torch.randn(7, 16)
     lam = 1e-3
     for seed in range(5):
-        with perturbed(model, d, seed, +lam):
-            model(x)
-        assert _bitwise_equal(before, _snapshot(model))  # nothing written while perturbed
-        with perturbed(model, d, seed, -lam):
-            model(x)
+        with _mode(d, seed, cache):
+            with perturbed(model, d, seed, +lam):
+                model(x)
+            assert _bitwise_equal(before, _snapshot(model))  # nothing written while perturbed
+            with perturbed(model, d, seed, -lam):
+                model(x)
     assert _bitwise_equal(before, _snapshot(model))
+    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
 
 
-def test_perturbed_forward_sees_exactly_x_plus_lambda_u():
+@pytest.mark.parametrize("cache", [False, True])
+def test_perturbed_forward_sees_exactly_x_plus_lambda_u(cache):
     model = _mlp()
     d = Directions(list(model.parameters()), "gaussian")
     x = torch.randn(9, 16)
@@ -48,20 +57,22 @@ def test_perturbed_forward_sees_exactly_x_plus_lambda_u():
     names = [n for n, _ in model.named_parameters()]
     shifted = {n: torch.add(p.detach(), z, alpha=lam) for n, p, z in zip(names, model.parameters(), d.dense(11))}
     expected = functional_call(model, shifted, (x,))
-    with perturbed(model, d, 11, lam):
+    with _mode(d, 11, cache), perturbed(model, d, 11, lam):
         got = model(x)
     assert torch.equal(got, expected)
 
 
-def test_restoration_after_an_exception_mid_forward():
+@pytest.mark.parametrize("cache", [False, True])
+def test_restoration_after_an_exception_mid_forward(cache):
     model = _mlp()
     before = _snapshot(model)
     d = Directions(list(model.parameters()), "gaussian")
     with pytest.raises(RuntimeError):
-        with perturbed(model, d, 1, 0.5):
+        with _mode(d, 1, cache), perturbed(model, d, 1, 0.5):
             model(torch.randn(3, 15))  # wrong width: fails inside the first layer
     assert _bitwise_equal(before, _snapshot(model))
     assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
+    assert not any(h for m in model.modules() for h in (m._forward_hooks, m._forward_pre_hooks))
 
 
 def test_directions_regenerate_identically_and_differ_by_seed():
@@ -118,6 +129,12 @@ def test_parameter_read_outside_its_module_is_refused():
     with pytest.raises(RuntimeError, match="not used through their own module"):
         with perturbed(model, d, 0, 0.1):
             model(torch.randn(2, 3))
+    # cache mode swaps every parameter before the forward, so such a read sees x + lambda u too
+    x = torch.randn(2, 3)
+    shifted = {n: torch.add(p.detach(), z, alpha=0.1) for (n, p), z in zip(model.named_parameters(), d.dense(0))}
+    with d.cached([0]), perturbed(model, d, 0, 0.1):
+        got = model(x)
+    assert torch.equal(got, functional_call(model, shifted, (x,)))
 
 
 class _Bag(torch.nn.Module):
@@ -175,7 +192,21 @@ def test_embedding_rows_identical_in_cache_and_regenerate_mode():
     assert torch.equal(d.rows(7, 0, ids), dense[ids])
 
 
-def test_embedding_with_max_norm_is_perturbed_whole():
+def test_cache_mode_swaps_all_but_the_embedding_table():
+    """Cache mode's perturbed copy holds every tensor but a plain embedding table, whose looked-up rows
+    are perturbed instead: the copy costs the non-embedding parameters, not the table."""
+    model = _Bag()
+    d = Directions(list(model.parameters()), "gaussian")
+    with d.cached([3]), torch.inference_mode(), perturbed(model, d, 3, 1e-3):
+        assert model.head.weight is not d.params[1]  # swapped for its perturbed copy
+        model(_ids())
+    table = [i for i, p in enumerate(d.params) if p is model.emb.weight]
+    assert table and all((buf is None) == (i in table) for i, buf in enumerate(d._swap))
+    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_embedding_with_max_norm_is_perturbed_whole(cache):
     """max_norm renormalises looked-up rows of the table inside forward: such a table takes the general
     path (a perturbed copy is renormalised, never x), and the forward is the one at W + s V."""
     model = _Bag(max_norm=1.0)
@@ -184,7 +215,7 @@ def test_embedding_with_max_norm_is_perturbed_whole():
     shifted = {n: torch.add(p.detach(), z, alpha=lam) for (n, p), z in zip(model.named_parameters(), d.dense(2))}
     expected = functional_call(model, shifted, (ids,))
     before = _snapshot(model)
-    with torch.no_grad(), perturbed(model, d, 2, lam):
+    with torch.no_grad(), _mode(d, 2, cache), perturbed(model, d, 2, lam):
         got = model(ids)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     assert _bitwise_equal(before, _snapshot(model))
