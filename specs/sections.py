@@ -121,7 +121,8 @@ class _ZerothOrder(Strict):
     smoothing: PositiveFloat = Field(1e-3, description="lambda: the finite-difference perturbation scale.")
     perturbation: Literal["auto", "regenerate", "cache"] = Field(
         "auto", description="regenerate: directions re-drawn from their seeds each use (no d-sized memory); "
-        "cache: drawn once per step (+q*d memory, one RNG pass); auto: cache when it fits in 512 MiB.")
+        "cache: drawn once per step, forwards on a perturbed copy (+(q+1)*d memory at most, one RNG pass); "
+        "auto: cache when that fits in 512 MiB.")
     public_warm_start: Optional[PublicWarmStart] = None
 
 
