@@ -391,7 +391,11 @@ class Directions:
             torch._foreach_add_(views, list(self._cache[seed]), alpha=scale)
             swap = owners
         else:
-            tables = {i for m, _n, i in owners if _row_lookup(m)}
+            # a table tied to another module's weight (an LM head) is swapped whole for both
+            row_only: Dict[int, bool] = {}
+            for m, _n, i in owners:
+                row_only[i] = row_only.get(i, True) and _row_lookup(m)
+            tables = {i for i, only in row_only.items() if only}
             swap = [o for o in owners if o[2] not in tables]
             views = self._swap_views([i for _m, _n, i in swap])
             detached, cached = self._detached(), self._cache[seed]

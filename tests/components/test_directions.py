@@ -206,6 +206,32 @@ def test_cache_mode_swaps_all_but_the_embedding_table():
 
 
 @pytest.mark.parametrize("cache", [False, True])
+def test_table_tied_to_a_head_is_perturbed_once_everywhere(cache):
+    """A language model's tied embedding and output weight: both uses see W + s V, exactly once."""
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(50, 8)
+            self.head = torch.nn.Linear(8, 50, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            return self.head(self.emb(ids).mean(dim=1))
+
+    model = Tied()
+    d = Directions(list(model.parameters()), "gaussian")
+    assert len(d.params) == 1
+    ids, lam = torch.randint(0, 50, (4, 6)), 0.3
+    expected = functional_call(model, {"emb.weight": torch.add(d.params[0].detach(), d.dense(5)[0], alpha=lam)},
+                               (ids,), tie_weights=True)
+    with torch.no_grad(), _mode(d, 5, cache), perturbed(model, d, 5, lam):
+        got = model(ids)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert model.head.weight is model.emb.weight and isinstance(model.emb.weight, torch.nn.Parameter)
+
+
+@pytest.mark.parametrize("cache", [False, True])
 def test_embedding_with_max_norm_is_perturbed_whole(cache):
     """max_norm renormalises looked-up rows of the table inside forward: such a table takes the general
     path (a perturbed copy is renormalised, never x), and the forward is the one at W + s V."""
