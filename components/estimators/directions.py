@@ -384,27 +384,29 @@ class Directions:
         embedding table is not swapped: the rows its forward looked up get scale * u added, as in
         ``perturbed``'s hook path."""
         owners = self._owners(model)
-        handles = []
+        tables: set = set()
         if self._philox is not None:
             views = self._swap_views([])
             torch._foreach_copy_(views, self._detached())
             torch._foreach_add_(views, list(self._cache[seed]), alpha=scale)
-            swap = owners
         else:
             # a table tied to another module's weight (an LM head) is swapped whole for both
             row_only: Dict[int, bool] = {}
             for m, _n, i in owners:
                 row_only[i] = row_only.get(i, True) and _row_lookup(m)
             tables = {i for i, only in row_only.items() if only}
-            swap = [o for o in owners if o[2] not in tables]
-            views = self._swap_views([i for _m, _n, i in swap])
+            copied = [i for i in row_only if i not in tables]
+            views = self._swap_views(copied)
             detached, cached = self._detached(), self._cache[seed]
-            for _m, _n, i in swap:
+            for i in copied:
                 torch.add(detached[i], cached[i], alpha=scale, out=views[i])
-            handles = [m.register_forward_hook(_row_hook(self, seed, i, scale)) for m, _n, i in owners if i in tables]
-        for module, name, i in swap:
-            module._parameters[name] = views[i]
+        swap = [o for o in owners if o[2] not in tables]
+        handles = []
         try:
+            handles.extend(m.register_forward_hook(_row_hook(self, seed, i, scale))
+                           for m, _n, i in owners if i in tables)
+            for module, name, i in swap:
+                module._parameters[name] = views[i]
             yield
         finally:
             for h in handles:
