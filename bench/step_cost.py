@@ -160,11 +160,14 @@ def floor_passes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, 
     return {name: passes[name] for name, n in counts.items() if n}, counts
 
 
+def floor_of(counts: Dict[str, int], medians: Dict[str, float]) -> float:
+    return sum(n * medians[name] for name, n in counts.items() if n)
+
+
 def floor_ms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, repeats: int, batch: int) -> float:
     """Forward passes and public backward passes the algorithm itself needs, timed bare."""
     passes, counts = floor_passes(model, x, y, estimator, batch)
-    medians = interleaved_ms(passes, repeats)
-    return sum(counts[name] * medians[name] for name in passes)
+    return floor_of(counts, interleaved_ms(passes, repeats))
 
 
 SEEDED = ("two_point", "dpgd_0th", "pazo_m")  # estimators whose directions can be drawn a step ahead
@@ -196,8 +199,7 @@ def step_ms(model_name: str, est_name: str, cache: bool, steps: int, prefetch: b
     else:
         passes, counts = floor_passes(model, x, y, estimator, batch)
         medians = interleaved_ms({"step": one_step, **passes}, steps)
-        step = medians["step"]
-        floor = sum(counts[name] * medians[name] for name in passes)
+        step, floor = medians["step"], floor_of(counts, medians)
     return {"step_ms": step, "floor_ms": floor, "ratio": step / floor,
             "params": sum(p.numel() for p in params)}
 

@@ -689,7 +689,7 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         if n and same:
             stacks[key] = directions.stack(same[0], n)
     storage_ptrs = {s.buffer.untyped_storage().data_ptr() for s in stacks.values()}
-    if seed is not None and cached is None:
+    if seed is not None:
         directions._scale(seed)  # a sphere's norm pass: once, before any module runs
     handles = []
     swapped: List[tuple] = []
