@@ -171,6 +171,8 @@ class Directions:
         self._swap: Optional[List[Optional[torch.Tensor]]] = None  # cache mode's perturbed point
         self._detached_params: Optional[List[torch.Tensor]] = None
         self._owner_lists: Dict[int, Tuple["weakref.ref", List[Tuple[nn.Module, str, int]]]] = {}
+        self._key_lists: "OrderedDict[int, List[int]]" = OrderedDict()
+        self._all_contiguous: Optional[bool] = None
 
     @property
     def stream(self) -> str:
@@ -181,7 +183,14 @@ class Directions:
         return f"{self.params[0].device.type if self.params else 'cpu'}-torch-v{GENERATOR_VERSION}"
 
     def _keys(self, seed: int) -> List[int]:
-        return philox.keys(seed, len(self.params))
+        """The Philox key of every tensor of direction ``seed``, kept for the last few seeds (a regenerated
+        perturbed forward asks once per tensor)."""
+        keys = self._key_lists.get(seed)
+        if keys is None:
+            keys = self._key_lists[seed] = philox.keys(seed, len(self.params))
+            if len(self._key_lists) > 8:
+                self._key_lists.popitem(last=False)
+        return keys
 
     def _new_slot(self) -> List[torch.Tensor]:
         """Buffers for one cached direction; on the philox path one flat buffer seen as the tensors."""
@@ -195,7 +204,8 @@ class Directions:
     def _philox_draw(self, seed: int, slot: "_Slot") -> Optional[float]:
         """Direction ``seed`` into a flat slot, scaled; its sphere norm."""
         sphere = self.kind == "sphere"
-        squares = self._philox.draw(self._keys(seed), self.kind, slot.flat, norm=sphere)
+        # not the memo of ``_keys``: this may run on the prefetch thread
+        squares = self._philox.draw(philox.keys(seed, len(self.params)), self.kind, slot.flat, norm=sphere)
         if not sphere:
             return None
         norm = math.sqrt(squares)
@@ -206,14 +216,23 @@ class Directions:
         """out = p + scale * u_i(seed), the perturbed forward's parameter tensor."""
         cached = self._cache.get(seed)
         if self._philox is not None:
-            # torch's multi-tensor add: the kernel of the cached whole-model swap, so identical values
-            out.copy_(p)
-            torch._foreach_add_([out], [cached[i] if cached is not None else self.tensor(seed, i)], alpha=scale)
+            # one launch drawing u and writing p + scale * u: the arithmetic of the cached swap
+            if not p.is_contiguous():
+                p = out.copy_(p)
+            self._philox_axpy_(seed, i, out, p, scale)
         elif cached is not None:
             torch.add(p, cached[i], alpha=scale, out=out)
         else:
             self.fill_(seed, i, out)
             torch.add(p, out, alpha=scale, out=out)  # same op as the cached path: identical values
+
+    def _philox_axpy_(self, seed: int, i: int, dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
+        """dst = src + scale * u_i(seed) (contiguous), u from the cache or drawn in the same kernel."""
+        cached = self._cache.get(seed)
+        if cached is not None:
+            philox.axpy_(dst, src, scale, u=cached[i])
+        else:
+            philox.axpy_(dst, src, scale, key=self._keys(seed)[i], kind=self.kind, u_scale=self._scale(seed))
 
     # ------------------------------------------------------------------ generation
     def _draw(self, base: int, c: int, out: torch.Tensor) -> None:
@@ -248,7 +267,7 @@ class Directions:
         if self._philox is not None:
             if not out.is_contiguous():
                 return out.copy_(self.tensor(seed, i))
-            return philox.fill(out, philox.key(seed, i), self.kind, self._scale(seed))
+            return philox.fill(out, self._keys(seed)[i], self.kind, self._scale(seed))
         _run(self._fill_tasks(seed, i, out), out.device)
         scale = self._scale(seed)
         if scale != 1.0:
@@ -312,9 +331,11 @@ class Directions:
         a time (regenerate mode keeps no d-sized or tensor-sized scratch for updates)."""
         cached = self._cache.get(seed)
         if self._philox is not None:
-            # one tensor drawn at a time (a transient the size of tensor i); the same multi-tensor add
-            # as ``add_all_`` on a cached direction
-            torch._foreach_add_([target], [cached[i] if cached is not None else self.tensor(seed, i)], alpha=alpha)
+            # drawn inside the add's kernel (nothing allocated); the arithmetic of ``add_all_``
+            flat = target if target.is_contiguous() else target.contiguous()
+            self._philox_axpy_(seed, i, flat, flat, alpha)
+            if flat is not target:
+                target.copy_(flat)
             return
         if cached is not None:
             target.add_(cached[i], alpha=alpha)
@@ -333,11 +354,17 @@ class Directions:
         self._chunkwise(seed, i, consume)
 
     def add_all_(self, seed: int, alpha: float) -> None:
-        """params += alpha * u(seed), tensor by tensor as ``add_to_`` (on a GPU with the direction cached,
-        one multi-tensor launch for all of them)."""
+        """params += alpha * u(seed), tensor by tensor as ``add_to_`` (on a GPU one launch for all of them,
+        with the arithmetic of ``add_to_``)."""
         cached = self._cache.get(seed)
-        if self._philox is not None and cached is not None:
-            torch._foreach_add_(self._detached(), list(cached), alpha=alpha)
+        if self._philox is not None and self._contiguous():
+            # every tensor in one launch, u read from the cache or drawn in the kernel
+            params = self._detached()
+            if cached is not None:
+                self._philox.axpy_all_(params, params, alpha, u=cached)
+            else:
+                self._philox.axpy_all_(params, params, alpha, keys=self._keys(seed), kind=self.kind,
+                                       u_scale=self._scale(seed))
             return
         for i, p in enumerate(self.params):
             self.add_to_(seed, i, p.detach(), alpha)
@@ -347,6 +374,11 @@ class Directions:
         if self._detached_params is None:
             self._detached_params = [p.detach() for p in self.params]
         return self._detached_params
+
+    def _contiguous(self) -> bool:
+        if self._all_contiguous is None:
+            self._all_contiguous = all(p.is_contiguous() for p in self.params)
+        return self._all_contiguous
 
     def _swap_views(self, indices: List[int]) -> List[Optional[torch.Tensor]]:
         """Scratch for a whole perturbed point (cache mode), kept across steps: on a GPU one flat buffer
@@ -379,7 +411,8 @@ class Directions:
         buffers holding the perturbed values; no per-module hooks, whose Python costs more than a small
         model's forward (on a GPU, more than MiniLM's). x is never written; +d memory.
 
-        On a GPU every tensor is written by two multi-tensor launches into one flat buffer. On a CPU each
+        On a GPU every tensor is written by one launch into one flat buffer (``philox._axpy``, the
+        arithmetic of regenerate mode's per-tensor kernel, so identical values). On a CPU each
         tensor is one ``torch.add`` (the op regenerate mode uses, so identical values), and a plain
         embedding table is not swapped: the rows its forward looked up get scale * u added, as in
         ``perturbed``'s hook path."""
@@ -387,8 +420,7 @@ class Directions:
         tables: set = set()
         if self._philox is not None:
             views = self._swap_views([])
-            torch._foreach_copy_(views, self._detached())
-            torch._foreach_add_(views, list(self._cache[seed]), alpha=scale)
+            self._philox.axpy_all_(views, self._detached(), scale, u=self._cache[seed])
         else:
             # a table tied to another module's weight (an LM head) is swapped whole for both
             row_only: Dict[int, bool] = {}
@@ -423,17 +455,17 @@ class Directions:
         p = self.params[i]
         dim = p.shape[1]
         unique, inverse = torch.unique(ids.reshape(-1), sorted=True, return_inverse=True)
+        with torch.inference_mode(False):
+            out = torch.empty(len(unique), dim, device=p.device, dtype=p.dtype)
+        if self._philox is not None:  # counter-based: any row is drawn on its own, no chunk bookkeeping
+            philox.rows(out, unique, dim, self._keys(seed)[i], self.kind, self._scale(seed))
+            return nn.functional.embedding(inverse.view(ids.shape), out)
         # flat positions of the wanted rows, ascending: each chunk owns one contiguous run of them
         positions = (unique[:, None] * dim + torch.arange(dim, device=unique.device)).reshape(-1)
         chunk_of = torch.div(positions, CHUNK, rounding_mode="floor")
         chunks, counts = torch.unique_consecutive(chunk_of, return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
         runs = {c: (s, s + n) for c, s, n in zip(chunks.tolist(), starts.tolist(), counts.tolist())}
-        with torch.inference_mode(False):
-            out = torch.empty(len(unique), dim, device=p.device, dtype=p.dtype)
-        if self._philox is not None:
-            philox.rows(out, unique, dim, philox.key(seed, i), self.kind, self._scale(seed))
-            return nn.functional.embedding(inverse.view(ids.shape), out)
         flat = out.view(-1)
 
         def consume(c: int, a: int, buf: torch.Tensor) -> None:
@@ -625,10 +657,9 @@ def _row_hook(directions: "Directions", direction, i: int, scale: float, seen: O
         if seen is not None:
             seen.add(id(p))
         if seed is not None and directions._philox is not None:
-            # the multi-tensor add of the cached swap, row by row: (W + s V)[ids] exactly
-            out = out.clone()
-            torch._foreach_add_([out], [rows], alpha=scale)
-            return out
+            # the arithmetic of the cached swap, row by row: (W + s V)[ids] exactly
+            return philox.axpy_(torch.empty_like(out, memory_format=torch.contiguous_format), out.contiguous(),
+                                scale, u=rows.contiguous())
         return torch.add(out, rows, alpha=scale)
 
     return post

@@ -9,14 +9,17 @@ drawn chunk by chunk, takes a launch and a reseed per 32K values: 700 launches f
 model, four times its forward pass).
 
 Cache and regenerate mode draw the same values (a cached slot holds exactly what ``fill`` and ``rows``
-draw), and both then add them with torch's multi-tensor add, so the two modes agree bit for bit. These
-streams are not the CPU's (``Directions.stream`` names them): a run continues only on the kind of
-device that drew its journal.
+draw), and every perturbed point and update on this path is one expression, ``_axpy``: x + s * u in
+float32, rounded once. Regenerate mode computes it with u drawn in the same kernel (one launch per tensor,
+nothing allocated), cache mode with u read from its slot (one launch for all tensors, through tables of
+their addresses), so the two modes agree bit for bit. These streams are not the CPU's
+(``Directions.stream`` names them): a run continues only on the kind of device that drew its journal.
 """
 from __future__ import annotations
 
 import threading
-from typing import List, Optional
+from collections import OrderedDict
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -33,6 +36,8 @@ PHILOX_VERSION = 1
 BLOCK = 4096
 _MAX_NUMEL = 2**31 - BLOCK  # counters are int32: Philox keeps the key's full 64 bits only then
 _KINDS = {"gaussian": 0, "sphere": 0, "rademacher": 1}
+# the kernels compute in float32: wider parameters take the chunked torch path instead
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def keys(seed: int, n: int) -> List[int]:
@@ -51,11 +56,11 @@ def available() -> bool:
 
 
 def supports(params: List[torch.Tensor]) -> bool:
-    """One CUDA device, one floating dtype, every tensor countable in int32."""
+    """One CUDA device, one dtype of at most 32 bits, every tensor countable in int32."""
     if not params or not available():
         return False
     first = params[0]
-    return (first.device.type == "cuda" and first.dtype.is_floating_point
+    return (first.device.type == "cuda" and first.dtype in _DTYPES
             and all(p.device == first.device and p.dtype == first.dtype and p.numel() < _MAX_NUMEL for p in params))
 
 
@@ -76,6 +81,44 @@ if triton is not None:
         if SCALED:
             z = (z.to(tl.float32) * scale).to(like_ptr.dtype.element_ty)
         return z
+
+    @triton.jit
+    def _axpy(x, u, scale):
+        """x + scale * u in float32, rounded once to x's dtype: every perturbed point and update here."""
+        return (x.to(tl.float32) + scale * u.to(tl.float32)).to(x.dtype)
+
+    @triton.jit
+    def _axpy_kernel(dst_ptr, src_ptr, u_ptr, n, key, scale, u_scale, GENERATE: tl.constexpr,
+                     RADEMACHER: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
+        """dst = src + scale * u over n contiguous values; u read from ``u_ptr`` or (GENERATE) drawn from
+        ``key`` at the same counters ``_fill_kernel`` uses."""
+        counters = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = counters < n
+        x = tl.load(src_ptr + counters, mask=mask)
+        if GENERATE:
+            u = _u(key, counters, u_scale, dst_ptr, RADEMACHER, SCALED)
+        else:
+            u = tl.load(u_ptr + counters, mask=mask)
+        tl.store(dst_ptr + counters, _axpy(x, u, scale), mask=mask)
+
+    @triton.jit
+    def _axpy_tensors_kernel(dst_table, src_table, u_table, keys_ptr, block_tensor_ptr, block_first_ptr,
+                             numels_ptr, scale, u_scale, DTYPE: tl.constexpr, GENERATE: tl.constexpr,
+                             RADEMACHER: tl.constexpr, SCALED: tl.constexpr, BLOCK: tl.constexpr):
+        """``_axpy_kernel`` for every tensor of the layout in one launch: tensor t's addresses are read
+        from the int64 tables (dst, src, u), block b covers counters first[b].. of tensor t[b]."""
+        b = tl.program_id(0)
+        t = tl.load(block_tensor_ptr + b)
+        counters = tl.load(block_first_ptr + b) + tl.arange(0, BLOCK)
+        mask = counters < tl.load(numels_ptr + t)
+        dst = tl.load(dst_table + t).to(tl.pointer_type(DTYPE))
+        src = tl.load(src_table + t).to(tl.pointer_type(DTYPE))
+        x = tl.load(src + counters, mask=mask)
+        if GENERATE:
+            u = _u(tl.load(keys_ptr + t), counters, u_scale, dst, RADEMACHER, SCALED)
+        else:
+            u = tl.load(tl.load(u_table + t).to(tl.pointer_type(DTYPE)) + counters, mask=mask)
+        tl.store(dst + counters, _axpy(x, u, scale), mask=mask)
 
     @triton.jit
     def _draw_kernel(out_ptr, partial_ptr, keys_ptr, block_tensor_ptr, block_first_ptr, starts_ptr, numels_ptr,
@@ -153,6 +196,9 @@ class Layout:
         self._keys_device = torch.empty(len(self.numels), dtype=torch.int64, device=self.device)
         self._keys_copied = torch.cuda.Event() if gpu else None
         self._lock = threading.Lock()
+        self._tables: "OrderedDict[int, Tuple[List[torch.Tensor], torch.Tensor]]" = OrderedDict()
+        self._triton_dtype = {torch.float32: tl.float32, torch.float16: tl.float16,
+                              torch.bfloat16: tl.bfloat16}.get(self.dtype) if triton is not None else None
 
     def new_flat(self) -> torch.Tensor:
         with torch.inference_mode(False):
@@ -167,20 +213,56 @@ class Layout:
         target = out if out is not None else torch.empty(1, dtype=self.dtype, device=self.device)
         partials = torch.empty(self.n_blocks if norm else 1, dtype=torch.float64, device=self.device)
         with self._lock:  # a prefetch thread may draw while this one computes a norm
-            # asynchronous from pinned memory (a pageable copy would wait for every queued kernel); the
-            # host buffer is rewritten only once its last copy is done, and the device buffer is read
-            # by kernels queued before the next copy on the same stream
-            if self._keys_copied is not None:
-                self._keys_copied.synchronize()
-            self._keys_host.numpy()[:] = keys
-            self._keys_device.copy_(self._keys_host, non_blocking=True)
-            if self._keys_copied is not None:
-                self._keys_copied.record()
-            _draw_kernel[(self.n_blocks,)](target, partials, self._keys_device, self._block_tensor,
+            _draw_kernel[(self.n_blocks,)](target, partials, self._upload_keys(keys), self._block_tensor,
                                            self._block_first, self._starts, self._numels,
                                            RADEMACHER=_KINDS[kind] == 1, WRITE=out is not None, NORM=norm,
                                            BLOCK=BLOCK)
         return float(partials.sum()) if norm else None
+
+    def _upload_keys(self, keys: List[int]) -> torch.Tensor:
+        """The keys on the device (call with the lock held): asynchronous from pinned memory (a pageable
+        copy would wait for every queued kernel); the host buffer is rewritten only once its last copy is
+        done, and the device buffer is read by kernels queued before the next copy on the same stream."""
+        if self._keys_copied is not None:
+            self._keys_copied.synchronize()
+        self._keys_host.numpy()[:] = keys
+        self._keys_device.copy_(self._keys_host, non_blocking=True)
+        if self._keys_copied is not None:
+            self._keys_copied.record()
+        return self._keys_device
+
+    def table(self, tensors: List[torch.Tensor]) -> torch.Tensor:
+        """The tensors' addresses as an int64 device table, uploaded once per list. ``tensors`` must be a
+        list its owner keeps and never changes (the parameters' detached views, a cache slot, the swap
+        buffer): the table is found by the list's identity and holds the list, so the memory it points
+        to lives as long as the table does (reading 105 addresses every call cost 20 us a table)."""
+        entry = self._tables.get(id(tensors))
+        if entry is not None and entry[0] is tensors:
+            return entry[1]
+        if len(tensors) != len(self.numels) or any(
+                t.numel() != n or t.dtype != self.dtype or t.device != self.device or not t.is_contiguous()
+                for t, n in zip(tensors, self.numels)):
+            raise ValueError("philox: a tensor table must match the layout (numel, dtype, device, contiguous)")
+        table = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=self.device)
+        self._tables[id(tensors)] = (tensors, table)
+        if len(self._tables) > 16:
+            self._tables.popitem(last=False)
+        return table
+
+    def axpy_all_(self, dst: List[torch.Tensor], src: List[torch.Tensor], scale: float,
+                  u: Optional[List[torch.Tensor]] = None, keys: Optional[List[int]] = None,
+                  kind: str = "gaussian", u_scale: float = 1.0) -> None:
+        """dst[t] = src[t] + scale * u[t] for every tensor of the layout, one launch; u read from the
+        tensors ``u`` or drawn from ``keys`` (scaled by ``u_scale``, as a cached slot holds it)."""
+        dst_table, src_table = self.table(dst), self.table(src)
+        with self._lock:
+            generate = u is None
+            keys_device = self._upload_keys(keys) if generate else self._keys_device
+            _axpy_tensors_kernel[(self.n_blocks,)](dst_table, src_table, dst_table if generate else self.table(u),
+                                                   keys_device, self._block_tensor, self._block_first,
+                                                   self._numels, scale, u_scale, DTYPE=self._triton_dtype,
+                                                   GENERATE=generate, RADEMACHER=_KINDS[kind] == 1,
+                                                   SCALED=u_scale != 1.0, BLOCK=BLOCK)
 
 
 def scale_(flat: torch.Tensor, scale: float) -> None:
@@ -193,6 +275,21 @@ def fill(out: torch.Tensor, key: int, kind: str, scale: float) -> torch.Tensor:
     _fill_kernel[(triton.cdiv(n, BLOCK),)](out, n, key, scale, RADEMACHER=_KINDS[kind] == 1,
                                            SCALED=scale != 1.0, BLOCK=BLOCK)
     return out
+
+
+def axpy_(dst: torch.Tensor, src: torch.Tensor, scale: float, u: Optional[torch.Tensor] = None,
+          key: int = 0, kind: str = "gaussian", u_scale: float = 1.0) -> torch.Tensor:
+    """dst = src + scale * u over contiguous tensors of one size (dst may be src); u read from ``u`` or
+    drawn from ``key`` (scaled by ``u_scale``) in the same kernel, so nothing is allocated."""
+    n = dst.numel()
+    if src.numel() != n or not (dst.is_contiguous() and src.is_contiguous()) or (
+            u is not None and (u.numel() != n or not u.is_contiguous())):
+        raise ValueError("philox.axpy_: dst, src and u must be contiguous and of one size")
+    generate = u is None
+    _axpy_kernel[(triton.cdiv(n, BLOCK),)](dst, src, dst if generate else u, n, key, scale, u_scale,
+                                           GENERATE=generate, RADEMACHER=_KINDS[kind] == 1,
+                                           SCALED=u_scale != 1.0, BLOCK=BLOCK)
+    return dst
 
 
 def rows(out: torch.Tensor, unique_rows: torch.Tensor, dim: int, key: int, kind: str, scale: float) -> torch.Tensor:

@@ -141,6 +141,60 @@ def test_a_tensor_drawn_alone_is_that_tensor_of_the_whole_draw():
         assert not torch.equal(alone[0], d.tensor(10, 0))  # another seed, other values
 
 
+def _same_bits(a, b):
+    return all(x.dtype == y.dtype and torch.equal(x.flatten().view(torch.int16 if x.element_size() == 2 else torch.int32),
+                                                  y.flatten().view(torch.int16 if y.element_size() == 2 else torch.int32))
+               for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_updates_in_one_launch_or_per_tensor_agree_in_both_modes(dtype):
+    """add_all_ (every tensor in one launch, through address tables) and add_to_ (tensor by tensor, the
+    momentum path), each with the direction cached or drawn inside the kernel: one result, bit for bit,
+    and it is x + s * u computed in float32 and rounded once."""
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(shape, generator=gen).to(device=DEVICE, dtype=dtype) for shape in ((9_000,), (33, 7), (1,))]
+    results = []
+    for cache in (False, True):
+        for whole in (True, False):
+            params = [p.clone() for p in start]
+            d = Directions(params, "sphere", radius=3.0)
+            with torch.no_grad(), (d.cached([2]) if cache else contextlib.nullcontext()):
+                if whole:
+                    d.add_all_(2, -0.37)
+                else:
+                    for i, p in enumerate(params):
+                        d.add_to_(2, i, p, -0.37)
+            results.append(params)
+    assert all(_same_bits(results[0], r) for r in results[1:])
+    expected = [(p.float() - 0.37 * u.float()).to(dtype) for p, u in zip(start, d.dense(2))]
+    torch.testing.assert_close(results[0], expected)  # within rounding (a GPU fuses the multiply-add)
+    assert not _same_bits(results[0], start)
+
+
+def test_non_contiguous_tensors_get_the_same_values():
+    """A non-contiguous parameter or update target goes through a contiguous copy: same values."""
+    base = torch.randn(7, 33, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    d = Directions([torch.zeros(33, 7, device=DEVICE)], "gaussian")
+    contiguous, strided = base.T.contiguous(), base.T
+    assert not strided.is_contiguous()
+    out_a, out_b = torch.empty(33, 7, device=DEVICE), torch.empty(33, 7, device=DEVICE)
+    d.perturb_into(5, 0, contiguous, out_a, 0.5)
+    d.perturb_into(5, 0, strided, out_b, 0.5)
+    assert torch.equal(out_a, out_b)
+    d.add_to_(5, 0, contiguous, 0.5)
+    d.add_to_(5, 0, strided, 0.5)
+    assert torch.equal(contiguous, strided) and torch.equal(contiguous, out_a)
+
+
+def test_an_address_table_must_fit_the_layout():
+    d = Directions([torch.zeros(10, device=DEVICE), torch.zeros(3, device=DEVICE)], "gaussian")
+    with pytest.raises(ValueError, match="must match the layout"):
+        d._philox.table([torch.zeros(10, device=DEVICE), torch.zeros(4, device=DEVICE)])
+    with pytest.raises(ValueError, match="must match the layout"):
+        d._philox.table([torch.zeros(10, device=DEVICE)])
+
+
 def test_gaussian_moments_and_independence():
     n = 200_000  # tolerances are 5 standard errors at this size
     d = Directions([torch.zeros(n, device=DEVICE), torch.zeros(n // 8, 8, device=DEVICE)], "gaussian")
