@@ -26,7 +26,7 @@ def _counter_based_here(monkeypatch):
     """Every floating parameter list on DEVICE takes the philox path (on a GPU it does anyway)."""
     if not GPU:
         monkeypatch.setattr(philox, "supports", lambda params: bool(params) and all(
-            p.device == DEVICE and p.dtype == params[0].dtype and p.dtype.is_floating_point for p in params))
+            p.device == DEVICE and p.dtype == params[0].dtype and p.dtype in philox._DTYPES for p in params))
 
 
 def _snapshot(model):
@@ -260,3 +260,11 @@ def test_gpu_directions_are_not_the_cpu_ones():
     gpu = Directions([torch.zeros(1000, device=DEVICE)], "gaussian")
     assert (cpu.stream, gpu.stream) == ("cpu-torch-v2", "cuda-philox-v1")
     assert not torch.equal(cpu.dense(3)[0], gpu.dense(3)[0].cpu())
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+def test_float64_parameters_take_the_chunked_path_on_a_gpu():
+    """The kernels compute in float32: float64 parameters would lose precision there, so they are drawn
+    by torch's CUDA generator in chunks, a stream of its own."""
+    d = Directions([torch.zeros(10, dtype=torch.float64, device=DEVICE)], "gaussian")
+    assert d._philox is None and d.stream == "cuda-torch-v2"
