@@ -2,12 +2,25 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any, Callable, Dict
 
 import attr
 import dp_accounting
 from dp_accounting import pld, rdp
+
+class _ExcludedOrderFilter(logging.Filter):
+    """dp-accounting's RDP series for a (q, sigma, order) that does not converge is taken as infinite RDP,
+    so that order drops out of the minimum and epsilon can only come out larger: conservative. Its
+    warning repeats for every probe of the sigma search and every epsilon logged during a run, and
+    gives the user nothing to act on, so privzo drops it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "_compute_log_a_frac failed to converge" not in str(record.msg)
+
+
+logging.getLogger("absl").addFilter(_ExcludedOrderFilter())
 
 _RELATIONS = {
     "add_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
