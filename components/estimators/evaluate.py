@@ -41,9 +41,11 @@ def clip_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
     """Clamp each per-example value to [-clip, clip] and sum over examples: [m, b] -> [m] (float64).
 
     One example changes each of the m sums by at most ``clip`` (add/remove), so the m-vector moves by at
-    most sqrt(m) * clip in L2.
+    most sqrt(m) * clip in L2. A NaN value (a diverged loss) counts as 0: clamping leaves NaN as NaN, and
+    one NaN would turn the released sum into NaN whatever the noise, telling exactly whether that
+    example was sampled. Infinite values clamp to +-clip.
     """
-    return values.double().clamp(-clip, clip).sum(dim=1)
+    return torch.nan_to_num(values.double(), nan=0.0).clamp(-clip, clip).sum(dim=1)
 
 
 def gram(directions: Directions, query: VectorFiniteDifferences) -> torch.Tensor:
@@ -62,6 +64,8 @@ def vector_clip_coefficients(values: torch.Tensor, gram_matrix: torch.Tensor, cl
     d-sized per-example vector is ever formed."""
     q = values.shape[0]
     a = values.double().T / q  # [b, q]
+    # an example with a non-finite value contributes nothing (bounded by any clip), not a NaN sum
+    a = torch.where(torch.isfinite(a).all(dim=1, keepdim=True), a, torch.zeros((), dtype=a.dtype))
     norms = torch.sqrt(torch.clamp(torch.einsum("bj,jk,bk->b", a, gram_matrix, a), min=0.0))
     factors = torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0)
     return (a * factors[:, None]).sum(dim=0)

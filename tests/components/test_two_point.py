@@ -1,4 +1,6 @@
 """DPZero's two-point estimator: sensitivity, unbiasedness on a quadratic, public plans."""
+import math
+
 import torch
 
 from tests.components.quadratic import Quadratic, quad_loss
@@ -6,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from components.estimators import Directions, FiniteDifferences, Seeded, TwoPointEstimator
-from components.estimators.evaluate import clip_sum, per_example_values
+from components.estimators.evaluate import clip_sum, per_example_values, vector_clip_coefficients
 
 
 
@@ -58,7 +60,8 @@ def test_two_point_estimate_is_unbiased_on_quadratic():
 @settings(max_examples=60, deadline=None)
 @given(
     values=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=20),
-    extra=st.floats(-1e9, 1e9, allow_nan=False),
+    # a diverged example's loss difference can be NaN or infinite: still at most C
+    extra=st.one_of(st.floats(-1e9, 1e9, allow_nan=False), st.sampled_from([math.nan, math.inf, -math.inf])),
     clip=st.floats(0.01, 100.0),
     drop=st.integers(0, 19),
 )
@@ -75,3 +78,23 @@ def test_one_example_moves_each_clipped_sum_by_at_most_clip(values, extra, clip,
         assert abs(float(clip_sum(torch.tensor([replaced], dtype=torch.float64), clip) - s)) <= 2 * clip * (1 + 1e-12)
 
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=3, max_size=3), min_size=1, max_size=8),
+    extra=st.one_of(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=3, max_size=3),
+                    st.sampled_from([[math.nan, 0.0, 1.0], [math.inf, 1.0, 2.0], [-math.inf, math.nan, 0.0]])),
+    clip=st.floats(0.01, 100.0),
+)
+def test_one_example_moves_the_vector_clipped_sum_by_at_most_clip(values, extra, clip):
+    """DPGD-0th: adding one example (finite or not) moves sum_j w_j u_j by at most C in L2."""
+    q = 3
+    u = torch.randn(q, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    gram_matrix = u @ u.T
+    base = torch.tensor(values, dtype=torch.float64).T  # [q, b]
+    added = torch.cat([base, torch.tensor([extra], dtype=torch.float64).T], dim=1)
+    w0 = vector_clip_coefficients(base, gram_matrix, clip)
+    w1 = vector_clip_coefficients(added, gram_matrix, clip)
+    assert torch.isfinite(w1).all()
+    assert float(((w1 - w0) @ u).norm()) <= clip * (1 + 1e-9)
