@@ -19,6 +19,7 @@ import torch
 
 FORMAT = 1
 FILE = "checkpoint.pt"
+INTENT = "intent.json"  # written before a chunk's first private query: what a kill during it may have spent
 
 
 def spec_digest(spec) -> str:
@@ -72,7 +73,34 @@ class CheckpointStore:
         state = torch.load(self.path, map_location="cpu", weights_only=True)
         if state.get("format") != FORMAT:
             raise ValueError(f"checkpoint: {self.path} has format {state.get('format')!r}, privzo reads {FORMAT}")
-        return state
+        return self._charge_unrecorded(state)
+
+    def _charge_unrecorded(self, state: dict) -> dict:
+        """A process killed during a chunk spent an unknown number of that chunk's steps: charge all of them
+        (the chunk's intent bounds them), so a resume never spends a step twice unaccounted. An intent
+        from an earlier step is stale: its chunk finished and was saved."""
+        try:
+            intent = json.loads((self.dir / INTENT).read_text())
+        except FileNotFoundError:
+            return state
+        loop = state["loop"]
+        if intent["from_step"] != loop["step"]:
+            return state
+        bound = int(intent["privacy_steps"]) + int(intent["until"]) - int(intent["from_step"])
+        if bound <= loop["privacy_steps"]:
+            return state
+        return {**state, "loop": {**loop, "privacy_steps": bound}, "unrecorded_steps": bound - loop["privacy_steps"]}
+
+    def write_intent(self, intent: dict) -> None:
+        tmp = self.dir / f".{INTENT}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(intent, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / INTENT)
+
+    def clear_intent(self) -> None:
+        (self.dir / INTENT).unlink(missing_ok=True)
 
     def save(self, state: dict) -> None:
         """Write-then-rename, so a kill mid-write leaves the previous checkpoint intact."""
@@ -119,6 +147,11 @@ class Checkpointer:
         self.store.save({**self.binding, "loop": state})
         self.last = state
 
+    def begin(self, loop, until: int) -> None:
+        """Before a chunk's first private query: a process killed before the chunk's checkpoint is charged
+        every step up to ``until`` on resume."""
+        self.store.write_intent({"from_step": loop.step, "privacy_steps": loop.tracker.steps, "until": until})
+
     def rewind(self, loop) -> int:
         """Back to the last checkpoint after a failed attempt; the steps the attempt spent stay charged
         (the exception may have depended on what they released). Returns the steps discarded."""
@@ -134,3 +167,4 @@ class Checkpointer:
         if self.last is not None:
             self.last = {**self.last, "privacy_steps": loop.tracker.steps}
             self.store.save({**self.binding, "loop": self.last})
+            self.store.clear_intent()  # the count is exact now

@@ -4,9 +4,10 @@ checkpointed chunks -> evaluate -> log -> register -> commit budget.
 Reads like the algorithm: every side effect (MLflow, Prefect artifacts, files) is here, every
 computation is a component. A chunk of training draws DP noise: it is never cached; a failed chunk is
 retried from the last checkpoint, and the steps the failed attempt spent stay charged. A process killed
-mid-run resumes from its last checkpoint under the same ledger reservation and MLflow run: nothing of
-the steps after that checkpoint left the process (metrics and checkpoints are written only at chunk
-ends), so they are redone, not charged twice.
+mid-run resumes from its last checkpoint under the same ledger reservation and MLflow run, charged with
+every step of the chunk it was killed in. A private run's noise was calibrated for
+``optimizer.steps`` private steps in all, so the steps a rewind discards come out of the trajectory: the
+run ends that many updates early, at exactly the planned epsilon, never above it.
 """
 from __future__ import annotations
 
@@ -97,17 +98,30 @@ def train_chunk(spec: specs.RunSpec, built: builders.Built, until: int, checkpoi
     """Private steps up to ``until``, then a checkpoint. A retry starts from the last checkpoint."""
     loop = built.loop
     discarded = checkpointer.rewind(loop)
+    until = min(until, trajectory_end(spec, loop))
     if discarded:
-        get_run_logger().warning("retrying from the checkpoint at step %d; the %d steps of the failed attempt "
-                                 "stay charged (%d privacy steps spent)", loop.step, discarded, loop.tracker.steps)
+        get_run_logger().warning(
+            "retrying from the checkpoint at step %d; the %d steps of the failed attempt stay charged (%d privacy "
+            "steps spent) and come out of the run's remaining steps: it now ends at step %d", loop.step, discarded,
+            loop.tracker.steps, trajectory_end(spec, loop))
     if progress is not None:
-        progress.n = loop.step
+        progress.n, progress.total = loop.step, trajectory_end(spec, loop)
         progress.refresh()
     start = loop.step
     builders.restart_insecure_streams(spec, built)
+    checkpointer.begin(loop, until)
     loop.run(until, on_step=(lambda _s: progress.update(1)) if progress is not None else None)
     checkpointer.save(loop)
     return loop.step - start
+
+
+def trajectory_end(spec: specs.RunSpec, loop) -> int:
+    """The step a run stops at. A private run may spend ``optimizer.steps`` private steps in all (its
+    noise was calibrated for that many): steps discarded by a retry or charged to a killed process
+    shorten its trajectory instead of raising its epsilon."""
+    if not spec.private:
+        return spec.optimizer.steps
+    return loop.step + max(0, spec.optimizer.steps - loop.tracker.steps)
 
 
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
@@ -139,6 +153,10 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
         raise
     get_run_logger().info("resuming %s from its checkpoint at step %d (%s)", spec.name, saved["loop"]["step"],
                           store.path)
+    if saved.get("unrecorded_steps"):
+        get_run_logger().warning(
+            "the killed process may have run up to %d private steps after that checkpoint: all are charged "
+            "(%d privacy steps spent)", saved["unrecorded_steps"], saved["loop"]["privacy_steps"])
     return store, saved
 
 
@@ -387,7 +405,6 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
     """Train in checkpointed chunks, log as we go; returns (result, privacy report markdown)."""
     resolved = plan.spec
     uri = resolved.tracking.uri
-    total = resolved.optimizer.steps
     if init_tags:  # a new run (a resumed one's checkpoint holds its initial and warm-started weights)
         mlflow.MlflowClient(uri).log_batch(run_id, tags=[RunTag(k, v) for k, v in init_tags.items()])
         warm_steps = public_warm_start(resolved, built)
@@ -399,19 +416,20 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, initial=built.loop.step, desc=f"{resolved.name} private steps", unit="step",
-                   leave=False)
+        bar = tqdm(total=trajectory_end(resolved, built.loop), initial=built.loop.step,
+                   desc=f"{resolved.name} private steps", unit="step", leave=False)
     log_every = resolved.tracking.log_every
     every = resolved.checkpoint.every or log_every
     chunk = train_chunk.with_options(retries=resolved.checkpoint.retries)
     metrics: Dict[str, float] = {}
     status = "FAILED"
     try:
-        while built.loop.step < total:
+        while built.loop.step < trajectory_end(resolved, built.loop):
             step = built.loop.step
-            until = min(total, (step // every + 1) * every, (step // log_every + 1) * log_every)
-            chunk(resolved, built, until, checkpointer, bar)
-            if until % log_every == 0 or until == total:
+            until = min(trajectory_end(resolved, built.loop), (step // every + 1) * every,
+                        (step // log_every + 1) * log_every)
+            chunk(resolved, built, until, checkpointer, bar)  # a retry inside may end the run earlier
+            if built.loop.step % log_every == 0 or built.loop.step >= trajectory_end(resolved, built.loop):
                 metrics = evaluate(built, data)
                 if resolved.privacy is not None:
                     metrics["privacy/epsilon"] = built.loop.tracker.epsilon()

@@ -157,19 +157,26 @@ def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_sp
 
 
 def test_a_failed_chunk_is_retried_from_its_checkpoint(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
-    """One lost worker: the chunk restarts from the step-20 checkpoint and the run finishes; the journal
-    is the uninterrupted trajectory and the 10 discarded steps stay charged."""
+    """One lost worker: the chunk restarts from the step-20 checkpoint and the run finishes. The 10
+    discarded steps stay charged and come out of the trajectory: 60 private steps in all, as planned and
+    calibrated, so the run's epsilon is the planned one, not more."""
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
     tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    planned = private_train(spec={**tiny_spec_dict, "tracking": {"uri": f"sqlite:///{tmp_path / 'ref.db'}",
+                                                                  "log_every": 20}})
     _fail_queries(monkeypatch, 31, 31)
     result = private_train(spec=tiny_spec_dict)
-    assert result["steps"] == 70  # 60 on the trajectory + 10 discarded
+    assert result["steps"] == planned["steps"] == 60  # 50 on the trajectory + 10 discarded
+    assert result["epsilon"] == planned["epsilon"] <= tiny_spec_dict["privacy"]["epsilon"]
     client = mlflow.MlflowClient(result["tracking_uri"])
     local = Path(client.download_artifacts(result["run_id"], "journal/journal.json", str(tmp_path / "dl")))
     steps = sorted({e["step"] for e in json.loads(local.read_text())})
-    assert steps == list(range(60))
+    assert steps == list(range(50))
+    run = client.get_run(result["run_id"])
+    assert run.data.tags["dp.steps"] == "60" and run.info.status == "FINISHED"
+    assert max(m.step for m in client.get_metric_history(result["run_id"], "eval/accuracy")) == 50
     assert not (tmp_path / ".privzo" / "checkpoints" / "tiny-digits" / result["run_key"]).exists()
 
 

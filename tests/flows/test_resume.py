@@ -1,5 +1,6 @@
 """A training process killed mid-run resumes from its last checkpoint: one ledger charge, the same model."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,9 +100,20 @@ def test_killed_run_resumes_with_one_charge_and_the_same_model(prefect_server, t
     out, _ = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, out[-3000:]
     assert f"resuming {spec['name']} from its checkpoint at step {killed_at}" in out
+    # the chunk the process was killed in (50 steps, one log interval) is charged whole, unless the kill
+    # fell between a checkpoint and the next chunk's first query
+    unrecorded = re.search(r"the killed process may have run up to (\d+) private steps", out)
+    unrecorded = int(unrecorded.group(1)) if unrecorded else 0
+    assert unrecorded in (0, 50)
+    planned = spec["optimizer"]["steps"]
     state = _final(spec, key)
-    assert state["loop"]["step"] == ref_state["loop"]["step"] == spec["optimizer"]["steps"]
-    assert state["loop"]["privacy_steps"] == ref_state["loop"]["privacy_steps"] == spec["optimizer"]["steps"]
+    assert ref_state["loop"]["step"] == ref_state["loop"]["privacy_steps"] == planned
+    if private:  # the charged steps come out of the trajectory: the run spends exactly what was planned
+        assert state["loop"]["step"] == planned - unrecorded
+        assert state["loop"]["privacy_steps"] == planned
+    else:  # not private: the trajectory is completed, and the count says what was executed
+        assert state["loop"]["step"] == planned
+        assert state["loop"]["privacy_steps"] == planned + unrecorded
     if private:
         (charge,) = PrivacyLedger(spec["budget"]["ledger"]).history("digits-patients")
         (ref_charge,) = PrivacyLedger(reference["budget"]["ledger"]).history("digits-patients")
@@ -221,3 +233,34 @@ def test_resume_refuses_directions_drawn_on_another_kind_of_device(prefect_serve
     proc = _cli("run", str(spec_path), "--no-progress", "--resume", key, cwd=tmp_path)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
+
+
+def test_a_kill_mid_chunk_is_charged_up_to_the_chunk_end_and_a_recorded_failure_exactly(tmp_path):
+    """The intent written before a chunk's first query bounds what a killed process spent; it is stale
+    once the chunk's checkpoint is saved, and dropped when a failure records the exact count."""
+    from flows.checkpoints import Checkpointer, CheckpointStore
+
+    class Loop:  # the parts of a training loop a Checkpointer touches
+        def __init__(self):
+            self.step, self.tracker = 20, type("T", (), {"steps": 25})()
+
+        def state_dict(self):
+            return {"step": self.step, "privacy_steps": self.tracker.steps}
+
+    store = CheckpointStore(str(tmp_path), "run", "key")
+    loop = Loop()
+    checkpointer = Checkpointer(store, {"charge_id": None})
+    checkpointer.save(loop)
+    assert "unrecorded_steps" not in store.load()
+    checkpointer.begin(loop, until=40)  # killed somewhere in steps 20..39
+    state = store.load()
+    assert state["loop"]["privacy_steps"] == 25 + 20 and state["unrecorded_steps"] == 20
+    loop.step, loop.tracker.steps = 40, 45
+    checkpointer.save(loop)  # the chunk finished: its intent is stale
+    assert store.load()["loop"]["privacy_steps"] == 45 and "unrecorded_steps" not in store.load()
+    checkpointer.begin(loop, until=60)
+    loop.step, loop.tracker.steps = 47, 52  # failed at step 47: the flow records the exact count
+    checkpointer.record_spent(loop)
+    state = store.load()
+    assert state["loop"]["step"] == 40 and state["loop"]["privacy_steps"] == 52
+    assert "unrecorded_steps" not in state
