@@ -5,6 +5,11 @@ status (reserved / committed / aborted) and steps run. A dataset's total is the 
 runs' events with dp-accounting (never a sum of epsilons): committed runs count with what they executed,
 reserved runs with what they planned.
 
+The ledger also keeps the content fingerprint of every row any run on a dataset treated as private, and
+refuses a run that would use one of them as public or test data (both are used without noise): a seed or
+split change between runs, or new rows that move the split, would otherwise expose people whose privacy
+earlier runs have already spent.
+
 Reservation is one transaction holding the dataset's lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL:
 ``SELECT ... FOR UPDATE`` on the dataset's row), so concurrent runs cannot both fit into the same
 remaining budget.
@@ -15,10 +20,10 @@ import datetime as dt
 import math
 import uuid
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 import dp_accounting
-from sqlalchemy import Column, DateTime, Float, Integer, String, Text, create_engine, event, select, text
+from sqlalchemy import Column, DateTime, Float, Integer, String, Text, create_engine, event, insert, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session
 
@@ -37,6 +42,16 @@ class BudgetExceeded(RuntimeError):
             f"left and this run needs {requested:.4g}; lower privacy.epsilon, or wait for new data")
 
 
+class RowsExposed(RuntimeError):
+    """The run would use rows as public or test data that earlier runs on the dataset kept private."""
+
+    def __init__(self, dataset: str, n_rows: int):
+        self.dataset, self.n_rows = dataset, n_rows
+        super().__init__(
+            f"data.split: {n_rows} public or test rows of this run were private in earlier runs on dataset "
+            f"{dataset!r} and cannot be used without noise now; keep the seed and data.split of those runs")
+
+
 class _Base(DeclarativeBase):
     pass
 
@@ -48,6 +63,14 @@ class DatasetRow(_Base):
     delta = Column(Float, nullable=False)
     accountant = Column(String(20), nullable=False)
     neighboring = Column(String(20), nullable=False)
+
+
+class PrivateRowRow(_Base):
+    """A row (content fingerprint) some run on the dataset reserved as private."""
+
+    __tablename__ = "privzo_private_rows"
+    dataset = Column(String(200), primary_key=True)
+    row = Column(String(64), primary_key=True)
 
 
 class ChargeRow(_Base):
@@ -155,9 +178,12 @@ class PrivacyLedger:
 
     # ---------------------------------------------------------------- state changes
     def reserve(self, *, dataset: str, fingerprint: str, run_name: str, planned: dp_accounting.DpEvent,
-                steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str) -> str:
-        """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon``;
-        returns the charge id or raises ``BudgetExceeded`` having written nothing."""
+                steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str,
+                private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = ()) -> str:
+        """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon`` and no
+        row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run; records
+        ``private_rows``. Returns the charge id, or raises ``BudgetExceeded`` / ``RowsExposed`` having
+        written nothing. Rows of a reservation later aborted stay recorded: conservative."""
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
@@ -173,6 +199,13 @@ class PrivacyLedger:
             requested = self._epsilon(ds, [planned])
             if not after <= ds.lifetime_epsilon:  # fails closed on nan / inf
                 raise BudgetExceeded(dataset, ds.lifetime_epsilon - before, requested, ds.lifetime_epsilon)
+            known = set(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
+            exposed = known.intersection(exposed_rows)
+            if exposed:
+                raise RowsExposed(dataset, len(exposed))
+            new_rows = set(private_rows) - known
+            if new_rows:
+                session.execute(insert(PrivateRowRow), [{"dataset": dataset, "row": r} for r in sorted(new_rows)])
             charge = ChargeRow(id=str(uuid.uuid4()), dataset=dataset, fingerprint=fingerprint, run_name=run_name,
                                status=RESERVED, planned_event=event_to_json(planned), steps_planned=steps,
                                steps_run=0, planned_epsilon=requested, created_at=_now(), updated_at=_now())

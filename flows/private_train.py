@@ -59,9 +59,10 @@ def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
 
 
 @task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
-def reserve_budget(plan: Plan, fingerprint: str) -> Optional[str]:
+def reserve_budget(plan: Plan, data: SplitData) -> Optional[str]:
     """Reserve the planned DpEvent on the dataset's lifetime budget, in one transaction, before any
-    private row is queried; refuses (writing nothing) if the composed total would exceed it."""
+    private row is queried; refuses (writing nothing) if the composed total would exceed it, or if a
+    public or test row of this run was private in an earlier one."""
     spec = plan.spec
     if spec.budget is None:
         return None
@@ -69,10 +70,11 @@ def reserve_budget(plan: Plan, fingerprint: str) -> Optional[str]:
 
     ledger = PrivacyLedger(spec.budget.ledger)
     return ledger.reserve(
-        dataset=spec.budget.dataset, fingerprint=fingerprint, run_name=spec.name,
+        dataset=spec.budget.dataset, fingerprint=data.private.fingerprint, run_name=spec.name,
         planned=builders.planned_event(spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
         steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
-        accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring)
+        accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
+        private_rows=data.private.fingerprints, exposed_rows=data.public.fingerprints + data.test.fingerprints)
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)
@@ -335,7 +337,7 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     charge_id = None
     try:
         source = None if saved else registered_source(resolved)
-        charge_id = saved["charge_id"] if saved else reserve_budget(plan, fingerprint)
+        charge_id = saved["charge_id"] if saved else reserve_budget(plan, data)
         built = builders.build_loop(resolved, data)
         if saved:
             _same_stream(store, saved, built.loop.backend.directions.stream)

@@ -1,7 +1,11 @@
 """MLflow conventions (DESIGN §7): params = flattened resolved spec, dp.* tags, per-step metrics."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Dict, Iterable
@@ -11,7 +15,38 @@ import mlflow
 from flows.reporting import PrivacySummary
 
 
+KEY_ENV = "PRIVZO_FINGERPRINT_KEY"
+
+
+def _fingerprint_key() -> bytes:
+    """``$PRIVZO_FINGERPRINT_KEY``, else this user's key in ~/.privzo/fingerprint.key (created on first use,
+    readable by its owner only). Machines that should agree on fingerprints share the variable."""
+    value = os.environ.get(KEY_ENV)
+    if value:
+        return value.encode()
+    path = Path.home() / ".privzo" / "fingerprint.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # created by a concurrent run: use theirs
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+    return path.read_text().strip().encode()
+
+
+def released_fingerprint(private_fingerprint: str) -> str:
+    """The ``data.fingerprint`` tag: HMAC-SHA256 of the private rows' content fingerprint under a secret
+    key. A plain hash of the private rows is a function of them released without noise: whoever knows
+    every row but one could test whether that one was trained on. Keyed, only the key's holders can link
+    runs to data (the same rows give the same tag under the same key)."""
+    return hmac.new(_fingerprint_key(), bytes.fromhex(private_fingerprint), hashlib.sha256).hexdigest()
+
+
 def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
+    """``data_fingerprint``: the private rows' content fingerprint; the tag carries its keyed form."""
     return {
         "dp.epsilon": f"{summary.epsilon:.6g}",
         "dp.delta": f"{summary.delta:.6g}",
@@ -21,7 +56,7 @@ def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
         "dp.noise_multiplier": f"{summary.noise_multiplier:.6g}",
         "dp.steps": str(summary.steps),
         "dp.private": "true" if summary.private else "false",
-        "data.fingerprint": data_fingerprint,
+        "data.fingerprint": released_fingerprint(data_fingerprint),
     }
 
 

@@ -40,4 +40,5 @@ def _isolated_prefect_home(tmp_path_factory):
     os.environ["PREFECT_HOME"] = str(home)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("PRIVZO_FINGERPRINT_KEY", "privzo-tests")  # no key file in the user's home
     yield

@@ -5,7 +5,7 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from flows.ledger import ABORTED, COMMITTED, RESERVED, BudgetExceeded, PrivacyLedger
+from flows.ledger import ABORTED, COMMITTED, RESERVED, BudgetExceeded, PrivacyLedger, RowsExposed
 
 DELTA = 1e-5
 
@@ -19,10 +19,28 @@ def composed_eps(events):
     return rdp.RdpAccountant().compose(dp_accounting.ComposedDpEvent(events)).get_epsilon(DELTA)
 
 
-def _reserve(ledger, lifetime, event=None, dataset="patients"):
+def _reserve(ledger, lifetime, event=None, dataset="patients", private=(), exposed=()):
     return ledger.reserve(dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event or run_event(),
                           steps=200, lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp",
-                          neighboring="add_remove")
+                          neighboring="add_remove", private_rows=private, exposed_rows=exposed)
+
+
+def test_a_row_once_private_is_never_public_or_test_again(tmp_path):
+    """A seed or split change between runs (or new rows that move the split) would hand earlier private
+    rows to the public or test split, used without noise: refused, writing nothing."""
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    rows = [f"{i:064x}" for i in range(6)]
+    _reserve(ledger, 100.0, private=rows[:3], exposed=rows[3:])
+    spent = ledger.spent("patients")
+    with pytest.raises(RowsExposed, match=r"^data.split: 2 public or test rows of this run were private in earlier "
+                                          r"runs on dataset 'patients'"):
+        _reserve(ledger, 100.0, private=[rows[0], rows[3]], exposed=[rows[1], rows[2], rows[4]])
+    assert len(ledger.history("patients")) == 1 and ledger.spent("patients") == spent
+    # the same split again, with new rows on both sides, and earlier public rows now private: allowed
+    _reserve(ledger, 100.0, private=rows[:4] + ["a" * 64], exposed=[rows[5], "b" * 64])
+    with pytest.raises(RowsExposed, match="1 public or test rows"):  # rows[3] and 'a...' are recorded now
+        _reserve(ledger, 100.0, private=rows[:3], exposed=["a" * 64])
+    _reserve(ledger, 100.0, dataset="other", exposed=rows)  # another dataset's rows are its own
 
 
 def test_total_is_the_exact_composition_not_a_sum(tmp_path):
@@ -120,3 +138,4 @@ def test_concurrent_runs_never_overspend(tmp_path, request, backend):
     for charge in admitted:
         ledger.commit(charge, run_event(), 200)
     assert ledger.spent("patients") <= lifetime
+

@@ -30,7 +30,12 @@ def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_d
     assert tags["dp.accountant"] == "rdp" and tags["dp.neighboring"] == "add_remove"
     assert tags["dp.guarantee"].endswith("-DP for add/remove of one example of digits.")
     assert tags["dp.private"] == "true"
-    assert len(tags["data.fingerprint"]) == 64
+    import specs
+    from components import builders
+    from flows.tracking import released_fingerprint
+
+    private_fingerprint = builders.load_data(specs.spec_from_dict(tiny_spec_dict)).private.fingerprint
+    assert tags["data.fingerprint"] == released_fingerprint(private_fingerprint) != private_fingerprint
     from components.estimators.directions import GENERATOR_VERSION
     assert tags["privzo.directions_version"] == str(GENERATOR_VERSION)  # what its journal replays with
     assert tags["privzo.directions_stream"] == f"cpu-torch-v{GENERATOR_VERSION}"
@@ -245,7 +250,7 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     import subprocess
     import sys
 
-    from flows.ledger import BudgetExceeded, PrivacyLedger
+    from flows.ledger import BudgetExceeded, PrivacyLedger, RowsExposed
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
@@ -258,6 +263,10 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     assert first["budget_left"] == pytest.approx(1.2 - first["epsilon"], rel=1e-9)  # one run: its own epsilon
     with pytest.raises(BudgetExceeded, match="left and this run needs"):
         private_train(spec=tiny_spec_dict)
+    reseeded = {**tiny_spec_dict, "seed": tiny_spec_dict["seed"] + 1,
+                "privacy": {**tiny_spec_dict["privacy"], "epsilon": 0.01}}  # fits the budget, moves the split
+    with pytest.raises(RowsExposed, match="were private in earlier runs on dataset 'digits-patients'"):
+        private_train(spec=reseeded)
     ledger = PrivacyLedger(ledger_url)
     history = ledger.history("digits-patients")
     assert [c.status for c in history] == ["committed"] and history[0].steps_run == 20
