@@ -11,7 +11,8 @@ Auto = Literal["auto"]
 class Strict(BaseModel):
     """A spec section: unknown keys are rejected, values are frozen once validated."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: an infinite epsilon, clip or rate is never meant, and NaN compares false to every bound
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 def is_auto(value: Union[float, int, str, None]) -> bool:

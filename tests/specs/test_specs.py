@@ -37,6 +37,8 @@ def _error_for(tiny, mutate):
         (lambda d: d.update(optimiser={}), ["optimiser", "unknown key", "optimizer"]),
         (lambda d: d["privacy"].update(epsilon=0), ["privacy.epsilon", "greater than 0"]),
         (lambda d: d["privacy"].update(epsilon=-1.5), ["privacy.epsilon"]),
+        (lambda d: d["privacy"].update(epsilon=float("inf")), ["privacy.epsilon", "finite number", "found inf"]),
+        (lambda d: d["mechanism"].update(clip=float("nan")), ["mechanism.clip", "finite number", "found nan"]),
         (lambda d: d["data"]["split"].update(public=1.0), ["data.split.public", "less than 1"]),
         (lambda d: d["model"].update(kind="resnet"), ["model.kind", "'resnet'", "'linear'", "'mlp'", "'cnn'"]),
         (lambda d: d["estimator"].update(kind="pazo_z"), ["estimator.kind", "'pazo_z'", "two_point"]),
