@@ -64,12 +64,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from flows.sweep import refusal, sweep
+    from flows.sweep import argument_problem, refusal, sweep
 
     for path in args.specs:
         problem = refusal(specs.load_spec(path))  # fail fast on any bad spec, before Prefect starts
         if problem:
             raise specs.SpecError(problem)
+    problem = argument_problem(args.epsilons, args.seeds, args.out)
+    if problem:
+        raise specs.SpecError(problem)
 
     result = sweep(spec_paths=[str(p) for p in args.specs], epsilons=args.epsilons, seeds=args.seeds,
                    tracking_uri=args.tracking_uri, experiment=args.experiment, output=args.out)
@@ -80,9 +83,28 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_budget(args) -> int:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
     from flows.ledger import PrivacyLedger
 
-    ledger = PrivacyLedger(args.ledger)
+    try:
+        url = make_url(args.ledger)
+    except ArgumentError:
+        return _fail(f"--ledger: {args.ledger!r} is not a database URL; e.g. sqlite:///privacy-ledger.db or "
+                     f"postgresql+psycopg://USER@HOST/DB")
+    if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
+        # reading must not create an empty ledger where the user mistyped a path
+        return _fail(f"budget: no ledger at {args.ledger} (no file {url.database})")
+    try:
+        ledger = PrivacyLedger(args.ledger)
+        return _show_budget(args, ledger)
+    except SQLAlchemyError as err:
+        reason = getattr(err, "orig", None) or err  # the driver's own message, not SQLAlchemy's page of context
+        return _fail(f"--ledger: cannot read {args.ledger} ({str(reason).splitlines()[0]})")
+
+
+def _show_budget(args, ledger) -> int:
     ds = ledger.dataset(args.dataset)
     if ds is None:
         return _fail(f"budget: no runs recorded for dataset {args.dataset!r} in {args.ledger}")
@@ -143,9 +165,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except RuntimeError as err:
         from flows.checkpoints import RunLocked
-        from flows.ledger import BudgetExceeded
+        from flows.ledger import BudgetExceeded, RowsExposed
 
-        if isinstance(err, (BudgetExceeded, RunLocked)):  # refusals, not crashes: one line
+        if isinstance(err, (BudgetExceeded, RowsExposed, RunLocked)):  # refusals, not crashes: one line
             return _fail(str(err).splitlines()[0])
         raise
     except KeyboardInterrupt:

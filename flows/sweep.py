@@ -8,8 +8,10 @@ guarantee, as with any tuning on the data.
 from __future__ import annotations
 
 import io
+import os
 import math
 import statistics
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -111,6 +113,27 @@ def refusal(spec: specs.RunSpec) -> Optional[str]:
     return None
 
 
+def argument_problem(epsilons: List[float], seeds: List[int], output: Optional[str]) -> Optional[str]:
+    """Why the sweep's own arguments cannot run (one line), or None; checked before anything starts."""
+    bad = [e for e in epsilons if not (math.isfinite(e) and e > 0)]
+    if bad:
+        return f"--epsilons: every epsilon must be a finite number > 0 (found {bad[0]:g})"
+    if any(s < 0 for s in seeds):
+        return f"--seeds: every seed must be an integer >= 0 (found {min(seeds)})"
+    if output is not None:
+        out = Path(output).absolute()
+        if out.is_dir():
+            return f"--out: {output} is a folder; give a file name for the table (e.g. {output}/table.md)"
+        parent = out.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            return f"--out: cannot write {output} ({parent} is a file)"
+        if not os.access(parent, os.W_OK):
+            return f"--out: cannot write {output} ({parent} is not writable)"
+    return None
+
+
 @flow(name="sweep", log_prints=True)
 def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracking_uri: Optional[str] = None,
           experiment: str = "privzo-sweep", output: Optional[str] = None) -> Dict[str, Any]:
@@ -119,8 +142,9 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
     problems = [p for p in map(refusal, base_specs) if p]
     if problems:
         raise specs.SpecError(problems[0])
-    if any(e <= 0 for e in epsilons):
-        raise specs.SpecError("epsilons: every epsilon must be > 0")
+    problem = argument_problem(epsilons, seeds, output)
+    if problem:
+        raise specs.SpecError(problem)
     uri = tracking_uri or base_specs[0].tracking.uri
     mlflow.set_tracking_uri(uri)
     exp = mlflow.set_experiment(experiment)
@@ -142,26 +166,23 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
                     cell = run_cell(specs.spec_from_dict(data), parent.info.run_id, exp.experiment_id)
                     logger.info("%s eps=%s seed=%d: accuracy %.4f", cell["name"], eps, seed, cell["accuracy"])
                     cells.append(cell)
+        table = results_table(cells, epsilons)
+        csv = "name,estimator,epsilon,seed,accuracy,spent_epsilon\n" + "".join(
+            f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{c['accuracy']:.6f},{c['spent_epsilon']:.6g}\n"
+            for c in cells)
+        log_text_artifacts(client, parent.info.run_id, {"results.md": table, "results.csv": csv})
+        png = utility_plot(cells, epsilons)
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp, "privacy_utility.png")
+            p.write_bytes(png)
+            client.log_artifact(parent.info.run_id, str(p), artifact_path="plots")
+        if output:  # after the MLflow copies: a local write that fails loses nothing
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+            Path(output).with_suffix(".png").write_bytes(png)
+            Path(output).write_text(table)
+            Path(output).with_suffix(".csv").write_text(csv)
     except BaseException:
         client.set_terminated(parent.info.run_id, "FAILED")
         raise
-    table = results_table(cells, epsilons)
-    csv = "name,estimator,epsilon,seed,accuracy,spent_epsilon\n" + "".join(
-        f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{c['accuracy']:.6f},{c['spent_epsilon']:.6g}\n"
-        for c in cells)
-    log_text_artifacts(client, parent.info.run_id, {"results.md": table, "results.csv": csv})
-    png = utility_plot(cells, epsilons)
-    plot_path = Path(output).with_suffix(".png") if output else None
-    if plot_path:
-        plot_path.parent.mkdir(parents=True, exist_ok=True)
-        plot_path.write_bytes(png)
-        Path(output).write_text(table)
-        Path(output).with_suffix(".csv").write_text(csv)
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp, "privacy_utility.png")
-        p.write_bytes(png)
-        client.log_artifact(parent.info.run_id, str(p), artifact_path="plots")
     client.set_terminated(parent.info.run_id, "FINISHED")
     return {"parent_run_id": parent.info.run_id, "cells": cells, "table": table}

@@ -112,3 +112,33 @@ def test_sweep_refuses_a_budgeted_or_registered_start_spec_and_creates_nothing(t
     assert "optimizer.init" in refusal(specs.spec_from_dict(spec))
     spec["optimizer"]["init"] = "seed"
     assert refusal(specs.spec_from_dict(spec)) is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epsilons", "1", "inf"], "--epsilons: every epsilon must be a finite number > 0 (found inf)"),
+    (["--epsilons", "nan"], "--epsilons: every epsilon must be a finite number > 0 (found nan)"),
+    (["--epsilons", "-1"], "--epsilons: every epsilon must be a finite number > 0 (found -1)"),
+    (["--seeds", "0", "-1"], "--seeds: every seed must be an integer >= 0 (found -1)"),
+    (["--out", "/etc/passwd/table.md"], "--out: cannot write /etc/passwd/table.md (/etc/passwd is a file)"),
+    (["--out", "."], "--out: . is a folder"),
+])
+def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path, args, message):
+    proc = _privzo(["sweep", str(EXAMPLES / "digits_dpzero.yaml"), "--tracking-uri",
+                    f"sqlite:///{tmp_path / 'mlflow.db'}", *args], cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no Prefect, no MLflow database
+
+
+@pytest.mark.parametrize("ledger, message", [
+    (None, "budget: no ledger at sqlite:///privacy-ledger.db (no file privacy-ledger.db)"),
+    ("sqlite:///missing/l.db", "budget: no ledger at sqlite:///missing/l.db"),
+    ("notaurl", "--ledger: 'notaurl' is not a database URL"),
+])
+def test_budget_reads_a_ledger_without_creating_one(tmp_path, ledger, message):
+    proc = _privzo(["budget", "show", "patients", *(["--ledger", ledger] if ledger else [])], cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
