@@ -10,6 +10,7 @@ import attr
 import dp_accounting
 from dp_accounting import pld, rdp
 
+
 class _ExcludedOrderFilter(logging.Filter):
     """dp-accounting's RDP series for a (q, sigma, order) that does not converge is taken as infinite RDP,
     so that order drops out of the minimum and epsilon can only come out larger: conservative. Its
