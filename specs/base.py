@@ -11,8 +11,9 @@ Auto = Literal["auto"]
 class Strict(BaseModel):
     """A spec section: unknown keys are rejected, values are frozen once validated."""
 
-    # allow_inf_nan=False: an infinite epsilon, clip or rate is never meant, and NaN compares false to every bound
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+    # allow_inf_nan=False: an infinite epsilon, clip or rate is never meant, and NaN compares false to every
+    # bound; strict: no coercion (YAML true is not 1.0, "2.0" is not a number, "yes" is not a boolean)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False, strict=True)
 
 
 def is_auto(value: Union[float, int, str, None]) -> bool:

@@ -39,6 +39,10 @@ def _error_for(tiny, mutate):
         (lambda d: d["privacy"].update(epsilon=-1.5), ["privacy.epsilon"]),
         (lambda d: d["privacy"].update(epsilon=float("inf")), ["privacy.epsilon", "finite number", "found inf"]),
         (lambda d: d["mechanism"].update(clip=float("nan")), ["mechanism.clip", "finite number", "found nan"]),
+        # no silent coercion: YAML's true is not 1.0, a quoted "2.0" is not a number
+        (lambda d: d["privacy"].update(epsilon=True), ["privacy.epsilon", "valid number", "found True"]),
+        (lambda d: d["privacy"].update(epsilon="2.0"), ["privacy.epsilon", "valid number", "found '2.0'"]),
+        (lambda d: d["privacy"].update(insecure_deterministic="yes"), ["privacy.insecure_deterministic", "'yes'"]),
         (lambda d: d["data"]["split"].update(public=1.0), ["data.split.public", "less than 1"]),
         (lambda d: d["model"].update(kind="resnet"), ["model.kind", "'resnet'", "'linear'", "'mlp'", "'cnn'"]),
         (lambda d: d["estimator"].update(kind="pazo_z"), ["estimator.kind", "'pazo_z'", "two_point"]),
