@@ -36,6 +36,29 @@ def load_data(spec: RunSpec) -> SplitData:
                           seed=spec.seed, scale=scale)
 
 
+def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
+    """Shapes only, nothing allocated (module constructors would also draw from the global RNG)."""
+    with torch.device("meta"):
+        if spec.model.kind == "linear":
+            return models.linear(n_features, n_classes)
+        if spec.model.kind == "cnn":
+            return models.cnn(n_features, n_classes, spec.model.channels, spec.model.activation)
+        return models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
+
+
+def check_model(spec: RunSpec, n_features: int, n_classes: int, memory_bytes: int) -> None:
+    """A model that cannot be built for this data, or whose parameters alone exceed ``memory_bytes``,
+    fails here in one line instead of deep in training. Pretrained (hf) models are their package's size."""
+    if spec.model.kind == "hf":
+        return
+    model = _meta_model(spec, n_features, n_classes)
+    n = sum(p.numel() for p in model.parameters())
+    need = n * 4  # float32
+    if need > memory_bytes:
+        raise ValueError(f"model: {n:.3g} parameters need {need / 2**30:.3g} GiB, more than this machine's "
+                         f"{memory_bytes / 2**30:.3g} GiB of memory; make the model smaller")
+
+
 def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
     """The model at its public initialisation, drawn from its own generator seeded by ``seed`` (torch's
     global RNG is never seeded or advanced, so nothing else can share or reveal the stream)."""
@@ -43,14 +66,7 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
     if spec.model.kind == "hf":
         # pretrained weights come from the package; only the head is drawn, as the other models are
         return models.text_classifier(spec.model.name, n_classes, spec.model.trainable, gen)
-    with torch.device("meta"):  # shapes only: module constructors would draw from the global RNG
-        if spec.model.kind == "linear":
-            model = models.linear(n_features, n_classes)
-        elif spec.model.kind == "cnn":
-            model = models.cnn(n_features, n_classes, spec.model.channels, spec.model.activation)
-        else:
-            model = models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
-    model = model.to_empty(device="cpu")
+    model = _meta_model(spec, n_features, n_classes).to_empty(device="cpu")
     models.initialise_(model, gen)
     return model
 

@@ -31,6 +31,22 @@ def spec_digest(spec) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def resume_store(root: str, name: str, resume: Optional[str]) -> Optional["CheckpointStore"]:
+    """The checkpoint store ``resume`` names (a run key or ``latest``), None when not resuming. Refuses in
+    one line a ``checkpoint.dir`` that is a file, and a resume with nothing to resume."""
+    if Path(root).exists() and not Path(root).is_dir():
+        raise ValueError(f"checkpoint.dir: {root} is a file; give a folder")
+    if resume is None:
+        return None
+    key = CheckpointStore.latest_key(root, name) if resume == "latest" else resume
+    if key is None:
+        raise FileNotFoundError(f"resume: no checkpoint of {name} under {root}; nothing to resume")
+    store = CheckpointStore(root, name, key)
+    if not store.exists():
+        raise FileNotFoundError(f"resume: no checkpoint {store.path}; see the folders under {root}/{name}")
+    return store
+
+
 class RunLocked(RuntimeError):
     """Another live process holds this run's checkpoint folder."""
 

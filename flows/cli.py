@@ -45,8 +45,23 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
+    """What ``calibrate`` checks, plus the model's shape and size and the checkpoint to resume, before
+    Prefect starts: a spec that does not fit its data fails in one line, not after Prefect's task
+    tracebacks. Costs one extra load of the data."""
+    from components import builders
+    from flows.checkpoints import resume_store
+
+    data = builders.load_data(spec)
+    builders.resolve_privacy(spec, len(data.private))
+    builders.check_model(spec, data.n_features, data.n_classes,
+                         os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    resume_store(spec.checkpoint.dir, spec.name, resume)
+
+
 def cmd_run(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
+    _preflight(spec, args.resume)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.private_train import private_train
 

@@ -30,7 +30,7 @@ from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
 from components.estimators.directions import GENERATOR_VERSION
-from flows.checkpoints import Checkpointer, CheckpointStore, spec_digest
+from flows.checkpoints import Checkpointer, CheckpointStore, resume_store, spec_digest
 from flows.reporting import PrivacySummary, privacy_report, summarize
 from flows.tracking import dp_tags, journal_json, log_text_artifacts
 
@@ -133,18 +133,10 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
     from prefect.runtime import flow_run
 
     spec = plan.spec
-    root = spec.checkpoint.dir
-    key = resume
-    if resume == "latest":
-        key = CheckpointStore.latest_key(root, spec.name)
-        if key is None:
-            raise FileNotFoundError(f"resume: no checkpoint of {spec.name} under {root}; nothing to resume")
-    if key is None:
-        key = flow_run.get_id() or uuid.uuid4().hex
-    store = CheckpointStore(root, spec.name, str(key))
+    store = resume_store(spec.checkpoint.dir, spec.name, resume)
+    if store is None:  # a new run, or a retried flow run resuming its own checkpoint
+        store = CheckpointStore(spec.checkpoint.dir, spec.name, str(flow_run.get_id() or uuid.uuid4().hex))
     if not store.exists():
-        if resume is not None:
-            raise FileNotFoundError(f"resume: no checkpoint {store.path}; see the folders under {root}/{spec.name}")
         store.lock()
         return store, None
     store.lock()

@@ -142,3 +142,23 @@ def test_budget_reads_a_ledger_without_creating_one(tmp_path, ledger, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mutate, args, message", [
+    (lambda d: d["sampling"].update(expected_batch_size=5000), [],
+     "sampling.expected_batch_size: 5000 must be between 1 and the"),
+    (lambda d: d["model"].update(kind="mlp", hidden=[1_000_000, 1_000_000]), [], "model: 1e+12 parameters need"),
+    (lambda d: d.update(checkpoint={"dir": "/etc/passwd"}), [], "checkpoint.dir: /etc/passwd is a file"),
+    (lambda d: None, ["--resume", "nosuch"], "resume: no checkpoint .privzo/checkpoints/tiny-digits/nosuch"),
+    (lambda d: None, ["--resume", "latest"], "resume: no checkpoint of tiny-digits under .privzo/checkpoints"),
+])
+def test_run_refuses_what_does_not_fit_before_prefect_starts(tmp_path, tiny_spec_dict, mutate, args, message):
+    """Mistakes only the data, the model or the checkpoint folder reveal: one line, exit 2, nothing created
+    (before, each came after a Prefect server start and its task tracebacks)."""
+    mutate(tiny_spec_dict)
+    spec = _write(tmp_path, tiny_spec_dict)
+    proc = _privzo(["run", "--no-progress", *args, str(spec)], tmp_path, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
