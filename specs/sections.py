@@ -265,10 +265,24 @@ class ExecutionSpec(Strict):
         "forwards (small models) and ``threads`` leaves that thread a core; results are identical.")
 
 
+# MLflow's own tracking and registry stores; anything else fails only after a ledger reservation
+_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+
+
 class TrackingSpec(Strict):
-    uri: str = Field("sqlite:///mlflow.db", min_length=1)
+    uri: str = Field("sqlite:///mlflow.db", min_length=1,
+                     description="MLflow tracking URI: sqlite:///PATH, a folder, postgresql://, mysql://, http(s)://.")
     experiment: Optional[str] = Field(None, description="MLflow experiment; default: the spec name.")
     log_every: PositiveInt = Field(50, description="Steps between metric points (epsilon, eval).")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        scheme = value.split("://", 1)[0].split("+", 1)[0].lower() if "://" in value else "file"
+        if scheme not in _TRACKING_SCHEMES:
+            raise ValueError(f"unsupported scheme {scheme!r}; allowed: sqlite:///PATH, a folder path, "
+                             f"{', '.join(s + '://' for s in _TRACKING_SCHEMES if s not in ('file', 'sqlite'))}")
+        return value
 
 
 class CheckpointSpec(Strict):
