@@ -73,8 +73,18 @@ def json_schema() -> str:
 def format_errors(err: ValidationError) -> str:
     """One line: ``field.path: problem (found X; allowed: ...)`` for each error, joined by '; '."""
     parts: List[str] = []
-    for e in err.errors(include_url=False):
+    errors = err.errors(include_url=False)
+    # A number-or-'auto' field fails in both union branches: pydantic reports each under a branch tag
+    # (delta.constrained-float, delta.literal['auto']); the user wrote one field and gets one message.
+    literals = {tuple(e["loc"][:-1]): e["loc"][-1][len("literal["):-1] for e in errors
+                if e["loc"] and isinstance(e["loc"][-1], str) and e["loc"][-1].startswith("literal[")}
+    for e in errors:
         loc = tuple(e["loc"])
+        if loc[:-1] in literals:
+            if loc[-1].startswith("literal["):
+                continue
+            e = {**e, "msg": f"{e['msg']}, or {literals[loc[:-1]]}"}
+            loc = loc[:-1]
         path, model = _walk(loc)
         kind = e["type"]
         if kind == "extra_forbidden":

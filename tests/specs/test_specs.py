@@ -177,3 +177,14 @@ def test_auto_device_keeps_ray_drivers_with_their_workers(tiny_spec_dict, monkey
     ray_cpu = specs.spec_from_dict(dict(tiny_spec_dict, execution={"backend": "ray"}))
     ray_gpu = specs.spec_from_dict(dict(tiny_spec_dict, execution={"backend": "ray", "gpus_per_worker": 0.5}))
     assert [builders.device_for(s).type for s in (local, ray_cpu, ray_gpu)] == ["cuda", "cpu", "cuda"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("delta", 1.0, "privacy.delta: Input should be less than 1, or 'auto' (found 1.0)"),
+    ("delta", "1/n", "privacy.delta: Input should be a valid number, or 'auto' (found '1/n')"),
+])
+def test_a_number_or_auto_field_gets_one_message_without_pydantic_branch_names(tiny_spec_dict, field, value, message):
+    tiny_spec_dict["privacy"][field] = value
+    with pytest.raises(specs.SpecError) as err:
+        specs.spec_from_dict(tiny_spec_dict)
+    assert str(err.value) == message
