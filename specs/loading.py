@@ -35,11 +35,15 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 def parse_yaml(text: str, origin: str = "spec") -> Dict[str, Any]:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except SpecError as err:  # a duplicate key
+        raise SpecError(f"{origin}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise SpecError(f"{origin}: not valid YAML{where}: {problem}") from None
+    if data is None:
+        raise SpecError(f"{origin}: the spec is empty; `privzo schema` lists its sections")
     if not isinstance(data, dict):
         raise SpecError(f"{origin}: expected a mapping of sections (name, data, model, ...), found {type(data).__name__}")
     return data
@@ -48,10 +52,18 @@ def parse_yaml(text: str, origin: str = "spec") -> Dict[str, Any]:
 def load_spec(path: Union[str, Path]) -> RunSpec:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"{path}: cannot read spec ({err.strerror})") from None
-    return spec_from_dict(parse_yaml(text, str(path)))
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: cannot read spec (not UTF-8 text: byte {err.object[err.start]:#04x} at position "
+                        f"{err.start})") from None
+    try:
+        return spec_from_dict(parse_yaml(text, str(path)))
+    except SpecError as err:
+        message = str(err)
+        # every message names the file it is about (a sweep reads several)
+        raise SpecError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
 
 
 def spec_from_dict(data: Dict[str, Any]) -> RunSpec:

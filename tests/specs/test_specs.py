@@ -188,3 +188,17 @@ def test_a_number_or_auto_field_gets_one_message_without_pydantic_branch_names(t
     with pytest.raises(specs.SpecError) as err:
         specs.spec_from_dict(tiny_spec_dict)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe", "cannot read spec (not UTF-8 text: byte 0xff at position 0)"),
+    (b"", "the spec is empty"),
+    (b"name: a\nname: b\n", "name: duplicate key at line 2"),
+    (b"name: x\n", "data: required key is missing"),
+])
+def test_file_errors_name_the_file(tmp_path, content, message):
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
+    with pytest.raises(specs.SpecError) as err:
+        specs.load_spec(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
