@@ -211,6 +211,14 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
         raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} is not "
                          f"differentially private (dp.private={tags.get('dp.private')!r}); a private run "
                          f"cannot start from it; use init: seed")
+    if spec.budget is not None:
+        from flows.ledger import PrivacyLedger
+
+        # the ledger's total is exact only if the model this run continues was charged to it too
+        if not PrivacyLedger(spec.budget.ledger).charged_run(spec.budget.dataset, latest.run_id):
+            raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} was trained "
+                             f"by a run not charged to dataset {spec.budget.dataset!r}, so its epsilon is not in "
+                             f"the ledger; use init: seed, or register the model under another name")
     return {"privzo.init": f"models:/{spec.name}/{latest.version}",
             "privzo.init_epsilon": tags.get("dp.epsilon", "unknown"),
             "privzo.init_data_fingerprint": tags.get("data.fingerprint", "unknown")}

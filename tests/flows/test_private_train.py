@@ -323,3 +323,19 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     replay(builders.build_directions(spec, params), journal, spec.optimizer.lr)
     for a, b in zip(params, end.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+    # with a budget, the version a run continues must itself be charged to the ledger, or the total misses it
+    from flows.ledger import PrivacyLedger
+
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    budgeted = copy.deepcopy(retrain)
+    budgeted["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 10.0, "ledger": ledger_url}
+    with pytest.raises(ValueError, match="version 4 was trained by a run not charged to dataset 'digits-patients'"):
+        private_train(spec=budgeted)
+    assert PrivacyLedger(ledger_url).history("digits-patients") == []  # refused before reserving
+    from_seed = copy.deepcopy(budgeted)
+    from_seed["optimizer"]["init"] = "seed"
+    assert private_train(spec=from_seed)["model_version"] == "5"
+    third = private_train(spec=budgeted)  # version 5 is charged: allowed
+    assert client.get_run(third["run_id"]).data.tags["privzo.init"] == "models:/tiny-digits/5"
+    assert [c.status for c in PrivacyLedger(ledger_url).history("digits-patients")] == ["committed"] * 2
