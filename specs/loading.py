@@ -8,7 +8,8 @@ from typing import Annotated, Any, Dict, List, Tuple, Union, get_args, get_origi
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from specs.run import RunSpec
+from specs.run import NAME_PATTERN, RunSpec
+from specs.sections import DATASET_PATTERN
 
 
 class SpecError(ValueError):
@@ -82,6 +83,13 @@ def json_schema() -> str:
 
 
 # ------------------------------------------------------------------ error formatting
+_PATTERNS = {  # the spec's name patterns, in words
+    NAME_PATTERN: "use letters, digits, '_', '.' and '-', starting with a letter or digit, at most 100 characters",
+    DATASET_PATTERN:
+        "use letters, digits, '_', '.', ':' and '-', starting with a letter or digit, at most 200 characters",
+}
+
+
 def format_errors(err: ValidationError) -> str:
     """One line: ``field.path: problem (found X; allowed: ...)`` for each error, joined by '; '."""
     parts: List[str] = []
@@ -115,6 +123,8 @@ def format_errors(err: ValidationError) -> str:
             msg = e["msg"]
             if kind == "value_error":
                 msg = str(e["ctx"]["error"])
+            elif kind == "string_pattern_mismatch":
+                msg = _PATTERNS.get(e["ctx"]["pattern"], msg)
             found = e.get("input")
             found_text = "" if isinstance(found, (dict, list)) else f" (found {found!r})"
             parts.append(f"{path or 'spec'}: {msg}{found_text}")

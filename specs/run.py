@@ -22,8 +22,11 @@ from specs.sections import (
 )
 
 
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+
 class RunSpec(Strict):
-    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", description="Run and experiment name.")
+    name: str = Field(..., pattern=NAME_PATTERN, description="Run and experiment name.")
     seed: int = Field(0, ge=0, description="Public randomness only (directions, splits); never DP noise.")
     data: DataSpec
     model: ModelSpec

@@ -265,6 +265,8 @@ class ExecutionSpec(Strict):
         "forwards (small models) and ``threads`` leaves that thread a core; results are identical.")
 
 
+DATASET_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
+
 # MLflow's own tracking and registry stores; anything else fails only after a ledger reservation
 _TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
@@ -298,7 +300,7 @@ class CheckpointSpec(Strict):
 class BudgetSpec(Strict):
     """Lifetime privacy budget of a dataset, kept in the privacy ledger across runs."""
 
-    dataset: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$",
+    dataset: str = Field(..., pattern=DATASET_PATTERN,
                          description="Ledger id of the people whose data this is (shared by every run on it).")
     lifetime_epsilon: PositiveFloat
     ledger: str = Field("sqlite:///privacy-ledger.db", min_length=1, description="SQLAlchemy URL (SQLite, PostgreSQL).")

@@ -43,6 +43,7 @@ def _error_for(tiny, mutate):
         (lambda d: d["privacy"].update(epsilon=True), ["privacy.epsilon", "valid number", "found True"]),
         (lambda d: d["privacy"].update(epsilon="2.0"), ["privacy.epsilon", "valid number", "found '2.0'"]),
         (lambda d: d["privacy"].update(insecure_deterministic="yes"), ["privacy.insecure_deterministic", "'yes'"]),
+        (lambda d: d.update(name="my run/2"), ["name: use letters, digits, '_', '.' and '-'", "(found 'my run/2')"]),
         (lambda d: d.update(tracking={"uri": "notaurl://x"}), ["tracking.uri", "unsupported scheme 'notaurl'",
                                                                 "sqlite:///PATH"]),
         (lambda d: d["data"]["split"].update(public=1.0), ["data.split.public", "less than 1"]),
