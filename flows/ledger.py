@@ -173,8 +173,9 @@ class PrivacyLedger:
     def charged_run(self, dataset: str, run_id: str) -> bool:
         """Whether the MLflow run ``run_id`` was charged (reserved or committed) to ``dataset``."""
         with Session(self.engine) as session:
-            return session.scalars(select(ChargeRow.id).where(
-                ChargeRow.dataset == dataset, ChargeRow.run_id == run_id, ChargeRow.status != ABORTED)).first() is not None
+            charge = session.scalars(select(ChargeRow.id).where(
+                ChargeRow.dataset == dataset, ChargeRow.run_id == run_id, ChargeRow.status != ABORTED)).first()
+            return charge is not None
 
     def status(self, charge_id: str) -> Optional[str]:
         """reserved / committed / aborted, or None for an unknown charge."""

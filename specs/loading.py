@@ -100,7 +100,7 @@ def format_errors(err: ValidationError) -> str:
                 if e["loc"] and isinstance(e["loc"][-1], str) and e["loc"][-1].startswith("literal[")}
     for e in errors:
         loc = tuple(e["loc"])
-        if loc[:-1] in literals:
+        if loc[:-1] in literals and isinstance(loc[-1], str):  # a branch tag, not a list index
             if loc[-1].startswith("literal["):
                 continue
             e = {**e, "msg": f"{e['msg']}, or {literals[loc[:-1]]}"}
