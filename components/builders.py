@@ -9,7 +9,15 @@ import torch
 
 from components import models
 from components.accountants import Accountant, PrivacyTracker
-from components.data import PoissonSampler, SplitData, fraction_split, load_sklearn, load_text
+from components.data import (
+    PoissonSampler,
+    SplitData,
+    fraction_split,
+    hashed_split,
+    load_file,
+    load_sklearn,
+    load_text,
+)
 from components.estimators import (
     Directions,
     DpgdZerothEstimator,
@@ -30,10 +38,15 @@ def load_data(spec: RunSpec) -> SplitData:
     source, split = spec.data.source, spec.data.split
     if source.kind == "text":
         table, scale = load_text(source.name, source.max_length, source.tokenizer), "none"  # ids are not scaled
+    elif source.kind == "file":
+        table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
+                          features=source.features)
+        scale = "public" if source.scale == "auto" else source.scale
     else:
         table, scale = load_sklearn(source.name), source.scale
-    return fraction_split(table, public=split.public, test=split.test, imbalance=split.imbalance,
-                          seed=spec.seed, scale=scale)
+    assign = hashed_split if split.kind == "hashed" else fraction_split
+    return assign(table, public=split.public, test=split.test, imbalance=split.imbalance, seed=spec.seed,
+                  scale=scale)
 
 
 def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Dict, List, Tuple, Union, get_args, get_origin
 
@@ -60,11 +61,22 @@ def load_spec(path: Union[str, Path]) -> RunSpec:
         raise SpecError(f"{path}: cannot read spec (not UTF-8 text: byte {err.object[err.start]:#04x} at position "
                         f"{err.start})") from None
     try:
-        return spec_from_dict(parse_yaml(text, str(path)))
+        return spec_from_dict(_anchor_paths(parse_yaml(text, str(path)), path.parent))
     except SpecError as err:
         message = str(err)
         # every message names the file it is about (a sweep reads several)
         raise SpecError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
+
+
+def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
+    """A relative ``data.source.path`` is taken from the spec file's folder, wherever privzo runs from (a
+    Prefect worker's working directory is not the user's); the spec is then carried with the absolute path."""
+    source = data.get("data", {}).get("source") if isinstance(data.get("data"), dict) else None
+    if isinstance(source, dict) and source.get("kind") == "file" and isinstance(source.get("path"), str) \
+            and source["path"]:
+        path = Path(source["path"]).expanduser()
+        source["path"] = os.path.normpath(path if path.is_absolute() else os.path.abspath(folder / path))
+    return data
 
 
 def spec_from_dict(data: Dict[str, Any]) -> RunSpec:

@@ -133,6 +133,8 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if text and not hf:
         problems.append(f"data.source.kind: text gives token ids, which model.kind {spec.model.kind} cannot read; "
                         "use model.kind: hf")
+    if spec.data.source.kind == "file" and spec.data.source.scale != "none" and split.public == 0.0:
+        problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
     if spec.data.source.kind == "sklearn":
         scale = spec.data.source.scale
         if scale == "fixed" and spec.data.source.name != "digits":

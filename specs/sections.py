@@ -6,6 +6,7 @@ perturbation scale is ``smoothing`` (lambda); sigma is ``noise_multiplier``; C i
 """
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Annotated, List, Literal, Optional, Union
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator
@@ -41,18 +42,51 @@ class TextSource(Strict):
     tokenizer: Literal["minilm"] = Field("minilm", description="The pretrained model whose vocabulary makes the ids.")
 
 
-Source = Annotated[Union[SklearnSource, TextSource], Field(discriminator="kind")]
+class FileSource(Strict):
+    """The team's own rows: a CSV or Parquet file with one example per row (add/remove neighbours are
+    rows, so one person's data should be one row). Ray workers read the same path, so it must be
+    readable where they run."""
+
+    kind: Literal["file"]
+    path: str = Field(..., min_length=1, description="The file. A relative path is taken from the folder of "
+                      "the spec file it is written in.")
+    format: Literal["auto", "csv", "parquet"] = Field("auto", description="auto: from the suffix (.csv, "
+                                                      ".parquet, .pq).")
+    label: str = Field(..., min_length=1, description="The column holding each row's class.")
+    classes: List[Union[int, str]] = Field(
+        ..., min_length=2, description="Every class the label column may hold, in the order of the model's "
+        "outputs. Declared, never read from the file: a label set taken from the private rows would reveal "
+        "which classes occur among them.")
+    features: Optional[List[str]] = Field(None, min_length=1, description="Numeric feature columns; default: "
+                                          "every column but the label.")
+    scale: Literal["auto", "none", "public"] = Field(
+        "auto", description="'public' standardises with statistics of the public split only; auto = public.")
+
+    @field_validator("classes")
+    @classmethod
+    def _distinct_classes(cls, value):
+        names = [str(c) for c in value]
+        if len(set(names)) != len(names):
+            raise ValueError("classes must be distinct")
+        return value
+
+    @field_validator("features")
+    @classmethod
+    def _distinct_features(cls, value):
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("features must be distinct")
+        return value
+
+    @property
+    def name(self) -> str:
+        """What reports and logs call the source: the file's name."""
+        return PurePath(self.path).name
 
 
-class FractionSplit(Strict):
-    """Seeded split of the rows into test, public and private parts.
+Source = Annotated[Union[SklearnSource, TextSource, FileSource], Field(discriminator="kind")]
 
-    ``test`` is a fraction of all rows; ``public`` a fraction of the remaining training rows, drawn with
-    per-class ratios ``imbalance`` (two values are interpolated linearly across classes, e.g. [1.0, 0.85]
-    as in PAZO's CIFAR-10 protocol; or one value per class). The rest is private.
-    """
 
-    kind: Literal["fraction"]
+class _Fractions(Strict):
     public: float = Field(0.0, ge=0.0, lt=1.0)
     test: Probability = 0.2
     imbalance: Optional[List[Annotated[float, Field(gt=0.0, le=1.0)]]] = None
@@ -65,7 +99,28 @@ class FractionSplit(Strict):
         return value
 
 
-Split = Annotated[Union[FractionSplit], Field(discriminator="kind")]
+class FractionSplit(_Fractions):
+    """Seeded split of the rows into test, public and private parts, with exact sizes.
+
+    ``test`` is a fraction of all rows; ``public`` a fraction of the remaining training rows, drawn with
+    per-class ratios ``imbalance`` (two values are interpolated linearly across classes, e.g. [1.0, 0.85]
+    as in PAZO's CIFAR-10 protocol; or one value per class). The rest is private. One permutation of all
+    rows decides it, so adding rows moves the split: for data that grows between runs, use ``hashed``.
+    """
+
+    kind: Literal["fraction"]
+
+
+class HashedSplit(_Fractions):
+    """Per-row split for data that grows: each row is test with probability ``test``, else public with
+    probability ``public`` times its class's ``imbalance`` ratio, else private, decided by a hash of the
+    seed and the row's content. Rows never change part when others are added, so scheduled retraining
+    on a growing file keeps every earlier private row private. Sizes are binomial around the fractions."""
+
+    kind: Literal["hashed"]
+
+
+Split = Annotated[Union[FractionSplit, HashedSplit], Field(discriminator="kind")]
 
 
 class DataSpec(Strict):

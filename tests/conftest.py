@@ -33,6 +33,25 @@ def tiny_spec_dict():
     return copy.deepcopy(TINY)
 
 
+def write_digits_file(path: Path, rows=None, labels_as=None) -> Path:
+    """scikit-learn's digits as a user's file (CSV or Parquet by suffix): 64 pixel columns and ``digit``;
+    ``rows`` selects and orders rows, ``labels_as`` maps each class number to what the file holds."""
+    import pandas as pd
+
+    from components.data import load_sklearn
+
+    table = load_sklearn("digits")
+    frame = pd.DataFrame(table.features, columns=[f"px{i}" for i in range(64)])
+    frame["digit"] = table.labels if labels_as is None else [labels_as[int(y)] for y in table.labels]
+    if rows is not None:
+        frame = frame.iloc[list(rows)]
+    if path.suffix == ".parquet":
+        frame.to_parquet(path)
+    else:
+        frame.to_csv(path, index=False)
+    return path
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_prefect_home(tmp_path_factory):
     """Prefect keeps state under PREFECT_HOME; tests never touch the user's."""

@@ -1,9 +1,11 @@
-"""Tabular sources that work offline, each row with a content fingerprint."""
+"""Tabular sources, each row with a content fingerprint: datasets bundled offline, and the user's own
+CSV or Parquet files."""
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import List
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -55,10 +57,73 @@ def load_sklearn(name: str) -> Table:
     x, y = loaders[name](return_X_y=True)
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.asarray(y, dtype=np.int64)
-    table = Table(name, x, y, int(y.max()) + 1, 1.0 / 16.0 if name == "digits" else None)
-    fps = table.row_fingerprints()
-    _, first = np.unique(np.asarray(fps), return_index=True)
-    if len(first) != len(table):
-        keep = np.sort(first)
-        table = Table(name, x[keep], y[keep], table.n_classes, table.fixed_scale)
-    return table
+    return _unique_rows(Table(name, x, y, int(y.max()) + 1, 1.0 / 16.0 if name == "digits" else None))
+
+
+def _unique_rows(table: Table) -> Table:
+    """The table with exact duplicate rows dropped (first kept, order kept)."""
+    _, first = np.unique(np.asarray(table.row_fingerprints()), return_index=True)
+    if len(first) == len(table):
+        return table
+    keep = np.sort(first)
+    return Table(table.name, table.features[keep], table.labels[keep], table.n_classes, table.fixed_scale)
+
+
+def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
+              features: Optional[Sequence[str]] = None) -> Table:
+    """Rows of a CSV or Parquet file: the numeric ``features`` columns (default: every column but ``label``)
+    as float32, and ``label`` mapped to its position in ``classes``; exact duplicate rows dropped.
+
+    ``classes`` comes from the spec, never from the file: the model's output size is released, and a
+    label set read from the data would tell whether a rare class occurs among the private rows.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    kind = file_format if file_format != "auto" else {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(
+        path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"data.source.format: cannot tell the format of {path.name!r} from its suffix; "
+                         "set format: csv or parquet")
+    if not path.is_file():
+        raise ValueError(f"data.source.path: {path} is not a file")
+    try:
+        frame = pd.read_csv(path) if kind == "csv" else pd.read_parquet(path)
+    except Exception as err:  # noqa: BLE001 - the readers raise many types; the user needs the one line
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first}") from None
+    if len(frame) == 0:
+        raise ValueError(f"data.source.path: {path} has no rows")
+    columns = [str(c) for c in frame.columns]
+    frame.columns = columns
+    if label not in columns:
+        raise ValueError(f"data.source.label: no column {label!r} in {path.name}; columns: {', '.join(columns)}")
+    names = list(features) if features is not None else [c for c in columns if c != label]
+    missing = [c for c in names if c not in columns]
+    if missing:
+        raise ValueError(f"data.source.features: no column {missing[0]!r} in {path.name}; columns: {', '.join(columns)}")
+    if label in names:
+        raise ValueError(f"data.source.features: the label column {label!r} cannot also be a feature")
+    if not names:
+        raise ValueError(f"data.source.features: {path.name} has no column besides the label {label!r}")
+    for column in names:
+        if not pd.api.types.is_numeric_dtype(frame[column]) or pd.api.types.is_bool_dtype(frame[column]):
+            raise ValueError(f"data.source.features: column {column!r} is not numeric; encode it as numbers first "
+                             "or leave it out of features")
+    values = frame[names].to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values).all(axis=0)
+    if bad.any():
+        raise ValueError(f"data.source.features: column {names[int(np.flatnonzero(bad)[0])]!r} has missing or "
+                         "non-finite values; fill or drop them first")
+    position = {str(c): i for i, c in enumerate(classes)}
+    raw = frame[label]
+    if raw.isna().any():
+        raise ValueError(f"data.source.label: column {label!r} has missing values")
+    if pd.api.types.is_float_dtype(raw) and (raw == raw.round()).all():
+        raw = raw.astype(np.int64)  # 1.0 in a float column is the class 1
+    labels = raw.astype(str).map(position)
+    if labels.isna().any():
+        raise ValueError(f"data.source.classes: column {label!r} has labels not among classes "
+                         f"{[str(c) for c in classes]}; list every class")
+    return _unique_rows(Table(path.name, np.ascontiguousarray(values, dtype=np.float32),
+                              labels.to_numpy(dtype=np.int64), len(classes), None))

@@ -1,6 +1,13 @@
-"""Public / private / test split with content-fingerprint disjointness (DESIGN §4 rule 4)."""
+"""Public / private / test splits with content-fingerprint disjointness (DESIGN §4 rule 4).
+
+Two ways to assign rows: ``fraction_split`` permutes all rows with the public seed (exact part sizes,
+but adding one row can move every other row), and ``hashed_split`` decides each row from its own content
+and the seed alone, so rows never change part when others are added or removed: the split for data that
+grows between scheduled runs.
+"""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -26,6 +33,15 @@ class Part:
     @property
     def fingerprint(self) -> str:
         return content_fingerprint(self.fingerprints)
+
+    @property
+    def ordered_digest(self) -> str:
+        """SHA-256 of the row fingerprints in order: two loads agree on it only if every index names the
+        same row (what a Ray worker, which loads the rows itself and is sent indices, must check)."""
+        digest = hashlib.sha256()
+        for fp in self.fingerprints:
+            digest.update(bytes.fromhex(fp))
+        return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -76,16 +92,47 @@ def fraction_split(
     public_set = set(public_idx)
     private_idx = np.array([i for i in train_idx if i not in public_set], dtype=np.int64)
     public_arr = np.array(sorted(public_idx), dtype=np.int64)
+    return _assemble(table, public_arr, private_idx, np.sort(test_idx), scale, table.row_fingerprints())
+
+
+def hashed_split(
+    table: Table, *, public: float, test: float, imbalance: Optional[Sequence[float]], seed: int, scale: str
+) -> SplitData:
+    """Per-row split: a row is test with probability ``test``, else public with probability ``public`` times
+    its class's ``imbalance`` ratio, else private, decided by two uniforms hashed from (seed, row content).
+
+    A row's part depends on nothing but its own content and the seed, so appended, removed or reordered
+    rows never move the others (a row private in one run stays private in the next, which the ledger
+    requires), and the public rows do not depend on how many private rows each class has. Part sizes
+    are binomial around the fractions instead of exact. Rows keep their order within each part.
+    """
+    fps = table.row_fingerprints()
+    n = len(table)
+    u_test, u_public = np.empty(n), np.empty(n)
+    salt = public_seed(seed, STREAM_SPLIT).to_bytes(8, "little")
+    for i, fp in enumerate(fps):
+        word = hashlib.blake2b(salt + bytes.fromhex(fp), digest_size=16).digest()
+        # 53-bit uniforms in [0, 1), as float64 holds them exactly
+        u_test[i] = (int.from_bytes(word[:8], "little") >> 11) * 2.0**-53
+        u_public[i] = (int.from_bytes(word[8:], "little") >> 11) * 2.0**-53
+    is_test = u_test < test
+    ratios = class_ratios(imbalance, table.n_classes) if public > 0 else np.zeros(table.n_classes)
+    is_public = ~is_test & (u_public < public * ratios[table.labels])
+    is_private = ~is_test & ~is_public
+    return _assemble(table, np.flatnonzero(is_public), np.flatnonzero(is_private), np.flatnonzero(is_test),
+                     scale, fps)
+
+
+def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, test_idx: np.ndarray, scale: str,
+              fps: List[str]) -> SplitData:
     if len(private_idx) == 0:
         raise ValueError("data.split: no private rows left; lower data.split.public or data.split.test")
-
-    features = _scaled(table, public_arr, scale)
-    fps = table.row_fingerprints()
+    features = _scaled(table, public_idx, scale)
 
     def part(idx: np.ndarray) -> Part:
         return Part(features[idx], table.labels[idx], [fps[i] for i in idx])
 
-    data = SplitData(part(public_arr), part(private_idx), part(np.sort(test_idx)), table.n_classes, features.shape[1])
+    data = SplitData(part(public_idx), part(private_idx), part(test_idx), table.n_classes, features.shape[1])
     check_disjoint(data)
     return data
 

@@ -1,9 +1,12 @@
 """Sources and the public/private/test split."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from components.data import fraction_split, load_sklearn
+from components.data import Table, fraction_split, hashed_split, load_file, load_sklearn
 from components.data.split import SplitOverlapError, check_disjoint, class_ratios
+from tests.conftest import write_digits_file
 
 
 @pytest.mark.parametrize("name", ["digits", "breast_cancer", "wine"])
@@ -52,3 +55,109 @@ def test_overlapping_content_is_refused():
     leaked = type(data.test)(data.test.features, data.test.labels, data.test.fingerprints + data.private.fingerprints[:1])
     with pytest.raises(SplitOverlapError, match="private and test"):
         check_disjoint(type(data)(data.public, data.private, leaked, data.n_classes, data.n_features))
+
+
+# ---------------------------------------------------------------- the user's own files, and the hashed split
+DIGITS = dict(label="digit", classes=list(range(10)))
+
+
+def _hashed(table, seed=0, public=0.04, test=0.2, imbalance=(1.0, 0.85)):
+    return hashed_split(table, public=public, test=test, imbalance=list(imbalance), seed=seed, scale="none")
+
+
+def _parts(data):
+    return {name: set(part.fingerprints) for name, part in
+            (("public", data.public), ("private", data.private), ("test", data.test))}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_file_source_reads_the_rows_the_bundled_dataset_has(tmp_path, suffix):
+    path = write_digits_file(tmp_path / f"digits{suffix}")
+    table = load_file(path, file_format="auto", **DIGITS)
+    bundled = load_sklearn("digits")
+    assert table.features.dtype == np.float32 and table.n_classes == 10
+    assert table.row_fingerprints() == bundled.row_fingerprints()  # same bytes, so the same fingerprints
+
+
+def test_file_source_maps_named_classes_in_the_declared_order(tmp_path):
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    path = write_digits_file(tmp_path / "named.csv", labels_as=dict(enumerate(names)))
+    table = load_file(path, file_format="csv", label="digit", classes=names[::-1])
+    assert np.array_equal(table.labels, 9 - load_sklearn("digits").labels)
+    two = load_file(path, file_format="csv", label="digit", classes=names, features=["px10", "px20"])
+    assert two.features.shape[1] == 2 and len(two) < len(table)  # rows equal on those columns are duplicates
+    # classes are declared, so a class absent from the file still has its output
+    few = write_digits_file(tmp_path / "few.csv", rows=np.flatnonzero(load_sklearn("digits").labels < 3))
+    assert load_file(few, file_format="csv", **DIGITS).n_classes == 10
+
+
+def test_file_source_drops_exact_duplicate_rows(tmp_path):
+    path = write_digits_file(tmp_path / "dup.csv", rows=[0, 1, 2, 1, 0])
+    assert len(load_file(path, file_format="csv", **DIGITS)) == 3
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda f: f.drop(columns="digit"), "data.source.label: no column 'digit' in bad.csv"),
+    (lambda f: f.assign(px3=f.px3.astype(str) + "x"), "data.source.features: column 'px3' is not numeric"),
+    (lambda f: f.assign(px5=f.px5.where(f.index != 7)), "data.source.features: column 'px5' has missing or"),
+    (lambda f: f.assign(digit=f.digit.replace(9, 11)), r"data.source.classes: column 'digit' has labels not among"),
+    (lambda f: f.assign(digit=f.digit.where(f.index != 3)), "data.source.label: column 'digit' has missing values"),
+    (lambda f: f.iloc[:0], "data.source.path: .*bad.csv has no rows"),
+])
+def test_file_source_errors_name_the_field(tmp_path, edit, match):
+    import pandas as pd
+
+    path = write_digits_file(tmp_path / "bad.csv")
+    edit(pd.read_csv(path)).to_csv(path, index=False)
+    with pytest.raises(ValueError, match=match):
+        load_file(path, file_format="auto", **DIGITS)
+
+
+def test_file_source_errors_for_the_path_and_format(tmp_path):
+    with pytest.raises(ValueError, match="data.source.path: .*missing.csv is not a file"):
+        load_file(tmp_path / "missing.csv", file_format="auto", **DIGITS)
+    with pytest.raises(ValueError, match="data.source.format: cannot tell the format of 'rows.txt'"):
+        load_file(tmp_path / "rows.txt", file_format="auto", **DIGITS)
+    (tmp_path / "rows.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match="data.source.path: cannot read .*rows.parquet as parquet"):
+        load_file(tmp_path / "rows.parquet", file_format="auto", **DIGITS)
+    with pytest.raises(ValueError, match="data.source.features: no column 'pixel'"):
+        load_file(write_digits_file(tmp_path / "ok.csv"), file_format="csv", label="digit", classes=[0, 1],
+                  features=["pixel"])
+
+
+def test_hashed_split_sizes_disjoint_and_seeded():
+    table = load_sklearn("digits")
+    a, b, c = _hashed(table, seed=0), _hashed(table, seed=0), _hashed(table, seed=1)
+    n = len(table)
+    assert len(a.public) + len(a.private) + len(a.test) == n
+    # binomial sizes: within 4 standard deviations of the expected counts
+    assert abs(len(a.test) - 0.2 * n) < 4 * np.sqrt(n * 0.2 * 0.8)
+    expected_public = 0.8 * n * 0.04 * np.mean(np.linspace(1.0, 0.85, 10))
+    assert abs(len(a.public) - expected_public) < 4 * np.sqrt(expected_public)
+    assert a.fingerprints == b.fingerprints and a.fingerprints != c.fingerprints
+    sets = list(_parts(a).values())
+    assert not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
+    heavy = _hashed(table, public=0.3, imbalance=(1.0, 0.5))
+    counts = np.bincount(heavy.public.labels, minlength=10)
+    assert counts[0] > counts[9] * 1.5
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), data=st.data())
+def test_hashed_split_never_moves_a_row_when_others_come_or_go(seed, data):
+    """Scheduled retraining on data that grows: a row's part is a function of its content and the seed
+    alone, so every row private in an earlier run is private now (the ledger refuses anything else)."""
+    full = load_sklearn("digits")
+    n = len(full)
+    keep = data.draw(st.lists(st.integers(0, n - 1), min_size=50, max_size=400, unique=True))
+    order = np.random.default_rng(seed).permutation(n)  # the grown file, in another row order
+    earlier = _hashed(Table("d", full.features[keep], full.labels[keep], 10, None), seed=seed)
+    later = _hashed(Table("d", full.features[order], full.labels[order], 10, None), seed=seed)
+    for name, rows in _parts(earlier).items():
+        assert rows <= _parts(later)[name], name
+    # and a class's public rows do not depend on how many rows the other classes have
+    no_threes = full.labels != 3
+    without = _hashed(Table("d", full.features[no_threes], full.labels[no_threes], 10, None), seed=seed)
+    assert set(without.public.fingerprints) == {fp for fp, y in zip(later.public.fingerprints, later.public.labels)
+                                                if y != 3}

@@ -339,3 +339,59 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     third = private_train(spec=budgeted)  # version 5 is charged: allowed
     assert client.get_run(third["run_id"]).data.tags["privzo.init"] == "models:/tiny-digits/5"
     assert [c.status for c in PrivacyLedger(ledger_url).history("digits-patients")] == ["committed"] * 2
+
+
+def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_server, tiny_spec_dict, tmp_path,
+                                                                  monkeypatch):
+    """The user's file grows between scheduled runs. With the hashed split both runs are charged to the
+    dataset and each row keeps its part; the permutation split moves rows into public/test and is refused."""
+    import copy
+
+    import numpy as np
+    from sqlalchemy import text
+
+    import specs
+    from components import builders
+    from flows.ledger import PrivacyLedger, RowsExposed
+    from flows.private_train import private_train
+    from tests.conftest import write_digits_file
+
+    monkeypatch.chdir(tmp_path)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    order = np.random.default_rng(0).permutation(1797)
+    path = write_digits_file(tmp_path / "clinic.csv", rows=order[:1200])
+    tiny_spec_dict["data"] = {
+        "source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))},
+        "split": {"kind": "hashed", "public": 0.04, "test": 0.2, "imbalance": [1.0, 0.85]}}
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    tiny_spec_dict["privacy"]["epsilon"] = 1.0
+    tiny_spec_dict["budget"] = {"dataset": "clinic", "lifetime_epsilon": 5.0, "ledger": ledger_url}
+
+    def private_rows():
+        return set(builders.load_data(specs.spec_from_dict(tiny_spec_dict)).private.fingerprints)
+
+    before = private_rows()
+    first = private_train(spec=tiny_spec_dict)
+    write_digits_file(path, rows=order)  # 597 new rows arrive
+    after = private_rows()
+    assert before < after
+    second = private_train(spec=tiny_spec_dict)
+    ledger = PrivacyLedger(ledger_url)
+    history = ledger.history("clinic")
+    assert [c.status for c in history] == ["committed", "committed"]
+    assert [c.run_id for c in history] == [first["run_id"], second["run_id"]]
+    assert history[0].fingerprint != history[1].fingerprint  # each charge names the rows it ran on
+    with ledger.engine.connect() as conn:
+        recorded = conn.execute(text("SELECT count(*) FROM privzo_private_rows WHERE dataset = 'clinic'")).scalar()
+    assert recorded == len(after)
+
+    permuted = copy.deepcopy(tiny_spec_dict)
+    permuted["data"]["split"]["kind"] = "fraction"
+    permuted["budget"]["dataset"] = "clinic-permuted"
+    write_digits_file(path, rows=order[:1200])
+    private_train(spec=permuted)
+    write_digits_file(path, rows=order)
+    with pytest.raises(RowsExposed, match="needs data.split.kind: hashed from its first run"):
+        private_train(spec=permuted)
+    assert [c.status for c in ledger.history("clinic-permuted")] == ["committed"]

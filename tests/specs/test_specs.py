@@ -78,6 +78,18 @@ def _error_for(tiny, mutate):
          ["data.source.kind: text", "model.kind linear", "use model.kind: hf"]),
         (lambda d: (d["data"].update(source={"kind": "text", "name": "reddit"}), d.update(model={"kind": "hf", "name": "minilm"})),
          ["data.source.name", "'chatterbot'", "'reddit'"]),
+        (lambda d: d["data"].update(source={"kind": "file", "path": "x.csv", "label": "y", "classes": [0, 1, "1"]}),
+         ["data.source.classes", "distinct"]),
+        (lambda d: d["data"].update(source={"kind": "file", "path": "x.csv", "label": "y", "classes": [0]}),
+         ["data.source.classes", "at least 2"]),
+        (lambda d: d["data"].update(source={"kind": "file", "path": "x.csv", "classes": [0, 1]}),
+         ["data.source.label: required key is missing"]),
+        (lambda d: d["data"].update(source={"kind": "file", "path": "x.csv", "label": "y", "classes": [0, 1],
+                                            "format": "xlsx"}), ["data.source.format", "'csv'", "'parquet'"]),
+        (lambda d: (d["data"].update(source={"kind": "file", "path": "x.csv", "label": "y", "classes": [0, 1]}),
+                    d["data"]["split"].update(public=0.0, imbalance=None)),
+         ["data.source.scale: public standardisation needs data.split.public > 0"]),
+        (lambda d: d["data"]["split"].update(kind="random"), ["data.split.kind", "'fraction'", "'hashed'"]),
         (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot"}), d.update(model={"kind": "hf", "name": "bert"})),
          ["model.name", "'minilm'"]),
         (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot"}),
@@ -203,3 +215,18 @@ def test_file_errors_name_the_file(tmp_path, content, message):
     with pytest.raises(specs.SpecError) as err:
         specs.load_spec(path)
     assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+
+
+def test_a_relative_data_path_is_taken_from_the_spec_files_folder(tmp_path, monkeypatch, tiny_spec_dict):
+    """A Prefect worker runs from its own working directory: the spec carries the path it was written with."""
+    (tmp_path / "specs").mkdir()
+    tiny_spec_dict["data"]["source"] = {"kind": "file", "path": "../data/rows.csv", "label": "y", "classes": [0, 1]}
+    spec_file = tmp_path / "specs" / "mine.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict))
+    monkeypatch.chdir("/")
+    spec = specs.load_spec(spec_file)
+    assert spec.data.source.path == str(tmp_path / "data" / "rows.csv")
+    assert spec.data.source.name == "rows.csv"
+    tiny_spec_dict["data"]["source"]["path"] = str(tmp_path / "abs.parquet")
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict))
+    assert specs.load_spec(spec_file).data.source.path == str(tmp_path / "abs.parquet")
