@@ -232,7 +232,8 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         ex = spec.execution
         worker_spec = spec.model_dump(mode="json")
         worker_spec["execution"]["device"] = device.type  # never a different "auto" on the workers
-        backend = RayBackend(parts.backend, worker_spec, n_private=len(data.private), workers=ex.workers,
+        backend = RayBackend(parts.backend, worker_spec, n_private=len(data.private),
+                             private_digest=data.private.ordered_digest, workers=ex.workers,
                              gpus_per_worker=ex.gpus_per_worker, address=ex.address, parallelism=ex.parallelism,
                              checksum_every=ex.checksum_every)
     n_private = len(data.private)

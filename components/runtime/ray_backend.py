@@ -27,6 +27,10 @@ from components.estimators.queries import (
 )
 
 
+class DataChanged(RuntimeError):
+    """A worker's private rows differ from the driver's."""
+
+
 @ray.remote
 class ReplicaWorker:
     """One model replica plus the private rows it loaded itself (never sent by the driver)."""
@@ -37,6 +41,7 @@ class ReplicaWorker:
 
         run_spec = RunSpec.model_validate(spec)
         data = builders.load_data(run_spec)
+        self.rows_digest = data.private.ordered_digest
         self.built = builders.build_local(run_spec, data)
         self.backend = self.built.backend
         self._scope: Optional[contextlib.ExitStack] = None
@@ -71,6 +76,9 @@ class ReplicaWorker:
             # drawn while the driver releases and combines the next step's queries
             self.backend.directions.prefetch(ahead)
         return self.checksum()
+
+    def private_rows_digest(self) -> str:
+        return self.rows_digest
 
     def checksum(self) -> float:
         return parameter_checksum(self.backend.directions.params)
@@ -132,8 +140,8 @@ def parameter_checksum(params) -> float:
 class RayBackend:
     """Same protocol as LocalBackend (``query``, ``apply``, ``step_scope``, ``directions``)."""
 
-    def __init__(self, local, spec: Dict[str, Any], *, n_private: int, workers: int, gpus_per_worker: float,
-                 address: str, parallelism: str, checksum_every: int):
+    def __init__(self, local, spec: Dict[str, Any], *, n_private: int, private_digest: str, workers: int,
+                 gpus_per_worker: float, address: str, parallelism: str, checksum_every: int):
         if not ray.is_initialized():
             if address == "local":
                 ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -141,6 +149,7 @@ class RayBackend:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         self.local = local  # the driver's replica: source of truth, public gradients, evaluation
         self._n_private = n_private  # the driver holds no private rows in this mode, only their count
+        self._private_digest = private_digest  # ... and their ordered digest, which every worker must match
         self.directions = local.directions
         self.optimizer = local.optimizer
         self.model = local.model
@@ -157,6 +166,11 @@ class RayBackend:
 
     def _start(self):
         worker = ReplicaWorker.options(num_gpus=self._gpus, num_cpus=0).remote(self._spec)
+        if ray.get(worker.private_rows_digest.remote()) != self._private_digest:
+            # indices sent to this worker would name other rows than the ones sampled and accounted
+            ray.kill(worker)
+            raise DataChanged("data.source: a Ray worker loaded different private rows than the driver (the data "
+                              "changed after the run started); run again once the data stops changing")
         ray.get(worker.load_parameters.remote([p.detach().cpu() for p in self.directions.params],
                                               self.optimizer.state_dict()))
         return worker

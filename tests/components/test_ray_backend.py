@@ -128,3 +128,31 @@ def test_ray_with_prefetch_matches_local(ray_cluster, tiny_spec_dict):
         assert remote.loop.backend.resyncs == 0
     finally:
         remote.loop.backend.close()
+
+
+def test_workers_read_the_users_file_and_refuse_rows_that_changed(ray_cluster, tiny_spec_dict, tmp_path):
+    """Workers read a file source themselves. If it changed after the driver read it, the indices the
+    driver sends would name other rows than the ones sampled and accounted: the worker is refused."""
+    from components.runtime.ray_backend import DataChanged
+    from tests.conftest import write_digits_file
+
+    path = write_digits_file(tmp_path / "rows.csv", rows=range(1500))
+    tiny_spec_dict["data"] = {"source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))},
+                              "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
+    local = _built(tiny_spec_dict, "local")
+    remote = _built(tiny_spec_dict, "ray")
+    try:
+        local.loop.run(10)
+        remote.loop.run(10)
+        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
+    finally:
+        remote.loop.backend.close()
+
+    d = copy.deepcopy(tiny_spec_dict)
+    d["execution"] = {"backend": "ray", "workers": 2}
+    spec = specs.spec_from_dict(d)
+    data = builders.load_data(spec)
+    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    write_digits_file(path, rows=range(1797))  # new rows land between the driver's read and the workers'
+    with pytest.raises(DataChanged, match="a Ray worker loaded different private rows than the driver"):
+        builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))
