@@ -40,8 +40,9 @@ def load_data(spec: RunSpec) -> SplitData:
         table, scale = load_text(source.name, source.max_length, source.tokenizer), "none"  # ids are not scaled
     elif source.kind == "file":
         table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
-                          features=source.features)
-        scale = "public" if source.scale == "auto" else source.scale
+                          features=source.features, text=source.text, tokenizer=source.tokenizer,
+                          max_length=source.max_length)
+        scale = "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
     else:
         table, scale = load_sklearn(source.name), source.scale
     assign = hashed_split if split.kind == "hashed" else fraction_split

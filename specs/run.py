@@ -127,13 +127,16 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         problems.append("data.split.imbalance: needs a public fraction > 0")
     if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
         problems.append("data.split: public and test fractions leave no private rows")
-    text, hf = spec.data.source.kind == "text", spec.model.kind == "hf"
+    source = spec.data.source
+    file_text = source.kind == "file" and source.text is not None
+    text, hf = source.kind == "text" or file_text, spec.model.kind == "hf"
     if hf and not text:
-        problems.append("model.kind: hf reads token ids; use data.source.kind: text")
+        problems.append("model.kind: hf reads token ids; use data.source.kind: text, or a file source with a "
+                        "text column")
     if text and not hf:
-        problems.append(f"data.source.kind: text gives token ids, which model.kind {spec.model.kind} cannot read; "
-                        "use model.kind: hf")
-    if spec.data.source.kind == "file" and spec.data.source.scale != "none" and split.public == 0.0:
+        field = "data.source.text" if file_text else "data.source.kind: text"
+        problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")
+    if source.kind == "file" and not file_text and source.scale != "none" and split.public == 0.0:
         problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
     if spec.data.source.kind == "sklearn":
         scale = spec.data.source.scale

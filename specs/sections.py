@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Annotated, List, Literal, Optional, Union
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from specs.base import Auto, Strict
 
@@ -60,7 +60,23 @@ class FileSource(Strict):
     features: Optional[List[str]] = Field(None, min_length=1, description="Numeric feature columns; default: "
                                           "every column but the label.")
     scale: Literal["auto", "none", "public"] = Field(
-        "auto", description="'public' standardises with statistics of the public split only; auto = public.")
+        "auto", description="'public' standardises with statistics of the public split only; auto = public "
+        "(none with text).")
+    text: Optional[str] = Field(None, min_length=1, description="A text column instead of features: each row "
+                                "becomes the tokenizer's ids and attention mask, read by model.kind hf.")
+    max_length: int = Field(32, ge=2, le=512, description="With text: tokens per row, [CLS] and [SEP] included.")
+    tokenizer: Literal["minilm"] = Field("minilm", description="With text: the pretrained model whose "
+                                         "vocabulary makes the ids.")
+
+    @model_validator(mode="after")
+    def _text_or_features(self):
+        if self.text is None:
+            given = sorted({"max_length", "tokenizer"} & self.model_fields_set)
+            if given:
+                raise ValueError(f"{given[0]} applies to a text column only; set text or remove {given[0]}")
+        elif self.features is not None or self.scale == "public":
+            raise ValueError("a text column is the whole input: remove features and scale")
+        return self
 
     @field_validator("classes")
     @classmethod

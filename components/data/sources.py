@@ -70,9 +70,12 @@ def _unique_rows(table: Table) -> Table:
 
 
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
-              features: Optional[Sequence[str]] = None) -> Table:
+              features: Optional[Sequence[str]] = None, text: Optional[str] = None,
+              tokenizer: Optional[str] = None, max_length: int = 32) -> Table:
     """Rows of a CSV or Parquet file: the numeric ``features`` columns (default: every column but ``label``)
-    as float32, and ``label`` mapped to its position in ``classes``; exact duplicate rows dropped.
+    as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
+    max_length], as the text sources give); ``label`` mapped to its position in ``classes``; exact
+    duplicate rows dropped.
 
     ``classes`` comes from the spec, never from the file: the model's output size is released, and a
     label set read from the data would tell whether a rare class occurs among the private rows.
@@ -88,7 +91,12 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if not path.is_file():
         raise ValueError(f"data.source.path: {path} is not a file")
     try:
-        frame = pd.read_csv(path) if kind == "csv" else pd.read_parquet(path)
+        if kind == "parquet":
+            frame = pd.read_parquet(path)
+        elif text is None:
+            frame = pd.read_csv(path)
+        else:  # text as written: 'NA', 'None' or '1.0' are lines, not a missing value or a number
+            frame = pd.read_csv(path, dtype={text: str}, keep_default_na=False)
     except Exception as err:  # noqa: BLE001 - the readers raise many types; the user needs the one line
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first}") from None
@@ -98,6 +106,18 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     frame.columns = columns
     if label not in columns:
         raise ValueError(f"data.source.label: no column {label!r} in {path.name}; columns: {', '.join(columns)}")
+    labels = _class_positions(frame, label, classes)
+    if text is not None:
+        if text not in columns:
+            raise ValueError(f"data.source.text: no column {text!r} in {path.name}; columns: {', '.join(columns)}")
+        lines = frame[text]
+        if lines.isna().any() or (lines.astype(str).str.strip() == "").any():
+            raise ValueError(f"data.source.text: column {text!r} has missing or empty values; fill or drop them first")
+        from components import pretrained
+        from components.data.text import encode
+
+        ids = encode([str(line) for line in lines], pretrained.tokenizer(tokenizer), max_length)
+        return _unique_rows(Table(path.name, ids, labels, len(classes), None))
     names = list(features) if features is not None else [c for c in columns if c != label]
     missing = [c for c in names if c not in columns]
     if missing:
@@ -115,6 +135,12 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if bad.any():
         raise ValueError(f"data.source.features: column {names[int(np.flatnonzero(bad)[0])]!r} has missing or "
                          "non-finite values; fill or drop them first")
+    return _unique_rows(Table(path.name, np.ascontiguousarray(values, dtype=np.float32), labels, len(classes), None))
+
+
+def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> np.ndarray:
+    import pandas as pd
+
     position = {str(c): i for i, c in enumerate(classes)}
     raw = frame[label]
     if raw.isna().any():
@@ -125,5 +151,4 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if labels.isna().any():
         raise ValueError(f"data.source.classes: column {label!r} has labels not among classes "
                          f"{[str(c) for c in classes]}; list every class")
-    return _unique_rows(Table(path.name, np.ascontiguousarray(values, dtype=np.float32),
-                              labels.to_numpy(dtype=np.int64), len(classes), None))
+    return labels.to_numpy(dtype=np.int64)

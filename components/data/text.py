@@ -51,6 +51,12 @@ def read_topics(directory: Path) -> List[Tuple[str, List[str]]]:
     return topics
 
 
+def encode(lines: List[str], tokenizer, max_length: int) -> np.ndarray:
+    """int64 [n, 2, max_length]: each line's token ids, padded or truncated, then its attention mask."""
+    enc = tokenizer(lines, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
+    return np.ascontiguousarray(np.stack([enc["input_ids"], enc["attention_mask"]], axis=1), dtype=np.int64)
+
+
 def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_length: int) -> Table:
     """One row per line, labelled by its topic's position; ids and mask padded/truncated to ``max_length``.
 
@@ -62,8 +68,7 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
     if not lines:
         raise ValueError(f"data.source: {name} has no lines")
     labels = np.asarray([k for k, (_t, topic_lines) in enumerate(topics) for _ in topic_lines], dtype=np.int64)
-    enc = tokenizer(lines, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
-    features = np.ascontiguousarray(np.stack([enc["input_ids"], enc["attention_mask"]], axis=1), dtype=np.int64)
+    features = encode(lines, tokenizer, max_length)
     first: Dict[bytes, int] = {}
     label_sets: Dict[bytes, set] = {}
     for i in range(len(lines)):

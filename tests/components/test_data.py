@@ -122,8 +122,7 @@ def test_file_source_errors_for_the_path_and_format(tmp_path):
     with pytest.raises(ValueError, match="data.source.path: cannot read .*rows.parquet as parquet"):
         load_file(tmp_path / "rows.parquet", file_format="auto", **DIGITS)
     with pytest.raises(ValueError, match="data.source.features: no column 'pixel'"):
-        load_file(write_digits_file(tmp_path / "ok.csv"), file_format="csv", label="digit", classes=[0, 1],
-                  features=["pixel"])
+        load_file(write_digits_file(tmp_path / "ok.csv"), file_format="csv", features=["pixel"], **DIGITS)
 
 
 def test_hashed_split_sizes_disjoint_and_seeded():

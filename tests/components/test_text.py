@@ -86,3 +86,79 @@ def test_text_split_is_seeded_disjoint_and_unscaled(tiny_spec_dict):
     parts = [set(p.fingerprints) for p in (a.public, a.private, a.test)]
     assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
     assert len(a.public) > 0 and a.n_classes == 21
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_files_text_column_becomes_the_tokenizers_ids(tmp_path, minilm_tokenizer, suffix):
+    """The team's own texts: one row per line, the same ids and mask the packaged corpus gets."""
+    import pandas as pd
+
+    from components.data import load_file
+    from components.data.text import _chatterbot_english, encode
+
+    topics = read_topics(_chatterbot_english())[:3]
+    lines = [line for _t, ls in topics for line in ls] + ["NA", "None", "1.0"]  # text as written, never parsed
+    labels = [t for t, ls in topics for _ in ls] + [topics[0][0]] * 3
+    path = tmp_path / f"tickets{suffix}"
+    frame = pd.DataFrame({"body": lines, "topic": labels})
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
+    classes = [t for t, _ in topics]
+    table = load_file(path, file_format="auto", label="topic", classes=classes, text="body", tokenizer="minilm",
+                      max_length=16)
+    expected = encode(lines, minilm_tokenizer, 16)
+    keys = {row.tobytes() + int(y).to_bytes(8, "little") for row, y in zip(expected, [classes.index(t) for t in labels])}
+    assert len(table) == len(keys)  # exact repeats (same ids, same topic) kept once
+    assert {row.tobytes() + int(y).to_bytes(8, "little") for row, y in zip(table.features, table.labels)} == keys
+    assert table.n_classes == 3 and table.features.dtype == np.int64
+
+
+def test_a_text_column_with_gaps_or_a_wrong_name_is_one_line(tmp_path):
+    import pandas as pd
+
+    from components.data import load_file
+
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"body": ["hello", "", "bye"], "topic": ["a", "b", "a"]}).to_csv(path, index=False)
+    with pytest.raises(ValueError, match=r"^data.source.text: column 'body' has missing or empty values"):
+        load_file(path, file_format="csv", label="topic", classes=["a", "b"], text="body", tokenizer="minilm")
+    with pytest.raises(ValueError, match=r"^data.source.text: no column 'text' in t.csv; columns: body, topic$"):
+        load_file(path, file_format="csv", label="topic", classes=["a", "b"], text="text", tokenizer="minilm")
+
+
+def test_hf_runs_on_a_files_text_column(tmp_path, tiny_spec_dict):
+    import pandas as pd
+    import torch
+
+    from components.randomness import private_generator
+
+    path = tmp_path / "tickets.parquet"
+    lines = [f"ticket {i} about {'billing' if i % 2 else 'login'} problem number {i * 7}" for i in range(400)]
+    pd.DataFrame({"body": lines, "queue": ["billing" if i % 2 else "login" for i in range(400)]}).to_parquet(path)
+    tiny_spec_dict["data"] = {"source": {"kind": "file", "path": str(path), "label": "queue",
+                                         "classes": ["login", "billing"], "text": "body", "max_length": 16},
+                              "split": {"kind": "hashed", "public": 0.05, "test": 0.2}}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "head"}
+    tiny_spec_dict["sampling"]["expected_batch_size"] = 16
+    tiny_spec_dict["optimizer"] = {"kind": "sgd", "lr": 1e-2, "steps": 3}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    data = builders.load_data(spec)
+    assert data.private.features.shape[1:] == (2, 16) and data.n_classes == 2
+    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    built = builders.build_loop(resolved, data, noise_generator=private_generator(1), sampling_generator=private_generator(2))
+    before = built.model.head.weight.detach().clone()
+    built.loop.run(3)
+    assert not torch.equal(before, built.model.head.weight)
+
+
+@pytest.mark.parametrize("source, model, message", [
+    ({"text": "body", "features": ["a"]}, "hf", "a text column is the whole input: remove features and scale"),
+    ({"text": "body", "scale": "public"}, "hf", "a text column is the whole input"),
+    ({"max_length": 16}, "linear", "max_length applies to a text column only"),
+    ({"text": "body"}, "linear", "data.source.text gives token ids, which model.kind linear cannot read"),
+    ({}, "hf", "model.kind: hf reads token ids; use data.source.kind: text, or a file source with a text column"),
+])
+def test_text_column_spec_errors(tiny_spec_dict, source, model, message):
+    tiny_spec_dict["data"]["source"] = {"kind": "file", "path": "t.csv", "label": "y", "classes": [0, 1], **source}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm"} if model == "hf" else {"kind": model}
+    with pytest.raises(specs.SpecError, match=message):
+        specs.spec_from_dict(tiny_spec_dict)
