@@ -64,17 +64,27 @@ class FileSource(Strict):
         "(none with text).")
     text: Optional[str] = Field(None, min_length=1, description="A text column instead of features: each row "
                                 "becomes the tokenizer's ids and attention mask, read by model.kind hf.")
-    max_length: int = Field(32, ge=2, le=512, description="With text: tokens per row, [CLS] and [SEP] included.")
-    tokenizer: Literal["minilm"] = Field("minilm", description="With text: the pretrained model whose "
-                                         "vocabulary makes the ids.")
+    max_length: Optional[int] = Field(None, ge=2, le=512, description="With text: tokens per row, [CLS] and "
+                                      "[SEP] included (default 32).")
+    tokenizer: Optional[Literal["minilm"]] = Field(None, description="With text: the pretrained model whose "
+                                                   "vocabulary makes the ids (default minilm).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_settings(cls, data):
+        # defaults only with a text column, so a spec without one never carries (or logs) them
+        if not isinstance(data, dict):
+            return data
+        if data.get("text") is None:
+            for key in ("max_length", "tokenizer"):
+                if data.get(key) is not None:
+                    raise ValueError(f"{key} applies to a text column only; set text or remove {key}")
+            return data
+        return {**data, "max_length": data.get("max_length") or 32, "tokenizer": data.get("tokenizer") or "minilm"}
 
     @model_validator(mode="after")
-    def _text_or_features(self):
-        if self.text is None:
-            given = sorted({"max_length", "tokenizer"} & self.model_fields_set)
-            if given:
-                raise ValueError(f"{given[0]} applies to a text column only; set text or remove {given[0]}")
-        elif self.features is not None or self.scale == "public":
+    def _text_is_the_whole_input(self):
+        if self.text is not None and (self.features is not None or self.scale == "public"):
             raise ValueError("a text column is the whole input: remove features and scale")
         return self
 

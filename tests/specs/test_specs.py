@@ -230,3 +230,20 @@ def test_a_relative_data_path_is_taken_from_the_spec_files_folder(tmp_path, monk
     tiny_spec_dict["data"]["source"]["path"] = str(tmp_path / "abs.parquet")
     spec_file.write_text(yaml.safe_dump(tiny_spec_dict))
     assert specs.load_spec(spec_file).data.source.path == str(tmp_path / "abs.parquet")
+
+
+FILE = {"kind": "file", "path": "x.csv", "label": "y", "classes": [0, 1]}
+
+
+@pytest.mark.parametrize("source", [FILE, {**FILE, "text": "body"}, {**FILE, "text": "body", "max_length": 16}],
+                         ids=["numbers", "text", "text-16"])
+def test_a_file_source_survives_resolution(tiny_spec_dict, source):
+    """A run logs and replays the resolved spec: it must validate again with every default written out."""
+    tiny_spec_dict["data"]["source"] = source
+    if "text" in source:
+        tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm"}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    again = spec.resolved(n_private=1000, noise_multiplier=1.0)
+    assert again.data.source == spec.data.source
+    assert (spec.data.source.max_length, spec.data.source.tokenizer) == (
+        (source.get("max_length", 32), "minilm") if "text" in source else (None, None))
