@@ -12,11 +12,13 @@ from components.accountants import Accountant, PrivacyTracker
 from components.data import (
     PoissonSampler,
     SplitData,
+    column_split,
     fraction_split,
     hashed_split,
     load_file,
     load_sklearn,
     load_text,
+    source_split,
 )
 from components.estimators import (
     Directions,
@@ -35,19 +37,28 @@ from specs import RunSpec
 
 
 def load_data(spec: RunSpec) -> SplitData:
-    source, split = spec.data.source, spec.data.split
-    if source.kind == "text":
-        table, scale = load_text(source.name, source.max_length, source.tokenizer), "none"  # ids are not scaled
-    elif source.kind == "file":
-        table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
-                          features=source.features, text=source.text, tokenizer=source.tokenizer,
-                          max_length=source.max_length)
-        scale = "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
-    else:
-        table, scale = load_sklearn(source.name), source.scale
+    split = spec.data.split
+    table, scale = _table(spec.data.source, split.column if split.kind == "column" else None)
+    if split.kind == "column":
+        return column_split(table, test=split.test, seed=spec.seed, scale=scale)
+    if split.kind == "source":
+        public_table, _ = _table(split.public_source)
+        return source_split(table, public_table, test=split.test, seed=spec.seed, scale=scale)
     assign = hashed_split if split.kind == "hashed" else fraction_split
     return assign(table, public=split.public, test=split.test, imbalance=split.imbalance, seed=spec.seed,
                   scale=scale)
+
+
+def _table(source, public_flag: Optional[str] = None):
+    """The source's rows and how to scale them."""
+    if source.kind == "text":
+        return load_text(source.name, source.max_length, source.tokenizer), "none"  # ids are not scaled
+    if source.kind == "file":
+        table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
+                          features=source.features, text=source.text, tokenizer=source.tokenizer,
+                          max_length=source.max_length, public_flag=public_flag)
+        return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
+    return load_sklearn(source.name), source.scale
 
 
 def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:

@@ -50,7 +50,7 @@ class RowsExposed(RuntimeError):
         super().__init__(
             f"data.split: {n_rows} public or test rows of this run were private in earlier runs on dataset "
             f"{dataset!r} and cannot be used without noise now; keep the seed and data.split of those runs "
-            "(data that grows between runs needs data.split.kind: hashed from its first run)")
+            "(data that grows between runs needs data.split.kind hashed, column or source from its first run)")
 
 
 class _Base(DeclarativeBase):

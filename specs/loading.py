@@ -69,13 +69,16 @@ def load_spec(path: Union[str, Path]) -> RunSpec:
 
 
 def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
-    """A relative ``data.source.path`` is taken from the spec file's folder, wherever privzo runs from (a
-    Prefect worker's working directory is not the user's); the spec is then carried with the absolute path."""
-    source = data.get("data", {}).get("source") if isinstance(data.get("data"), dict) else None
-    if isinstance(source, dict) and source.get("kind") == "file" and isinstance(source.get("path"), str) \
-            and source["path"]:
-        path = Path(source["path"]).expanduser()
-        source["path"] = os.path.normpath(path if path.is_absolute() else os.path.abspath(folder / path))
+    """A relative file ``path`` (``data.source``, ``data.split.public_source``) is taken from the spec file's
+    folder, wherever privzo runs from (a Prefect worker's working directory is not the user's); the spec
+    is then carried with the absolute path."""
+    section = data.get("data") if isinstance(data.get("data"), dict) else {}
+    split = section.get("split") if isinstance(section.get("split"), dict) else {}
+    for source in (section.get("source"), split.get("public_source")):
+        if isinstance(source, dict) and source.get("kind") == "file" and isinstance(source.get("path"), str) \
+                and source["path"]:
+            path = Path(source["path"]).expanduser()
+            source["path"] = os.path.normpath(path if path.is_absolute() else os.path.abspath(folder / path))
     return data
 
 

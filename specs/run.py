@@ -119,15 +119,26 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         elif est.perturbation == "regenerate":
             problems.append("execution.prefetch_directions: needs cached directions; set estimator.perturbation "
                             "to cache or auto, or remove prefetch_directions")
-    if est.kind.startswith("pazo") and split.public == 0.0:
+    if est.kind.startswith("pazo") and not split.has_public:
         problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
-    if est.public_warm_start is not None and split.public == 0.0:
+    if est.public_warm_start is not None and not split.has_public:
         problems.append("estimator.public_warm_start: needs public data; set data.split.public > 0")
-    if split.imbalance is not None and split.public == 0.0:
-        problems.append("data.split.imbalance: needs a public fraction > 0")
-    if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
-        problems.append("data.split: public and test fractions leave no private rows")
+    if split.kind in ("fraction", "hashed"):
+        if split.imbalance is not None and split.public == 0.0:
+            problems.append("data.split.imbalance: needs a public fraction > 0")
+        if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
+            problems.append("data.split: public and test fractions leave no private rows")
     source = spec.data.source
+    if split.kind == "column" and source.kind != "file":
+        problems.append("data.split.kind: column reads a column of a file source; use data.source.kind: file")
+    if split.kind == "column" and source.kind == "file":
+        if split.column == source.label or (source.features is not None and split.column in source.features):
+            problems.append(f"data.split.column: {split.column!r} is the label or a feature; name the column "
+                            "that flags public rows")
+        if split.column == source.text:
+            problems.append(f"data.split.column: {split.column!r} is the text column")
+    if split.kind == "source":
+        problems += _public_source_problems(source, split.public_source)
     file_text = source.kind == "file" and source.text is not None
     text, hf = source.kind == "text" or file_text, spec.model.kind == "hf"
     if hf and not text:
@@ -136,14 +147,34 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if text and not hf:
         field = "data.source.text" if file_text else "data.source.kind: text"
         problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")
-    if source.kind == "file" and not file_text and source.scale != "none" and split.public == 0.0:
+    if source.kind == "file" and not file_text and source.scale != "none" and not split.has_public:
         problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
     if spec.data.source.kind == "sklearn":
         scale = spec.data.source.scale
         if scale == "fixed" and spec.data.source.name != "digits":
             problems.append("data.source.scale: fixed is only known for digits; use public or none")
-        if (scale == "public" or (scale == "auto" and spec.data.source.name != "digits")) and split.public == 0.0:
+        if (scale == "public" or (scale == "auto" and spec.data.source.name != "digits")) and not split.has_public:
             problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
+    return problems
+
+
+def _tokens(source) -> Optional[tuple]:
+    """What a source's rows are made of: None for numbers, (tokenizer, length) for token ids."""
+    if source.kind == "text" or (source.kind == "file" and source.text is not None):
+        return (source.tokenizer, source.max_length)
+    return None
+
+
+def _public_source_problems(source, public) -> List[str]:
+    problems = []
+    if _tokens(source) != _tokens(public):
+        problems.append("data.split.public_source: its rows must be read like the main source's (both numbers, "
+                        "or both text with the same tokenizer and max_length)")
+    if public.kind == "file" and source.kind == "file" and [str(c) for c in public.classes] != [
+            str(c) for c in source.classes]:
+        problems.append("data.split.public_source.classes: must be data.source.classes, in the same order")
+    if "scale" in public.model_fields_set:
+        problems.append("data.split.public_source.scale: the main source's scale applies to both; remove it")
     return problems
 
 

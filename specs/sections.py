@@ -113,9 +113,15 @@ Source = Annotated[Union[SklearnSource, TextSource, FileSource], Field(discrimin
 
 
 class _Fractions(Strict):
-    public: float = Field(0.0, ge=0.0, lt=1.0)
+    public: float = Field(0.0, ge=0.0, lt=1.0, description="Share of the training rows used as public data, "
+                          "without noise: a simulation of public data, or for data any row of which may be public "
+                          "(otherwise use the column or source split).")
     test: Probability = 0.2
     imbalance: Optional[List[Annotated[float, Field(gt=0.0, le=1.0)]]] = None
+
+    @property
+    def has_public(self) -> bool:
+        return self.public > 0
 
     @field_validator("imbalance")
     @classmethod
@@ -146,7 +152,38 @@ class HashedSplit(_Fractions):
     kind: Literal["hashed"]
 
 
-Split = Annotated[Union[FractionSplit, HashedSplit], Field(discriminator="kind")]
+class ColumnSplit(Strict):
+    """Public rows are the ones the data owner flagged public (people who consented, records already
+    published) in ``column`` of a file source (true/false, yes/no or 1/0; not a feature). Of the other
+    rows, each is test with probability ``test`` (decided per row as in ``hashed``, so stable as the
+    file grows) and the rest private. Unlike ``fraction`` and ``hashed`` on a team's own file, no one
+    becomes public data without having been flagged so."""
+
+    kind: Literal["column"]
+    column: str = Field(..., min_length=1)
+    test: Probability = 0.2
+
+    @property
+    def has_public(self) -> bool:
+        return True
+
+
+class SourceSplit(Strict):
+    """Public data from another source: every row of ``public_source`` is public (e.g. a public dataset
+    of the same task, possibly from another distribution, as PAZO's SNLI for MNLI); the main source's rows
+    are test with probability ``test`` (per row, as in ``hashed``) or private. Both sources must give
+    the same classes and row shape; the main source's scale applies to both."""
+
+    kind: Literal["source"]
+    public_source: Source
+    test: Probability = 0.2
+
+    @property
+    def has_public(self) -> bool:
+        return True
+
+
+Split = Annotated[Union[FractionSplit, HashedSplit, ColumnSplit, SourceSplit], Field(discriminator="kind")]
 
 
 class DataSpec(Strict):

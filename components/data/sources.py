@@ -20,6 +20,7 @@ class Table:
     labels: np.ndarray
     n_classes: int
     fixed_scale: float | None  # a data-independent feature scale known for the source (digits: 1/16)
+    public_flags: np.ndarray | None = None  # rows the data owner flagged public (data.split.kind column)
 
     def __post_init__(self) -> None:
         if len(self.features) != len(self.labels):
@@ -61,21 +62,28 @@ def load_sklearn(name: str) -> Table:
 
 
 def _unique_rows(table: Table) -> Table:
-    """The table with exact duplicate rows dropped (first kept, order kept)."""
-    _, first = np.unique(np.asarray(table.row_fingerprints()), return_index=True)
+    """The table with exact duplicate rows dropped (first kept, order kept). A row is flagged public only
+    if every copy of it is: its content is also someone's private row otherwise."""
+    _, first, inverse = np.unique(np.asarray(table.row_fingerprints()), return_index=True, return_inverse=True)
     if len(first) == len(table):
         return table
     keep = np.sort(first)
-    return Table(table.name, table.features[keep], table.labels[keep], table.n_classes, table.fixed_scale)
+    flags = table.public_flags
+    if flags is not None:
+        all_public = np.ones(len(first), dtype=bool)
+        np.logical_and.at(all_public, inverse, flags)
+        flags = all_public[inverse][keep]
+    return Table(table.name, table.features[keep], table.labels[keep], table.n_classes, table.fixed_scale, flags)
 
 
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
-              tokenizer: Optional[str] = None, max_length: int = 32) -> Table:
+              tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None) -> Table:
     """Rows of a CSV or Parquet file: the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
-    max_length], as the text sources give); ``label`` mapped to its position in ``classes``; exact
-    duplicate rows dropped.
+    max_length], as the text sources give); ``label`` mapped to its position in ``classes``; with
+    ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); exact duplicate
+    rows dropped.
 
     ``classes`` comes from the spec, never from the file: the model's output size is released, and a
     label set read from the data would tell whether a rare class occurs among the private rows.
@@ -107,6 +115,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if label not in columns:
         raise ValueError(f"data.source.label: no column {label!r} in {path.name}; columns: {', '.join(columns)}")
     labels = _class_positions(frame, label, classes)
+    flags = _flags(frame, public_flag) if public_flag is not None else None
     if text is not None:
         if text not in columns:
             raise ValueError(f"data.source.text: no column {text!r} in {path.name}; columns: {', '.join(columns)}")
@@ -117,8 +126,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         from components.data.text import encode
 
         ids = encode([str(line) for line in lines], pretrained.tokenizer(tokenizer), max_length)
-        return _unique_rows(Table(path.name, ids, labels, len(classes), None))
-    names = list(features) if features is not None else [c for c in columns if c != label]
+        return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags))
+    names = list(features) if features is not None else [c for c in columns if c not in (label, public_flag)]
     missing = [c for c in names if c not in columns]
     if missing:
         raise ValueError(f"data.source.features: no column {missing[0]!r} in {path.name}; columns: {', '.join(columns)}")
@@ -135,7 +144,22 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if bad.any():
         raise ValueError(f"data.source.features: column {names[int(np.flatnonzero(bad)[0])]!r} has missing or "
                          "non-finite values; fill or drop them first")
-    return _unique_rows(Table(path.name, np.ascontiguousarray(values, dtype=np.float32), labels, len(classes), None))
+    return _unique_rows(Table(path.name, np.ascontiguousarray(values, dtype=np.float32), labels, len(classes), None,
+                              flags))
+
+
+_TRUE, _FALSE = {"true", "yes", "1"}, {"false", "no", "0"}
+
+
+def _flags(frame, column: str) -> np.ndarray:
+    """A flag column as booleans: true/false, yes/no or 1/0 (any case); anything else is refused rather
+    than guessed, since a wrong guess makes someone's row public."""
+    if column not in frame.columns:
+        raise ValueError(f"data.split.column: no column {column!r}; columns: {', '.join(frame.columns)}")
+    words = frame[column].astype(str).str.strip().str.lower().replace({"1.0": "1", "0.0": "0"})
+    if frame[column].isna().any() or not words.isin(_TRUE | _FALSE).all():
+        raise ValueError(f"data.split.column: column {column!r} must hold true/false, yes/no or 1/0 in every row")
+    return words.isin(_TRUE).to_numpy()
 
 
 def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> np.ndarray:

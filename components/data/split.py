@@ -107,20 +107,60 @@ def hashed_split(
     are binomial around the fractions instead of exact. Rows keep their order within each part.
     """
     fps = table.row_fingerprints()
-    n = len(table)
-    u_test, u_public = np.empty(n), np.empty(n)
-    salt = public_seed(seed, STREAM_SPLIT).to_bytes(8, "little")
-    for i, fp in enumerate(fps):
-        word = hashlib.blake2b(salt + bytes.fromhex(fp), digest_size=16).digest()
-        # 53-bit uniforms in [0, 1), as float64 holds them exactly
-        u_test[i] = (int.from_bytes(word[:8], "little") >> 11) * 2.0**-53
-        u_public[i] = (int.from_bytes(word[8:], "little") >> 11) * 2.0**-53
+    u_test, u_public = _row_uniforms(fps, seed)
     is_test = u_test < test
     ratios = class_ratios(imbalance, table.n_classes) if public > 0 else np.zeros(table.n_classes)
     is_public = ~is_test & (u_public < public * ratios[table.labels])
     is_private = ~is_test & ~is_public
     return _assemble(table, np.flatnonzero(is_public), np.flatnonzero(is_private), np.flatnonzero(is_test),
                      scale, fps)
+
+
+def column_split(table: Table, *, test: float, seed: int, scale: str) -> SplitData:
+    """Public rows are the rows the data owner flagged (``table.public_flags``); each other row is test
+    with probability ``test`` (hashed from the seed and its content, as in ``hashed_split``), else private."""
+    if table.public_flags is None:
+        raise ValueError("data.split.kind: column needs a file source read with its flag column")
+    fps = table.row_fingerprints()
+    u_test, _ = _row_uniforms(fps, seed)
+    public = table.public_flags
+    is_test = ~public & (u_test < test)
+    return _assemble(table, np.flatnonzero(public), np.flatnonzero(~public & ~is_test), np.flatnonzero(is_test),
+                     scale, fps)
+
+
+def source_split(table: Table, public_table: Table, *, test: float, seed: int, scale: str) -> SplitData:
+    """Every row of ``public_table`` is public; each row of ``table`` is test with probability ``test``
+    (hashed as in ``hashed_split``), else private. ``scale`` applies to both, from the public rows."""
+    if public_table.n_classes != table.n_classes:
+        raise ValueError(f"data.split.public_source: {public_table.n_classes} classes, the main source has "
+                         f"{table.n_classes}")
+    if public_table.features.shape[1:] != table.features.shape[1:] or public_table.features.dtype != table.features.dtype:
+        raise ValueError(f"data.split.public_source: rows of shape {public_table.features.shape[1:]}, the main "
+                         f"source's are {table.features.shape[1:]}; both must have the same features")
+    fps = table.row_fingerprints()
+    u_test, _ = _row_uniforms(fps, seed)
+    n = len(table)
+    same_scale = public_table.fixed_scale == table.fixed_scale
+    both = Table(table.name, np.concatenate([table.features, public_table.features]),
+                 np.concatenate([table.labels, public_table.labels]), table.n_classes,
+                 table.fixed_scale if same_scale else None)
+    is_test = u_test < test
+    return _assemble(both, np.arange(n, n + len(public_table)), np.flatnonzero(~is_test), np.flatnonzero(is_test),
+                     scale, fps + public_table.row_fingerprints())
+
+
+def _row_uniforms(fps: List[str], seed: int):
+    """Two uniforms in [0, 1) per row, from a hash of the public seed and the row's content alone."""
+    n = len(fps)
+    first, second = np.empty(n), np.empty(n)
+    salt = public_seed(seed, STREAM_SPLIT).to_bytes(8, "little")
+    for i, fp in enumerate(fps):
+        word = hashlib.blake2b(salt + bytes.fromhex(fp), digest_size=16).digest()
+        # 53-bit uniforms, which float64 holds exactly
+        first[i] = (int.from_bytes(word[:8], "little") >> 11) * 2.0**-53
+        second[i] = (int.from_bytes(word[8:], "little") >> 11) * 2.0**-53
+    return first, second
 
 
 def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, test_idx: np.ndarray, scale: str,

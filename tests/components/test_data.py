@@ -160,3 +160,83 @@ def test_hashed_split_never_moves_a_row_when_others_come_or_go(seed, data):
     without = _hashed(Table("d", full.features[no_threes], full.labels[no_threes], 10, None), seed=seed)
     assert set(without.public.fingerprints) == {fp for fp, y in zip(later.public.fingerprints, later.public.labels)
                                                 if y != 3}
+
+
+def _file_spec(tiny, path, split, **source):
+    import specs
+
+    tiny["data"] = {"source": {"kind": "file", "path": str(path), **DIGITS, **source}, "split": split}
+    return specs.spec_from_dict(tiny)
+
+
+def test_column_split_makes_public_exactly_the_rows_the_owner_flagged(tmp_path, tiny_spec_dict):
+    import pandas as pd
+
+    from components import builders
+
+    bundled = load_sklearn("digits")
+    path = write_digits_file(tmp_path / "clinic.csv")
+    frame = pd.read_csv(path)
+    frame["consented"] = np.where(np.arange(len(frame)) % 25 == 0, "Yes", "no")
+    frame.to_csv(path, index=False)
+    data = builders.load_data(_file_spec(tiny_spec_dict, path, {"kind": "column", "column": "consented"}))
+    fps = bundled.row_fingerprints()
+    assert data.n_features == 64  # the flag is not a feature
+    assert set(data.public.fingerprints) == {fps[i] for i in range(len(fps)) if i % 25 == 0}
+    rest = set(data.private.fingerprints) | set(data.test.fingerprints)
+    assert rest == {fps[i] for i in range(len(fps)) if i % 25}
+    assert abs(len(data.test) / len(rest) - 0.2) < 0.05
+    # the same flags and seed on a prefix of the file: every row keeps its part
+    frame.iloc[:900].to_csv(path, index=False)
+    early = builders.load_data(_file_spec(tiny_spec_dict, path, {"kind": "column", "column": "consented"}))
+    assert set(early.private.fingerprints) <= set(data.private.fingerprints)
+    assert set(early.test.fingerprints) <= set(data.test.fingerprints)
+
+
+def test_flag_column_values_are_read_strictly(tmp_path):
+    import pandas as pd
+
+    path = write_digits_file(tmp_path / "f.csv", rows=range(6))
+    frame = pd.read_csv(path)
+    for values, public in ([True, False, True, False, False, False], [0, 2]), ([1, 0, 0, 0, 0, 1], [0, 5]), \
+            (["TRUE", "false", "no", "yes", "No", "0"], [0, 3]):
+        frame.assign(ok=values).to_csv(path, index=False)
+        table = load_file(path, file_format="csv", public_flag="ok", **DIGITS)
+        assert np.flatnonzero(table.public_flags).tolist() == public and table.features.shape[1] == 64
+    for values in (["y", "n", "n", "n", "n", "n"], [1, 0, 2, 0, 0, 0], [1, 0, None, 0, 0, 0]):
+        frame.assign(ok=values).to_csv(path, index=False)
+        with pytest.raises(ValueError, match="data.split.column: column 'ok' must hold true/false, yes/no or 1/0"):
+            load_file(path, file_format="csv", public_flag="ok", **DIGITS)
+    with pytest.raises(ValueError, match="data.split.column: no column 'consent'"):
+        load_file(path, file_format="csv", public_flag="consent", **DIGITS)
+
+
+def test_a_row_is_public_only_if_every_copy_of_it_was_flagged(tmp_path):
+    import pandas as pd
+
+    path = write_digits_file(tmp_path / "d.csv", rows=[0, 1, 2, 0, 1])
+    pd.read_csv(path).assign(ok=[1, 1, 0, 0, 1]).to_csv(path, index=False)
+    table = load_file(path, file_format="csv", public_flag="ok", **DIGITS)
+    assert len(table) == 3 and table.public_flags.tolist() == [False, True, False]
+
+
+def test_source_split_takes_every_row_of_the_public_source(tmp_path, tiny_spec_dict):
+    from components import builders
+    from components.data.split import SplitOverlapError
+
+    bundled = load_sklearn("digits")
+    fps = bundled.row_fingerprints()
+    main = write_digits_file(tmp_path / "private.csv", rows=range(1000))
+    public = write_digits_file(tmp_path / "public.parquet", rows=range(1000, 1100))
+    split = {"kind": "source", "public_source": {"kind": "file", "path": str(public), **DIGITS}}
+    data = builders.load_data(_file_spec(tiny_spec_dict, main, split))
+    assert set(data.public.fingerprints) == set(fps[1000:1100])
+    assert set(data.private.fingerprints) | set(data.test.fingerprints) == set(fps[:1000])
+    assert np.allclose(data.public.features.mean(axis=0), 0, atol=1e-5)  # scaled from the public rows
+    # the bundled digits as public data for a file of digits: same rows, so the parts would overlap
+    split["public_source"] = {"kind": "sklearn", "name": "digits"}
+    with pytest.raises(SplitOverlapError, match="rows appear in both public and private"):
+        builders.load_data(_file_spec(tiny_spec_dict, main, split))
+    split["public_source"] = {"kind": "file", "path": str(public), **DIGITS, "features": ["px1", "px2"]}
+    with pytest.raises(ValueError, match=r"data.split.public_source: rows of shape \(2,\), the main source's are \(64,\)"):
+        builders.load_data(_file_spec(tiny_spec_dict, main, split))

@@ -392,6 +392,6 @@ def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_serve
     write_digits_file(path, rows=order[:1200])
     private_train(spec=permuted)
     write_digits_file(path, rows=order)
-    with pytest.raises(RowsExposed, match="needs data.split.kind: hashed from its first run"):
+    with pytest.raises(RowsExposed, match="needs data.split.kind hashed, column or source from its first run"):
         private_train(spec=permuted)
     assert [c.status for c in ledger.history("clinic-permuted")] == ["committed"]

@@ -235,6 +235,35 @@ def test_a_relative_data_path_is_taken_from_the_spec_files_folder(tmp_path, monk
 FILE = {"kind": "file", "path": "x.csv", "label": "y", "classes": [0, 1]}
 
 
+@pytest.mark.parametrize("source, split, message", [
+    ({"kind": "sklearn", "name": "digits"}, {"kind": "column", "column": "ok"},
+     "data.split.kind: column reads a column of a file source"),
+    (FILE, {"kind": "column", "column": "y"}, "data.split.column: 'y' is the label or a feature"),
+    (FILE, {"kind": "source", "public_source": {"kind": "text", "name": "chatterbot"}},
+     "data.split.public_source: its rows must be read like the main source's"),
+    (FILE, {"kind": "source", "public_source": {**FILE, "classes": [1, 0]}},
+     "data.split.public_source.classes: must be data.source.classes, in the same order"),
+    (FILE, {"kind": "source", "public_source": {**FILE, "scale": "none"}},
+     "data.split.public_source.scale: the main source's scale applies to both"),
+    (FILE, {"kind": "column", "column": "ok", "public": 0.1}, "data.split.public: unknown key"),
+])
+def test_public_rows_by_column_or_source_spec_errors(tiny_spec_dict, source, split, message):
+    tiny_spec_dict["data"] = {"source": source, "split": split}
+    with pytest.raises(specs.SpecError, match=message):
+        specs.spec_from_dict(tiny_spec_dict)
+
+
+def test_column_and_source_splits_count_as_public_data(tiny_spec_dict, tmp_path):
+    tiny_spec_dict["estimator"] = {"kind": "pazo_s"}
+    tiny_spec_dict["data"] = {"source": FILE, "split": {"kind": "column", "column": "consented"}}
+    specs.spec_from_dict(tiny_spec_dict)
+    tiny_spec_dict["data"]["split"] = {"kind": "source", "public_source": {**FILE, "path": "public/rows.csv"}}
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict))
+    spec = specs.load_spec(spec_file)
+    assert spec.data.split.public_source.path == str(tmp_path / "public" / "rows.csv")
+
+
 @pytest.mark.parametrize("source", [FILE, {**FILE, "text": "body"}, {**FILE, "text": "body", "max_length": 16}],
                          ids=["numbers", "text", "text-16"])
 def test_a_file_source_survives_resolution(tiny_spec_dict, source):
