@@ -173,7 +173,7 @@ def _public_source_problems(source, public) -> List[str]:
     if public.kind == "file" and source.kind == "file" and [str(c) for c in public.classes] != [
             str(c) for c in source.classes]:
         problems.append("data.split.public_source.classes: must be data.source.classes, in the same order")
-    if "scale" in public.model_fields_set:
+    if getattr(public, "scale", "auto") != "auto":
         problems.append("data.split.public_source.scale: the main source's scale applies to both; remove it")
     return problems
 

@@ -276,3 +276,12 @@ def test_a_file_source_survives_resolution(tiny_spec_dict, source):
     assert again.data.source == spec.data.source
     assert (spec.data.source.max_length, spec.data.source.tokenizer) == (
         (source.get("max_length", 32), "minilm") if "text" in source else (None, None))
+
+
+@pytest.mark.parametrize("split", [{"kind": "column", "column": "consented"},
+                                   {"kind": "source", "public_source": {**FILE, "path": "/data/public.csv"}},
+                                   {"kind": "hashed", "public": 0.1}], ids=["column", "source", "hashed"])
+def test_every_split_survives_resolution(tiny_spec_dict, split):
+    tiny_spec_dict["data"] = {"source": FILE, "split": split}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    assert spec.resolved(n_private=1000, noise_multiplier=1.0).data == spec.data
