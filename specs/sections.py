@@ -43,15 +43,16 @@ class TextSource(Strict):
 
 
 class FileSource(Strict):
-    """The team's own rows: a CSV or Parquet file with one example per row (add/remove neighbours are
-    rows, so one person's data should be one row). Ray workers read the same path, so it must be
-    readable where they run."""
+    """The team's own rows: a CSV, Parquet or JSON Lines file with one example per row (add/remove
+    neighbours are rows, so one person's data should be one row). Ray workers read the same path, so it
+    must be readable where they run."""
 
     kind: Literal["file"]
     path: str = Field(..., min_length=1, description="The file. A relative path is taken from the folder of "
                       "the spec file it is written in.")
-    format: Literal["auto", "csv", "parquet"] = Field("auto", description="auto: from the suffix (.csv, "
-                                                      ".parquet, .pq).")
+    format: Literal["auto", "csv", "parquet", "jsonl"] = Field(
+        "auto", description="auto: from the suffix (.csv, .parquet, .pq, .jsonl, .ndjson); jsonl is one JSON "
+        "object per line.")
     label: str = Field(..., min_length=1, description="The column holding each row's class.")
     classes: List[Union[int, str]] = Field(
         ..., min_length=2, description="Every class the label column may hold, in the order of the model's "

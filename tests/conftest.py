@@ -34,7 +34,7 @@ def tiny_spec_dict():
 
 
 def write_digits_file(path: Path, rows=None, labels_as=None) -> Path:
-    """scikit-learn's digits as a user's file (CSV or Parquet by suffix): 64 pixel columns and ``digit``;
+    """scikit-learn's digits as a user's file (CSV, Parquet or JSON Lines by suffix): 64 pixel columns and ``digit``;
     ``rows`` selects and orders rows, ``labels_as`` maps each class number to what the file holds."""
     import pandas as pd
 
@@ -47,6 +47,8 @@ def write_digits_file(path: Path, rows=None, labels_as=None) -> Path:
         frame = frame.iloc[list(rows)]
     if path.suffix == ".parquet":
         frame.to_parquet(path)
+    elif path.suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True)
     else:
         frame.to_csv(path, index=False)
     return path

@@ -1,5 +1,5 @@
 """Tabular sources, each row with a content fingerprint: datasets bundled offline, and the user's own
-CSV or Parquet files."""
+CSV, Parquet or JSON Lines files."""
 from __future__ import annotations
 
 import hashlib
@@ -76,10 +76,13 @@ def _unique_rows(table: Table) -> Table:
     return Table(table.name, table.features[keep], table.labels[keep], table.n_classes, table.fixed_scale, flags)
 
 
+SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
               tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None) -> Table:
-    """Rows of a CSV or Parquet file: the numeric ``features`` columns (default: every column but ``label``)
+    """Rows of a CSV, Parquet or JSON Lines file: the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
     max_length], as the text sources give); ``label`` mapped to its position in ``classes``; with
     ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); exact duplicate
@@ -91,16 +94,17 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     import pandas as pd
 
     path = Path(path)
-    kind = file_format if file_format != "auto" else {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(
-        path.suffix.lower())
+    kind = file_format if file_format != "auto" else SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise ValueError(f"data.source.format: cannot tell the format of {path.name!r} from its suffix; "
-                         "set format: csv or parquet")
+                         "set format: csv, parquet or jsonl")
     if not path.is_file():
         raise ValueError(f"data.source.path: {path} is not a file")
     try:
         if kind == "parquet":
             frame = pd.read_parquet(path)
+        elif kind == "jsonl":  # one JSON object per line; strings stay strings (no date or number guessing)
+            frame = pd.read_json(path, lines=True, dtype=False, convert_dates=False)
         elif text is None:
             frame = pd.read_csv(path)
         else:  # text as written: 'NA', 'None' or '1.0' are lines, not a missing value or a number

@@ -70,7 +70,7 @@ def _parts(data):
             (("public", data.public), ("private", data.private), ("test", data.test))}
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
 def test_file_source_reads_the_rows_the_bundled_dataset_has(tmp_path, suffix):
     path = write_digits_file(tmp_path / f"digits{suffix}")
     table = load_file(path, file_format="auto", **DIGITS)

@@ -88,7 +88,7 @@ def test_text_split_is_seeded_disjoint_and_unscaled(tiny_spec_dict):
     assert len(a.public) > 0 and a.n_classes == 21
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
 def test_a_files_text_column_becomes_the_tokenizers_ids(tmp_path, minilm_tokenizer, suffix):
     """The team's own texts: one row per line, the same ids and mask the packaged corpus gets."""
     import pandas as pd
@@ -101,7 +101,12 @@ def test_a_files_text_column_becomes_the_tokenizers_ids(tmp_path, minilm_tokeniz
     labels = [t for t, ls in topics for _ in ls] + [topics[0][0]] * 3
     path = tmp_path / f"tickets{suffix}"
     frame = pd.DataFrame({"body": lines, "topic": labels})
-    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True)
+    else:
+        frame.to_parquet(path)
     classes = [t for t, _ in topics]
     table = load_file(path, file_format="auto", label="topic", classes=classes, text="body", tokenizer="minilm",
                       max_length=16)
