@@ -38,24 +38,28 @@ from specs import RunSpec
 
 def load_data(spec: RunSpec) -> SplitData:
     split = spec.data.split
-    table, scale = _table(spec.data.source, split.column if split.kind == "column" else None)
+    # a file's text column is tokenised by the model's own tokenizer unless the source names one
+    model_tokenizer = spec.model.weights if spec.model.kind == "hf" else None
+    table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None)
     if split.kind == "column":
         return column_split(table, test=split.test, seed=spec.seed, scale=scale)
     if split.kind == "source":
-        public_table, _ = _table(split.public_source)
+        public_table, _ = _table(split.public_source, model_tokenizer)
         return source_split(table, public_table, test=split.test, seed=spec.seed, scale=scale)
     assign = hashed_split if split.kind == "hashed" else fraction_split
     return assign(table, public=split.public, test=split.test, imbalance=split.imbalance, seed=spec.seed,
                   scale=scale)
 
 
-def _table(source, public_flag: Optional[str] = None):
+def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None):
     """The source's rows and how to scale them."""
     if source.kind == "text":
-        return load_text(source.name, source.max_length, source.tokenizer), "none"  # ids are not scaled
+        tokenizer = source.tokenizer or model_tokenizer
+        return load_text(source.name, source.max_length, tokenizer), "none"  # ids are not scaled
     if source.kind == "file":
         table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
-                          features=source.features, text=source.text, tokenizer=source.tokenizer,
+                          features=source.features, text=source.text,
+                          tokenizer=source.tokenizer or model_tokenizer,
                           max_length=source.max_length, public_flag=public_flag)
         return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
     return load_sklearn(source.name), source.scale
@@ -73,8 +77,12 @@ def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
 
 def check_model(spec: RunSpec, n_features: int, n_classes: int, memory_bytes: int) -> None:
     """A model that cannot be built for this data, or whose parameters alone exceed ``memory_bytes``,
-    fails here in one line instead of deep in training. Pretrained (hf) models are their package's size."""
+    fails here in one line instead of deep in training. Pretrained (hf) models are their package's or
+    folder's size; only where they are is checked."""
     if spec.model.kind == "hf":
+        from components import pretrained
+
+        pretrained.model_path(spec.model.weights)
         return
     model = _meta_model(spec, n_features, n_classes)
     n = sum(p.numel() for p in model.parameters())
@@ -90,7 +98,7 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
     gen = torch.Generator().manual_seed(public_seed(spec.seed, STREAM_INIT))
     if spec.model.kind == "hf":
         # pretrained weights come from the package; only the head is drawn, as the other models are
-        return models.text_classifier(spec.model.name, n_classes, spec.model.trainable, gen)
+        return models.text_classifier(spec.model.weights, n_classes, spec.model.trainable, gen)
     model = _meta_model(spec, n_features, n_classes).to_empty(device="cpu")
     models.initialise_(model, gen)
     return model

@@ -1,10 +1,13 @@
-"""Pretrained transformers that ship inside installed packages: a closed registry, loaded offline.
+"""Pretrained transformers, loaded offline: a closed registry of models shipped inside installed
+packages, or a team's own model in a local folder.
 
-A name in a spec maps to a package that carries the weights and the tokenizer; nothing is fetched from
-a hub (``local_files_only``), so a Ray worker rebuilds exactly the driver's encoder from the spec alone.
+A name in a spec maps to a package that carries the weights and the tokenizer; a path names a folder
+written by ``save_pretrained``. Nothing is fetched from a hub (``local_files_only``), so a Ray worker
+rebuilds exactly the driver's encoder from the spec alone (a folder must be readable where it runs).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Dict
 
 
@@ -19,6 +22,12 @@ PRETRAINED: Dict[str, Callable[[], str]] = {"minilm": _minilm_path}
 
 
 def model_path(name: str) -> str:
+    """Where the weights of ``name`` are: a registered name's package folder, or a local folder (a path
+    with a '/', e.g. one written by ``save_pretrained``)."""
+    if "/" in name:
+        if not Path(name).is_dir():
+            raise ValueError(f"model.path: {name} is not a folder (expected one written by save_pretrained)")
+        return name
     if name not in PRETRAINED:
         raise ValueError(f"model.name: unknown pretrained model {name!r}; allowed: {', '.join(PRETRAINED)}")
     try:
@@ -44,9 +53,11 @@ def encoder(name: str):
 
     model, info = AutoModel.from_pretrained(model_path(name), local_files_only=True, dtype=torch.float32,
                                             output_loading_info=True)
-    missing = [str(k) for k in (*info["missing_keys"], *info["mismatched_keys"])]
+    # the pooler is dropped below, so a folder saved without it (as privzo's own encoders are) is whole
+    missing = [str(k) for k in (*info["missing_keys"], *info["mismatched_keys"]) if not str(k).startswith("pooler.")]
     if missing:
-        raise RuntimeError(f"model.name: {name}: {len(missing)} weights missing from its package "
-                           f"(first: {sorted(missing)[0]}); reinstall the package")
+        field, fix = ("model.path", "save the whole encoder there") if "/" in name else (
+            "model.name", "reinstall the package")
+        raise RuntimeError(f"{field}: {name}: {len(missing)} weights missing (first: {sorted(missing)[0]}); {fix}")
     model.pooler = None
     return model

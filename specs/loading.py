@@ -69,16 +69,25 @@ def load_spec(path: Union[str, Path]) -> RunSpec:
 
 
 def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
-    """A relative file ``path`` (``data.source``, ``data.split.public_source``) is taken from the spec file's
-    folder, wherever privzo runs from (a Prefect worker's working directory is not the user's); the spec
-    is then carried with the absolute path."""
+    """A relative path (``data.source.path``, ``data.split.public_source.path``, ``model.path``, a tokenizer
+    folder) is taken from the spec file's folder, wherever privzo runs from (a Prefect worker's working
+    directory is not the user's); the spec is then carried with the absolute path."""
     section = data.get("data") if isinstance(data.get("data"), dict) else {}
     split = section.get("split") if isinstance(section.get("split"), dict) else {}
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+
+    def anchor(owner: Any, key: str) -> None:
+        if isinstance(owner, dict) and isinstance(owner.get(key), str) and owner[key]:
+            path = Path(owner[key]).expanduser()
+            owner[key] = os.path.normpath(path if path.is_absolute() else os.path.abspath(folder / path))
+
     for source in (section.get("source"), split.get("public_source")):
-        if isinstance(source, dict) and source.get("kind") == "file" and isinstance(source.get("path"), str) \
-                and source["path"]:
-            path = Path(source["path"]).expanduser()
-            source["path"] = os.path.normpath(path if path.is_absolute() else os.path.abspath(folder / path))
+        if isinstance(source, dict) and source.get("kind") == "file":
+            anchor(source, "path")
+        if isinstance(source, dict) and "/" in str(source.get("tokenizer", "")):  # a folder, not a registered name
+            anchor(source, "tokenizer")
+    if model.get("kind") == "hf":
+        anchor(model, "path")
     return data
 
 

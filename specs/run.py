@@ -144,6 +144,9 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if hf and not text:
         problems.append("model.kind: hf reads token ids; use data.source.kind: text, or a file source with a "
                         "text column")
+    if text and hf and source.tokenizer not in (None, spec.model.weights):
+        problems.append(f"data.source.tokenizer: {source.tokenizer!r} is not the model's ({spec.model.weights!r}); "
+                        "the ids must index the model's own vocabulary")
     if text and not hf:
         field = "data.source.text" if file_text else "data.source.kind: text"
         problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")

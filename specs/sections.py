@@ -39,7 +39,8 @@ class TextSource(Strict):
         ..., description="chatterbot: the English lines of the chatterbot-corpus package, one topic per file.")
     max_length: int = Field(32, ge=2, le=512, description="Tokens per row, [CLS] and [SEP] included; longer "
                             "lines are truncated, shorter ones padded.")
-    tokenizer: Literal["minilm"] = Field("minilm", description="The pretrained model whose vocabulary makes the ids.")
+    tokenizer: Optional[str] = Field(None, min_length=1, description="The model whose vocabulary makes the ids, "
+                                     "written as model.name or model.path; default: the model's own.")
 
 
 class FileSource(Strict):
@@ -67,8 +68,8 @@ class FileSource(Strict):
                                 "becomes the tokenizer's ids and attention mask, read by model.kind hf.")
     max_length: Optional[int] = Field(None, ge=2, le=512, description="With text: tokens per row, [CLS] and "
                                       "[SEP] included (default 32).")
-    tokenizer: Optional[Literal["minilm"]] = Field(None, description="With text: the pretrained model whose "
-                                                   "vocabulary makes the ids (default minilm).")
+    tokenizer: Optional[str] = Field(None, min_length=1, description="With text: the model whose vocabulary "
+                                     "makes the ids, written as model.name or model.path; default: the model's own.")
 
     @model_validator(mode="before")
     @classmethod
@@ -81,7 +82,7 @@ class FileSource(Strict):
                 if data.get(key) is not None:
                     raise ValueError(f"{key} applies to a text column only; set text or remove {key}")
             return data
-        return {**data, "max_length": data.get("max_length") or 32, "tokenizer": data.get("tokenizer") or "minilm"}
+        return {**data, "max_length": data.get("max_length") or 32}
 
     @model_validator(mode="after")
     def _text_is_the_whole_input(self):
@@ -213,14 +214,35 @@ class CnnModel(Strict):
 
 
 class HfModel(Strict):
-    """A pretrained transformer encoder shipped in an installed package (no download), mean pooling over
-    the attention mask, and a linear head drawn from the public seed."""
+    """A pretrained transformer encoder, from an installed package (``name``) or a local folder written by
+    ``save_pretrained`` (``path``), never downloaded; mean pooling over the attention mask, and a linear
+    head drawn from the public seed."""
 
     kind: Literal["hf"]
-    name: Literal["minilm"] = Field(..., description="minilm: all-MiniLM-L6-v2 (22.7M parameters).")
+    name: Optional[Literal["minilm"]] = Field(None, description="minilm: all-MiniLM-L6-v2 (22.7M parameters).")
+    path: Optional[str] = Field(None, min_length=1, description="A folder with the encoder's config, weights and "
+                                "tokenizer (save_pretrained), read offline. A relative path is taken from the "
+                                "folder of the spec file it is written in.")
     trainable: Literal["head", "bias", "all"] = Field(
         "head", description="head: the linear head only; bias: the head and every bias of the encoder (BitFit); "
         "all: every parameter. Frozen parameters are never perturbed nor updated.")
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_a_path(cls, value):
+        # a path always holds a '/', which is how the loader tells it from a registered name
+        return value if value is None or "/" in value else f"./{value}"
+
+    @model_validator(mode="after")
+    def _name_or_path(self):
+        if (self.name is None) == (self.path is None):
+            raise ValueError("give name (a model shipped in a package) or path (a local folder), one of them")
+        return self
+
+    @property
+    def weights(self) -> str:
+        """Where the encoder comes from: the registered name or the folder."""
+        return self.name or self.path
 
 
 ModelSpec = Annotated[Union[LinearModel, MlpModel, CnnModel, HfModel], Field(discriminator="kind")]

@@ -93,3 +93,69 @@ def test_public_gradients_reach_the_trainable_parameters(hf_spec_dict, text_data
     grads = built.loop.public.gradient(torch.arange(8))
     assert [g.shape for g in grads] == [p.shape for p in models.trainable_parameters(built.model)]
     assert all(float(g.abs().sum()) > 0 for g in grads)
+
+
+@pytest.fixture(scope="module")
+def saved_minilm(tmp_path_factory):
+    """The team's own encoder: here the packaged MiniLM written to a folder by save_pretrained."""
+    folder = tmp_path_factory.mktemp("models") / "support-encoder"
+    pretrained.encoder("minilm").save_pretrained(folder)
+    pretrained.tokenizer("minilm").save_pretrained(folder)
+    return folder
+
+
+def test_a_local_model_folder_gives_the_same_classifier_as_its_package(hf_spec_dict, text_data, saved_minilm):
+    from_package = _model(hf_spec_dict, text_data)
+    d = copy.deepcopy(hf_spec_dict)
+    d["model"] = {"kind": "hf", "path": str(saved_minilm), "trainable": "bias"}
+    from_folder = builders.build_model(specs.spec_from_dict(d), text_data.n_features, text_data.n_classes)
+    rows = torch.as_tensor(text_data.test.features[:8])
+    with torch.inference_mode():
+        torch.testing.assert_close(from_folder(rows), from_package(rows), rtol=0, atol=0)
+    assert [n for n, p in from_folder.named_parameters() if p.requires_grad] == [
+        n for n, p in from_package.named_parameters() if p.requires_grad]
+
+
+def test_a_files_text_is_tokenised_by_the_models_own_folder(tmp_path, tiny_spec_dict, saved_minilm):
+    import pandas as pd
+    import yaml
+
+    pd.DataFrame({"body": [f"ticket {i} about {'billing' if i % 2 else 'login'}" for i in range(200)],
+                  "queue": ["billing" if i % 2 else "login" for i in range(200)]}).to_csv(tmp_path / "t.csv", index=False)
+    tiny_spec_dict["data"] = {"source": {"kind": "file", "path": "t.csv", "label": "queue", "classes": ["login", "billing"],
+                                         "text": "body", "max_length": 12}, "split": {"kind": "hashed", "public": 0.1}}
+    tiny_spec_dict["model"] = {"kind": "hf", "path": str(saved_minilm)}
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict))
+    spec = specs.load_spec(spec_file)
+    data = builders.load_data(spec)  # tokenizer: the model folder's, since the source names none
+    expected = pretrained.tokenizer("minilm")("ticket 0 about login", padding="max_length", max_length=12)["input_ids"]
+    assert expected in data.private.features[:, 0].tolist() + data.test.features[:, 0].tolist() + \
+        data.public.features[:, 0].tolist()
+
+
+@pytest.mark.parametrize("model, source_extra, message", [
+    ({"kind": "hf", "name": "minilm", "path": "/models/x"}, {}, "give name .* or path .*, one of them"),
+    ({"kind": "hf"}, {}, "give name .* or path .*, one of them"),
+    ({"kind": "hf", "path": "/models/x"}, {"tokenizer": "minilm"},
+     r"data.source.tokenizer: 'minilm' is not the model's \('/models/x'\)"),
+])
+def test_model_name_path_and_tokenizer_errors(tiny_spec_dict, model, source_extra, message):
+    tiny_spec_dict["data"]["source"] = {"kind": "file", "path": "t.csv", "label": "y", "classes": [0, 1],
+                                        "text": "body", **source_extra}
+    tiny_spec_dict["model"] = model
+    with pytest.raises(specs.SpecError, match=message):
+        specs.spec_from_dict(tiny_spec_dict)
+
+
+def test_a_missing_model_folder_is_one_line_before_training(tiny_spec_dict, tmp_path):
+    tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot"}
+    tiny_spec_dict["model"] = {"kind": "hf", "path": str(tmp_path / "nowhere")}
+    tiny_spec_dict["data"]["source"]["tokenizer"] = "minilm"
+    with pytest.raises(specs.SpecError, match="data.source.tokenizer: 'minilm' is not the model's"):
+        specs.spec_from_dict(tiny_spec_dict)
+    del tiny_spec_dict["data"]["source"]["tokenizer"]
+    spec = specs.spec_from_dict({**tiny_spec_dict, "data": {"source": {"kind": "file", "path": "t.csv", "label": "y",
+                                                                        "classes": [0, 1], "text": "b"}}})
+    with pytest.raises(ValueError, match=r"^model.path: .*nowhere is not a folder"):
+        builders.check_model(spec, 0, 2, 2**40)

@@ -108,7 +108,9 @@ def test_text_source_and_hf_model_validate_together(tiny_spec_dict):
     tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot"}
     tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm"}
     spec = specs.spec_from_dict(tiny_spec_dict)
-    assert (spec.data.source.max_length, spec.data.source.tokenizer, spec.model.trainable) == (32, "minilm", "head")
+    # tokenizer None: the model's own (minilm here); a text source never names a vocabulary the model lacks
+    assert (spec.data.source.max_length, spec.data.source.tokenizer, spec.model.trainable) == (32, None, "head")
+    assert spec.model.weights == "minilm"
     assert specs.flatten(spec)["model.trainable"] == "head"
 
 
@@ -274,8 +276,9 @@ def test_a_file_source_survives_resolution(tiny_spec_dict, source):
     spec = specs.spec_from_dict(tiny_spec_dict)
     again = spec.resolved(n_private=1000, noise_multiplier=1.0)
     assert again.data.source == spec.data.source
+    # with a text column: 32 tokens by default, and the model's own tokenizer (None) unless one is named
     assert (spec.data.source.max_length, spec.data.source.tokenizer) == (
-        (source.get("max_length", 32), "minilm") if "text" in source else (None, None))
+        (source.get("max_length", 32), None) if "text" in source else (None, None))
 
 
 @pytest.mark.parametrize("split", [{"kind": "column", "column": "consented"},
