@@ -44,11 +44,23 @@ def load_data(spec: RunSpec) -> SplitData:
     if split.kind == "column":
         return column_split(table, test=split.test, seed=spec.seed, scale=scale)
     if split.kind == "source":
-        public_table, _ = _table(split.public_source, model_tokenizer)
+        try:
+            public_table, _ = _table(split.public_source, model_tokenizer)
+        except ValueError as err:  # the loaders name data.source; here it is the public source
+            raise ValueError(str(err).replace("data.source.", "data.split.public_source.", 1)) from None
         return source_split(table, public_table, test=split.test, seed=spec.seed, scale=scale)
     assign = hashed_split if split.kind == "hashed" else fraction_split
     return assign(table, public=split.public, test=split.test, imbalance=split.imbalance, seed=spec.seed,
                   scale=scale)
+
+
+def _no_public_rows(spec: RunSpec) -> str:
+    split = spec.data.split
+    if split.kind == "column":
+        return f"no row is flagged public in column {split.column!r}"
+    if split.kind == "source":
+        return "data.split.public_source gave none"
+    return "the split gave none; set data.split.public > 0"
 
 
 def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None):
@@ -253,7 +265,7 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         worker_spec = spec.model_dump(mode="json")
         worker_spec["execution"]["device"] = device.type  # never a different "auto" on the workers
         backend = RayBackend(parts.backend, worker_spec, n_private=len(data.private),
-                             private_digest=data.private.ordered_digest, workers=ex.workers,
+                             private_digest=data.ordered_digest, workers=ex.workers,
                              gpus_per_worker=ex.gpus_per_worker, address=ex.address, parallelism=ex.parallelism,
                              checksum_every=ex.checksum_every)
     n_private = len(data.private)
@@ -262,7 +274,7 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         public = PublicOracle(model, params, models.per_example_loss, torch.as_tensor(data.public.features, device=device),
                               torch.as_tensor(data.public.labels, device=device), spec.seed)
     if estimator.uses_public and public is None:
-        raise ValueError(f"estimator.kind: {estimator.name} needs public rows; set data.split.public > 0")
+        raise ValueError(f"estimator.kind: {estimator.name} needs public rows and {_no_public_rows(spec)}")
 
     insecure = spec.privacy is not None and spec.privacy.insecure_deterministic
     if noise_generator is None:
@@ -313,7 +325,7 @@ def public_warm_start(spec: RunSpec, built: Built) -> int:
         return 0
     public = built.loop.public
     if public is None:
-        raise ValueError("estimator.public_warm_start: needs public rows; set data.split.public > 0")
+        raise ValueError(f"estimator.public_warm_start: needs public rows and {_no_public_rows(spec)}")
     steps = warm_start(built.model, public.params, public.loss, public.features, public.labels,
                        epochs=ws.epochs, lr=ws.lr, batch_size=ws.batch_size, seed=spec.seed)
     sync = getattr(built.loop.backend, "sync", None)

@@ -25,8 +25,16 @@ def model_path(name: str) -> str:
     """Where the weights of ``name`` are: a registered name's package folder, or a local folder (a path
     with a '/', e.g. one written by ``save_pretrained``)."""
     if "/" in name:
-        if not Path(name).is_dir():
+        folder = Path(name)
+        if not folder.is_dir():
             raise ValueError(f"model.path: {name} is not a folder (expected one written by save_pretrained)")
+        files = {p.name for p in folder.iterdir()}
+        if "config.json" not in files:
+            raise ValueError(f"model.path: no config.json in {name}; save the model there with save_pretrained")
+        if not any(f.endswith(".safetensors") or (f.startswith("pytorch_model") and f.endswith(".bin")) for f in files):
+            raise ValueError(f"model.path: no weights (*.safetensors, pytorch_model*.bin) in {name}")
+        if not files & {"tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "spiece.model"}:
+            raise ValueError(f"model.path: no tokenizer in {name}; save the tokenizer there too (save_pretrained)")
         return name
     if name not in PRETRAINED:
         raise ValueError(f"model.name: unknown pretrained model {name!r}; allowed: {', '.join(PRETRAINED)}")

@@ -180,9 +180,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except RuntimeError as err:
         from flows.checkpoints import RunLocked
-        from flows.ledger import BudgetExceeded, RowsExposed
+        from flows.ledger import BudgetExceeded, RowsExposed, RowsUnmatched
 
-        if isinstance(err, (BudgetExceeded, RowsExposed, RunLocked)):  # refusals, not crashes: one line
+        if isinstance(err, (BudgetExceeded, RowsExposed, RowsUnmatched, RunLocked)):  # refusals, not crashes: one line
             return _fail(str(err).splitlines()[0])
         raise
     except KeyboardInterrupt:

@@ -53,6 +53,35 @@ class RowsExposed(RuntimeError):
             "(data that grows between runs needs data.split.kind hashed, column or source from its first run)")
 
 
+class RowsUnmatched(RuntimeError):
+    """The run identifies rows differently from earlier runs on the dataset, so they cannot be matched."""
+
+    def __init__(self, dataset: str, recorded: str, now: str):
+        self.dataset, self.recorded, self.now = dataset, recorded, now
+        super().__init__(
+            f"data.source: this run identifies rows differently from earlier runs on dataset {dataset!r} "
+            f"({_layout_change(recorded, now)}), so the ledger cannot tell which rows they kept private; keep "
+            "the source's columns and text settings of those runs, or charge a new dataset")
+
+
+def _layout_change(recorded: str, now: str) -> str:
+    """The first difference between two row layouts ('source:key=value;...'), in words."""
+    def parts(layout: str) -> dict:
+        head, _, rest = layout.partition(":")
+        return {"source": head, **dict(p.partition("=")[::2] for p in rest.split(";") if p)}
+
+    a, b = parts(recorded), parts(now)
+    for key in list(a) + [k for k in b if k not in a]:
+        if a.get(key) == b.get(key):
+            continue
+        old, new = (a.get(key) or "").split(","), (b.get(key) or "").split(",")
+        if key == "features" and a.get(key) and b.get(key):
+            added, removed = [c for c in new if c not in old], [c for c in old if c not in new]
+            return f"feature {added[0]!r} added" if added else f"feature {removed[0]!r} removed"
+        return f"{key} {a.get(key, 'unset')!r} before, {b.get(key, 'unset')!r} now"
+    return "layout changed"
+
+
 class _Base(DeclarativeBase):
     pass
 
@@ -72,6 +101,14 @@ class PrivateRowRow(_Base):
     __tablename__ = "privzo_private_rows"
     dataset = Column(String(200), primary_key=True)
     row = Column(String(64), primary_key=True)
+
+
+class RowLayoutRow(_Base):
+    """What the dataset's row fingerprints are computed from (Table.layout), fixed by its first run."""
+
+    __tablename__ = "privzo_row_layouts"
+    dataset = Column(String(200), primary_key=True)
+    layout = Column(Text, nullable=False)
 
 
 class ChargeRow(_Base):
@@ -187,11 +224,12 @@ class PrivacyLedger:
     # ---------------------------------------------------------------- state changes
     def reserve(self, *, dataset: str, fingerprint: str, run_name: str, planned: dp_accounting.DpEvent,
                 steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str,
-                private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = ()) -> str:
+                private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = (), row_layout: str = "") -> str:
         """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon`` and no
         row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run; records
-        ``private_rows``. Returns the charge id, or raises ``BudgetExceeded`` / ``RowsExposed`` having
-        written nothing. Rows of a reservation later aborted stay recorded: conservative."""
+        ``private_rows``. Rows are matched by fingerprint, so ``row_layout`` (what fingerprints are computed
+        from) must be the dataset's. Returns the charge id, or raises ``BudgetExceeded`` / ``RowsExposed`` /
+        ``RowsUnmatched`` having written nothing. Rows of a reservation later aborted stay recorded."""
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
@@ -207,6 +245,11 @@ class PrivacyLedger:
             requested = self._epsilon(ds, [planned])
             if not after <= ds.lifetime_epsilon:  # fails closed on nan / inf
                 raise BudgetExceeded(dataset, ds.lifetime_epsilon - before, requested, ds.lifetime_epsilon)
+            recorded = session.get(RowLayoutRow, dataset)
+            if recorded is None:
+                session.add(RowLayoutRow(dataset=dataset, layout=row_layout))
+            elif recorded.layout != row_layout:
+                raise RowsUnmatched(dataset, recorded.layout, row_layout)
             known = set(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
             exposed = known.intersection(exposed_rows)
             if exposed:

@@ -74,7 +74,8 @@ def reserve_budget(plan: Plan, data: SplitData) -> Optional[str]:
         planned=builders.planned_event(spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
         steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
-        private_rows=data.private.fingerprints, exposed_rows=data.public.fingerprints + data.test.fingerprints)
+        private_rows=data.private.fingerprints, exposed_rows=data.public.fingerprints + data.test.fingerprints,
+        row_layout=data.layout)
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)

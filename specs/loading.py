@@ -81,13 +81,16 @@ def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
             path = Path(owner[key]).expanduser()
             owner[key] = os.path.normpath(path if path.is_absolute() else os.path.abspath(folder / path))
 
+    written_model_path = model.get("path") if model.get("kind") == "hf" else None
+    if model.get("kind") == "hf":
+        anchor(model, "path")
     for source in (section.get("source"), split.get("public_source")):
         if isinstance(source, dict) and source.get("kind") == "file":
             anchor(source, "path")
-        if isinstance(source, dict) and "/" in str(source.get("tokenizer", "")):  # a folder, not a registered name
+        if isinstance(source, dict) and written_model_path is not None and source.get("tokenizer") == written_model_path:
+            source["tokenizer"] = model["path"]  # the model's folder, written as model.path is
+        elif isinstance(source, dict) and "/" in str(source.get("tokenizer", "")):  # a folder, not a registered name
             anchor(source, "tokenizer")
-    if model.get("kind") == "hf":
-        anchor(model, "path")
     return data
 
 

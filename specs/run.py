@@ -144,6 +144,8 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if hf and not text:
         problems.append("model.kind: hf reads token ids; use data.source.kind: text, or a file source with a "
                         "text column")
+    if file_text and source.text == source.label:
+        problems.append("data.source.text: the label column cannot also be the text")
     if text and hf and source.tokenizer not in (None, spec.model.weights):
         problems.append(f"data.source.tokenizer: {source.tokenizer!r} is not the model's ({spec.model.weights!r}); "
                         "the ids must index the model's own vocabulary")

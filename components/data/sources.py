@@ -3,7 +3,7 @@ CSV, Parquet or JSON Lines files."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
@@ -21,6 +21,12 @@ class Table:
     n_classes: int
     fixed_scale: float | None  # a data-independent feature scale known for the source (digits: 1/16)
     public_flags: np.ndarray | None = None  # rows the data owner flagged public (data.split.kind column)
+    # a file's feature columns by name, in the model's order; fingerprints read them sorted by name, so a
+    # re-exported file with its columns in another order keeps every row's identity
+    columns: tuple | None = None
+    # what a row's fingerprint is computed from (source, columns, tokenizer): the ledger refuses to match
+    # rows of runs that computed it differently
+    layout: str = ""
 
     def __post_init__(self) -> None:
         if len(self.features) != len(self.labels):
@@ -29,11 +35,19 @@ class Table:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def _canonical(self) -> np.ndarray:
+        if self.columns is None:
+            return self.features
+        return np.ascontiguousarray(self.features[:, np.argsort(np.asarray(self.columns, dtype=object))])
+
+    def content_keys(self) -> List[bytes]:
+        """One key per row over its features alone (no label)."""
+        canonical = self._canonical()
+        return [canonical[i].tobytes() for i in range(len(self))]
+
     def row_fingerprints(self) -> List[str]:
-        return [
-            hashlib.sha256(self.features[i].tobytes() + int(self.labels[i]).to_bytes(8, "little")).hexdigest()
-            for i in range(len(self))
-        ]
+        return [hashlib.sha256(key + int(label).to_bytes(8, "little")).hexdigest()
+                for key, label in zip(self.content_keys(), self.labels)]
 
 
 def content_fingerprint(row_fingerprints: List[str]) -> str:
@@ -58,22 +72,30 @@ def load_sklearn(name: str) -> Table:
     x, y = loaders[name](return_X_y=True)
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.asarray(y, dtype=np.int64)
-    return _unique_rows(Table(name, x, y, int(y.max()) + 1, 1.0 / 16.0 if name == "digits" else None))
+    return _unique_rows(Table(name, x, y, int(y.max()) + 1, 1.0 / 16.0 if name == "digits" else None,
+                              layout=f"sklearn:{name}"))
 
 
 def _unique_rows(table: Table) -> Table:
-    """The table with exact duplicate rows dropped (first kept, order kept). A row is flagged public only
-    if every copy of it is: its content is also someone's private row otherwise."""
-    _, first, inverse = np.unique(np.asarray(table.row_fingerprints()), return_index=True, return_inverse=True)
-    if len(first) == len(table):
+    """The table with exact duplicate rows dropped (first kept, order kept), and every row whose features
+    also occur under another label dropped (it has no single label, and its copies could land in two
+    splits). A row is flagged public only if every copy of it is: its content is also someone's private
+    row otherwise."""
+    keys = table.content_keys()
+    label_sets: dict = {}
+    for key, label in zip(keys, table.labels):
+        label_sets.setdefault(key, set()).add(int(label))
+    fps = np.asarray(table.row_fingerprints())
+    _, first, inverse = np.unique(fps, return_index=True, return_inverse=True)
+    keep = np.asarray([i for i in np.sort(first) if len(label_sets[keys[i]]) == 1], dtype=np.int64)
+    if len(keep) == len(table):
         return table
-    keep = np.sort(first)
     flags = table.public_flags
     if flags is not None:
         all_public = np.ones(len(first), dtype=bool)
         np.logical_and.at(all_public, inverse, flags)
         flags = all_public[inverse][keep]
-    return Table(table.name, table.features[keep], table.labels[keep], table.n_classes, table.fixed_scale, flags)
+    return replace(table, features=table.features[keep], labels=table.labels[keep], public_flags=flags)
 
 
 SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -105,10 +127,16 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
             frame = pd.read_parquet(path)
         elif kind == "jsonl":  # one JSON object per line; strings stay strings (no date or number guessing)
             frame = pd.read_json(path, lines=True, dtype=False, convert_dates=False)
-        elif text is None:
-            frame = pd.read_csv(path)
-        else:  # text as written: 'NA', 'None' or '1.0' are lines, not a missing value or a number
-            frame = pd.read_csv(path, dtype={text: str}, keep_default_na=False)
+        else:
+            _check_csv_header(path)
+            # the label as written ('01' is not 1); text as written too: 'NA', 'None' or '1.0' are lines
+            as_written = {label: str, **({text: str} if text is not None else {})}
+            frame = pd.read_csv(path, dtype=as_written, keep_default_na=text is None)
+    except ValueError as err:
+        if str(err).startswith("data.source"):
+            raise
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first}") from None
     except Exception as err:  # noqa: BLE001 - the readers raise many types; the user needs the one line
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first}") from None
@@ -129,8 +157,12 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         from components import pretrained
         from components.data.text import encode
 
-        ids = encode([str(line) for line in lines], pretrained.tokenizer(tokenizer), max_length)
-        return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags))
+        if not lines.map(lambda v: isinstance(v, str)).all():
+            raise ValueError(f"data.source.text: column {text!r} holds values that are not text (numbers, lists or "
+                             "objects); give every row a string")
+        ids = encode(list(lines), pretrained.tokenizer(tokenizer), max_length)
+        layout = f"file:label={label};text={text};tokenizer={tokenizer};max_length={max_length}"
+        return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout))
     names = list(features) if features is not None else [c for c in columns if c not in (label, public_flag)]
     missing = [c for c in names if c not in columns]
     if missing:
@@ -143,13 +175,30 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         if not pd.api.types.is_numeric_dtype(frame[column]) or pd.api.types.is_bool_dtype(frame[column]):
             raise ValueError(f"data.source.features: column {column!r} is not numeric; encode it as numbers first "
                              "or leave it out of features")
-    values = frame[names].to_numpy(dtype=np.float64)
+    with np.errstate(over="ignore"):  # checked after the cast, where 1e39 has become inf
+        values = frame[names].to_numpy(dtype=np.float64).astype(np.float32)
     bad = ~np.isfinite(values).all(axis=0)
     if bad.any():
         raise ValueError(f"data.source.features: column {names[int(np.flatnonzero(bad)[0])]!r} has missing or "
-                         "non-finite values; fill or drop them first")
-    return _unique_rows(Table(path.name, np.ascontiguousarray(values, dtype=np.float32), labels, len(classes), None,
-                              flags))
+                         "non-finite values, or values beyond float32's range (3.4e38); fill, drop or rescale them")
+    layout = f"file:label={label};features={','.join(sorted(names))}"
+    return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
+                              columns=tuple(names), layout=layout))
+
+
+def _check_csv_header(path: Path) -> None:
+    """pandas renames a repeated header ('y', 'y.1') and would take the copy as a feature: refuse it."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8-sig", errors="replace") as handle:
+        header = next(csv.reader(handle), [])
+    seen, repeated = set(), []
+    for name in (h.strip() for h in header):
+        if name in seen:
+            repeated.append(name)
+        seen.add(name)
+    if repeated:
+        raise ValueError(f"data.source.path: {path.name} has the column {repeated[0]!r} more than once; rename one")
 
 
 _TRUE, _FALSE = {"true", "yes", "1"}, {"false", "no", "0"}
@@ -166,6 +215,14 @@ def _flags(frame, column: str) -> np.ndarray:
     return words.isin(_TRUE).to_numpy()
 
 
+def _integral(value: str) -> Optional[str]:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return str(int(number)) if number.is_integer() else None
+
+
 def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> np.ndarray:
     import pandas as pd
 
@@ -174,8 +231,11 @@ def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> n
     if raw.isna().any():
         raise ValueError(f"data.source.label: column {label!r} has missing values")
     if pd.api.types.is_float_dtype(raw) and (raw == raw.round()).all():
-        raw = raw.astype(np.int64)  # 1.0 in a float column is the class 1
+        raw = raw.astype(np.int64)  # 1.0 in a float column (Parquet, JSON) is the class 1
     labels = raw.astype(str).map(position)
+    if labels.isna().any():
+        # a label written '1.0' in a file whose classes are numbers is the class 1
+        labels = labels.fillna(raw.astype(str).map(lambda v: position.get(_integral(v))))
     if labels.isna().any():
         raise ValueError(f"data.source.classes: column {label!r} has labels not among classes "
                          f"{[str(c) for c in classes]}; list every class")

@@ -8,7 +8,7 @@ grows between scheduled runs.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -17,7 +17,7 @@ from components.data.sources import Table, content_fingerprint
 from components.randomness import STREAM_SPLIT, public_seed
 
 
-class SplitOverlapError(RuntimeError):
+class SplitOverlapError(ValueError):
     """Two splits share a row's content: refusing to train (the test or public data would leak)."""
 
 
@@ -34,14 +34,9 @@ class Part:
     def fingerprint(self) -> str:
         return content_fingerprint(self.fingerprints)
 
-    @property
-    def ordered_digest(self) -> str:
-        """SHA-256 of the row fingerprints in order: two loads agree on it only if every index names the
-        same row (what a Ray worker, which loads the rows itself and is sent indices, must check)."""
-        digest = hashlib.sha256()
+    def _update(self, digest) -> None:
         for fp in self.fingerprints:
             digest.update(bytes.fromhex(fp))
-        return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -51,10 +46,22 @@ class SplitData:
     test: Part
     n_classes: int
     n_features: int
+    layout: str = ""  # what the rows' fingerprints are computed from (Table.layout)
 
     @property
     def fingerprints(self) -> Dict[str, str]:
         return {"public": self.public.fingerprint, "private": self.private.fingerprint, "test": self.test.fingerprint}
+
+    @property
+    def ordered_digest(self) -> str:
+        """SHA-256 of the private rows' fingerprints in order, then the public rows': two loads agree on it
+        only if every index names the same private row and the features are scaled from the same public
+        rows (what a Ray worker, which loads the rows itself and is sent indices, must check)."""
+        digest = hashlib.sha256()
+        self.private._update(digest)
+        digest.update(b"public")
+        self.public._update(digest)
+        return digest.hexdigest()
 
 
 def class_ratios(imbalance: Optional[Sequence[float]], n_classes: int) -> np.ndarray:
@@ -135,16 +142,27 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
     if public_table.n_classes != table.n_classes:
         raise ValueError(f"data.split.public_source: {public_table.n_classes} classes, the main source has "
                          f"{table.n_classes}")
+    if table.columns is not None and public_table.columns is not None:
+        missing = [c for c in table.columns if c not in public_table.columns]
+        extra = [c for c in public_table.columns if c not in table.columns]
+        if missing or extra:
+            first = f"no {missing[0]!r}" if missing else f"{extra[0]!r} is extra"
+            raise ValueError(f"data.split.public_source: its feature columns are not the main source's ({first}); "
+                             "both need the same named features")
+        order = [public_table.columns.index(c) for c in table.columns]  # matched by name, in the model's order
+        public_table = replace(public_table, features=np.ascontiguousarray(public_table.features[:, order]))
     if public_table.features.shape[1:] != table.features.shape[1:] or public_table.features.dtype != table.features.dtype:
         raise ValueError(f"data.split.public_source: rows of shape {public_table.features.shape[1:]}, the main "
                          f"source's are {table.features.shape[1:]}; both must have the same features")
+    # both fingerprinted one way (the main source's), so content they share is found whatever the sources
+    public_table = replace(public_table, columns=table.columns)
     fps = table.row_fingerprints()
     u_test, _ = _row_uniforms(fps, seed)
     n = len(table)
     same_scale = public_table.fixed_scale == table.fixed_scale
     both = Table(table.name, np.concatenate([table.features, public_table.features]),
                  np.concatenate([table.labels, public_table.labels]), table.n_classes,
-                 table.fixed_scale if same_scale else None)
+                 table.fixed_scale if same_scale else None, layout=table.layout)
     is_test = u_test < test
     return _assemble(both, np.arange(n, n + len(public_table)), np.flatnonzero(~is_test), np.flatnonzero(is_test),
                      scale, fps + public_table.row_fingerprints())
@@ -166,13 +184,14 @@ def _row_uniforms(fps: List[str], seed: int):
 def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, test_idx: np.ndarray, scale: str,
               fps: List[str]) -> SplitData:
     if len(private_idx) == 0:
-        raise ValueError("data.split: no private rows left; lower data.split.public or data.split.test")
+        raise ValueError("data.split: no private rows left: every row went to the public or test split")
     features = _scaled(table, public_idx, scale)
 
     def part(idx: np.ndarray) -> Part:
         return Part(features[idx], table.labels[idx], [fps[i] for i in idx])
 
-    data = SplitData(part(public_idx), part(private_idx), part(test_idx), table.n_classes, features.shape[1])
+    data = SplitData(part(public_idx), part(private_idx), part(test_idx), table.n_classes, features.shape[1],
+                     table.layout)
     check_disjoint(data)
     return data
 
@@ -202,4 +221,6 @@ def check_disjoint(data: SplitData) -> None:
         for b in names[i + 1 :]:
             shared = set(parts[a].fingerprints) & set(parts[b].fingerprints)
             if shared:
-                raise SplitOverlapError(f"data.split: {len(shared)} rows appear in both {a} and {b}")
+                # no count: how many public rows are also private is a function of the private rows
+                raise SplitOverlapError(f"data.split: some rows appear in both {a} and {b}; the splits must be "
+                                        "disjoint (a public source must not contain the main source's rows)")

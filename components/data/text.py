@@ -5,6 +5,7 @@ arrays, so the split, the content fingerprints and index-based batches work as f
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
@@ -82,4 +83,5 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
 def load_text(name: str, max_length: int, tokenizer: str) -> Table:
     if name not in CORPORA:
         raise ValueError(f"data.source.name: unknown text corpus {name!r}; allowed: {', '.join(CORPORA)}")
-    return tokenised(name, read_topics(CORPORA[name]()), pretrained.tokenizer(tokenizer), max_length)
+    table = tokenised(name, read_topics(CORPORA[name]()), pretrained.tokenizer(tokenizer), max_length)
+    return replace(table, layout=f"text:{name};tokenizer={tokenizer};max_length={max_length}")

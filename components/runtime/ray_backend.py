@@ -41,7 +41,7 @@ class ReplicaWorker:
 
         run_spec = RunSpec.model_validate(spec)
         data = builders.load_data(run_spec)
-        self.rows_digest = data.private.ordered_digest
+        self.rows_digest = data.ordered_digest
         self.built = builders.build_local(run_spec, data)
         self.backend = self.built.backend
         self._scope: Optional[contextlib.ExitStack] = None
@@ -169,8 +169,8 @@ class RayBackend:
         if ray.get(worker.private_rows_digest.remote()) != self._private_digest:
             # indices sent to this worker would name other rows than the ones sampled and accounted
             ray.kill(worker)
-            raise DataChanged("data.source: a Ray worker loaded different private rows than the driver (the data "
-                              "changed after the run started); run again once the data stops changing")
+            raise DataChanged("data.source: a Ray worker loaded different private or public rows than the driver "
+                              "(the data changed after the run started); run again once the data stops changing")
         ray.get(worker.load_parameters.remote([p.detach().cpu() for p in self.directions.params],
                                               self.optimizer.state_dict()))
         return worker

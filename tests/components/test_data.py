@@ -76,7 +76,26 @@ def test_file_source_reads_the_rows_the_bundled_dataset_has(tmp_path, suffix):
     table = load_file(path, file_format="auto", **DIGITS)
     bundled = load_sklearn("digits")
     assert table.features.dtype == np.float32 and table.n_classes == 10
-    assert table.row_fingerprints() == bundled.row_fingerprints()  # same bytes, so the same fingerprints
+    assert np.array_equal(table.features, bundled.features) and np.array_equal(table.labels, bundled.labels)
+    assert table.columns == tuple(f"px{i}" for i in range(64))  # the model reads them in the file's order
+
+
+def test_a_rows_identity_does_not_depend_on_the_files_column_order(tmp_path, tiny_spec_dict):
+    """Re-exporting a file with its columns in another order must not re-draw the split: fingerprints read
+    the columns sorted by name, and what they are read from (the layout) is the same."""
+    import pandas as pd
+
+    from components import builders
+
+    path = write_digits_file(tmp_path / "clinic.csv")
+    split = {"kind": "hashed", "public": 0.04, "test": 0.2}
+    before = builders.load_data(_file_spec(tiny_spec_dict, path, split))
+    frame = pd.read_csv(path)
+    frame[list(reversed(frame.columns))].to_csv(path, index=False)
+    after = builders.load_data(_file_spec(tiny_spec_dict, path, split))
+    assert after.fingerprints == before.fingerprints and after.layout == before.layout
+    frame.assign(site=3.0).to_csv(path, index=False)  # a new column: another identity, which the ledger refuses
+    assert builders.load_data(_file_spec(tiny_spec_dict, path, split)).layout != before.layout
 
 
 def test_file_source_maps_named_classes_in_the_declared_order(tmp_path):
@@ -180,7 +199,7 @@ def test_column_split_makes_public_exactly_the_rows_the_owner_flagged(tmp_path, 
     frame["consented"] = np.where(np.arange(len(frame)) % 25 == 0, "Yes", "no")
     frame.to_csv(path, index=False)
     data = builders.load_data(_file_spec(tiny_spec_dict, path, {"kind": "column", "column": "consented"}))
-    fps = bundled.row_fingerprints()
+    fps = load_file(write_digits_file(tmp_path / "plain.csv"), file_format="csv", **DIGITS).row_fingerprints()
     assert data.n_features == 64  # the flag is not a feature
     assert set(data.public.fingerprints) == {fps[i] for i in range(len(fps)) if i % 25 == 0}
     rest = set(data.private.fingerprints) | set(data.test.fingerprints)
@@ -225,7 +244,7 @@ def test_source_split_takes_every_row_of_the_public_source(tmp_path, tiny_spec_d
     from components.data.split import SplitOverlapError
 
     bundled = load_sklearn("digits")
-    fps = bundled.row_fingerprints()
+    fps = load_file(write_digits_file(tmp_path / "plain.csv"), file_format="csv", **DIGITS).row_fingerprints()
     main = write_digits_file(tmp_path / "private.csv", rows=range(1000))
     public = write_digits_file(tmp_path / "public.parquet", rows=range(1000, 1100))
     split = {"kind": "source", "public_source": {"kind": "file", "path": str(public), **DIGITS}}
@@ -235,8 +254,84 @@ def test_source_split_takes_every_row_of_the_public_source(tmp_path, tiny_spec_d
     assert np.allclose(data.public.features.mean(axis=0), 0, atol=1e-5)  # scaled from the public rows
     # the bundled digits as public data for a file of digits: same rows, so the parts would overlap
     split["public_source"] = {"kind": "sklearn", "name": "digits"}
-    with pytest.raises(SplitOverlapError, match="rows appear in both public and private"):
+    with pytest.raises(SplitOverlapError, match="some rows appear in both public and private"):
         builders.load_data(_file_spec(tiny_spec_dict, main, split))
     split["public_source"] = {"kind": "file", "path": str(public), **DIGITS, "features": ["px1", "px2"]}
-    with pytest.raises(ValueError, match=r"data.split.public_source: rows of shape \(2,\), the main source's are \(64,\)"):
+    with pytest.raises(ValueError, match=r"data.split.public_source: its feature columns are not the main source's "
+                                         r"\(no 'px0'\)"):
         builders.load_data(_file_spec(tiny_spec_dict, main, split))
+    # the same columns in another order are matched by name
+    import pandas as pd
+
+    frame = pd.read_parquet(public)
+    frame[list(reversed(frame.columns))].to_parquet(public)
+    split["public_source"] = {"kind": "file", "path": str(public), **DIGITS}
+    swapped = builders.load_data(_file_spec(tiny_spec_dict, main, split))
+    assert np.array_equal(swapped.public.features, data.public.features)
+    # a public source without column names (bundled) is fingerprinted as the main source is: overlap found
+    split["public_source"] = {"kind": "sklearn", "name": "digits"}
+    with pytest.raises(SplitOverlapError, match="some rows appear in both public and private"):
+        builders.load_data(_file_spec(tiny_spec_dict, main, split))
+
+
+def test_features_under_two_labels_are_dropped_whole(tmp_path):
+    """Such a row has no single label, and its copies could land in two splits."""
+    import pandas as pd
+
+    path = write_digits_file(tmp_path / "c.csv", rows=[0, 1, 2, 3])
+    frame = pd.read_csv(path)
+    pd.concat([frame, frame.iloc[[1]].assign(digit=7)]).to_csv(path, index=False)
+    table = load_file(path, file_format="csv", **DIGITS)
+    assert table.labels.tolist() == [0, 2, 3]
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda f: f.assign(px4=f.px4.astype(float).where(f.index != 5, 1e39)), "beyond float32's range"),
+])
+def test_values_beyond_float32_are_refused(tmp_path, edit, match):
+    import pandas as pd
+
+    path = write_digits_file(tmp_path / "big.csv", rows=range(20))
+    edit(pd.read_csv(path)).to_csv(path, index=False)
+    with pytest.raises(ValueError, match=f"data.source.features: column 'px4' .*{match}"):
+        load_file(path, file_format="csv", **DIGITS)
+
+
+def test_csv_headers_and_labels_are_read_as_written(tmp_path):
+    (tmp_path / "dup.csv").write_text("a,b,y,y\n1,2,x,x\n3,4,z,z\n")
+    with pytest.raises(ValueError, match="data.source.path: dup.csv has the column 'y' more than once"):
+        load_file(tmp_path / "dup.csv", file_format="csv", label="y", classes=["x", "z"])
+    (tmp_path / "codes.csv").write_text("a,b,y\n1,2,01\n3,4,02\n5,6,01\n")
+    table = load_file(tmp_path / "codes.csv", file_format="csv", label="y", classes=["01", "02"])
+    assert table.labels.tolist() == [0, 1, 0]
+    (tmp_path / "floats.csv").write_text("a,b,y\n1,2,1.0\n3,4,0.0\n")
+    assert load_file(tmp_path / "floats.csv", file_format="csv", label="y", classes=[0, 1]).labels.tolist() == [1, 0]
+
+
+def test_a_public_source_error_names_the_public_source(tmp_path, tiny_spec_dict):
+    from components import builders
+
+    main = write_digits_file(tmp_path / "main.csv", rows=range(300))
+    split = {"kind": "source", "public_source": {"kind": "file", "path": str(tmp_path / "nope.csv"), **DIGITS}}
+    with pytest.raises(ValueError, match=r"^data.split.public_source.path: .*nope.csv is not a file"):
+        builders.load_data(_file_spec(tiny_spec_dict, main, split))
+
+
+def test_a_column_split_without_flagged_or_private_rows_says_so(tmp_path, tiny_spec_dict):
+    import pandas as pd
+
+    from components import builders
+    from components.randomness import private_generator
+
+    path = write_digits_file(tmp_path / "f.csv", rows=range(300))
+    frame = pd.read_csv(path)
+    frame.assign(ok="yes").to_csv(path, index=False)
+    with pytest.raises(ValueError, match="^data.split: no private rows left: every row went to the public or test"):
+        builders.load_data(_file_spec(tiny_spec_dict, path, {"kind": "column", "column": "ok"}))
+    frame.assign(ok="no").to_csv(path, index=False)
+    tiny_spec_dict["estimator"] = {"kind": "pazo_m", "queries": 1}
+    spec = _file_spec(tiny_spec_dict, path, {"kind": "column", "column": "ok"}, scale="none")
+    data = builders.load_data(spec)
+    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    with pytest.raises(ValueError, match="needs public rows and no row is flagged public in column 'ok'"):
+        builders.build_loop(resolved, data, noise_generator=private_generator(1), sampling_generator=private_generator(2))

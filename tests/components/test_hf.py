@@ -159,3 +159,30 @@ def test_a_missing_model_folder_is_one_line_before_training(tiny_spec_dict, tmp_
                                                                         "classes": [0, 1], "text": "b"}}})
     with pytest.raises(ValueError, match=r"^model.path: .*nowhere is not a folder"):
         builders.check_model(spec, 0, 2, 2**40)
+
+
+def test_a_model_folder_missing_parts_is_refused_in_one_line(tmp_path, saved_minilm):
+    import shutil
+
+    for missing, message in (("config.json", "no config.json"), ("model.safetensors", "no weights"),
+                             ("tokenizer.json", "no tokenizer")):
+        folder = tmp_path / missing
+        shutil.copytree(saved_minilm, folder)
+        for name in [missing] + (["vocab.txt"] if missing == "tokenizer.json" else []):
+            (folder / name).unlink(missing_ok=True)
+        with pytest.raises(ValueError, match=f"^model.path: {message}"):
+            pretrained.model_path(str(folder))
+
+
+def test_a_tokenizer_written_like_the_model_path_is_the_models(tmp_path, tiny_spec_dict):
+    import yaml
+
+    tiny_spec_dict["data"]["source"] = {"kind": "file", "path": "t.csv", "label": "y", "classes": [0, 1],
+                                        "text": "body", "tokenizer": "enc"}
+    tiny_spec_dict["model"] = {"kind": "hf", "path": "enc"}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(tiny_spec_dict))
+    spec = specs.load_spec(tmp_path / "s.yaml")
+    assert spec.data.source.tokenizer == spec.model.path == str(tmp_path / "enc")
+    tiny_spec_dict["data"]["source"]["text"] = "y"
+    with pytest.raises(specs.SpecError, match="data.source.text: the label column cannot also be the text"):
+        specs.spec_from_dict(tiny_spec_dict)

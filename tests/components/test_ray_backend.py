@@ -154,5 +154,15 @@ def test_workers_read_the_users_file_and_refuse_rows_that_changed(ray_cluster, t
     data = builders.load_data(spec)
     resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
     write_digits_file(path, rows=range(1797))  # new rows land between the driver's read and the workers'
-    with pytest.raises(DataChanged, match="a Ray worker loaded different private rows than the driver"):
+    with pytest.raises(DataChanged, match="a Ray worker loaded different private or public rows than the driver"):
+        builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))
+    # new rows that are all public leave the private rows as they were, but not their scaling: refused too
+    grown = builders.load_data(spec)
+    public_only = sorted(set(grown.public.fingerprints) - set(data.public.fingerprints))
+    assert public_only
+    full = builders._table(spec.data.source, None)[0]
+    extra = [i for i, fp in enumerate(full.row_fingerprints()) if fp in set(public_only)]
+    write_digits_file(path, rows=list(range(1500)) + extra)
+    assert builders.load_data(spec).private.fingerprints == data.private.fingerprints
+    with pytest.raises(DataChanged):
         builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))

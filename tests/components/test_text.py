@@ -167,3 +167,12 @@ def test_text_column_spec_errors(tiny_spec_dict, source, model, message):
     tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm"} if model == "hf" else {"kind": model}
     with pytest.raises(specs.SpecError, match=message):
         specs.spec_from_dict(tiny_spec_dict)
+
+
+def test_a_jsonl_text_column_of_objects_is_refused(tmp_path):
+    from components.data import load_file
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"body": "hello", "topic": "a"}\n{"body": {"x": 1}, "topic": "b"}\n')
+    with pytest.raises(ValueError, match="^data.source.text: column 'body' holds values that are not text"):
+        load_file(path, file_format="auto", label="topic", classes=["a", "b"], text="body", tokenizer="minilm")

@@ -139,3 +139,24 @@ def test_concurrent_runs_never_overspend(tmp_path, request, backend):
         ledger.commit(charge, run_event(), 200)
     assert ledger.spent("patients") <= lifetime
 
+
+
+def test_rows_fingerprinted_another_way_are_not_matched(tmp_path):
+    """Fingerprints match rows across runs only if computed from the same columns; a run that computes
+    them otherwise (a column added, another tokenizer) is refused, writing nothing."""
+    from flows.ledger import RowsUnmatched
+
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    reserve = lambda layout: ledger.reserve(  # noqa: E731
+        dataset="patients", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200, lifetime_epsilon=100.0,
+        delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=["a" * 64], row_layout=layout)
+    reserve("file:label=y;features=a,b")
+    reserve("file:label=y;features=a,b")
+    with pytest.raises(RowsUnmatched, match=r"^data.source: this run identifies rows differently from earlier runs "
+                                           r"on dataset 'patients' \(feature 'c' added\)"):
+        reserve("file:label=y;features=a,b,c")
+    with pytest.raises(RowsUnmatched, match=r"\(label 'y' before, 'z' now\)"):
+        reserve("file:label=z;features=a,b")
+    with pytest.raises(RowsUnmatched, match=r"\(source 'file' before, 'sklearn' now\)"):
+        reserve("sklearn:digits")
+    assert len(ledger.history("patients")) == 2
