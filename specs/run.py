@@ -152,14 +152,13 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if text and not hf:
         field = "data.source.text" if file_text else "data.source.kind: text"
         problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")
-    if source.kind == "file" and not file_text and source.scale != "none" and not split.has_public:
+    # 'auto' standardises with the public rows, except digits (its known pixel range) and text (ids)
+    digits = source.kind == "sklearn" and source.name == "digits"
+    scale = getattr(source, "scale", "none")
+    if scale == "fixed" and not digits:
+        problems.append("data.source.scale: fixed is only known for digits; use public or none")
+    if not file_text and (scale == "public" or (scale == "auto" and not digits)) and not split.has_public:
         problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
-    if spec.data.source.kind == "sklearn":
-        scale = spec.data.source.scale
-        if scale == "fixed" and spec.data.source.name != "digits":
-            problems.append("data.source.scale: fixed is only known for digits; use public or none")
-        if (scale == "public" or (scale == "auto" and spec.data.source.name != "digits")) and not split.has_public:
-            problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
     return problems
 
 

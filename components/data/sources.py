@@ -144,13 +144,18 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         raise ValueError(f"data.source.path: {path} has no rows")
     columns = [str(c) for c in frame.columns]
     frame.columns = columns
-    if label not in columns:
-        raise ValueError(f"data.source.label: no column {label!r} in {path.name}; columns: {', '.join(columns)}")
+
+    def require(field: str, name: str) -> None:
+        if name not in columns:
+            raise ValueError(f"{field}: no column {name!r} in {path.name}; columns: {', '.join(columns)}")
+
+    require("data.source.label", label)
     labels = _class_positions(frame, label, classes)
+    if public_flag is not None:
+        require("data.split.column", public_flag)
     flags = _flags(frame, public_flag) if public_flag is not None else None
     if text is not None:
-        if text not in columns:
-            raise ValueError(f"data.source.text: no column {text!r} in {path.name}; columns: {', '.join(columns)}")
+        require("data.source.text", text)
         lines = frame[text]
         if lines.isna().any() or (lines.astype(str).str.strip() == "").any():
             raise ValueError(f"data.source.text: column {text!r} has missing or empty values; fill or drop them first")
@@ -164,9 +169,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         layout = f"file:label={label};text={text};tokenizer={tokenizer};max_length={max_length}"
         return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout))
     names = list(features) if features is not None else [c for c in columns if c not in (label, public_flag)]
-    missing = [c for c in names if c not in columns]
-    if missing:
-        raise ValueError(f"data.source.features: no column {missing[0]!r} in {path.name}; columns: {', '.join(columns)}")
+    for name in names:
+        require("data.source.features", name)
     if label in names:
         raise ValueError(f"data.source.features: the label column {label!r} cannot also be a feature")
     if not names:
@@ -207,8 +211,6 @@ _TRUE, _FALSE = {"true", "yes", "1"}, {"false", "no", "0"}
 def _flags(frame, column: str) -> np.ndarray:
     """A flag column as booleans: true/false, yes/no or 1/0 (any case); anything else is refused rather
     than guessed, since a wrong guess makes someone's row public."""
-    if column not in frame.columns:
-        raise ValueError(f"data.split.column: no column {column!r}; columns: {', '.join(frame.columns)}")
     words = frame[column].astype(str).str.strip().str.lower().replace({"1.0": "1", "0.0": "0"})
     if frame[column].isna().any() or not words.isin(_TRUE | _FALSE).all():
         raise ValueError(f"data.split.column: column {column!r} must hold true/false, yes/no or 1/0 in every row")
