@@ -4,7 +4,9 @@ floor = the forward passes the step needs (2q batched private forwards, or k+1 f
 public forward/backward passes it uses, each timed on its own on the same model and batch, in turn with
 the steps (every repeat times a step, then each bare pass), so that a slow spell of the machine falls on
 both. The ratio is the overhead privzo adds on top (direction generation, perturbation, clipping, noise,
-the update).
+the update). For first_order (DP-SGD) the floor is one batched forward/backward on the private batch,
+what non-private SGD pays: its ratio is the price of per-example gradients, clipping and d-dim noise,
+and its step against two_point's is the paper's ZO-vs-DP-SGD time per step.
 
     python bench/step_cost.py                 # both models; cache, regenerate and prefetch modes
     python bench/step_cost.py --models mlp --mlp-steps 50
@@ -28,6 +30,7 @@ from components.accountants import Accountant, PrivacyTracker
 from components.estimators import (
     Directions,
     DpgdZerothEstimator,
+    FirstOrderEstimator,
     PazoMEstimator,
     PazoPEstimator,
     PazoSEstimator,
@@ -106,6 +109,7 @@ ESTIMATORS: Dict[str, Callable[[int], object]] = {
     "pazo_p": lambda b: PazoPEstimator(queries=1, smoothing=1e-3, public_batches=3, public_batch_size=b,
                                        basis="orthonormal"),
     "pazo_s": lambda b: PazoSEstimator(public_batches=3, public_batch_size=b, candidate_noise=1e-3, lr=1e-3),
+    "first_order": lambda b: FirstOrderEstimator(),
 }
 
 
@@ -150,7 +154,9 @@ def floor_passes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, 
         loss = models.per_example_loss(model, x[:batch], y[:batch]).mean()
         torch.autograd.grad(loss, params, allow_unused=True)
 
-    if isinstance(estimator, PazoSEstimator):
+    if isinstance(estimator, FirstOrderEstimator):
+        counts = {"forward": 0, "public": 1}  # one batched forward/backward (timed on the private batch)
+    elif isinstance(estimator, PazoSEstimator):
         counts = {"forward": estimator.k + 1, "public": estimator.k}
     elif isinstance(estimator, PazoPEstimator):
         counts = {"forward": 2 * estimator.queries, "public": estimator.k}
@@ -258,18 +264,21 @@ def main(argv: List[str] | None = None) -> None:
     print(f"# step cost / floor, private batch {BATCHES}, median of {args.steps} transformer / {args.mlp_steps} MLP "
           f"steps, device {device}, "
           f"torch {torch.__version__}")
-    print(f"{'model':12} {'estimator':10} {'mode':11} {'params':>10} {'step ms':>9} {'floor ms':>9} {'ratio':>6}  target")
+    print(f"{'model':12} {'estimator':11} {'mode':11} {'params':>10} {'step ms':>9} {'floor ms':>9} {'ratio':>6}  target")
     for model_name in args.models:
         steps = args.mlp_steps if model_name == "mlp" else args.steps
         if "two_point" in args.estimators:
             peer = mezo_peer_ms(model_name, steps)
-            print(f"{model_name:12} {'mezo-peer':10} {'in-place':11} {'':>10} {peer:9.1f} {'':>9} {'':>6}  "
+            print(f"{model_name:12} {'mezo-peer':11} {'in-place':11} {'':>10} {peer:9.1f} {'':>9} {'':>6}  "
                   "(MeZO-style reference step, same run)", flush=True)
+        two_point_ms = None
         for est_name in args.estimators:
             cache = None
             for mode in args.modes:
                 if mode == "prefetch" and est_name not in SEEDED:
                     continue
+                if est_name == "first_order" and mode != args.modes[0]:
+                    continue  # no directions: one cell, whatever the mode
                 threads = torch.get_num_threads()
                 if mode == "prefetch":
                     # the background draw needs a core of its own; the floor is timed on the same threads
@@ -292,7 +301,13 @@ def main(argv: List[str] | None = None) -> None:
                             + (", slower: keep it off)" if speed > 1 else ")"))
                 verdict = "" if target is None else f"<= {target}x {'ok' if ratio <= target else 'MISSED'}"
                 verdict += note
-                print(f"{model_name:12} {est_name:10} {mode:11} {r['params']:>10} {r['step_ms']:9.1f} "
+                if est_name == "first_order":
+                    mode = "backprop"
+                    if two_point_ms is not None:
+                        verdict = f"(step {r['step_ms'] / two_point_ms:.2f}x two_point's in cache mode)"
+                if est_name == "two_point" and mode == "cache":
+                    two_point_ms = r["step_ms"]
+                print(f"{model_name:12} {est_name:11} {mode:11} {r['params']:>10} {r['step_ms']:9.1f} "
                       f"{r['floor_ms']:9.1f} {r['ratio']:6.2f}  {verdict}", flush=True)
 
 

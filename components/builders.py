@@ -23,6 +23,7 @@ from components.data import (
 from components.estimators import (
     Directions,
     DpgdZerothEstimator,
+    FirstOrderEstimator,
     PazoMEstimator,
     PazoPEstimator,
     PazoSEstimator,
@@ -134,6 +135,8 @@ def build_estimator(spec: RunSpec):
         return PazoPEstimator(est.queries, est.smoothing, est.public_batches, est.public_batch_size, est.basis)
     if est.kind == "pazo_s":
         return PazoSEstimator(est.public_batches, est.public_batch_size, est.candidate_noise, spec.optimizer.lr)
+    if est.kind == "first_order":
+        return FirstOrderEstimator()
     raise ValueError(f"estimator.kind: unknown {est.kind!r}")
 
 

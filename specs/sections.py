@@ -319,8 +319,18 @@ class PazoSEstimator(Strict):
     public_warm_start: Optional[PublicWarmStart] = None
 
 
+class FirstOrderEstimator(Strict):
+    """DP-SGD (Abadi et al. 2016): per-example gradients by backprop (torch.func), each clipped to L2 norm
+    ``mechanism.clip``, summed, plus d-dimensional Gaussian noise. Not forward-only: the first-order
+    baseline to measure the zeroth-order estimators against (the PAZO and DPZero papers' DP-SGD rows)."""
+
+    kind: Literal["first_order"]
+    public_warm_start: Optional[PublicWarmStart] = None
+
+
 EstimatorSpec = Annotated[
-    Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator],
+    Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator,
+          FirstOrderEstimator],
     Field(discriminator="kind"),
 ]
 

@@ -10,16 +10,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_step_cost_runs_on_the_mlp():
     out = subprocess.run(
-        [sys.executable, "bench/step_cost.py", "--models", "mlp", "--mlp-steps", "2", "--estimators", "two_point", "pazo_s"],
+        [sys.executable, "bench/step_cost.py", "--models", "mlp", "--mlp-steps", "2", "--estimators", "two_point", "pazo_s",
+         "first_order"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith("mlp")]
     peer = [r for r in rows if r[1] == "mezo-peer"]
     cells = [r for r in rows if r[1] != "mezo-peer"]
     assert len(peer) == 1 and float(peer[0][3]) > 0
-    # two_point: cache, regenerate, prefetch; pazo_s has no seeded directions to prefetch
+    # two_point: cache, regenerate, prefetch; pazo_s has no seeded directions to prefetch; first_order
+    # (DP-SGD) has no directions at all: one cell against a batched forward/backward
     assert [(r[1], r[2]) for r in cells] == [("two_point", "cache"), ("two_point", "regenerate"),
-                                             ("two_point", "prefetch"), ("pazo_s", "cache"), ("pazo_s", "regenerate")]
+                                             ("two_point", "prefetch"), ("pazo_s", "cache"), ("pazo_s", "regenerate"),
+                                             ("first_order", "backprop")]
     assert all(float(r[6]) > 0 for r in cells)  # ratio column
 
 

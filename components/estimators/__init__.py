@@ -1,11 +1,20 @@
 """Gradient estimators. Each declares its noisy queries per step and turns released values into updates."""
 from components.estimators.directions import Directions, add_direction_, perturbed
+from components.estimators.first_order import FirstOrderEstimator
 from components.estimators.pazo import PazoMEstimator, PazoPEstimator, PazoSEstimator
-from components.estimators.queries import Dense, FiniteDifferences, LossValues, Seeded, Update, VectorFiniteDifferences
+from components.estimators.queries import (
+    Dense,
+    FiniteDifferences,
+    LossValues,
+    PerExampleGradients,
+    Seeded,
+    Update,
+    VectorFiniteDifferences,
+)
 from components.estimators.two_point import DpgdZerothEstimator, TwoPointEstimator
 
 __all__ = [
-    "Dense", "Directions", "DpgdZerothEstimator", "FiniteDifferences", "LossValues", "PazoMEstimator",
-    "PazoPEstimator", "PazoSEstimator", "Seeded", "TwoPointEstimator", "Update", "VectorFiniteDifferences",
-    "add_direction_", "perturbed",
+    "Dense", "Directions", "DpgdZerothEstimator", "FiniteDifferences", "FirstOrderEstimator", "LossValues",
+    "PazoMEstimator", "PazoPEstimator", "PazoSEstimator", "PerExampleGradients", "Seeded", "TwoPointEstimator",
+    "Update", "VectorFiniteDifferences", "add_direction_", "perturbed",
 ]

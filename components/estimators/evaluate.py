@@ -5,12 +5,20 @@ This runs where the private rows are. Only the clipped sums it returns leave; pe
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
 import torch
 from torch import nn
+from torch.func import functional_call, grad, vmap
 
 from components.estimators.directions import Directions, perturbed
-from components.estimators.queries import FiniteDifferences, LossValues, Query, VectorFiniteDifferences
+from components.estimators.queries import (
+    FiniteDifferences,
+    LossValues,
+    PerExampleGradients,
+    Query,
+    VectorFiniteDifferences,
+)
 
 
 @torch.inference_mode()
@@ -71,10 +79,72 @@ def vector_clip_coefficients(values: torch.Tensor, gram_matrix: torch.Tensor, cl
     return (a * factors[:, None]).sum(dim=0)
 
 
+# per-example gradients are computed for this many bytes of them at a time (rows per vectorised pass)
+PER_EXAMPLE_GRADIENT_BYTES = 256 * 2**20
+
+
+class _LossOf(nn.Module):
+    """loss(model, x, y) as a module, so torch.func.functional_call can swap the model's parameters."""
+
+    def __init__(self, model: nn.Module, loss):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, x, y):
+        return self.loss(self.model, x, y)
+
+
+def clipped_gradient_sum(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                         clip: float) -> Tuple[torch.Tensor, ...]:
+    """DP-SGD's clipped sum: sum_i g_i * min(1, clip / ||g_i||) with g_i the gradient of example i's loss
+    over ``params`` (the trainable ones, in order). Per-example gradients come from torch.func (vmap of
+    grad), a chunk of rows at a time; an example whose gradient is not finite contributes nothing, as in
+    the scalar queries. ``clip = inf``: the plain gradient of the summed loss (a non-private run). Sums are
+    float64, like the scalar queries', so that how rows are split across chunks or workers barely matters."""
+    wrapped = _LossOf(model, loss)
+    names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
+    keys = [names[id(p)] for p in params]
+    if math.isinf(clip):
+        with torch.enable_grad():
+            total = wrapped(x, y).sum()
+            grads = torch.autograd.grad(total, params, allow_unused=True)
+        return tuple(torch.zeros_like(p, dtype=torch.float64) if g is None else g.detach().double()
+                     for p, g in zip(params, grads))
+
+    detached = {k: p.detach() for k, p in zip(keys, params)}
+
+    def example_loss(weights, xi, yi):
+        return functional_call(wrapped, weights, (xi.unsqueeze(0), yi.unsqueeze(0))).sum()
+
+    per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
+    row_bytes = sum(p.numel() * p.element_size() for p in params)
+    chunk = max(1, PER_EXAMPLE_GRADIENT_BYTES // max(1, row_bytes))
+    sums = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params]
+    with torch.enable_grad():
+        for start in range(0, len(y), chunk):
+            grads = per_example(detached, x[start:start + chunk], y[start:start + chunk])
+            g = [grads[k].flatten(1) for k in keys]  # [rows, numel] each
+            # per-tensor norms in the parameters' precision, combined in float64
+            norms = torch.sqrt(sum(torch.linalg.vector_norm(t, dim=1).double().pow(2) for t in g))
+            finite = torch.isfinite(norms)
+            factors = torch.where(finite, torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0),
+                                  torch.zeros((), dtype=torch.float64, device=norms.device))
+            all_finite = bool(finite.all())
+            for total, t in zip(sums, g):
+                if not all_finite:  # 0 * inf would be NaN in the product below
+                    t = torch.where(finite[:, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
+                total += (factors.to(t.dtype) @ t).double().view_as(total)  # one matrix-vector product
+    return tuple(sums)
+
+
 def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
-                   clip: float) -> torch.Tensor:
+                   clip: float):
     """The only thing a backend returns for a query: clipped per-example sums (or clipped-vector
-    coefficients for DPGD-0th). ``clip = inf`` means no clipping (MeZO)."""
+    coefficients for DPGD-0th, or DP-SGD's clipped gradient sum, one tensor per parameter).
+    ``clip = inf`` means no clipping (MeZO)."""
+    if isinstance(query, PerExampleGradients):
+        return clipped_gradient_sum(model, directions.params, loss, x, y, clip)
     values = per_example_values(model, directions, loss, x, y, query)
     if isinstance(query, VectorFiniteDifferences):
         if math.isinf(clip):

@@ -69,7 +69,21 @@ class VectorFiniteDifferences:
         return len(self.directions)
 
 
-Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences]
+@dataclass(frozen=True)
+class PerExampleGradients:
+    """DP-SGD: per example the gradient of its loss over every trainable parameter, clipped in L2 norm
+    (all parameters together), summed. The backend returns one tensor per parameter; the mechanism adds
+    d-dimensional noise to them, as for DPGD-0th. Not forward-only: it needs a backward pass."""
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences, PerExampleGradients]
+
+# queries released as one d-dimensional vector (a single Gaussian query of L2 sensitivity = clip)
+DENSE_QUERIES = (VectorFiniteDifferences, PerExampleGradients)
 
 
 @dataclass(frozen=True, eq=False)

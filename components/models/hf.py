@@ -18,7 +18,11 @@ class TextClassifier(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         ids, mask = features[:, 0], features[:, 1]
-        hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        # a prepared additive mask is used as given: the encoder then never branches on the data (whether a
+        # row has padding), which torch.func.vmap needs for per-example gradients (estimator first_order)
+        dtype = self.head.weight.dtype
+        additive = (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+        hidden = self.encoder(input_ids=ids, attention_mask=additive).last_hidden_state
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         # an all-padding row pools to zeros instead of 0/0 (the exported model's example input is one)
         pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)

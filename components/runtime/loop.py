@@ -11,7 +11,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from components.accountants.accounting import PrivacyTracker
-from components.estimators.queries import VectorFiniteDifferences
+from components.estimators.queries import DENSE_QUERIES, PerExampleGradients, VectorFiniteDifferences
 
 
 class PrivacyBudgetError(RuntimeError):
@@ -42,7 +42,7 @@ class StepContext:
 
     def release(self, query):
         loop = self._loop
-        size = 1 if isinstance(query, VectorFiniteDifferences) else query.size
+        size = 1 if isinstance(query, DENSE_QUERIES) else query.size
         if self.used + size > loop.estimator.queries_per_step:
             raise PrivacyBudgetError(
                 f"{loop.estimator.name}: {self.used + size} noisy queries in step {self.step}, "
@@ -52,6 +52,8 @@ class StepContext:
             # recorded before any release exists, so a crash never leaves a release unaccounted
             loop.tracker.record_step()
         self.used += size
+        if isinstance(query, PerExampleGradients):
+            return loop.mechanism.release_dense(list(sums))
         if isinstance(query, VectorFiniteDifferences):
             directions = loop.backend.directions
             vector = [sum(float(w) * directions.tensor(d.seed, i) for w, d in zip(sums, query.directions))

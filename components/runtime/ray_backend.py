@@ -18,8 +18,10 @@ import ray
 import torch
 
 from components.estimators.queries import (
+    DENSE_QUERIES,
     FiniteDifferences,
     LossValues,
+    PerExampleGradients,
     Query,
     Seeded,
     Update,
@@ -65,7 +67,10 @@ class ReplicaWorker:
         query = decode_query(message)
         # cache mode: the step's directions are drawn once, for its queries and its update
         self._enter(seeds if seeds is not None else seeds_of(query))
-        return self.backend.query(query, torch.as_tensor(indices, dtype=torch.long), clip).tolist()
+        sums = self.backend.query(query, torch.as_tensor(indices, dtype=torch.long), clip)
+        if isinstance(query, PerExampleGradients):
+            return [t.cpu() for t in sums]  # one clipped-gradient sum per parameter tensor
+        return sums.tolist()
 
     def apply(self, message, ahead=()) -> float:
         update = decode_update(message)
@@ -190,7 +195,7 @@ class RayBackend:
     def _split(self, query: Query, indices: np.ndarray):
         """(worker, query part, index part) per worker; how results combine back."""
         n = len(self.workers)
-        if self.parallelism == "directions" and not isinstance(query, VectorFiniteDifferences) and query.size > 1:
+        if self.parallelism == "directions" and not isinstance(query, DENSE_QUERIES) and query.size > 1:
             parts = np.array_split(np.arange(query.size), min(n, query.size))
             jobs = []
             for w, part in enumerate(parts):
@@ -215,6 +220,9 @@ class RayBackend:
                 self._replace_dead()
         else:
             raise RuntimeError("ray backend: workers kept dying; no value was released for this step")
+        if isinstance(query, PerExampleGradients):
+            params = self.local.directions.params
+            return tuple(sum(parts).to(device=p.device) for parts, p in zip(zip(*results), params))
         parts = [torch.tensor(r, dtype=torch.float64) for r in results]
         if how == "concat":
             return torch.cat(parts)

@@ -8,7 +8,7 @@ from scipy import stats
 
 import specs
 from components import builders
-from components.estimators.queries import VectorFiniteDifferences
+from components.estimators.queries import DENSE_QUERIES, PerExampleGradients, VectorFiniteDifferences
 from components.randomness import private_generator
 
 ESTIMATORS = {
@@ -17,7 +17,10 @@ ESTIMATORS = {
     "pazo_m": {"kind": "pazo_m", "queries": 2, "public_batch_size": 8},
     "pazo_p": {"kind": "pazo_p", "queries": 2, "public_batches": 3, "public_batch_size": 8},
     "pazo_s": {"kind": "pazo_s", "public_batches": 3, "public_batch_size": 8},
+    "first_order": {"kind": "first_order"},
 }
+# released as one d-dimensional vector: their noise is checked on the vector
+DENSE = {"dpgd_0th", "first_order"}
 
 
 def _built(tiny, kind, clip=0.05, noise=None, sampling=None, **extra):
@@ -50,7 +53,9 @@ class Recorder:
         if self.transform is not None:
             indices = self.transform(indices)
         out = self.inner.query(query, indices, clip)
-        self.sums.append((query, out.detach().cpu().clone()))  # on the host: releases are compared there
+        # on the host: releases are compared there
+        kept = tuple(t.detach().cpu().clone() for t in out) if isinstance(out, tuple) else out.detach().cpu().clone()
+        self.sums.append((query, kept))
         return out
 
     def apply(self, update):
@@ -67,6 +72,8 @@ def _pre_noise(tiny, kind, transform, steps=3):
 
 
 def _release_vector(query, sums, directions):
+    if isinstance(query, PerExampleGradients):
+        return torch.cat([t.flatten() for t in sums]).double()
     if isinstance(query, VectorFiniteDifferences):
         return torch.cat([sum(float(w) * directions.tensor(d.seed, i) for w, d in zip(sums, query.directions)).flatten()
                           for i in range(len(directions.params))]).double()
@@ -99,7 +106,7 @@ def test_one_example_moves_the_pre_noise_release_by_at_most_its_sensitivity(tiny
         # per query coordinate the change is at most the clip (2x for replace-one); the vector query's
         # d-dimensional release moves by at most the clip in L2
         diff = _release_vector(q_a, a, directions) - _release_vector(q_b, b, directions)
-        if isinstance(q_a, VectorFiniteDifferences):
+        if isinstance(q_a, DENSE_QUERIES):
             assert float(diff.norm()) <= bound * (1 + 1e-6)
         else:
             assert float(diff.abs().max()) <= bound * (1 + 1e-9)
@@ -109,6 +116,8 @@ def test_one_example_moves_the_pre_noise_release_by_at_most_its_sensitivity(tiny
 def _same_query(a, b):
     if type(a) is not type(b):
         return False
+    if isinstance(a, PerExampleGradients):
+        return True
     items_a = getattr(a, "directions", None) or [d for d, _ in a.points]
     items_b = getattr(b, "directions", None) or [d for d, _ in b.points]
     for x, y in zip(items_a, items_b):
@@ -120,7 +129,7 @@ def _same_query(a, b):
     return len(items_a) == len(items_b)
 
 
-@pytest.mark.parametrize("kind", sorted(set(ESTIMATORS) - {"dpgd_0th"}))
+@pytest.mark.parametrize("kind", sorted(set(ESTIMATORS) - DENSE))
 def test_noise_has_the_stated_std(tiny_spec_dict, kind):
     """released - pre-noise sum ~ N(0, (sqrt(Q) sigma C)^2), Q = declared noisy queries per step."""
     resolved, built = _built(tiny_spec_dict, kind, noise=5, sampling=6)
@@ -139,8 +148,9 @@ def test_noise_has_the_stated_std(tiny_spec_dict, kind):
     assert lo < float((z ** 2).mean()) < hi
 
 
-def test_dpgd_0th_vector_noise_has_the_stated_std(tiny_spec_dict):
-    resolved, built = _built(tiny_spec_dict, "dpgd_0th", noise=5, sampling=6)
+@pytest.mark.parametrize("kind", sorted(DENSE))
+def test_vector_noise_has_the_stated_std(tiny_spec_dict, kind):
+    resolved, built = _built(tiny_spec_dict, kind, noise=5, sampling=6)
     rec = Recorder(built.loop.backend)
     built.loop.backend = rec
     noisy = []
@@ -153,8 +163,11 @@ def test_dpgd_0th_vector_noise_has_the_stated_std(tiny_spec_dict):
 
     built.loop.mechanism.release_dense = capture
     built.loop.run(5)
+    assert built.loop.mechanism.std == pytest.approx(0.7 * resolved.mechanism.clip)  # one query per step
     z = torch.cat(noisy) / (0.7 * resolved.mechanism.clip)
     assert stats.kstest(z.cpu().numpy(), "norm").pvalue > 1e-4
+    lo, hi = stats.chi2.ppf([1e-5, 1 - 1e-5], len(z)) / len(z)
+    assert lo < float((z ** 2).mean()) < hi
 
 
 @pytest.mark.parametrize("kind", sorted(ESTIMATORS))
@@ -166,7 +179,7 @@ def test_noise_differs_between_runs_with_the_same_public_seed(tiny_spec_dict, ki
     pa = torch.cat([p.detach().flatten() for p in a.model.parameters()])
     pb = torch.cat([p.detach().flatten() for p in b.model.parameters()])
     assert not torch.equal(pa, pb)
-    if kind != "dpgd_0th":
+    if kind not in DENSE:
         assert a.loop.released != b.loop.released
 
 

@@ -18,6 +18,7 @@ FLOORS = {
     "digits_pazo_p.yaml": 0.75,
     "digits_pazo_s.yaml": 0.75,
     "digits_dpgd_0th.yaml": 0.20,  # d-dimensional noise: far below DPZero, as its paper predicts
+    "digits_dp_sgd.yaml": 0.85,  # first-order DP-SGD, the baseline
 }
 
 
