@@ -96,6 +96,8 @@ def check_model(spec: RunSpec, n_features: int, n_classes: int, memory_bytes: in
         from components import pretrained
 
         pretrained.model_path(spec.model.weights)
+        if spec.model.lora is not None:
+            models.check_adapter_targets(pretrained.encoder_skeleton(spec.model.weights), spec.model.lora.targets)
         return
     model = _meta_model(spec, n_features, n_classes)
     n = sum(p.numel() for p in model.parameters())
@@ -111,7 +113,9 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
     gen = torch.Generator().manual_seed(public_seed(spec.seed, STREAM_INIT))
     if spec.model.kind == "hf":
         # pretrained weights come from the package; only the head is drawn, as the other models are
-        return models.text_classifier(spec.model.weights, n_classes, spec.model.trainable, gen)
+        lora = spec.model.lora
+        adapters = None if lora is None else (lora.rank, lora.alpha, tuple(lora.targets))
+        return models.text_classifier(spec.model.weights, n_classes, spec.model.trainable, gen, adapters)
     model = _meta_model(spec, n_features, n_classes).to_empty(device="cpu")
     models.initialise_(model, gen)
     return model

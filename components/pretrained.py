@@ -69,3 +69,14 @@ def encoder(name: str):
         raise RuntimeError(f"{field}: {name}: {len(missing)} weights missing (first: {sorted(missing)[0]}); {fix}")
     model.pooler = None
     return model
+
+
+def encoder_skeleton(name: str):
+    """The encoder's modules on the meta device, from its config alone (no weights read): enough to check
+    layer names before a run starts."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(model_path(name), local_files_only=True)
+    with torch.device("meta"):
+        return AutoModel.from_config(config)

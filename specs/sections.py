@@ -213,6 +213,18 @@ class CnnModel(Strict):
     activation: Literal["relu", "tanh", "gelu"] = "relu"
 
 
+class LoraSpec(Strict):
+    """Low-rank adapters (LoRA, through peft) on the encoder's Linear layers named in ``targets``:
+    W x + (alpha / rank) B A x, with A drawn from the public seed and B = 0, so training starts from the
+    pretrained encoder's own function. Only A, B and the head are trained."""
+
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 16.0
+    targets: List[str] = Field(default_factory=lambda: ["query", "value"], min_length=1,
+                               description="Names of Linear layers (the last part of their module name; "
+                               "BERT-like encoders: query, key, value, dense).")
+
+
 class HfModel(Strict):
     """A pretrained transformer encoder, from an installed package (``name``) or a local folder written by
     ``save_pretrained`` (``path``), never downloaded; mean pooling over the attention mask, and a linear
@@ -223,9 +235,12 @@ class HfModel(Strict):
     path: Optional[str] = Field(None, min_length=1, description="A folder with the encoder's config, weights and "
                                 "tokenizer (save_pretrained), read offline. A relative path is taken from the "
                                 "folder of the spec file it is written in.")
-    trainable: Literal["head", "bias", "all"] = Field(
+    trainable: Literal["head", "bias", "lora", "all"] = Field(
         "head", description="head: the linear head only; bias: the head and every bias of the encoder (BitFit); "
-        "all: every parameter. Frozen parameters are never perturbed nor updated.")
+        "lora: the head and low-rank adapters (see lora); all: every parameter. Frozen parameters are never "
+        "perturbed nor updated.")
+    lora: Optional[LoraSpec] = Field(None, description="Adapters of trainable: lora (default rank 8 on query "
+                                     "and value).")
 
     @field_validator("path")
     @classmethod
@@ -237,7 +252,17 @@ class HfModel(Strict):
     def _name_or_path(self):
         if (self.name is None) == (self.path is None):
             raise ValueError("give name (a model shipped in a package) or path (a local folder), one of them")
+        if self.lora is not None and self.trainable != "lora":
+            raise ValueError("lora: only used with trainable: lora; set trainable: lora or remove lora")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_adapters(cls, data):
+        # written out, so the resolved spec (and its MLflow params) names the adapters that were trained
+        if isinstance(data, dict) and data.get("trainable") == "lora" and data.get("lora") is None:
+            return {**data, "lora": {}}
+        return data
 
     @property
     def weights(self) -> str:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from components.models.hf import TextClassifier, freeze_
+from components.models.hf import TextClassifier, add_adapters_, check_adapter_targets, freeze_
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
@@ -57,16 +57,24 @@ def initialise_(model: nn.Module, generator: torch.Generator) -> None:
                 nn.init.uniform_(module.bias, -bound, bound, generator=generator)
 
 
-def text_classifier(name: str, n_classes: int, trainable: str, generator: torch.Generator) -> nn.Module:
+def text_classifier(name: str, n_classes: int, trainable: str, generator: torch.Generator,
+                    adapters: Optional[Tuple[int, float, Sequence[str]]] = None) -> nn.Module:
     """Pretrained encoder ``name`` (from its package, offline) + mean pooling + a linear head initialised
-    from ``generator``; parameters outside ``trainable`` (head, bias, all) are frozen."""
+    from ``generator``; parameters outside ``trainable`` (head, bias, lora, all) are frozen. ``adapters``
+    (rank, alpha, target layer names): LoRA adapters for trainable lora, drawn from ``generator`` after
+    the head."""
     from components import pretrained
 
+    if (trainable == "lora") != (adapters is not None):
+        raise ValueError("model.lora: adapters are given exactly when trainable is lora")
     encoder = pretrained.encoder(name)
     with torch.device("meta"):
         head = nn.Linear(encoder.config.hidden_size, n_classes)
     head = head.to_empty(device="cpu")
     initialise_(head, generator)  # the head only: the encoder's Linear layers keep their pretrained weights
+    if adapters is not None:
+        rank, alpha, targets = adapters
+        add_adapters_(encoder, rank, alpha, targets, generator)
     model = TextClassifier(encoder, head)
     freeze_(model, trainable)
     return model

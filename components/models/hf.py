@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-TRAINABLE = ("head", "bias", "all")
+TRAINABLE = ("head", "bias", "lora", "all")
 
 
 class TextClassifier(nn.Module):
@@ -29,13 +29,45 @@ class TextClassifier(nn.Module):
         return self.head(pooled)
 
 
+def check_adapter_targets(encoder: nn.Module, targets) -> None:
+    """Every target must name Linear layers of the encoder (peft matches the end of a module's name)."""
+    linear = [name for name, m in encoder.named_modules() if isinstance(m, nn.Linear)]
+    for target in targets:
+        if not any(name == target or name.endswith("." + target) for name in linear):
+            known = sorted({name.rsplit(".", 1)[-1] for name in linear})
+            raise ValueError(f"model.lora.targets: no Linear layer of the encoder is named {target!r}; its Linear "
+                             f"layers are named {', '.join(known)}")
+
+
+def add_adapters_(encoder: nn.Module, rank: int, alpha: float, targets, generator: torch.Generator) -> None:
+    """LoRA adapters (peft) on the ``targets`` Linear layers: A drawn from ``generator`` (Kaiming-uniform,
+    as peft draws it), B = 0, so the encoder computes what it did before. No dropout: both forward passes
+    of a finite difference must see one function."""
+    import math
+
+    from peft import LoraConfig, inject_adapter_in_model
+
+    check_adapter_targets(encoder, targets)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
+    with torch.random.fork_rng(devices=[]):  # peft draws A from the global RNG; it is re-drawn below
+        inject_adapter_in_model(config, encoder)
+    with torch.no_grad():
+        for name, p in encoder.named_parameters():
+            if ".lora_A." in name:
+                nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=generator)
+            elif ".lora_B." in name:
+                p.zero_()
+
+
 def freeze_(model: TextClassifier, trainable: str) -> None:
     """Mark what the run may change: ``head`` the linear head; ``bias`` the head and every encoder bias,
-    LayerNorm's included (BitFit); ``all`` everything. Directions and updates are built from
-    ``requires_grad`` parameters only, so a frozen parameter is never perturbed nor moved."""
+    LayerNorm's included (BitFit); ``lora`` the head and the adapters; ``all`` everything. Directions and
+    updates are built from ``requires_grad`` parameters only, so a frozen parameter is never perturbed
+    nor moved."""
     if trainable not in TRAINABLE:
         raise ValueError(f"model.trainable: unknown {trainable!r}; allowed: {', '.join(TRAINABLE)}")
     for name, p in model.encoder.named_parameters():
-        p.requires_grad_(trainable == "all" or (trainable == "bias" and name.endswith("bias")))
+        p.requires_grad_(trainable == "all" or (trainable == "bias" and name.endswith("bias"))
+                         or (trainable == "lora" and ".lora_" in name))
     for p in model.head.parameters():
         p.requires_grad_(True)

@@ -186,3 +186,65 @@ def test_a_tokenizer_written_like_the_model_path_is_the_models(tmp_path, tiny_sp
     tiny_spec_dict["data"]["source"]["text"] = "y"
     with pytest.raises(specs.SpecError, match="data.source.text: the label column cannot also be the text"):
         specs.spec_from_dict(tiny_spec_dict)
+
+
+# ---------------------------------------------------------------- LoRA adapters (trainable: lora)
+def test_lora_starts_as_the_pretrained_encoder_and_trains_only_adapters_and_head(hf_spec_dict, text_data):
+    state = torch.random.get_rng_state()
+    lora = _model(hf_spec_dict, text_data, trainable="lora", lora={"rank": 4, "alpha": 8.0})
+    assert torch.equal(state, torch.random.get_rng_state())  # adapters drawn from the public generator only
+    head_only = _model(hf_spec_dict, text_data, trainable="head")
+    rows = torch.as_tensor(text_data.test.features[:6])
+    with torch.inference_mode():  # B = 0: the adapted encoder computes the pretrained function
+        torch.testing.assert_close(lora(rows), head_only(rows), rtol=0, atol=1e-6)
+    chosen = {n for n, p in lora.named_parameters() if p.requires_grad}
+    adapters = chosen - {"head.weight", "head.bias"}
+    # query and value of 6 layers, an A and a B each
+    assert len(adapters) == 6 * 2 * 2 and all(".lora_A." in n or ".lora_B." in n for n in adapters)
+    assert sum(p.numel() for n, p in lora.named_parameters() if n in adapters) == 6 * 2 * 4 * (384 + 384)
+    again = _model(hf_spec_dict, text_data, trainable="lora", lora={"rank": 4, "alpha": 8.0})
+    a = {n: p for n, p in lora.named_parameters() if ".lora_A." in n}
+    assert all(torch.equal(p, dict(again.named_parameters())[n]) for n, p in a.items())
+    assert all(float(p.detach().abs().sum()) > 0 for p in a.values())
+
+
+def test_a_lora_run_moves_the_adapters_and_the_head_and_nothing_else(hf_spec_dict, text_data):
+    hf_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "lora", "lora": {"rank": 2, "targets": ["value"]}}
+    built, moved = _run(hf_spec_dict, text_data, 2)
+    trainable = {n for n, p in built.model.named_parameters() if p.requires_grad}
+    assert moved == trainable and len(trainable) == 2 + 6 * 2
+    assert built.loop.backend.directions.dim == 21 * 384 + 21 + 6 * 2 * (384 + 384)
+
+
+def test_dp_sgd_per_example_gradients_run_through_the_adapters(hf_spec_dict, text_data):
+    from components.estimators.evaluate import clipped_gradient_sum
+
+    model = _model(hf_spec_dict, text_data, trainable="lora", lora={"rank": 2})
+    params = models.trainable_parameters(model)
+    x, y = torch.as_tensor(text_data.test.features[:3]), torch.as_tensor(text_data.test.labels[:3])
+    got = clipped_gradient_sum(model, params, models.per_example_loss, x, y, 0.5)
+    want = [torch.zeros(p.shape, dtype=torch.float64) for p in params]
+    for i in range(3):
+        grads = torch.autograd.grad(models.per_example_loss(model, x[i:i + 1], y[i:i + 1]).sum(), params)
+        norm = float(torch.sqrt(sum(g.double().pow(2).sum() for g in grads)))
+        for w, g in zip(want, grads):
+            w += min(1.0, 0.5 / norm) * g.double()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
+    assert any(float(g.abs().sum()) > 0 for g, p in zip(got, params) if p.shape[0] != 21)  # adapters' B moves
+
+
+def test_lora_settings_are_checked_before_anything_runs(hf_spec_dict, text_data):
+    hf_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "bias", "lora": {"rank": 4}}
+    with pytest.raises(specs.SpecError, match="lora: only used with trainable: lora"):
+        specs.spec_from_dict(hf_spec_dict)
+    hf_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "lora"}
+    spec = specs.spec_from_dict(hf_spec_dict)
+    assert (spec.model.lora.rank, spec.model.lora.targets) == (8, ["query", "value"])  # written out
+    hf_spec_dict["model"]["lora"] = {"targets": ["q_proj"]}
+    spec = specs.spec_from_dict(hf_spec_dict)
+    with pytest.raises(ValueError, match=r"^model.lora.targets: no Linear layer of the encoder is named 'q_proj'; "
+                                         r"its Linear layers are named dense, key, query, value$"):
+        builders.check_model(spec, text_data.n_features, text_data.n_classes, 2**40)
+    with pytest.raises(ValueError, match="^model.lora.targets: no Linear layer"):
+        builders.build_model(spec, text_data.n_features, text_data.n_classes)

@@ -61,10 +61,12 @@ def test_ray_matches_local(ray_cluster, tiny_spec_dict, parallelism, estimator):
         remote.loop.backend.close()
 
 
-def test_ray_matches_local_on_the_transformer(ray_cluster, tiny_spec_dict):
-    """Workers rebuild MiniLM and the tokenised corpus from the spec alone and follow the driver's run."""
+@pytest.mark.parametrize("trainable", ["bias", "lora"])
+def test_ray_matches_local_on_the_transformer(ray_cluster, tiny_spec_dict, trainable):
+    """Workers rebuild MiniLM (with the driver's LoRA adapters, drawn from the seed) and the tokenised
+    corpus from the spec alone and follow the driver's run."""
     tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot", "max_length": 16}
-    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "bias"}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": trainable}
     tiny_spec_dict["sampling"]["expected_batch_size"] = 16
     tiny_spec_dict["optimizer"]["lr"] = 1e-3
     local = _built(tiny_spec_dict, "local", estimator={"kind": "two_point", "queries": 2, "smoothing": 1e-3})

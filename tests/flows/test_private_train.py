@@ -92,8 +92,11 @@ def test_model_is_registered_with_dp_tags(finished_run, tiny_spec_dict):
     assert model(torch.zeros(5, 64)).shape == (5, 10)  # any batch size, not the example's
 
 
-def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(prefect_server, tmp_path, monkeypatch):
-    """The MiniLM example, cut to 2 steps in this process: the registered model takes [b, 2, length] ids."""
+@pytest.mark.parametrize("trainable", ["example", "lora"])
+def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(prefect_server, tmp_path, monkeypatch,
+                                                                            trainable):
+    """The MiniLM example, cut to 2 steps in this process: the registered model takes [b, 2, length] ids;
+    with LoRA adapters too (the registered model carries them)."""
     import torch
 
     from flows.private_train import private_train
@@ -102,6 +105,8 @@ def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(pre
     monkeypatch.chdir(tmp_path)
     spec = yaml.safe_load((EXAMPLES / "chatterbot_minilm_dpzero.yaml").read_text())
     spec["optimizer"]["steps"] = 2
+    if trainable == "lora":
+        spec["model"].update(trainable="lora", lora={"rank": 2})
     spec["execution"] = {"backend": "local"}
     spec["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 2}
     result = private_train(spec=spec)
@@ -110,6 +115,8 @@ def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(pre
     ids = torch.zeros(3, 2, 32, dtype=torch.long)
     ids[:, :, 0] = torch.tensor([101, 1])  # [CLS], unmasked
     assert model(ids).shape == (3, 21)
+    if trainable == "lora":
+        assert any(".lora_B." in n for n, _ in model.named_parameters())
 
 
 def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):

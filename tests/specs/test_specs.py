@@ -93,7 +93,7 @@ def _error_for(tiny, mutate):
         (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot"}), d.update(model={"kind": "hf", "name": "bert"})),
          ["model.name", "'minilm'"]),
         (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot"}),
-                    d.update(model={"kind": "hf", "name": "minilm", "trainable": "lora"})), ["model.trainable", "'bias'"]),
+                    d.update(model={"kind": "hf", "name": "minilm", "trainable": "prefix"})), ["model.trainable", "'lora'"]),
         (lambda d: (d["data"].update(source={"kind": "text", "name": "chatterbot", "max_length": 1}),
                     d.update(model={"kind": "hf", "name": "minilm"})), ["data.source.max_length"]),
     ],
