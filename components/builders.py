@@ -16,6 +16,7 @@ from components.data import (
     fraction_split,
     hashed_split,
     load_file,
+    load_images,
     load_sklearn,
     load_text,
     source_split,
@@ -75,6 +76,8 @@ def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = 
                           tokenizer=source.tokenizer or model_tokenizer,
                           max_length=source.max_length, public_flag=public_flag)
         return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
+    if source.kind == "images":
+        return load_images(source.path, classes=source.classes, size=source.size, mode=source.mode), source.scale
     return load_sklearn(source.name), source.scale
 
 
@@ -84,7 +87,9 @@ def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
         if spec.model.kind == "linear":
             return models.linear(n_features, n_classes)
         if spec.model.kind == "cnn":
-            return models.cnn(n_features, n_classes, spec.model.channels, spec.model.activation)
+            source = spec.data.source
+            shape = source.image_shape if source.kind == "images" else None
+            return models.cnn(n_features, n_classes, spec.model.channels, spec.model.activation, shape)
         return models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
 
 

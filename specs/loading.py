@@ -85,7 +85,7 @@ def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
     if model.get("kind") == "hf":
         anchor(model, "path")
     for source in (section.get("source"), split.get("public_source")):
-        if isinstance(source, dict) and source.get("kind") == "file":
+        if isinstance(source, dict) and source.get("kind") in ("file", "images"):
             anchor(source, "path")
         if isinstance(source, dict) and written_model_path is not None and source.get("tokenizer") == written_model_path:
             source["tokenizer"] = model["path"]  # the model's folder, written as model.path is

@@ -152,12 +152,12 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if text and not hf:
         field = "data.source.text" if file_text else "data.source.kind: text"
         problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")
-    # 'auto' standardises with the public rows, except digits (its known pixel range) and text (ids)
-    digits = source.kind == "sklearn" and source.name == "digits"
+    # 'auto' standardises with the public rows, except pixels of a known range (digits, images) and text (ids)
+    known_range = (source.kind == "sklearn" and source.name == "digits") or source.kind == "images"
     scale = getattr(source, "scale", "none")
-    if scale == "fixed" and not digits:
-        problems.append("data.source.scale: fixed is only known for digits; use public or none")
-    if not file_text and (scale == "public" or (scale == "auto" and not digits)) and not split.has_public:
+    if scale == "fixed" and not known_range:
+        problems.append("data.source.scale: fixed is only known for digits and images; use public or none")
+    if not file_text and (scale == "public" or (scale == "auto" and not known_range)) and not split.has_public:
         problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
     return problems
 
@@ -177,6 +177,10 @@ def _public_source_problems(source, public) -> List[str]:
     if public.kind == "file" and source.kind == "file" and [str(c) for c in public.classes] != [
             str(c) for c in source.classes]:
         problems.append("data.split.public_source.classes: must be data.source.classes, in the same order")
+    if (source.kind == "images") != (public.kind == "images") or (source.kind == "images" and (
+            public.image_shape != source.image_shape or public.classes != source.classes)):
+        problems.append("data.split.public_source: images need public images of the same classes (in the same "
+                        "order), mode and size")
     if getattr(public, "scale", "auto") != "auto":
         problems.append("data.split.public_source.scale: the main source's scale applies to both; remove it")
     return problems

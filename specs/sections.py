@@ -111,7 +111,46 @@ class FileSource(Strict):
         return PurePath(self.path).name
 
 
-Source = Annotated[Union[SklearnSource, TextSource, FileSource], Field(discriminator="kind")]
+class ImageFolderSource(Strict):
+    """Images in one folder per class, ``path/<class>/<image>`` (torchvision's ImageFolder layout): every
+    image file is one example (add/remove neighbours are images, so one person's data should be one
+    image), decoded with Pillow, converted to ``mode`` and resized to ``size`` x ``size``. Rows are the
+    pixels, channels first; ``model.kind: cnn`` reads them as images. Ray workers read the same folder."""
+
+    kind: Literal["images"]
+    path: str = Field(..., min_length=1, description="The folder holding one subfolder per class. A relative "
+                      "path is taken from the folder of the spec file it is written in.")
+    classes: List[str] = Field(
+        ..., min_length=2, description="The class subfolders, in the order of the model's outputs. Declared, "
+        "never read from the folder (a class set taken from the private images would reveal which occur); "
+        "a subfolder that is not declared is an error.")
+    size: int = Field(28, ge=4, le=512, description="Side in pixels every image is resized to.")
+    mode: Literal["L", "RGB"] = Field("L", description="L: one grey channel; RGB: three colour channels.")
+    scale: Literal["auto", "none", "fixed", "public"] = Field(
+        "auto", description="fixed (= auto): pixel values / 255, known without looking at any image; public: "
+        "standardised with statistics of the public split only; none: 0-255.")
+
+    @field_validator("classes")
+    @classmethod
+    def _distinct_folders(cls, value):
+        if len(set(value)) != len(value):
+            raise ValueError("classes must be distinct")
+        bad = [c for c in value if not c or c.startswith(".") or "/" in c or "\\" in c]
+        if bad:
+            raise ValueError(f"classes: {bad[0]!r} is not a folder name (no '/', not hidden)")
+        return value
+
+    @property
+    def name(self) -> str:
+        """What reports and logs call the source: the folder's name."""
+        return PurePath(self.path).name
+
+    @property
+    def image_shape(self) -> tuple:
+        return (1 if self.mode == "L" else 3, self.size, self.size)
+
+
+Source = Annotated[Union[SklearnSource, TextSource, FileSource, ImageFolderSource], Field(discriminator="kind")]
 
 
 class _Fractions(Strict):

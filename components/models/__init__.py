@@ -27,19 +27,27 @@ def mlp(n_features: int, n_classes: int, hidden: Sequence[int], activation: str 
     return nn.Sequential(*layers)
 
 
-def cnn(n_features: int, n_classes: int, channels: Sequence[int], activation: str = "relu") -> nn.Module:
-    """Small CNN on square single-channel images given as flat rows (e.g. digits' 8x8 = 64 features):
-    3x3 convolutions (padding 1) with ``channels`` output channels each, one 2x2 max-pool after the
-    last, then a linear classifier. No normalisation layers (nothing computed across examples)."""
-    side = math.isqrt(n_features)
-    if side * side != n_features or side < 2:
-        raise ValueError(f"model.kind cnn: needs square single-channel images; {n_features} features is not a square")
-    layers: list = [nn.Unflatten(1, (1, side, side))]
-    width = 1
+def cnn(n_features: int, n_classes: int, channels: Sequence[int], activation: str = "relu",
+        image_shape: Optional[Tuple[int, int, int]] = None) -> nn.Module:
+    """Small CNN on images given as flat rows, channels first: ``image_shape`` (channels, height, width),
+    or by default square single-channel images (e.g. digits' 8x8 = 64 features). 3x3 convolutions
+    (padding 1) with ``channels`` output channels each, one 2x2 max-pool after the last, then a linear
+    classifier. No normalisation layers (nothing computed across examples)."""
+    if image_shape is None:
+        side = math.isqrt(n_features)
+        if side * side != n_features or side < 2:
+            raise ValueError(f"model.kind cnn: needs images; {n_features} features is not a square single-channel "
+                             "image (use data.source.kind: images for other shapes)")
+        image_shape = (1, side, side)
+    depth, height, width_px = image_shape
+    if depth * height * width_px != n_features:
+        raise ValueError(f"model.kind cnn: rows of {n_features} features are not {depth}x{height}x{width_px} images")
+    layers: list = [nn.Unflatten(1, tuple(image_shape))]
+    width = depth
     for c in channels:
         layers += [nn.Conv2d(width, c, 3, padding=1), _ACTIVATIONS[activation]()]
         width = c
-    layers += [nn.MaxPool2d(2), nn.Flatten(), nn.Linear(width * (side // 2) ** 2, n_classes)]
+    layers += [nn.MaxPool2d(2), nn.Flatten(), nn.Linear(width * (height // 2) * (width_px // 2), n_classes)]
     return nn.Sequential(*layers)
 
 
