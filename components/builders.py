@@ -32,7 +32,7 @@ from components.estimators import (
 )
 from components.estimators.public import PublicOracle, warm_start
 from components.mechanisms import GaussianMechanism, NoMechanism
-from components.optimizers import Sgd
+from components.optimizers import Adam, Sgd
 from components.randomness import STREAM_INIT, STREAM_INSECURE_PRIVATE, private_generator, public_seed
 from components.runtime import LocalBackend, PrivateLoop
 from specs import RunSpec
@@ -220,13 +220,20 @@ def device_for(spec: RunSpec) -> torch.device:
     return torch.device(wanted)
 
 
+def build_optimizer(spec: RunSpec, directions: Directions):
+    opt = spec.optimizer
+    if opt.kind == "adam":
+        return Adam(directions, opt.lr, opt.betas, opt.eps, opt.weight_decay)
+    return Sgd(directions, opt.lr, opt.momentum, opt.weight_decay)
+
+
 @dataclass
 class LocalParts:
     model: torch.nn.Module
     params: list
     directions: Directions
     estimator: object
-    optimizer: Sgd
+    optimizer: object  # Sgd or Adam
     backend: LocalBackend
     device: torch.device
 
@@ -239,8 +246,7 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     params = models.trainable_parameters(model)
     directions = build_directions(spec, params)
     estimator = build_estimator(spec)
-    opt = spec.optimizer
-    optimizer = Sgd(directions, opt.lr, opt.momentum, opt.weight_decay)
+    optimizer = build_optimizer(spec, directions)
     rows = data.private if with_private_rows else data.private.__class__(
         data.private.features[:0], data.private.labels[:0], [])
     x = torch.as_tensor(rows.features, device=device)

@@ -119,6 +119,9 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         elif est.perturbation == "regenerate":
             problems.append("execution.prefetch_directions: needs cached directions; set estimator.perturbation "
                             "to cache or auto, or remove prefetch_directions")
+    if est.kind == "pazo_s" and spec.optimizer.kind != "sgd":
+        problems.append("optimizer.kind: pazo_s scores the very points it steps to (x - lr * g), which only "
+                        "plain sgd reaches; use optimizer.kind: sgd")
     if est.kind.startswith("pazo") and not split.has_public:
         problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
     if est.public_warm_start is not None and not split.has_public:

@@ -442,11 +442,9 @@ SamplingSpec = Annotated[Union[PoissonSampling], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- optimizer
-class SgdOptimizer(Strict):
-    kind: Literal["sgd"]
-    lr: PositiveFloat
-    momentum: float = Field(0.0, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+class _Schedule(Strict):
+    """How long a run is and where it starts, whatever the optimizer."""
+
     epochs: Optional[PositiveFloat] = Field(None, description="Passes over the private data (in expectation).")
     steps: Union[PositiveInt, Auto] = Field("auto", description="'auto' = ceil(epochs * n_private / batch).")
     init: Literal["seed", "latest_registered"] = Field(
@@ -455,7 +453,36 @@ class SgdOptimizer(Strict):
         "initialisation when none is registered yet.")
 
 
-OptimizerSpec = Annotated[Union[SgdOptimizer], Field(discriminator="kind")]
+class SgdOptimizer(_Schedule):
+    """SGD with momentum and coupled (L2) weight decay; without momentum nothing d-sized is kept."""
+
+    kind: Literal["sgd"]
+    lr: PositiveFloat
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+
+
+class AdamOptimizer(_Schedule):
+    """Adam with decoupled weight decay (torch.optim.AdamW) on the estimator's update, as DP-Adam does:
+    the moments are computed from released (noisy) values only, so they cost no privacy. Keeps two
+    d-sized moments."""
+
+    kind: Literal["adam"]
+    lr: PositiveFloat
+    betas: List[float] = Field(default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2,
+                               description="Decay rates of the first and second moments, each in [0, 1).")
+    eps: PositiveFloat = 1e-8
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled (AdamW): x <- x - lr * weight_decay * x.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value):
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError("each must be in [0, 1)")
+        return value
+
+
+OptimizerSpec = Annotated[Union[SgdOptimizer, AdamOptimizer], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- execution and tracking

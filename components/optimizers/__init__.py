@@ -1,4 +1,5 @@
 """Optimizers applying estimator updates to parameters in place."""
+from components.optimizers.adam import Adam
 from components.optimizers.sgd import Sgd, replay
 
-__all__ = ["Sgd", "replay"]
+__all__ = ["Adam", "Sgd", "replay"]

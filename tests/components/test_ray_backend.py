@@ -61,6 +61,21 @@ def test_ray_matches_local(ray_cluster, tiny_spec_dict, parallelism, estimator):
         remote.loop.backend.close()
 
 
+def test_ray_with_adam_matches_local(ray_cluster, tiny_spec_dict):
+    """Every replica keeps its own Adam moments and applies the same released update: they stay equal."""
+    tiny_spec_dict["optimizer"] = {"kind": "adam", "lr": 0.01, "steps": 60, "weight_decay": 0.01}
+    local = _built(tiny_spec_dict, "local")
+    remote = _built(tiny_spec_dict, "ray", checksum_every=5)
+    try:
+        local.loop.run(20)
+        remote.loop.run(20)
+        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
+        remote.loop.backend.verify()
+        assert remote.loop.backend.resyncs == 0
+    finally:
+        remote.loop.backend.close()
+
+
 @pytest.mark.parametrize("trainable", ["bias", "lora"])
 def test_ray_matches_local_on_the_transformer(ray_cluster, tiny_spec_dict, trainable):
     """Workers rebuild MiniLM (with the driver's LoRA adapters, drawn from the seed) and the tokenised
