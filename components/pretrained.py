@@ -79,4 +79,6 @@ def encoder_skeleton(name: str):
 
     config = AutoConfig.from_pretrained(model_path(name), local_files_only=True)
     with torch.device("meta"):
-        return AutoModel.from_config(config)
+        model = AutoModel.from_config(config)
+    model.pooler = None  # as encoder() leaves it
+    return model
