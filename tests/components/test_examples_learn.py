@@ -19,6 +19,7 @@ FLOORS = {
     "digits_pazo_s.yaml": 0.75,
     "digits_dpgd_0th.yaml": 0.20,  # d-dimensional noise: far below DPZero, as its paper predicts
     "digits_dp_sgd.yaml": 0.85,  # first-order DP-SGD, the baseline
+    "digits_dp_sgd_warm.yaml": 0.85,  # the same after the public warm start
 }
 
 

@@ -183,3 +183,35 @@ def test_workers_read_the_users_file_and_refuse_rows_that_changed(ray_cluster, t
     assert builders.load_data(spec).private.fingerprints == data.private.fingerprints
     with pytest.raises(DataChanged):
         builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))
+
+
+def test_workers_read_an_image_folder_and_refuse_one_that_changed(ray_cluster, tiny_spec_dict, tmp_path):
+    """Image folders take the same road as files: each worker decodes the folder itself, and an image
+    added after the driver's read is refused before any private query."""
+    from PIL import Image
+
+    from components.runtime.ray_backend import DataChanged
+    from tests.components.test_images import NAMES, write_digits_images
+
+    write_digits_images(tmp_path / "digits", n=600)
+    tiny_spec_dict["data"] = {"source": {"kind": "images", "path": str(tmp_path / "digits"), "classes": NAMES, "size": 8},
+                              "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
+    tiny_spec_dict["model"] = {"kind": "cnn", "channels": [4]}
+    local = _built(tiny_spec_dict, "local")
+    remote = _built(tiny_spec_dict, "ray")
+    try:
+        local.loop.run(5)
+        remote.loop.run(5)
+        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
+    finally:
+        remote.loop.backend.close()
+
+    d = copy.deepcopy(tiny_spec_dict)
+    d["execution"] = {"backend": "ray", "workers": 2}
+    spec = specs.spec_from_dict(d)
+    data = builders.load_data(spec)
+    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    for shade in range(120, 130):  # ten new images: by hash some are private (a test-only one would change nothing)
+        Image.new("L", (8, 8), shade).save(tmp_path / "digits" / "seven" / f"late-{shade}.png")
+    with pytest.raises(DataChanged):
+        builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))
