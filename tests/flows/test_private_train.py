@@ -402,3 +402,44 @@ def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_serve
     with pytest.raises(RowsExposed, match="needs data.split.kind hashed, column or source from its first run"):
         private_train(spec=permuted)
     assert [c.status for c in ledger.history("clinic-permuted")] == ["committed"]
+
+
+def test_an_image_folder_that_grows_and_is_renamed_keeps_its_ledger(prefect_server, tiny_spec_dict, tmp_path,
+                                                                      monkeypatch):
+    """Images are known by their decoded pixels: new images arriving and every file renamed between
+    scheduled runs keep the earlier runs' private images matched; another size cannot be matched."""
+    from sqlalchemy import text
+
+    import specs
+    from components import builders
+    from flows.ledger import PrivacyLedger, RowsUnmatched
+    from flows.private_train import private_train
+    from tests.components.test_images import NAMES, write_digits_images
+
+    monkeypatch.chdir(tmp_path)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    folder = tmp_path / "scans"
+    write_digits_images(folder, n=900)
+    tiny_spec_dict["data"] = {"source": {"kind": "images", "path": str(folder), "classes": NAMES, "size": 8},
+                              "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["optimizer"]["steps"] = 10
+    tiny_spec_dict["privacy"]["epsilon"] = 1.0
+    tiny_spec_dict["budget"] = {"dataset": "scans", "lifetime_epsilon": 5.0, "ledger": ledger_url}
+    first = private_train(spec=tiny_spec_dict)
+
+    write_digits_images(folder)  # the other 897 images arrive ...
+    for file in sorted(folder.rglob("*.png")):  # ... and every file is renamed
+        file.rename(file.with_name(f"scan-{file.name}"))
+    after = builders.load_data(specs.spec_from_dict(tiny_spec_dict)).private
+    second = private_train(spec=tiny_spec_dict)
+    ledger = PrivacyLedger(ledger_url)
+    assert [c.run_id for c in ledger.history("scans")] == [first["run_id"], second["run_id"]]
+    with ledger.engine.connect() as conn:
+        recorded = conn.execute(text("SELECT count(*) FROM privzo_private_rows WHERE dataset = 'scans'")).scalar()
+    assert recorded == len(after.fingerprints)  # the renamed images were matched, not counted twice
+
+    tiny_spec_dict["data"]["source"]["size"] = 16
+    with pytest.raises(RowsUnmatched):
+        private_train(spec=tiny_spec_dict)
+    assert len(ledger.history("scans")) == 2
