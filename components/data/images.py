@@ -1,6 +1,7 @@
 """A team's own images, one folder per class (torchvision's ImageFolder layout), decoded with Pillow."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Sequence, Union
 
@@ -9,6 +10,35 @@ import numpy as np
 from components.data.sources import Table, _unique_rows
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
+SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _image_files(folder: Path) -> List[Path]:
+    """Every non-hidden file under ``folder``, symlinked folders followed (each real folder once, so a
+    link loop ends), broken links included (they fail to open, and are reported), sorted by path."""
+    files, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files += [Path(dirpath) / name for name in filenames if not name.startswith(".")]
+    return sorted(files, key=lambda f: f.relative_to(folder).as_posix())
+
+
+def _pixels(image, size: int, mode: str) -> np.ndarray:
+    """[channels, size, size] float32 in 0-255. 16-bit grey is brought to that range (/257) before
+    resizing; 32-bit integer or float pixels have no known range and are refused by the caller."""
+    from PIL import Image
+
+    if image.mode in SIXTEEN_BIT:
+        grey = Image.fromarray(np.asarray(image, dtype=np.float32) / 257.0)  # float32: mode F
+        plane = np.asarray(grey.resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32)
+        return np.repeat(plane[None], 1 if mode == "L" else 3, axis=0)
+    pixels = np.asarray(image.convert(mode).resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32)
+    return pixels[None] if mode == "L" else np.moveaxis(pixels, -1, 0)
 
 
 def load_images(path: Union[str, Path], *, classes: Sequence[str], size: int, mode: str) -> Table:
@@ -40,20 +70,25 @@ def load_images(path: Union[str, Path], *, classes: Sequence[str], size: int, mo
         folder = root / name
         if not folder.is_dir():
             continue
-        files = sorted(f for f in folder.rglob("*") if f.is_file()
-                       and not any(part.startswith(".") for part in f.relative_to(folder).parts))
-        for file in files:
+        for file in _image_files(folder):
+            where = file.relative_to(root).as_posix()
             if file.suffix.lower() not in IMAGE_SUFFIXES:
-                raise ValueError(f"data.source.path: {file.relative_to(root)} is not an image file; allowed "
+                raise ValueError(f"data.source.path: {where} is not an image file; allowed "
                                  f"suffixes: {', '.join(IMAGE_SUFFIXES)}")
             try:
                 with Image.open(file) as image:
-                    pixels = np.asarray(image.convert(mode).resize((size, size), Image.Resampling.BILINEAR),
-                                        dtype=np.float32)
-            except (UnidentifiedImageError, OSError, ValueError):
-                unreadable.append(str(file.relative_to(root)))
+                    depth = image.mode
+                    pixels = None if depth in ("I", "F") else _pixels(image, size, mode)
+            except Image.DecompressionBombError:
+                raise ValueError(f"data.source.path: {where} is too large to decode (over Pillow's limit of "
+                                 f"{Image.MAX_IMAGE_PIXELS} pixels); shrink it first") from None
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+                unreadable.append(where)
                 continue
-            rows.append(pixels[None] if mode == "L" else np.moveaxis(pixels, -1, 0))
+            if pixels is None:
+                raise ValueError(f"data.source.path: {where} has 32-bit {'float' if depth == 'F' else 'integer'} "
+                                 "pixels, whose range is unknown; save it as an 8- or 16-bit image")
+            rows.append(pixels)
             labels.append(label)
     if unreadable:
         raise ValueError(f"data.source.path: {len(unreadable)} files under {root} are not readable images "
@@ -63,4 +98,4 @@ def load_images(path: Union[str, Path], *, classes: Sequence[str], size: int, mo
     channels = 1 if mode == "L" else 3
     features = np.ascontiguousarray(np.stack(rows).reshape(len(rows), channels * size * size))
     return _unique_rows(Table(root.name, features, np.asarray(labels, dtype=np.int64), len(classes), 1.0 / 255.0,
-                              layout=f"images:{mode}:{size}"))
+                              layout=f"images:{mode}:{size};classes=by-name", class_names=tuple(classes)))

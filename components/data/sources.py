@@ -27,6 +27,10 @@ class Table:
     # what a row's fingerprint is computed from (source, columns, tokenizer): the ledger refuses to match
     # rows of runs that computed it differently
     layout: str = ""
+    # the declared class names (a user's file or image folder): a row's identity then holds its class's
+    # name, not its position, so reordering or extending ``classes`` keeps every row (and its part of a
+    # hashed split) where it was
+    class_names: tuple | None = None
 
     def __post_init__(self) -> None:
         if len(self.features) != len(self.labels):
@@ -46,8 +50,11 @@ class Table:
         return [canonical[i].tobytes() for i in range(len(self))]
 
     def row_fingerprints(self) -> List[str]:
-        return [hashlib.sha256(key + int(label).to_bytes(8, "little")).hexdigest()
-                for key, label in zip(self.content_keys(), self.labels)]
+        if self.class_names is None:
+            return [hashlib.sha256(key + int(label).to_bytes(8, "little")).hexdigest()
+                    for key, label in zip(self.content_keys(), self.labels)]
+        names = [b"class:" + str(name).encode("utf-8") for name in self.class_names]
+        return [hashlib.sha256(key + names[int(label)]).hexdigest() for key, label in zip(self.content_keys(), self.labels)]
 
 
 def content_fingerprint(row_fingerprints: List[str]) -> str:
@@ -166,8 +173,9 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
             raise ValueError(f"data.source.text: column {text!r} holds values that are not text (numbers, lists or "
                              "objects); give every row a string")
         ids = encode(list(lines), pretrained.tokenizer(tokenizer), max_length)
-        layout = f"file:label={label};text={text};tokenizer={tokenizer};max_length={max_length}"
-        return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout))
+        layout = f"file:label={label};text={text};tokenizer={tokenizer};max_length={max_length};classes=by-name"
+        return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
+                                  class_names=tuple(str(c) for c in classes)))
     names = list(features) if features is not None else [c for c in columns if c not in (label, public_flag)]
     for name in names:
         require("data.source.features", name)
@@ -185,9 +193,9 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if bad.any():
         raise ValueError(f"data.source.features: column {names[int(np.flatnonzero(bad)[0])]!r} has missing or "
                          "non-finite values, or values beyond float32's range (3.4e38); fill, drop or rescale them")
-    layout = f"file:label={label};features={','.join(sorted(names))}"
+    layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name"
     return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
-                              columns=tuple(names), layout=layout))
+                              columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes)))
 
 
 def _check_csv_header(path: Path) -> None:

@@ -155,7 +155,7 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
         raise ValueError(f"data.split.public_source: rows of shape {public_table.features.shape[1:]}, the main "
                          f"source's are {table.features.shape[1:]}; both must have the same features")
     # both fingerprinted one way (the main source's), so content they share is found whatever the sources
-    public_table = replace(public_table, columns=table.columns)
+    public_table = replace(public_table, columns=table.columns, class_names=table.class_names)
     fps = table.row_fingerprints()
     u_test, _ = _row_uniforms(fps, seed)
     n = len(table)

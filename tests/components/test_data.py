@@ -105,6 +105,10 @@ def test_file_source_maps_named_classes_in_the_declared_order(tmp_path):
     assert np.array_equal(table.labels, 9 - load_sklearn("digits").labels)
     two = load_file(path, file_format="csv", label="digit", classes=names, features=["px10", "px20"])
     assert two.features.shape[1] == 2 and len(two) < len(table)  # rows equal on those columns are duplicates
+    # a row is known by its class's name: declared in another order, or with a class added, every row
+    # keeps its identity (and the ledger its record)
+    reordered = load_file(path, file_format="csv", label="digit", classes=names + ["ten"])
+    assert set(reordered.row_fingerprints()) == set(table.row_fingerprints()) and reordered.layout == table.layout
     # classes are declared, so a class absent from the file still has its output
     few = write_digits_file(tmp_path / "few.csv", rows=np.flatnonzero(load_sklearn("digits").labels < 3))
     assert load_file(few, file_format="csv", **DIGITS).n_classes == 10

@@ -22,7 +22,7 @@ def write_digits_images(root, n=None):
     for i in range(n):
         folder = root / NAMES[y[i]]
         folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray((x[i].reshape(8, 8) * 15).astype(np.uint8), mode="L").save(folder / f"{i:04d}.png")
+        Image.fromarray((x[i].reshape(8, 8) * 15).astype(np.uint8)).save(folder / f"{i:04d}.png")
     return x[:n], y[:n]
 
 
@@ -30,7 +30,7 @@ def test_pixels_and_labels_are_the_images_and_the_declared_class_order(tmp_path)
     x, y = write_digits_images(tmp_path, 200)
     table = load_images(tmp_path, classes=NAMES, size=8, mode="L")
     assert table.features.dtype == np.float32 and table.features.shape[1] == 64
-    assert table.fixed_scale == pytest.approx(1 / 255) and table.layout == "images:L:8"
+    assert table.fixed_scale == pytest.approx(1 / 255) and table.layout == "images:L:8;classes=by-name"
     # every image comes back exactly (same pixels, same label), whatever order the folders are read in
     want = {(row.tobytes(), int(label)) for row, label in zip((x * 15).astype(np.float32), y)}
     got = {(row.tobytes(), int(label)) for row, label in zip(table.features, table.labels)}
@@ -113,7 +113,7 @@ def test_a_cnn_learns_digits_from_an_image_folder_named_relative_to_its_spec(tmp
     spec = specs.spec_from_dict(d)
     assert spec.data.source.path == str(tmp_path / "digits") and spec.data.source.name == "digits"
     data = builders.load_data(spec)
-    assert data.layout == "images:L:8"
+    assert data.layout == "images:L:8;classes=by-name"
     assert float(data.private.features.max()) <= 240 / 255 + 1e-6  # fixed scale: /255, no image looked at
     resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
     built = builders.build_loop(resolved, data, noise_generator=private_generator(0),
@@ -163,3 +163,58 @@ def test_images_cross_checks(tiny_spec_dict):
     tiny_spec_dict["data"]["split"] = {"kind": "hashed", "public": 0.0}
     tiny_spec_dict["data"]["source"]["scale"] = "fixed"  # the pixel range is known: no public rows needed
     assert specs.spec_from_dict(tiny_spec_dict).data.source.image_shape == (1, 28, 28)
+
+
+def test_reordering_or_extending_the_classes_keeps_every_images_identity(tmp_path):
+    """A row's identity holds its class's name: the ledger matches it, and a hashed split keeps it in its
+    part, whatever order the classes are declared in."""
+    from components.data import hashed_split
+
+    write_digits_images(tmp_path, 300)
+    a = load_images(tmp_path, classes=NAMES, size=8, mode="L")
+    b = load_images(tmp_path, classes=NAMES[::-1] + ["ten"], size=8, mode="L")
+    assert set(a.row_fingerprints()) == set(b.row_fingerprints()) and a.layout == b.layout
+    split_a = hashed_split(a, public=0.1, test=0.2, imbalance=None, seed=0, scale="none")
+    split_b = hashed_split(b, public=0.1, test=0.2, imbalance=None, seed=0, scale="none")
+    assert set(split_a.private.fingerprints) == set(split_b.private.fingerprints)
+
+
+def test_sixteen_bit_grey_images_are_scaled_not_clipped(tmp_path):
+    ramp = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 1040)  # 0 .. 65520
+    for cls in ("a", "b"):
+        (tmp_path / cls).mkdir()
+        Image.fromarray(ramp).save(tmp_path / cls / "deep.png")  # uint16: mode I;16
+        Image.fromarray((ramp // 257).astype(np.uint8)).save(tmp_path / cls / "shallow.png")
+        ramp = ramp[::-1].copy()
+    table = load_images(tmp_path, classes=["a", "b"], size=8, mode="L")
+    deep = table.features.reshape(-1, 8, 8)
+    assert len(np.unique(deep)) > 60 and float(deep.max()) == pytest.approx(65520 / 257, abs=1e-3)
+    rgb = load_images(tmp_path, classes=["a", "b"], size=8, mode="RGB")
+    assert rgb.features.shape[1] == 3 * 64
+
+
+def test_symlinked_folders_are_read_and_broken_links_refused(tmp_path):
+    write_digits_images(tmp_path / "root", 40)
+    more = tmp_path / "elsewhere"
+    more.mkdir()
+    Image.new("L", (8, 8), 99).save(more / "linked.png")
+    (tmp_path / "root" / "one" / "batch2").symlink_to(more, target_is_directory=True)
+    (tmp_path / "root" / "one" / "loop").symlink_to(tmp_path / "root" / "one", target_is_directory=True)
+    table = load_images(tmp_path / "root", classes=NAMES, size=8, mode="L")
+    assert any(float(row.max()) == 99.0 and float(row.min()) == 99.0 for row in table.features)
+    (tmp_path / "root" / "two" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    with pytest.raises(ValueError, match=r"^data.source.path: 1 files under .* are not readable images \(first: two/gone.png\)"):
+        load_images(tmp_path / "root", classes=NAMES, size=8, mode="L")
+
+
+def test_oversized_and_deep_float_images_are_one_line(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    Image.new("L", (64, 64), 3).save(tmp_path / "a" / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64 x 64 is over twice the limit: a bomb
+    with pytest.raises(ValueError, match=r"^data.source.path: a/big.png is too large to decode"):
+        load_images(tmp_path, classes=["a", "b"], size=8, mode="L")
+    monkeypatch.undo()
+    Image.fromarray(np.full((8, 8), 0.5, dtype=np.float32)).save(tmp_path / "b" / "float.tif")
+    with pytest.raises(ValueError, match=r"^data.source.path: b/float.tif has 32-bit float pixels"):
+        load_images(tmp_path, classes=["a", "b"], size=8, mode="L")
