@@ -102,7 +102,8 @@ def check_model(spec: RunSpec, n_features: int, n_classes: int, memory_bytes: in
 
         pretrained.model_path(spec.model.weights)
         if spec.model.lora is not None:
-            models.check_adapter_targets(pretrained.encoder_skeleton(spec.model.weights), spec.model.lora.targets)
+            lora = spec.model.lora
+            models.check_adapter_targets(pretrained.encoder_skeleton(spec.model.weights), lora.targets, lora.rank)
         return
     model = _meta_model(spec, n_features, n_classes)
     n = sum(p.numel() for p in model.parameters())

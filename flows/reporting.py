@@ -23,8 +23,8 @@ class PrivacySummary:
 
     def guarantee(self) -> str:
         if self.mechanism == "none":
-            return (f"NOT private: mechanism none releases exact, unclipped losses of {self.dataset} "
-                    "(a MeZO run); it has no (epsilon, delta) guarantee.")
+            return (f"NOT private: mechanism none releases exact, unclipped values computed from {self.dataset} "
+                    "(losses, or gradients for first_order); it has no (epsilon, delta) guarantee.")
         if not self.private:
             return (f"NOT private: insecure_deterministic drew the noise and batches from the public seed; "
                     f"the nominal ({self.epsilon:.4g}, {self.delta:.3g}) does not hold for {self.dataset}.")

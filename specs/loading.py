@@ -176,6 +176,8 @@ def _walk(loc: Tuple[Any, ...]) -> Tuple[str, Any]:
             if chosen:
                 current = chosen[0]
                 continue
+            if len(members) == 1:
+                current = members[0]  # Optional[Model]: the key is the model's
         names.append(str(part))
         if _is_model(current):
             owner = current

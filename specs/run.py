@@ -119,9 +119,12 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         elif est.perturbation == "regenerate":
             problems.append("execution.prefetch_directions: needs cached directions; set estimator.perturbation "
                             "to cache or auto, or remove prefetch_directions")
-    if est.kind == "pazo_s" and spec.optimizer.kind != "sgd":
-        problems.append("optimizer.kind: pazo_s scores the very points it steps to (x - lr * g), which only "
-                        "plain sgd reaches; use optimizer.kind: sgd")
+    opt = spec.optimizer
+    if est.kind == "pazo_s" and (opt.kind != "sgd" or opt.momentum or opt.weight_decay):
+        field = "optimizer.kind" if opt.kind != "sgd" else "optimizer.momentum" if opt.momentum else \
+            "optimizer.weight_decay"
+        problems.append(f"{field}: pazo_s steps to the candidate it scored, x - lr * g, which only sgd without "
+                        "momentum or weight decay reaches; use optimizer: {kind: sgd} with neither")
     if est.kind.startswith("pazo") and not split.has_public:
         problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
     if est.public_warm_start is not None and not split.has_public:

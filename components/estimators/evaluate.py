@@ -143,6 +143,10 @@ def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tens
     """The only thing a backend returns for a query: clipped per-example sums (or clipped-vector
     coefficients for DPGD-0th, or DP-SGD's clipped gradient sum, one tensor per parameter).
     ``clip = inf`` means no clipping (MeZO)."""
+    if len(y) == 0:  # an empty Poisson batch: every sum is zero (some models cannot run on no rows)
+        if isinstance(query, PerExampleGradients):
+            return tuple(torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in directions.params)
+        return torch.zeros(query.size, dtype=torch.float64, device=directions.params[0].device)
     if isinstance(query, PerExampleGradients):
         return clipped_gradient_sum(model, directions.params, loss, x, y, clip)
     values = per_example_values(model, directions, loss, x, y, query)

@@ -29,14 +29,20 @@ class TextClassifier(nn.Module):
         return self.head(pooled)
 
 
-def check_adapter_targets(encoder: nn.Module, targets) -> None:
-    """Every target must name Linear layers of the encoder (peft matches the end of a module's name)."""
-    linear = [name for name, m in encoder.named_modules() if isinstance(m, nn.Linear)]
+def check_adapter_targets(encoder: nn.Module, targets, rank: int) -> None:
+    """Every target must name Linear layers of the encoder (peft matches the end of a module's name), and
+    the rank must be below their widths (a larger one trains more parameters than the layer has)."""
+    linear = {name: m for name, m in encoder.named_modules() if isinstance(m, nn.Linear)}
     for target in targets:
-        if not any(name == target or name.endswith("." + target) for name in linear):
+        matched = [m for name, m in linear.items() if name == target or name.endswith("." + target)]
+        if not matched:
             known = sorted({name.rsplit(".", 1)[-1] for name in linear})
             raise ValueError(f"model.lora.targets: no Linear layer of the encoder is named {target!r}; its Linear "
                              f"layers are named {', '.join(known)}")
+        widest = min(min(m.in_features, m.out_features) for m in matched)
+        if rank >= widest:
+            raise ValueError(f"model.lora.rank: {rank} is not below the width {widest} of the {target!r} layers; "
+                             f"use a rank under {widest}")
 
 
 def add_adapters_(encoder: nn.Module, rank: int, alpha: float, targets, generator: torch.Generator) -> None:
@@ -47,7 +53,7 @@ def add_adapters_(encoder: nn.Module, rank: int, alpha: float, targets, generato
 
     from peft import LoraConfig, inject_adapter_in_model
 
-    check_adapter_targets(encoder, targets)
+    check_adapter_targets(encoder, targets, rank)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
     with torch.random.fork_rng(devices=[]):  # peft draws A from the global RNG; it is re-drawn below
         inject_adapter_in_model(config, encoder)

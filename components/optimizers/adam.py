@@ -6,6 +6,7 @@ released through the mechanism, so its moments are post-processing.
 """
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -38,7 +39,9 @@ class Adam:
             p.grad = None
 
     def state_dict(self) -> dict:
-        return {"adam": self._adam.state_dict()}
+        # a snapshot: torch hands out its live moment tensors, which the next step would change under a
+        # checkpoint kept in memory (a retried chunk rewinds to it)
+        return {"adam": copy.deepcopy(self._adam.state_dict())}
 
     def load_state_dict(self, state: dict) -> None:
         self._adam.load_state_dict(state["adam"])

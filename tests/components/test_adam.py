@@ -82,5 +82,26 @@ def test_bad_adam_settings_name_the_field(tiny_spec_dict, optimizer, message):
 def test_pazo_s_needs_plain_sgd(tiny_spec_dict):
     tiny_spec_dict["estimator"] = {"kind": "pazo_s", "public_batches": 2, "public_batch_size": 8}
     tiny_spec_dict["optimizer"] = {"kind": "adam", "lr": 0.01, "steps": 5}
-    with pytest.raises(specs.SpecError, match="optimizer.kind: pazo_s scores the very points it steps to"):
+    with pytest.raises(specs.SpecError, match="optimizer.kind: pazo_s steps to the candidate it scored"):
+        specs.spec_from_dict(tiny_spec_dict)
+
+
+def test_a_kept_adam_state_is_a_snapshot(tiny_spec_dict):
+    """A retried chunk rewinds to a checkpoint held in memory: later steps must not change it."""
+    _, _, built = _built(tiny_spec_dict)
+    built.loop.run(3)
+    saved = built.loop.state_dict()
+    moments = [v["exp_avg"].clone() for v in saved["optimizer"]["adam"]["state"].values()]
+    built.loop.run(6)
+    state = saved["optimizer"]["adam"]["state"]
+    assert all(float(v["step"]) == 3.0 for v in state.values())
+    assert all(torch.equal(v["exp_avg"], m) for v, m in zip(state.values(), moments))
+
+
+@pytest.mark.parametrize("sgd, field", [({"momentum": 0.9}, "optimizer.momentum"),
+                                        ({"weight_decay": 0.01}, "optimizer.weight_decay")])
+def test_pazo_s_refuses_momentum_and_weight_decay_too(tiny_spec_dict, sgd, field):
+    tiny_spec_dict["estimator"] = {"kind": "pazo_s", "public_batches": 2, "public_batch_size": 8}
+    tiny_spec_dict["optimizer"].update(sgd)
+    with pytest.raises(specs.SpecError, match=f"{field}: pazo_s steps to the candidate it scored"):
         specs.spec_from_dict(tiny_spec_dict)

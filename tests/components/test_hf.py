@@ -248,3 +248,27 @@ def test_lora_settings_are_checked_before_anything_runs(hf_spec_dict, text_data)
         builders.check_model(spec, text_data.n_features, text_data.n_classes, 2**40)
     with pytest.raises(ValueError, match="^model.lora.targets: no Linear layer"):
         builders.build_model(spec, text_data.n_features, text_data.n_classes)
+    hf_spec_dict["model"]["lora"] = {"rank": 384}  # MiniLM's query and value are 384 x 384
+    spec = specs.spec_from_dict(hf_spec_dict)
+    with pytest.raises(ValueError, match=r"^model.lora.rank: 384 is not below the width 384 of the 'query' layers"):
+        builders.check_model(spec, text_data.n_features, text_data.n_classes, 2**40)
+
+
+@pytest.mark.parametrize("estimator", [{"kind": "two_point", "queries": 2}, {"kind": "first_order"}])
+@pytest.mark.parametrize("mechanism", [{"kind": "gaussian", "clip": 1.0}, {"kind": "none"}])
+def test_an_empty_poisson_batch_sums_to_zero_on_the_transformer(hf_spec_dict, text_data, estimator, mechanism):
+    """A Poisson batch can be empty; the encoder cannot run on no rows, so the sums are zero without it."""
+    hf_spec_dict["estimator"] = estimator
+    hf_spec_dict["mechanism"] = mechanism
+    if mechanism["kind"] == "none":
+        hf_spec_dict.pop("privacy", None)
+    spec = specs.spec_from_dict(hf_spec_dict)
+    resolved, _, _ = builders.resolve_privacy(spec, len(text_data.private))
+    built = builders.build_loop(resolved, text_data, noise_generator=private_generator(1),
+                                sampling_generator=private_generator(2))
+    built.loop.sampler.sample = lambda: torch.zeros(0, dtype=torch.long)
+    before = [p.detach().clone() for p in models.trainable_parameters(built.model)]
+    built.loop.run(1)
+    assert built.loop.tracker.steps == 1
+    if mechanism["kind"] == "none":  # nothing sampled, nothing released: the parameters stay
+        assert all(torch.equal(a, b) for a, b in zip(before, models.trainable_parameters(built.model)))

@@ -288,3 +288,15 @@ def test_every_split_survives_resolution(tiny_spec_dict, split):
     tiny_spec_dict["data"] = {"source": FILE, "split": split}
     spec = specs.spec_from_dict(tiny_spec_dict)
     assert spec.resolved(n_private=1000, noise_multiplier=1.0).data == spec.data
+
+
+def test_an_unknown_key_in_an_optional_section_lists_that_sections_keys(tiny_spec_dict):
+    tiny_spec_dict["estimator"]["public_warm_start"] = {"epochs": 1.0, "bogus": 2}
+    with pytest.raises(specs.SpecError, match=r"estimator.public_warm_start.bogus: unknown key; allowed keys here: "
+                                              r"epochs, lr, batch_size"):
+        specs.spec_from_dict(tiny_spec_dict)
+    tiny_spec_dict["estimator"].pop("public_warm_start")
+    tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot"}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "lora", "lora": {"dropout": 0.1}}
+    with pytest.raises(specs.SpecError, match=r"model.lora.dropout: unknown key; allowed keys here: rank, alpha, targets"):
+        specs.spec_from_dict(tiny_spec_dict)
