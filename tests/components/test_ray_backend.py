@@ -147,6 +147,32 @@ def test_ray_with_prefetch_matches_local(ray_cluster, tiny_spec_dict):
         remote.loop.backend.close()
 
 
+def _ray_matches_local(tiny, steps):
+    local = _built(tiny, "local")
+    remote = _built(tiny, "ray")
+    try:
+        local.loop.run(steps)
+        remote.loop.run(steps)
+        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
+    finally:
+        remote.loop.backend.close()
+
+
+def _driver_read(tiny):
+    """What a Ray driver has read and resolved before its workers start (and read the data themselves)."""
+    d = copy.deepcopy(tiny)
+    d["execution"] = {"backend": "ray", "workers": 2}
+    spec = specs.spec_from_dict(d)
+    data = builders.load_data(spec)
+    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    return spec, data, resolved
+
+
+def _start_workers(resolved, data):
+    return builders.build_loop(resolved, data, noise_generator=private_generator(11),
+                               sampling_generator=private_generator(12))
+
+
 def test_workers_read_the_users_file_and_refuse_rows_that_changed(ray_cluster, tiny_spec_dict, tmp_path):
     """Workers read a file source themselves. If it changed after the driver read it, the indices the
     driver sends would name other rows than the ones sampled and accounted: the worker is refused."""
@@ -156,23 +182,12 @@ def test_workers_read_the_users_file_and_refuse_rows_that_changed(ray_cluster, t
     path = write_digits_file(tmp_path / "rows.csv", rows=range(1500))
     tiny_spec_dict["data"] = {"source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))},
                               "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
-    local = _built(tiny_spec_dict, "local")
-    remote = _built(tiny_spec_dict, "ray")
-    try:
-        local.loop.run(10)
-        remote.loop.run(10)
-        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
-    finally:
-        remote.loop.backend.close()
+    _ray_matches_local(tiny_spec_dict, 10)
 
-    d = copy.deepcopy(tiny_spec_dict)
-    d["execution"] = {"backend": "ray", "workers": 2}
-    spec = specs.spec_from_dict(d)
-    data = builders.load_data(spec)
-    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    spec, data, resolved = _driver_read(tiny_spec_dict)
     write_digits_file(path, rows=range(1797))  # new rows land between the driver's read and the workers'
     with pytest.raises(DataChanged, match="a Ray worker loaded different private or public rows than the driver"):
-        builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))
+        _start_workers(resolved, data)
     # new rows that are all public leave the private rows as they were, but not their scaling: refused too
     grown = builders.load_data(spec)
     public_only = sorted(set(grown.public.fingerprints) - set(data.public.fingerprints))
@@ -182,7 +197,7 @@ def test_workers_read_the_users_file_and_refuse_rows_that_changed(ray_cluster, t
     write_digits_file(path, rows=list(range(1500)) + extra)
     assert builders.load_data(spec).private.fingerprints == data.private.fingerprints
     with pytest.raises(DataChanged):
-        builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))
+        _start_workers(resolved, data)
 
 
 def test_workers_read_an_image_folder_and_refuse_one_that_changed(ray_cluster, tiny_spec_dict, tmp_path):
@@ -197,21 +212,10 @@ def test_workers_read_an_image_folder_and_refuse_one_that_changed(ray_cluster, t
     tiny_spec_dict["data"] = {"source": {"kind": "images", "path": str(tmp_path / "digits"), "classes": NAMES, "size": 8},
                               "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
     tiny_spec_dict["model"] = {"kind": "cnn", "channels": [4]}
-    local = _built(tiny_spec_dict, "local")
-    remote = _built(tiny_spec_dict, "ray")
-    try:
-        local.loop.run(5)
-        remote.loop.run(5)
-        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
-    finally:
-        remote.loop.backend.close()
+    _ray_matches_local(tiny_spec_dict, 5)
 
-    d = copy.deepcopy(tiny_spec_dict)
-    d["execution"] = {"backend": "ray", "workers": 2}
-    spec = specs.spec_from_dict(d)
-    data = builders.load_data(spec)
-    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    _, data, resolved = _driver_read(tiny_spec_dict)
     for shade in range(120, 130):  # ten new images: by hash some are private (a test-only one would change nothing)
         Image.new("L", (8, 8), shade).save(tmp_path / "digits" / "seven" / f"late-{shade}.png")
     with pytest.raises(DataChanged):
-        builders.build_loop(resolved, data, noise_generator=private_generator(11), sampling_generator=private_generator(12))
+        _start_workers(resolved, data)
