@@ -64,16 +64,7 @@ def test_ray_matches_local(ray_cluster, tiny_spec_dict, parallelism, estimator):
 def test_ray_with_adam_matches_local(ray_cluster, tiny_spec_dict):
     """Every replica keeps its own Adam moments and applies the same released update: they stay equal."""
     tiny_spec_dict["optimizer"] = {"kind": "adam", "lr": 0.01, "steps": 60, "weight_decay": 0.01}
-    local = _built(tiny_spec_dict, "local")
-    remote = _built(tiny_spec_dict, "ray", checksum_every=5)
-    try:
-        local.loop.run(20)
-        remote.loop.run(20)
-        assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
-        remote.loop.backend.verify()
-        assert remote.loop.backend.resyncs == 0
-    finally:
-        remote.loop.backend.close()
+    _ray_matches_local(tiny_spec_dict, 20, checksum_every=5)
 
 
 @pytest.mark.parametrize("trainable", ["bias", "lora"])
@@ -147,13 +138,16 @@ def test_ray_with_prefetch_matches_local(ray_cluster, tiny_spec_dict):
         remote.loop.backend.close()
 
 
-def _ray_matches_local(tiny, steps):
+def _ray_matches_local(tiny, steps, **execution):
+    """The same run locally and on Ray: equal parameters, and replicas that never needed a resync."""
     local = _built(tiny, "local")
-    remote = _built(tiny, "ray")
+    remote = _built(tiny, "ray", **execution)
     try:
         local.loop.run(steps)
         remote.loop.run(steps)
         assert float((_flat(local) - _flat(remote)).abs().max()) <= 1e-6
+        remote.loop.backend.verify()
+        assert remote.loop.backend.resyncs == 0
     finally:
         remote.loop.backend.close()
 
