@@ -10,7 +10,7 @@ import torch
 from components import models
 from components.accountants import Accountant, PrivacyTracker
 from components.data import (
-    PoissonSampler,
+    build_sampler,
     SplitData,
     column_split,
     fraction_split,
@@ -174,12 +174,11 @@ def use_direction_cache(spec: RunSpec, params, queries: int) -> bool:
 
 
 def planned_event(spec: RunSpec, n_private: int, sigma: float):
-    """The whole planned run: Poisson(rate) of Gaussian(sigma), composed over the planned steps."""
+    """The whole planned run: the sampler's event of Gaussian(sigma), composed over the planned steps."""
     import dp_accounting
 
-    rate = spec.sampling.expected_batch_size / n_private
-    return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), spec.planned_steps(n_private))
+    step = build_sampler(spec.sampling, n_private).wrap(dp_accounting.GaussianDpEvent(sigma))
+    return dp_accounting.SelfComposedDpEvent(step, spec.planned_steps(n_private))
 
 
 def calibrate_noise(spec: RunSpec, n_private: int) -> float:
@@ -191,10 +190,7 @@ def calibrate_noise(spec: RunSpec, n_private: int) -> float:
 def resolve_privacy(spec: RunSpec, n_private: int):
     """(resolved spec, sampling rate, planned epsilon). sigma 'auto' is calibrated; an explicit sigma must
     meet the target epsilon; mechanism none resolves to a non-private run (epsilon = inf)."""
-    if not 0 < spec.sampling.expected_batch_size <= n_private:
-        raise ValueError(f"sampling.expected_batch_size: {spec.sampling.expected_batch_size} must be between 1 "
-                         f"and the {n_private} private rows")
-    rate = spec.sampling.expected_batch_size / n_private
+    rate = build_sampler(spec.sampling, n_private).rate  # also checks the batch size against the rows
     if spec.mechanism.kind == "none":
         return spec.resolved(n_private=n_private, noise_multiplier=None), rate, math.inf
     sigma = spec.mechanism.noise_multiplier
@@ -300,7 +296,7 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         noise_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 1) if insecure else None)
     if sampling_generator is None:
         sampling_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
-    sampler = PoissonSampler(n_private, spec.sampling.expected_batch_size, sampling_generator)
+    sampler = build_sampler(spec.sampling, n_private, sampling_generator)
     if spec.mechanism.kind == "none":
         mechanism = NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)

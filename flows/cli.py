@@ -39,7 +39,7 @@ def cmd_calibrate(args) -> int:
     sigma = float(resolved.mechanism.noise_multiplier)
     print(f"noise_multiplier (sigma): {sigma:.6g}")
     print(f"steps:                    {resolved.optimizer.steps}")
-    print(f"sampling rate:            {rate:.6g}  (expected batch {resolved.sampling.expected_batch_size} of {n} private rows)")
+    print(f"sampling rate:            {rate:.6g}  ({builders.build_sampler(resolved.sampling, n).describe()})")
     print(f"epsilon:                  {eps:.6g}  (target {resolved.privacy.epsilon}, accountant {resolved.privacy.accountant})")
     print(f"delta:                    {float(resolved.privacy.delta):.6g}")
     return 0

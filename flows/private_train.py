@@ -252,7 +252,7 @@ def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
 
 def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
     loop = built.loop
-    return summarize(plan.spec, loop.tracker.epsilon(), loop.tracker.steps, plan.sampling_rate,
+    return summarize(plan.spec, loop.tracker.epsilon(), loop.tracker.steps, loop.sampler,
                      loop.estimator.queries_per_step)
 
 

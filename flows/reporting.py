@@ -20,6 +20,8 @@ class PrivacySummary:
     queries_per_step: int
     private: bool
     mechanism: str = "gaussian"
+    sampling: str = ""
+    step_event: str = "one Poisson-subsampled Gaussian per step"
 
     def guarantee(self) -> str:
         if self.mechanism == "none":
@@ -47,12 +49,13 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
         f"| neighbouring relation | {s.neighboring} |",
         f"| noise multiplier sigma | {s.noise_multiplier:.6g} |",
         f"| private steps | {s.steps} |",
-        f"| Poisson sampling rate | {s.sampling_rate:.6g} |",
+        f"| sampling | {s.sampling} |",
+        f"| rows per step / private rows | {s.sampling_rate:.6g} |",
         f"| clip C | {s.clip:.6g} |",
         f"| noisy queries per step | {s.queries_per_step} |",
         "",
         "Each step releases the clipped per-example sums of its queries with Gaussian noise; the run's "
-        "DpEvent (dp_event.json) is the self-composition of one Poisson-subsampled Gaussian per step.",
+        f"DpEvent (dp_event.json) is the self-composition of {s.step_event}.",
         "Noise and batch selection come from OS entropy, never from the spec's seed."
         if s.private else "**This run is not private.**",
         "",
@@ -63,13 +66,13 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summarize(spec, tracker_epsilon: float, steps: int, sampling_rate: float, queries_per_step: int) -> PrivacySummary:
-    """The privacy summary of a resolved run spec after ``steps`` executed steps."""
+def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_step: int) -> PrivacySummary:
+    """The privacy summary of a resolved run spec after ``steps`` executed steps of ``sampler``'s batches."""
     privacy = spec.privacy
     return PrivacySummary(
         dataset=spec.data.source.name, epsilon=tracker_epsilon,
         target_epsilon=privacy.epsilon if privacy else math.inf, delta=float(privacy.delta) if privacy else 0.0,
         accountant=privacy.accountant if privacy else "none", neighboring=privacy.neighboring if privacy else "none",
         noise_multiplier=float(spec.mechanism.noise_multiplier) if privacy else 0.0, steps=steps,
-        sampling_rate=sampling_rate, clip=getattr(spec.mechanism, "clip", math.inf),
+        sampling_rate=sampler.rate, sampling=sampler.describe(), step_event=sampler.event_phrase, clip=getattr(spec.mechanism, "clip", math.inf),
         queries_per_step=queries_per_step, private=spec.private, mechanism=spec.mechanism.kind)

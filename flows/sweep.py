@@ -41,7 +41,7 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
                            torch.as_tensor(data.test.labels, device=built.device))
     eps = built.loop.tracker.epsilon()
     privacy = resolved.privacy
-    summary = summarize(resolved, eps, built.loop.tracker.steps, resolved.sampling.expected_batch_size / n,
+    summary = summarize(resolved, eps, built.loop.tracker.steps, built.loop.sampler,
                         built.loop.estimator.queries_per_step)
     client = mlflow.MlflowClient()
     run = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}-s{resolved.seed}",

@@ -19,8 +19,8 @@ from specs.sections import (
     BudgetSpec,
     CheckpointSpec,
     TrackingSpec,
+    batch_size_of,
 )
-
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -65,7 +65,11 @@ class RunSpec(Strict):
         if self.optimizer.steps != "auto":
             return int(self.optimizer.steps)
         assert self.optimizer.epochs is not None  # guaranteed by the cross-field rules
-        return max(1, math.ceil(self.optimizer.epochs * n_private / self.sampling.expected_batch_size))
+        return max(1, math.ceil(self.optimizer.epochs * n_private / self.batch_size(n_private)))
+
+    def batch_size(self, n_private: int) -> int:
+        """Rows in a step (expected, for Poisson sampling)."""
+        return batch_size_of(self.sampling, n_private)
 
     def delta_for(self, n_private: int) -> float:
         return 1.0 / n_private if self.privacy.delta == "auto" else float(self.privacy.delta)
@@ -102,8 +106,15 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if spec.privacy is not None and spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
         problems.append(
             "privacy.neighboring: replace_one is not accounted for poisson sampling; use add_remove "
-            "with sampling.kind: poisson"
+            "with sampling.kind: poisson, or sampling.kind: fixed_size or full_batch"
         )
+    if spec.privacy is not None and spec.sampling.kind == "fixed_size":
+        if spec.privacy.neighboring != "replace_one":
+            problems.append("privacy.neighboring: sampling.kind fixed_size is accounted under replace_one only "
+                            "(its batch size is public); set neighboring: replace_one or use sampling.kind: poisson")
+        if spec.privacy.accountant != "rdp":
+            problems.append("privacy.accountant: pld has no accounting for sampling without replacement "
+                            "(sampling.kind fixed_size); use accountant: rdp")
     est = spec.estimator
     split = spec.data.split
     if getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":

@@ -438,7 +438,32 @@ class PoissonSampling(Strict):
     expected_batch_size: PositiveInt = 64
 
 
-SamplingSpec = Annotated[Union[PoissonSampling], Field(discriminator="kind")]
+class FixedSizeSampling(Strict):
+    """Each step draws exactly ``batch_size`` distinct private rows, uniformly without replacement and
+    independently of other steps. dp-accounting's RDP accounts for it under replace-one neighbours only
+    (the dataset size is public), so it needs ``privacy.neighboring: replace_one`` and ``accountant: rdp``."""
+
+    kind: Literal["fixed_size"]
+    batch_size: PositiveInt = 64
+
+
+class FullBatchSampling(Strict):
+    """Every private row in every step: no amplification by subsampling, one step per epoch (full-batch
+    noisy gradient descent, as the theory papers analyse it)."""
+
+    kind: Literal["full_batch"]
+
+
+SamplingSpec = Annotated[Union[PoissonSampling, FixedSizeSampling, FullBatchSampling], Field(discriminator="kind")]
+
+
+def batch_size_of(sampling, n_private: int) -> int:
+    """Rows in a step: expected for Poisson, exact for fixed-size and full-batch sampling."""
+    if sampling.kind == "poisson":
+        return sampling.expected_batch_size
+    if sampling.kind == "fixed_size":
+        return sampling.batch_size
+    return n_private
 
 
 # ---------------------------------------------------------------- optimizer

@@ -46,15 +46,40 @@ class Accountant:
             return rdp.RdpAccountant(neighboring_relation=relation)
         return pld.PLDAccountant(neighboring_relation=relation)
 
+    def native(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
+        """``event`` in the units of the dp-accounting accountant that composes it.
+
+        privzo's noise multiplier is always std / sensitivity, the sensitivity being C for add/remove and
+        2C for replace-one (GaussianMechanism), which is what dp-accounting's RDP accountant assumes under
+        either relation. Its PLD accountant under REPLACE_ONE instead measures the noise against C, the
+        shift of one record (the two neighbours sit at -C and +C), and would count privzo's noise as half
+        of what it is. A Gaussian of multiplier sigma is therefore handed to it as 2 sigma. Subsampled
+        events have no such translation and are refused there (the spec rules never produce them)."""
+        if self.kind != "pld" or self.neighboring != "replace_one":
+            return event
+        if isinstance(event, dp_accounting.GaussianDpEvent):
+            return dp_accounting.GaussianDpEvent(2.0 * event.noise_multiplier)
+        if isinstance(event, dp_accounting.SelfComposedDpEvent):
+            return dp_accounting.SelfComposedDpEvent(self.native(event.event), event.count)
+        if isinstance(event, dp_accounting.ComposedDpEvent):
+            return dp_accounting.ComposedDpEvent([self.native(e) for e in event.events])
+        if isinstance(event, (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent)):
+            return event
+        raise ValueError(f"pld accountant under replace_one: no exact accounting for {type(event).__name__}; "
+                         "use accountant: rdp")
+
     def supports(self, event: dp_accounting.DpEvent) -> bool:
-        return self.fresh().supports(event)
+        try:
+            return self.fresh().supports(self.native(event))
+        except ValueError:
+            return False
 
     def epsilon(self, event: dp_accounting.DpEvent, delta: float) -> float:
         """epsilon of ``event`` at ``delta``. Fails closed: anything unaccountable is infinite epsilon."""
         acc = self.fresh()
-        if not acc.supports(event):
+        if not self.supports(event):
             raise ValueError(f"{self.kind} accountant cannot account for {type(event).__name__} ({self.neighboring})")
-        eps = float(acc.compose(event).get_epsilon(delta))
+        eps = float(acc.compose(self.native(event)).get_epsilon(delta))
         return eps if math.isfinite(eps) and eps >= 0 else math.inf
 
     def calibrate(self, make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float) -> float:
@@ -64,7 +89,9 @@ class Accountant:
         sigma = float(
             dp_accounting.calibrate_dp_mechanism(
                 self.fresh,
-                make_event,
+                # the search starts at sigma = 0, where dp-accounting's sampling-without-replacement RDP
+                # divides by zero; no noise is a non-private event, whatever the sampling
+                lambda sigma: self.native(make_event(sigma)) if sigma > 0 else dp_accounting.NonPrivateDpEvent(),
                 epsilon,
                 delta,
             )

@@ -443,3 +443,43 @@ def test_an_image_folder_that_grows_and_is_renamed_keeps_its_ledger(prefect_serv
     with pytest.raises(RowsUnmatched):
         private_train(spec=tiny_spec_dict)
     assert len(ledger.history("scans")) == 2
+
+
+def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_ledger(
+        prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """sampling.kind fixed_size end to end: the run's event is sampling without replacement, its report
+    and guarantee say replace-one, and two runs on one dataset compose exactly in the ledger."""
+    from flows.ledger import PrivacyLedger
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["sampling"] = {"kind": "fixed_size", "batch_size": 40}
+    tiny_spec_dict["privacy"].update(neighboring="replace_one", epsilon=1.0)
+    tiny_spec_dict["optimizer"]["steps"] = 20
+    tiny_spec_dict["budget"] = {"dataset": "digits-fixed", "lifetime_epsilon": 3.0, "ledger": ledger_url}
+    first = private_train(spec=tiny_spec_dict)
+    second = private_train(spec=tiny_spec_dict)
+    client = mlflow.MlflowClient(tiny_spec_dict["tracking"]["uri"])
+    run = client.get_run(first["run_id"])
+    assert run.data.tags["dp.neighboring"] == "replace_one"
+    assert run.data.tags["dp.guarantee"].endswith("-DP for replacement of one example of digits.")
+    local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "dl")))
+    event = json.loads((local / "dp_event.json").read_text())
+    assert event["event"]["type"] == "SampledWithoutReplacementDpEvent" and event["event"]["sample_size"] == 40
+    n = int(run.data.params["derived.n_private"])
+    assert event["event"]["source_dataset_size"] == n
+    report = (local / "privacy_report.md").read_text()
+    assert f"| sampling | fixed size, 40 of {n} private rows per step without replacement |" in report
+    assert "sampled without replacement per step" in report
+    sigma = float(run.data.params["mechanism.noise_multiplier"])
+    delta = float(run.data.params["privacy.delta"])
+    step = dp_accounting.SampledWithoutReplacementDpEvent(n, 40, dp_accounting.GaussianDpEvent(sigma))
+    relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+    one = rdp.RdpAccountant(neighboring_relation=relation).compose(step, 20).get_epsilon(delta)
+    both = rdp.RdpAccountant(neighboring_relation=relation).compose(step, 40).get_epsilon(delta)
+    assert first["epsilon"] == pytest.approx(one, rel=1e-9) and one <= 1.0
+    assert PrivacyLedger(ledger_url).spent("digits-fixed") == pytest.approx(both, rel=1e-9)
+    assert second["budget_left"] == pytest.approx(3.0 - both, rel=1e-9)
+    assert both < 2 * one  # composed exactly, not summed
