@@ -27,7 +27,7 @@ from sqlalchemy import Column, DateTime, Float, Integer, String, Text, create_en
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session
 
-from components.accountants import Accountant, event_from_json, event_to_json
+from components.accountants import Accountant, describe_event, event_from_json, event_to_json
 
 RESERVED, COMMITTED, ABORTED = "reserved", "committed", "aborted"
 
@@ -239,6 +239,11 @@ class PrivacyLedger:
                 session.flush()
             else:
                 self._check_terms(ds, lifetime_epsilon, accountant, neighboring)
+            if not Accountant(ds.accountant, ds.neighboring).supports(planned):
+                raise ValueError(
+                    f"privacy.accountant: dataset {dataset!r} is accounted with {ds.accountant} (set by its first "
+                    f"run), which has no accounting for this run's {describe_event(planned)}; use a sampling it "
+                    "accounts for, or a new budget.dataset")
             events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
             before = self._epsilon(ds, events)
             after = self._epsilon(ds, events + [planned])

@@ -108,6 +108,10 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
             "privacy.neighboring: replace_one is not accounted for poisson sampling; use add_remove "
             "with sampling.kind: poisson, or sampling.kind: fixed_size or full_batch"
         )
+    if spec.privacy is not None and spec.sampling.kind == "full_batch" and spec.privacy.neighboring != "replace_one":
+        # a full-batch step is normalised by the number of rows, which add/remove neighbours change
+        problems.append("privacy.neighboring: sampling.kind full_batch divides by the number of private rows, "
+                        "which add/remove neighbours change; set neighboring: replace_one")
     if spec.privacy is not None and spec.sampling.kind == "fixed_size":
         if spec.privacy.neighboring != "replace_one":
             problems.append("privacy.neighboring: sampling.kind fixed_size is accounted under replace_one only "

@@ -449,7 +449,8 @@ class FixedSizeSampling(Strict):
 
 class FullBatchSampling(Strict):
     """Every private row in every step: no amplification by subsampling, one step per epoch (full-batch
-    noisy gradient descent, as the theory papers analyse it)."""
+    noisy gradient descent, as the theory papers analyse it). A step is normalised by the number of rows,
+    which must then be public: it needs ``privacy.neighboring: replace_one``."""
 
     kind: Literal["full_batch"]
 

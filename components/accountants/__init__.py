@@ -2,8 +2,9 @@
 from components.accountants.accounting import (
     Accountant,
     PrivacyTracker,
+    describe_event,
     event_from_json,
     event_to_json,
 )
 
-__all__ = ["Accountant", "PrivacyTracker", "event_from_json", "event_to_json"]
+__all__ = ["Accountant", "PrivacyTracker", "describe_event", "event_from_json", "event_to_json"]

@@ -77,9 +77,10 @@ class Accountant:
     def epsilon(self, event: dp_accounting.DpEvent, delta: float) -> float:
         """epsilon of ``event`` at ``delta``. Fails closed: anything unaccountable is infinite epsilon."""
         acc = self.fresh()
-        if not self.supports(event):
-            raise ValueError(f"{self.kind} accountant cannot account for {type(event).__name__} ({self.neighboring})")
-        eps = float(acc.compose(self.native(event)).get_epsilon(delta))
+        native = self.native(event)  # says itself what it cannot translate
+        if not acc.supports(native):
+            raise ValueError(f"{self.kind} accountant cannot account for {describe_event(event)} ({self.neighboring})")
+        eps = float(acc.compose(native).get_epsilon(delta))
         return eps if math.isfinite(eps) and eps >= 0 else math.inf
 
     def calibrate(self, make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float) -> float:
@@ -100,6 +101,25 @@ class Accountant:
         if not achieved <= epsilon:
             raise ArithmeticError(f"calibration gave sigma={sigma} with epsilon {achieved} > target {epsilon}")
         return sigma
+
+
+def describe_event(event: dp_accounting.DpEvent) -> str:
+    """The event types inside ``event``, for an error message ("ComposedDpEvent" alone says nothing)."""
+    inner = []
+
+    def walk(e):
+        if isinstance(e, dp_accounting.ComposedDpEvent):
+            for sub in e.events:
+                walk(sub)
+        elif isinstance(e, dp_accounting.SelfComposedDpEvent):
+            walk(e.event)
+        elif type(e).__name__ not in inner:
+            inner.append(type(e).__name__)
+            if hasattr(e, "event"):
+                inner[-1] += f" of {type(e.event).__name__}"
+
+    walk(event)
+    return ", ".join(inner)
 
 
 class PrivacyTracker:

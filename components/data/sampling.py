@@ -79,6 +79,9 @@ class FixedSizeSampler(_Sampler):
         return chosen.sort().values  # the order carries nothing; sorted like Poisson batches
 
     def wrap(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
+        if self.expected_batch_size == self.n:
+            # every row every step: the bare event (dp-accounting's without-replacement bound is looser)
+            return event
         return dp_accounting.SampledWithoutReplacementDpEvent(self.n, self.expected_batch_size, event)
 
     def describe(self) -> str:

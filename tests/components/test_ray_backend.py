@@ -67,6 +67,15 @@ def test_ray_with_adam_matches_local(ray_cluster, tiny_spec_dict):
     _ray_matches_local(tiny_spec_dict, 20, checksum_every=5)
 
 
+@pytest.mark.parametrize("sampling", [{"kind": "fixed_size", "batch_size": 40}, {"kind": "full_batch"}],
+                         ids=["fixed_size", "full_batch"])
+def test_ray_with_fixed_size_and_full_batch_sampling_matches_local(ray_cluster, tiny_spec_dict, sampling):
+    """The driver's sampler picks the rows; workers split whatever batch it sends, up to every private row."""
+    tiny_spec_dict["sampling"] = sampling
+    tiny_spec_dict["privacy"]["neighboring"] = "replace_one"
+    _ray_matches_local(tiny_spec_dict, 10)
+
+
 @pytest.mark.parametrize("trainable", ["bias", "lora"])
 def test_ray_matches_local_on_the_transformer(ray_cluster, tiny_spec_dict, trainable):
     """Workers rebuild MiniLM (with the driver's LoRA adapters, drawn from the seed) and the tokenised

@@ -59,6 +59,8 @@ def test_full_batch_takes_every_row_and_claims_no_amplification():
 def test_each_sampler_wraps_the_step_in_its_own_event():
     assert PoissonSampler(100, 10, None).wrap(GAUSS) == dp_accounting.PoissonSampledDpEvent(0.1, GAUSS)
     assert FixedSizeSampler(100, 10, None).wrap(GAUSS) == dp_accounting.SampledWithoutReplacementDpEvent(100, 10, GAUSS)
+    # all n of n rows is the full batch: no sampling event, whose bound would be looser than none
+    assert FixedSizeSampler(100, 100, None).wrap(GAUSS) is GAUSS
 
 
 @pytest.mark.parametrize("section,message", [
@@ -91,9 +93,12 @@ def test_spec_rules_for_sampling_and_neighbouring():
         specs.spec_from_dict(_spec("replace_one", {"kind": "fixed_size", "batch_size": 64}, accountant="pld"))
     with pytest.raises(ValueError, match="replace_one is not accounted for poisson sampling"):
         specs.spec_from_dict(_spec("replace_one"))
-    for neighboring in ("add_remove", "replace_one"):
-        for accountant in ("rdp", "pld"):
-            specs.spec_from_dict(_spec(neighboring, {"kind": "full_batch"}, accountant))
+    for accountant in ("rdp", "pld"):
+        specs.spec_from_dict(_spec("replace_one", {"kind": "full_batch"}, accountant))
+    # add/remove changes the number of rows a full-batch step divides by: refused
+    with pytest.raises(ValueError, match="privacy.neighboring: sampling.kind full_batch divides by the number of "
+                                         "private rows"):
+        specs.spec_from_dict(_spec("add_remove", {"kind": "full_batch"}))
     with pytest.raises(specs.SpecError, match="sampling.kind: unknown kind 'shuffle'; allowed: 'poisson', "
                                               "'fixed_size', 'full_batch'"):
         specs.spec_from_dict(_spec("add_remove", {"kind": "shuffle"}))
@@ -149,7 +154,6 @@ def test_fixed_size_epsilon_and_calibration_equal_independent_dp_accounting():
 
 @pytest.mark.parametrize("sampling,neighboring", [
     ({"kind": "fixed_size", "batch_size": 40}, "replace_one"),
-    ({"kind": "full_batch"}, "add_remove"),
     ({"kind": "full_batch"}, "replace_one"),
     ({"kind": "poisson", "expected_batch_size": 40}, "add_remove"),
 ])
@@ -210,5 +214,6 @@ def test_pld_under_replace_one_counts_privzos_noise_in_full():
                                   1e-6) <= 1.0
     poisson = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0))
     assert not replace.supports(poisson)  # no exact translation: refused, never under-counted
-    with pytest.raises(ValueError, match="cannot account for PoissonSampledDpEvent"):
+    with pytest.raises(ValueError, match="pld accountant under replace_one: no exact accounting for "
+                                         "PoissonSampledDpEvent; use accountant: rdp"):
         replace.epsilon(poisson, 1e-6)

@@ -160,3 +160,27 @@ def test_rows_fingerprinted_another_way_are_not_matched(tmp_path):
     with pytest.raises(RowsUnmatched, match=r"\(source 'file' before, 'sklearn' now\)"):
         reserve("sklearn:digits")
     assert len(ledger.history("patients")) == 2
+
+
+def test_runs_a_datasets_accountant_cannot_account_for_are_refused_in_one_line(tmp_path):
+    """A dataset is accounted with the accountant of its first run. Under replace_one, a full-batch run
+    with pld opens it; a later fixed-size run (sampling without replacement, which only RDP accounts for)
+    is refused before anything is written, with what to do, never composed optimistically."""
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+
+    def reserve(event, accountant):
+        return ledger.reserve(dataset="patients", fingerprint="f" * 64, run_name="r", planned=event, steps=100,
+                              lifetime_epsilon=50.0, delta=DELTA, accountant=accountant, neighboring="replace_one")
+
+    full = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(20.0), 100)
+    fixed = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SampledWithoutReplacementDpEvent(1000, 64, dp_accounting.GaussianDpEvent(3.0)), 100)
+    reserve(full, "pld")
+    spent = ledger.spent("patients")
+    with pytest.raises(ValueError, match=r"^privacy.accountant: dataset 'patients' is accounted with pld \(set by its "
+                                         r"first run\), which has no accounting for this run's "
+                                         r"SampledWithoutReplacementDpEvent of GaussianDpEvent; use a sampling"):
+        reserve(fixed, "rdp")
+    assert len(ledger.history("patients")) == 1 and ledger.spent("patients") == spent
+    reserve(full, "pld")  # what it accounts for still composes
+    assert ledger.spent("patients") > spent
