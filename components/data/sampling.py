@@ -14,10 +14,14 @@ def _check_size(field: str, size: int, n: int) -> None:
 
 
 class _Sampler:
-    n: int
-    expected_batch_size: int
-    rate: float
-    _generator: Optional[torch.Generator]
+    size_field = "batch_size"  # the spec field that sets the batch size, for errors
+
+    def __init__(self, n: int, batch_size: int, generator: Optional[torch.Generator]):
+        _check_size(self.size_field, batch_size, n)
+        self.n = n
+        self.expected_batch_size = batch_size
+        self.rate = batch_size / n
+        self._generator = generator
 
     def use_generator(self, generator: torch.Generator) -> None:
         """Draw from ``generator`` from now on (an insecure_deterministic run restarts its stream per chunk)."""
@@ -38,13 +42,7 @@ class PoissonSampler(_Sampler):
     """
 
     kind = "poisson"
-
-    def __init__(self, n: int, expected_batch_size: int, generator: Optional[torch.Generator]):
-        _check_size("expected_batch_size", expected_batch_size, n)
-        self.n = n
-        self.expected_batch_size = expected_batch_size
-        self.rate = expected_batch_size / n
-        self._generator = generator
+    size_field = "expected_batch_size"
 
     def sample(self) -> torch.Tensor:
         keep = torch.rand(self.n, generator=self._private(), dtype=torch.float64) < self.rate
@@ -66,13 +64,6 @@ class FixedSizeSampler(_Sampler):
     it under replace-one neighbours."""
 
     kind = "fixed_size"
-
-    def __init__(self, n: int, batch_size: int, generator: Optional[torch.Generator]):
-        _check_size("batch_size", batch_size, n)
-        self.n = n
-        self.expected_batch_size = batch_size
-        self.rate = batch_size / n
-        self._generator = generator
 
     def sample(self) -> torch.Tensor:
         chosen = torch.randperm(self.n, generator=self._private())[: self.expected_batch_size]
@@ -99,10 +90,7 @@ class FullBatchSampler(_Sampler):
     def __init__(self, n: int, generator: Optional[torch.Generator] = None):
         if n < 1:
             raise ValueError("sampling.kind full_batch: there are no private rows")
-        self.n = n
-        self.expected_batch_size = n
-        self.rate = 1.0
-        self._generator = None
+        super().__init__(n, n, None)  # draws nothing, so holds no generator
 
     def use_generator(self, generator: torch.Generator) -> None:
         pass
