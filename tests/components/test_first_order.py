@@ -7,6 +7,7 @@ import torch
 
 import specs
 from components import builders, models
+from components.data import PoissonSampler
 from components.estimators import evaluate as evaluate_module
 from components.estimators.evaluate import clipped_gradient_sum
 from components.models import per_example_loss
@@ -138,7 +139,7 @@ def test_a_step_is_the_clipped_sum_plus_noise_over_the_expected_batch(tiny_spec_
     before = [p.detach().clone() for p in params]
     x = torch.as_tensor(data.private.features)
     y = torch.as_tensor(data.private.labels)
-    sampler = builders.PoissonSampler(len(y), 64, private_generator(8))
+    sampler = PoissonSampler(len(y), 64, private_generator(8))
     idx = sampler.sample()
     expected_sum = _reference(built.model, params, x[idx], y[idx], 0.2)
     noise_gen = private_generator(7)
