@@ -56,7 +56,8 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
         "",
         "Each step releases the clipped per-example sums of its queries with Gaussian noise; the run's "
         f"DpEvent (dp_event.json) is the self-composition of {s.step_event}.",
-        "Noise and batch selection come from OS entropy, never from the spec's seed."
+        ("Noise and batch selection come from OS entropy, never from the spec's seed." if s.sampling_rate < 1 else
+         "Noise comes from OS entropy, never from the spec's seed; every private row is in every step.")
         if s.private else "**This run is not private.**",
         "",
         "## Metrics (evaluation split, not private training data)",

@@ -217,3 +217,16 @@ def test_pld_under_replace_one_counts_privzos_noise_in_full():
     with pytest.raises(ValueError, match="pld accountant under replace_one: no exact accounting for "
                                          "PoissonSampledDpEvent; use accountant: rdp"):
         replace.epsilon(poisson, 1e-6)
+
+
+def test_the_report_says_what_was_drawn():
+    """A full-batch run draws no batches: its report does not claim a secret selection."""
+    from flows.reporting import privacy_report, summarize
+
+    for sampling, neighboring, said in (
+            ({"kind": "full_batch"}, "replace_one", "every private row is in every step"),
+            ({"kind": "poisson", "expected_batch_size": 64}, "add_remove", "Noise and batch selection come from")):
+        spec = specs.spec_from_dict(_spec(neighboring, sampling))
+        resolved, _, eps = builders.resolve_privacy(spec, 1000)
+        report = privacy_report(summarize(resolved, eps, 60, build_sampler(resolved.sampling, 1000), 2), {})
+        assert said in report and build_sampler(resolved.sampling, 1000).describe() in report

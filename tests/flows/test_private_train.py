@@ -473,6 +473,7 @@ def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_l
     report = (local / "privacy_report.md").read_text()
     assert f"| sampling | fixed size, 40 of {n} private rows per step without replacement |" in report
     assert "sampled without replacement per step" in report
+    assert "Noise and batch selection come from OS entropy" in report
     sigma = float(run.data.params["mechanism.noise_multiplier"])
     delta = float(run.data.params["privacy.delta"])
     step = dp_accounting.SampledWithoutReplacementDpEvent(n, 40, dp_accounting.GaussianDpEvent(sigma))
