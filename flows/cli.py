@@ -42,6 +42,9 @@ def cmd_calibrate(args) -> int:
     print(f"sampling rate:            {rate:.6g}  ({builders.build_sampler(resolved.sampling, n).describe()})")
     print(f"epsilon:                  {eps:.6g}  (target {resolved.privacy.epsilon}, accountant {resolved.privacy.accountant})")
     print(f"delta:                    {float(resolved.privacy.delta):.6g}")
+    if resolved.privacy.accountant == "zcdp":
+        rho = builders.accountant(resolved).rho(builders.planned_event(resolved, n, sigma))
+        print(f"zCDP rho:                 {rho:.6g}")
     return 0
 
 

@@ -253,7 +253,7 @@ def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
 def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
     loop = built.loop
     return summarize(plan.spec, loop.tracker.epsilon(), loop.tracker.steps, loop.sampler,
-                     loop.estimator.queries_per_step)
+                     loop.estimator.queries_per_step, rho=loop.tracker.rho())
 
 
 def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:

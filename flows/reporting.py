@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class PrivacySummary:
     mechanism: str = "gaussian"
     sampling: str = ""
     step_event: str = "one Poisson-subsampled Gaussian per step"
+    rho: Optional[float] = None  # zCDP rho, when the accountant is zcdp
 
     def guarantee(self) -> str:
         if self.mechanism == "none":
@@ -31,7 +33,8 @@ class PrivacySummary:
             return (f"NOT private: insecure_deterministic drew the noise and batches from the public seed; "
                     f"the nominal ({self.epsilon:.4g}, {self.delta:.3g}) does not hold for {self.dataset}.")
         unit = "add/remove of one example" if self.neighboring == "add_remove" else "replacement of one example"
-        return f"({self.epsilon:.4g}, {self.delta:.3g})-DP for {unit} of {self.dataset}."
+        zcdp = f" It is {self.rho:.4g}-zCDP, which implies that." if self.rho is not None else ""
+        return f"({self.epsilon:.4g}, {self.delta:.3g})-DP for {unit} of {self.dataset}.{zcdp}"
 
 
 def privacy_report(s: PrivacySummary, metrics: dict) -> str:
@@ -46,6 +49,7 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
         f"| epsilon target | {s.target_epsilon:.6g} |",
         f"| delta | {s.delta:.6g} |",
         f"| accountant | {s.accountant} (dp-accounting) |",
+        *([f"| zCDP rho spent | {s.rho:.6g} |"] if s.rho is not None else []),
         f"| neighbouring relation | {s.neighboring} |",
         f"| noise multiplier sigma | {s.noise_multiplier:.6g} |",
         f"| private steps | {s.steps} |",
@@ -67,8 +71,10 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_step: int) -> PrivacySummary:
-    """The privacy summary of a resolved run spec after ``steps`` executed steps of ``sampler``'s batches."""
+def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_step: int,
+              rho: Optional[float] = None) -> PrivacySummary:
+    """The privacy summary of a resolved run spec after ``steps`` executed steps of ``sampler``'s batches
+    (``rho``: their zCDP rho under the zcdp accountant)."""
     privacy = spec.privacy
     return PrivacySummary(
         dataset=spec.data.source.name, epsilon=tracker_epsilon,
@@ -76,4 +82,5 @@ def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_ste
         accountant=privacy.accountant if privacy else "none", neighboring=privacy.neighboring if privacy else "none",
         noise_multiplier=float(spec.mechanism.noise_multiplier) if privacy else 0.0, steps=steps,
         sampling_rate=sampler.rate, sampling=sampler.describe(), step_event=sampler.event_phrase, clip=getattr(spec.mechanism, "clip", math.inf),
-        queries_per_step=queries_per_step, private=spec.private, mechanism=spec.mechanism.kind)
+        queries_per_step=queries_per_step, private=spec.private, mechanism=spec.mechanism.kind,
+        rho=rho if privacy else None)

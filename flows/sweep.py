@@ -42,7 +42,7 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     eps = built.loop.tracker.epsilon()
     privacy = resolved.privacy
     summary = summarize(resolved, eps, built.loop.tracker.steps, built.loop.sampler,
-                        built.loop.estimator.queries_per_step)
+                        built.loop.estimator.queries_per_step, rho=built.loop.tracker.rho())
     client = mlflow.MlflowClient()
     run = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}-s{resolved.seed}",
                             tags={"mlflow.parentRunId": parent_run_id, "privzo.estimator": resolved.estimator.kind})

@@ -47,7 +47,9 @@ def released_fingerprint(private_fingerprint: str) -> str:
 
 def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
     """``data_fingerprint``: the private rows' content fingerprint; the tag carries its keyed form."""
+    rho = {"dp.zcdp_rho": f"{summary.rho:.6g}"} if summary.rho is not None else {}
     return {
+        **rho,
         "dp.epsilon": f"{summary.epsilon:.6g}",
         "dp.delta": f"{summary.delta:.6g}",
         "dp.accountant": summary.accountant,

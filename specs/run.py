@@ -117,8 +117,12 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
             problems.append("privacy.neighboring: sampling.kind fixed_size is accounted under replace_one only "
                             "(its batch size is public); set neighboring: replace_one or use sampling.kind: poisson")
         if spec.privacy.accountant != "rdp":
-            problems.append("privacy.accountant: pld has no accounting for sampling without replacement "
-                            "(sampling.kind fixed_size); use accountant: rdp")
+            problems.append(f"privacy.accountant: {spec.privacy.accountant} has no accounting for sampling without "
+                            "replacement (sampling.kind fixed_size); use accountant: rdp")
+    if spec.privacy is not None and spec.privacy.accountant == "zcdp" and spec.sampling.kind == "poisson":
+        # fixed_size is refused above; zCDP has no tight bound for any subsampled step
+        problems.append("privacy.accountant: zcdp has no bound for Poisson-subsampled steps; use rdp or pld, "
+                        "or sampling.kind: full_batch with neighboring: replace_one")
     est = spec.estimator
     split = spec.data.split
     if getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":

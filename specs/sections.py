@@ -421,7 +421,11 @@ MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism], Field(discrimin
 class PrivacySpec(Strict):
     epsilon: PositiveFloat = Field(..., description="Target DP epsilon of the whole run.")
     delta: Union[Probability, Auto] = Field("auto", description="'auto' = 1 / number of private rows.")
-    accountant: Literal["rdp", "pld"] = "rdp"
+    accountant: Literal["rdp", "pld", "zcdp"] = Field(
+        "rdp",
+        description="rdp or pld for any sampling; zcdp (reports rho-zCDP as well) for sampling.kind full_batch "
+        "only, as zCDP has no tight bound for subsampled steps.",
+    )
     neighboring: Literal["add_remove", "replace_one"] = "add_remove"
     insecure_deterministic: bool = Field(
         False,

@@ -484,3 +484,43 @@ def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_l
     assert PrivacyLedger(ledger_url).spent("digits-fixed") == pytest.approx(both, rel=1e-9)
     assert second["budget_left"] == pytest.approx(3.0 - both, rel=1e-9)
     assert both < 2 * one  # composed exactly, not summed
+
+
+def test_full_batch_runs_under_zcdp_report_rho_and_compose_by_adding_it(prefect_server, tiny_spec_dict, tmp_path,
+                                                                         monkeypatch):
+    """accountant zcdp end to end: each run states its rho-zCDP in its report, its tags and its registered
+    model, and the ledger's total for two runs is the epsilon of the summed rho, not a sum of epsilons."""
+    from components.accountants import ZCdpAccountant
+    from flows.ledger import PrivacyLedger
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["sampling"] = {"kind": "full_batch"}
+    tiny_spec_dict["privacy"].update(neighboring="replace_one", accountant="zcdp", epsilon=1.0)
+    tiny_spec_dict["optimizer"]["steps"] = 10
+    tiny_spec_dict["budget"] = {"dataset": "digits-zcdp", "lifetime_epsilon": 3.0, "ledger": ledger_url}
+    first = private_train(spec=tiny_spec_dict)
+    second = private_train(spec=tiny_spec_dict)
+    client = mlflow.MlflowClient(tiny_spec_dict["tracking"]["uri"])
+    run = client.get_run(first["run_id"])
+    sigma = float(run.data.params["mechanism.noise_multiplier"])
+    delta = float(run.data.params["privacy.delta"])
+    rho = 10 / (2 * sigma ** 2)
+    assert float(run.data.tags["dp.zcdp_rho"]) == pytest.approx(rho, rel=1e-5)
+    assert run.data.tags["dp.accountant"] == "zcdp"
+    assert run.data.tags["dp.guarantee"].endswith(f"It is {rho:.4g}-zCDP, which implies that.")
+    local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "dl")))
+    assert f"| zCDP rho spent | {rho:.6g} |" in (local / "privacy_report.md").read_text()
+    event = json.loads((local / "dp_event.json").read_text())
+    assert event["event"]["type"] == "GaussianDpEvent" and event["count"] == 10
+    relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+    one = ZCdpAccountant(relation).compose(dp_accounting.ZCDpEvent(rho)).get_epsilon(delta)
+    both = ZCdpAccountant(relation).compose(dp_accounting.ZCDpEvent(2 * rho)).get_epsilon(delta)
+    assert first["epsilon"] == pytest.approx(one, rel=1e-9) and one <= 1.0
+    assert PrivacyLedger(ledger_url).spent("digits-zcdp") == pytest.approx(both, rel=1e-9)
+    assert second["budget_left"] == pytest.approx(3.0 - both, rel=1e-9)
+    assert both < 2 * one
+    versions = client.search_model_versions(f"run_id = '{first['run_id']}'")
+    assert versions and versions[0].tags["dp.zcdp_rho"] == run.data.tags["dp.zcdp_rho"]
