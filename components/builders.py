@@ -74,7 +74,7 @@ def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = 
         table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
                           features=source.features, text=source.text,
                           tokenizer=source.tokenizer or model_tokenizer,
-                          max_length=source.max_length, public_flag=public_flag)
+                          max_length=source.max_length, public_flag=public_flag, hf_split=source.hf_split)
         return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
     if source.kind == "images":
         return load_images(source.path, classes=source.classes, size=source.size, mode=source.mode), source.scale

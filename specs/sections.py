@@ -44,16 +44,19 @@ class TextSource(Strict):
 
 
 class FileSource(Strict):
-    """The team's own rows: a CSV, Parquet or JSON Lines file with one example per row (add/remove
-    neighbours are rows, so one person's data should be one row). Ray workers read the same path, so it
-    must be readable where they run."""
+    """The team's own rows: a CSV, Parquet or JSON Lines file, or a Hugging Face dataset saved with
+    ``save_to_disk``, with one example per row (add/remove neighbours are rows, so one person's data should
+    be one row). Ray workers read the same path, so it must be readable where they run."""
 
     kind: Literal["file"]
-    path: str = Field(..., min_length=1, description="The file. A relative path is taken from the folder of "
-                      "the spec file it is written in.")
-    format: Literal["auto", "csv", "parquet", "jsonl"] = Field(
-        "auto", description="auto: from the suffix (.csv, .parquet, .pq, .jsonl, .ndjson); jsonl is one JSON "
-        "object per line.")
+    path: str = Field(..., min_length=1, description="The file, or the save_to_disk folder. A relative path is "
+                      "taken from the folder of the spec file it is written in.")
+    format: Literal["auto", "csv", "parquet", "jsonl", "hf_disk"] = Field(
+        "auto", description="auto: a folder is hf_disk, a file goes by its suffix (.csv, .parquet, .pq, .jsonl, "
+        ".ndjson); jsonl is one JSON object per line; hf_disk is a folder written by Hugging Face datasets' "
+        "save_to_disk (a Dataset or a DatasetDict).")
+    hf_split: Optional[str] = Field(None, min_length=1, description="With hf_disk: the DatasetDict's split to "
+                                    "read (default: its only split).")
     label: str = Field(..., min_length=1, description="The column holding each row's class.")
     classes: List[Union[int, str]] = Field(
         ..., min_length=2, description="Every class the label column may hold, in the order of the model's "
@@ -88,6 +91,8 @@ class FileSource(Strict):
     def _text_is_the_whole_input(self):
         if self.text is not None and (self.features is not None or self.scale == "public"):
             raise ValueError("a text column is the whole input: remove features and scale")
+        if self.hf_split is not None and self.format not in ("auto", "hf_disk"):
+            raise ValueError(f"hf_split applies to format hf_disk only, not {self.format}; remove hf_split")
         return self
 
     @field_validator("classes")

@@ -34,7 +34,8 @@ def tiny_spec_dict():
 
 
 def write_digits_file(path: Path, rows=None, labels_as=None) -> Path:
-    """scikit-learn's digits as a user's file (CSV, Parquet or JSON Lines by suffix): 64 pixel columns and ``digit``;
+    """scikit-learn's digits as a user's file (CSV, Parquet or JSON Lines by suffix; a Hugging Face save_to_disk
+    folder for the suffix .hf): 64 pixel columns and ``digit``;
     ``rows`` selects and orders rows, ``labels_as`` maps each class number to what the file holds."""
     import pandas as pd
 
@@ -49,8 +50,21 @@ def write_digits_file(path: Path, rows=None, labels_as=None) -> Path:
         frame.to_parquet(path)
     elif path.suffix == ".jsonl":
         frame.to_json(path, orient="records", lines=True)
+    elif path.suffix == ".hf":
+        save_to_disk(frame, path)
     else:
         frame.to_csv(path, index=False)
+    return path
+
+
+def save_to_disk(frame, path: Path, features=None, splits=None) -> Path:
+    """``frame`` as Hugging Face datasets writes a dataset with save_to_disk (a DatasetDict of ``splits`` names,
+    each holding the frame, when given)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    one = datasets.Dataset.from_pandas(frame, features=features, preserve_index=False)
+    (datasets.DatasetDict({name: one for name in splits}) if splits else one).save_to_disk(str(path))
     return path
 
 

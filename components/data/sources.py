@@ -110,8 +110,10 @@ SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "j
 
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
-              tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None) -> Table:
-    """Rows of a CSV, Parquet or JSON Lines file: the numeric ``features`` columns (default: every column but ``label``)
+              tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None,
+              hf_split: Optional[str] = None) -> Table:
+    """Rows of a CSV, Parquet or JSON Lines file, or of a Hugging Face ``save_to_disk`` folder (``hf_split``
+    of a DatasetDict; a ClassLabel label column is read by class name): the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
     max_length], as the text sources give); ``label`` mapped to its position in ``classes``; with
     ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); exact duplicate
@@ -123,14 +125,23 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     import pandas as pd
 
     path = Path(path)
-    kind = file_format if file_format != "auto" else SUFFIXES.get(path.suffix.lower())
+    if file_format == "auto":
+        kind = "hf_disk" if path.is_dir() else SUFFIXES.get(path.suffix.lower())
+    else:
+        kind = file_format
     if kind is None:
         raise ValueError(f"data.source.format: cannot tell the format of {path.name!r} from its suffix; "
-                         "set format: csv, parquet or jsonl")
-    if not path.is_file():
+                         "set format: csv, parquet, jsonl or hf_disk")
+    if kind == "hf_disk" and not path.is_dir():
+        raise ValueError(f"data.source.path: {path} is not a folder (format hf_disk reads what save_to_disk wrote)")
+    if kind != "hf_disk" and not path.is_file():
         raise ValueError(f"data.source.path: {path} is not a file")
+    if hf_split is not None and kind != "hf_disk":
+        raise ValueError(f"data.source.hf_split: {path.name} is {kind}, not a save_to_disk folder; remove hf_split")
     try:
-        if kind == "parquet":
+        if kind == "hf_disk":
+            frame = _read_hf_disk(path, hf_split, label, classes)
+        elif kind == "parquet":
             frame = pd.read_parquet(path)
         elif kind == "jsonl":  # one JSON object per line; strings stay strings (no date or number guessing)
             frame = pd.read_json(path, lines=True, dtype=False, convert_dates=False)
@@ -196,6 +207,42 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name"
     return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
                               columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes)))
+
+
+def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequence[Union[int, str]]):
+    """A ``save_to_disk`` folder (Dataset, or one split of a DatasetDict) as a frame, read by Hugging Face
+    datasets itself. A ClassLabel label column becomes its class names: the codes are positions in the
+    dataset's own name list, which need not be the spec's class order."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError("data.source.format: hf_disk needs Hugging Face datasets (pip install 'privzo[datasets]')") \
+            from None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise ValueError(f"data.source.path: {path} is not a folder written by save_to_disk (no dataset_info.json "
+                         "and state.json, nor dataset_dict.json)") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
+        if split is None and len(splits) != 1:
+            raise ValueError(f"data.source.hf_split: {path.name} holds the splits {', '.join(splits)}; choose one")
+        split = split if split is not None else splits[0]
+        if split not in loaded:
+            raise ValueError(f"data.source.hf_split: no split {split!r} in {path.name}; splits: {', '.join(splits)}")
+        loaded = loaded[split]
+    elif split is not None:
+        raise ValueError(f"data.source.hf_split: {path.name} holds one Dataset, not a DatasetDict; remove hf_split")
+    feature = loaded.features.get(label)
+    frame = loaded.to_pandas()
+    if isinstance(feature, datasets.ClassLabel):
+        names = feature.names
+        if not {str(c) for c in classes} & set(names):
+            raise ValueError(f"data.source.classes: column {label!r} is a ClassLabel with the classes "
+                             f"{', '.join(names)}; declare classes by these names")
+        # a code outside the names (-1 marks an unlabelled row in Hugging Face datasets) is a missing label
+        frame[label] = frame[label].map(lambda code: names[code] if 0 <= code < len(names) else None)
+    return frame
 
 
 def _check_csv_header(path: Path) -> None:

@@ -1,12 +1,13 @@
 """Sources and the public/private/test split."""
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from components.data import Table, fraction_split, hashed_split, load_file, load_sklearn
 from components.data.split import SplitOverlapError, check_disjoint, class_ratios
-from tests.conftest import write_digits_file
+from tests.conftest import TINY, write_digits_file
 
 
 @pytest.mark.parametrize("name", ["digits", "breast_cancer", "wine"])
@@ -70,7 +71,7 @@ def _parts(data):
             (("public", data.public), ("private", data.private), ("test", data.test))}
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl", ".hf"])
 def test_file_source_reads_the_rows_the_bundled_dataset_has(tmp_path, suffix):
     path = write_digits_file(tmp_path / f"digits{suffix}")
     table = load_file(path, file_format="auto", **DIGITS)
@@ -112,6 +113,66 @@ def test_file_source_maps_named_classes_in_the_declared_order(tmp_path):
     # classes are declared, so a class absent from the file still has its output
     few = write_digits_file(tmp_path / "few.csv", rows=np.flatnonzero(load_sklearn("digits").labels < 3))
     assert load_file(few, file_format="csv", **DIGITS).n_classes == 10
+
+
+def test_hf_disk_reads_a_split_of_a_dataset_dict_and_class_labels_by_name(tmp_path, tiny_spec_dict):
+    """A DatasetDict folder: the chosen split's rows; a ClassLabel column by the dataset's class names, so
+    the spec may declare them in any order; unlabelled rows (-1) are missing labels, not a class."""
+    import datasets
+
+    from components import builders
+    from tests.conftest import save_to_disk
+
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    bundled = load_sklearn("digits")
+    frame = pd.read_parquet(write_digits_file(tmp_path / "digits.parquet"))
+    features = datasets.Features({**{f"px{i}": datasets.Value("float32") for i in range(64)},
+                                  "digit": datasets.ClassLabel(names=names)})
+    folder = save_to_disk(frame, tmp_path / "digits_dict", features, splits=["train", "validation"])
+    table = load_file(folder, file_format="auto", label="digit", classes=names[::-1], hf_split="validation")
+    assert np.array_equal(table.features, bundled.features) and np.array_equal(table.labels, 9 - bundled.labels)
+    # the same rows keep their identity across formats: a team moving from Parquet to save_to_disk keeps
+    # its ledger record
+    split = {"kind": "hashed", "public": 0.04, "test": 0.2}
+    named = write_digits_file(tmp_path / "named.parquet", labels_as=dict(enumerate(names)))
+    as_parquet = builders.load_data(_file_spec(tiny_spec_dict, named, split, classes=names))
+    as_hf = builders.load_data(_file_spec(tiny_spec_dict, folder, split, classes=names, hf_split="train"))
+    assert as_hf.fingerprints == as_parquet.fingerprints and as_hf.layout == as_parquet.layout
+
+    with pytest.raises(ValueError, match=r"^data.source.hf_split: digits_dict holds the splits train, validation; "
+                                         r"choose one$"):
+        load_file(folder, file_format="hf_disk", label="digit", classes=names)
+    with pytest.raises(ValueError, match=r"^data.source.hf_split: no split 'test' in digits_dict; splits: train, "
+                                         r"validation$"):
+        load_file(folder, file_format="auto", label="digit", classes=names, hf_split="test")
+    with pytest.raises(ValueError, match=r"^data.source.classes: column 'digit' is a ClassLabel with the classes "
+                                         r"zero, one, .*, nine; declare classes by these names$"):
+        load_file(folder, file_format="auto", label="digit", classes=list(range(10)), hf_split="train")
+    unlabelled = frame.assign(digit=frame.digit.where(frame.index != 5, -1))
+    save_to_disk(unlabelled, tmp_path / "partly", features)
+    with pytest.raises(ValueError, match=r"^data.source.label: column 'digit' has missing values$"):
+        load_file(tmp_path / "partly", file_format="auto", label="digit", classes=names)
+
+
+def test_hf_disk_errors_name_the_field(tmp_path):
+    one = write_digits_file(tmp_path / "one.hf")
+    with pytest.raises(ValueError, match=r"^data.source.hf_split: one.hf holds one Dataset, not a DatasetDict; "
+                                         r"remove hf_split$"):
+        load_file(one, file_format="auto", hf_split="train", **DIGITS)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"^data.source.path: .*empty is not a folder written by save_to_disk"):
+        load_file(tmp_path / "empty", file_format="auto", **DIGITS)
+    csv = write_digits_file(tmp_path / "d.csv")
+    with pytest.raises(ValueError, match=r"^data.source.path: .*d.csv is not a folder \(format hf_disk reads"):
+        load_file(csv, file_format="hf_disk", **DIGITS)
+    with pytest.raises(ValueError, match=r"^data.source.hf_split: d.csv is csv, not a save_to_disk folder"):
+        load_file(csv, file_format="auto", hf_split="train", **DIGITS)
+    import specs
+
+    with pytest.raises(specs.SpecError, match="hf_split applies to format hf_disk only, not parquet"):
+        specs.spec_from_dict({**TINY, "data": {
+            "source": {"kind": "file", "path": "x.parquet", "format": "parquet", "hf_split": "train", **DIGITS},
+            "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}})
 
 
 def test_file_source_drops_exact_duplicate_rows(tmp_path):

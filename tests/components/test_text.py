@@ -88,7 +88,7 @@ def test_text_split_is_seeded_disjoint_and_unscaled(tiny_spec_dict):
     assert len(a.public) > 0 and a.n_classes == 21
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl", ".hf"])
 def test_a_files_text_column_becomes_the_tokenizers_ids(tmp_path, minilm_tokenizer, suffix):
     """The team's own texts: one row per line, the same ids and mask the packaged corpus gets."""
     import pandas as pd
@@ -105,6 +105,10 @@ def test_a_files_text_column_becomes_the_tokenizers_ids(tmp_path, minilm_tokeniz
         frame.to_csv(path, index=False)
     elif suffix == ".jsonl":
         frame.to_json(path, orient="records", lines=True)
+    elif suffix == ".hf":
+        from tests.conftest import save_to_disk
+
+        save_to_disk(frame, path)
     else:
         frame.to_parquet(path)
     classes = [t for t, _ in topics]
