@@ -3,6 +3,7 @@ CSV, Parquet or JSON Lines files."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
@@ -113,7 +114,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
               tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None,
               hf_split: Optional[str] = None) -> Table:
     """Rows of a CSV, Parquet or JSON Lines file, or of a Hugging Face ``save_to_disk`` folder (``hf_split``
-    of a DatasetDict; a ClassLabel label column is read by class name): the numeric ``features`` columns (default: every column but ``label``)
+    of a DatasetDict; a ClassLabel label column is read by its codes): the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
     max_length], as the text sources give); ``label`` mapped to its position in ``classes``; with
     ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); exact duplicate
@@ -140,7 +141,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         raise ValueError(f"data.source.hf_split: {path.name} is {kind}, not a save_to_disk folder; remove hf_split")
     try:
         if kind == "hf_disk":
-            frame = _read_hf_disk(path, hf_split, label, classes)
+            frame = _read_hf_disk(path, hf_split, label, classes, public_flag)
         elif kind == "parquet":
             frame = pd.read_parquet(path)
         elif kind == "jsonl":  # one JSON object per line; strings stay strings (no date or number guessing)
@@ -209,10 +210,14 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
                               columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes)))
 
 
-def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequence[Union[int, str]]):
+def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequence[Union[int, str]],
+                  public_flag: Optional[str]):
     """A ``save_to_disk`` folder (Dataset, or one split of a DatasetDict) as a frame, read by Hugging Face
-    datasets itself. A ClassLabel label column becomes its class names: the codes are positions in the
-    dataset's own name list, which need not be the spec's class order."""
+    datasets itself, with the values its own ``to_parquet`` export holds, so that a row has the same
+    identity (and ledger record) in the folder and in that export: a ClassLabel label is its integer code
+    (-1, datasets' mark of an unlabelled row, is a missing label). A ClassLabel used as the public flag is
+    read by its names (yes/no, true/false), since its codes say nothing about which rows are public. The
+    pandas index that ``Dataset.from_pandas`` stores as a column is dropped, as pandas drops it from Parquet."""
     try:
         import datasets
     except ImportError:
@@ -233,15 +238,20 @@ def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequenc
         loaded = loaded[split]
     elif split is not None:
         raise ValueError(f"data.source.hf_split: {path.name} holds one Dataset, not a DatasetDict; remove hf_split")
-    feature = loaded.features.get(label)
     frame = loaded.to_pandas()
+    frame = frame.drop(columns=[c for c in frame.columns if re.fullmatch(r"__index_level_\d+__", str(c))])
+    feature = loaded.features.get(label)
     if isinstance(feature, datasets.ClassLabel):
-        names = feature.names
-        if not {str(c) for c in classes} & set(names):
-            raise ValueError(f"data.source.classes: column {label!r} is a ClassLabel with the classes "
-                             f"{', '.join(names)}; declare classes by these names")
-        # a code outside the names (-1 marks an unlabelled row in Hugging Face datasets) is a missing label
-        frame[label] = frame[label].map(lambda code: names[code] if 0 <= code < len(names) else None)
+        declared = {str(c) for c in classes}
+        if declared & set(feature.names) and not declared & {str(i) for i in range(feature.num_classes)}:
+            raise ValueError(f"data.source.classes: column {label!r} is a ClassLabel, read by its codes 0.."
+                             f"{feature.num_classes - 1} (as datasets' own Parquet export holds it); declare "
+                             "classes as those codes, in the order of the names")
+        frame[label] = frame[label].where(frame[label] >= 0)  # -1: unlabelled
+    flag = loaded.features.get(public_flag) if public_flag is not None else None
+    if isinstance(flag, datasets.ClassLabel):
+        frame[public_flag] = frame[public_flag].map(
+            lambda code: flag.names[int(code)] if code == code and 0 <= code < flag.num_classes else None)
     return frame
 
 

@@ -115,9 +115,10 @@ def test_file_source_maps_named_classes_in_the_declared_order(tmp_path):
     assert load_file(few, file_format="csv", **DIGITS).n_classes == 10
 
 
-def test_hf_disk_reads_a_split_of_a_dataset_dict_and_class_labels_by_name(tmp_path, tiny_spec_dict):
-    """A DatasetDict folder: the chosen split's rows; a ClassLabel column by the dataset's class names, so
-    the spec may declare them in any order; unlabelled rows (-1) are missing labels, not a class."""
+def test_hf_disk_reads_a_split_of_a_dataset_dict_as_datasets_own_parquet_export_holds_it(tmp_path, tiny_spec_dict):
+    """A DatasetDict folder: the chosen split's rows. A ClassLabel label is its code, as datasets' own
+    to_parquet writes it, so a team that trained on that export and moves to the folder keeps every row's
+    identity (and its ledger record and split); unlabelled rows (-1) are missing labels, not a class."""
     import datasets
 
     from components import builders
@@ -129,29 +130,59 @@ def test_hf_disk_reads_a_split_of_a_dataset_dict_and_class_labels_by_name(tmp_pa
     features = datasets.Features({**{f"px{i}": datasets.Value("float32") for i in range(64)},
                                   "digit": datasets.ClassLabel(names=names)})
     folder = save_to_disk(frame, tmp_path / "digits_dict", features, splits=["train", "validation"])
-    table = load_file(folder, file_format="auto", label="digit", classes=names[::-1], hf_split="validation")
+    table = load_file(folder, file_format="auto", label="digit", classes=list(range(10))[::-1], hf_split="validation")
     assert np.array_equal(table.features, bundled.features) and np.array_equal(table.labels, 9 - bundled.labels)
-    # the same rows keep their identity across formats: a team moving from Parquet to save_to_disk keeps
-    # its ledger record
+    exported = tmp_path / "export.parquet"
+    datasets.load_from_disk(str(folder))["train"].to_parquet(str(exported))
     split = {"kind": "hashed", "public": 0.04, "test": 0.2}
-    named = write_digits_file(tmp_path / "named.parquet", labels_as=dict(enumerate(names)))
-    as_parquet = builders.load_data(_file_spec(tiny_spec_dict, named, split, classes=names))
-    as_hf = builders.load_data(_file_spec(tiny_spec_dict, folder, split, classes=names, hf_split="train"))
+    as_parquet = builders.load_data(_file_spec(tiny_spec_dict, exported, split))
+    as_hf = builders.load_data(_file_spec(tiny_spec_dict, folder, split, hf_split="train"))
     assert as_hf.fingerprints == as_parquet.fingerprints and as_hf.layout == as_parquet.layout
+    assert _parts(as_hf) == _parts(as_parquet)
 
     with pytest.raises(ValueError, match=r"^data.source.hf_split: digits_dict holds the splits train, validation; "
                                          r"choose one$"):
-        load_file(folder, file_format="hf_disk", label="digit", classes=names)
+        load_file(folder, file_format="hf_disk", **DIGITS)
     with pytest.raises(ValueError, match=r"^data.source.hf_split: no split 'test' in digits_dict; splits: train, "
                                          r"validation$"):
-        load_file(folder, file_format="auto", label="digit", classes=names, hf_split="test")
-    with pytest.raises(ValueError, match=r"^data.source.classes: column 'digit' is a ClassLabel with the classes "
-                                         r"zero, one, .*, nine; declare classes by these names$"):
-        load_file(folder, file_format="auto", label="digit", classes=list(range(10)), hf_split="train")
+        load_file(folder, file_format="auto", hf_split="test", **DIGITS)
+    with pytest.raises(ValueError, match=r"^data.source.classes: column 'digit' is a ClassLabel, read by its codes "
+                                         r"0..9 \(as datasets' own Parquet export holds it\); declare classes as"):
+        load_file(folder, file_format="auto", label="digit", classes=names, hf_split="train")
     unlabelled = frame.assign(digit=frame.digit.where(frame.index != 5, -1))
     save_to_disk(unlabelled, tmp_path / "partly", features)
     with pytest.raises(ValueError, match=r"^data.source.label: column 'digit' has missing values$"):
-        load_file(tmp_path / "partly", file_format="auto", label="digit", classes=names)
+        load_file(tmp_path / "partly", file_format="auto", **DIGITS)
+    save_to_disk(frame.assign(digit=frame.digit.astype("float64").where(frame.index != 5)), tmp_path / "null",
+                 datasets.Features({**features, "digit": datasets.Value("float64")}))
+    with pytest.raises(ValueError, match=r"^data.source.label: column 'digit' has missing values$"):
+        load_file(tmp_path / "null", file_format="auto", **DIGITS)
+
+
+def test_hf_disk_reads_a_class_label_flag_by_name_and_drops_the_stored_pandas_index(tmp_path, tiny_spec_dict):
+    """A ClassLabel public flag ['yes', 'no'] flags the 'yes' rows (its codes would flag the 'no' ones), and
+    the index column Dataset.from_pandas stores for a filtered frame is not a feature, as pandas drops it
+    from Parquet."""
+    import datasets
+
+    from components import builders
+
+    datasets.disable_progress_bars()
+    frame = pd.read_parquet(write_digits_file(tmp_path / "digits.parquet"))
+    public = np.zeros(len(frame), dtype=bool)
+    public[::10] = True
+    frame["shared"] = np.where(public, "yes", "no")
+    keep = frame.index % 7 != 0
+    filtered = frame[keep]  # an index with gaps, which from_pandas keeps as the column __index_level_0__
+    folder = tmp_path / "flagged"
+    stored = datasets.Dataset.from_pandas(filtered.assign(shared=(filtered.shared == "no").astype(int)))
+    stored.cast_column("shared", datasets.ClassLabel(names=["yes", "no"])).save_to_disk(str(folder))
+    assert "__index_level_0__" in datasets.load_from_disk(str(folder)).column_names
+    table = load_file(folder, file_format="auto", public_flag="shared", **DIGITS)
+    assert table.columns == tuple(f"px{i}" for i in range(64))
+    assert int(table.public_flags.sum()) == int(public[keep].sum())
+    data = builders.load_data(_file_spec(tiny_spec_dict, folder, {"kind": "column", "column": "shared", "test": 0.2}))
+    assert len(data.public) == int(public[keep].sum())
 
 
 def test_hf_disk_errors_name_the_field(tmp_path):
