@@ -85,10 +85,11 @@ def _event_rho(event: dp_accounting.DpEvent) -> Optional[float]:
     if isinstance(event, dp_accounting.NonPrivateDpEvent):
         return math.inf
     if isinstance(event, dp_accounting.ZCDpEvent):
-        return float(event.rho)
+        rho = float(event.rho)
+        return rho if rho >= 0 else None  # a negative or NaN rho is no bound (a crafted or corrupt event)
     if isinstance(event, dp_accounting.GaussianDpEvent):
-        sigma = float(event.noise_multiplier)
-        return math.inf if sigma == 0 else 1.0 / (2.0 * sigma * sigma)
+        variance = float(event.noise_multiplier) ** 2  # underflows to 0 for sigma below ~1e-162
+        return math.inf if variance == 0 else 1.0 / (2.0 * variance)
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
         inner = _event_rho(event.event)
         return None if inner is None else (inner * event.count if inner > 0 and event.count > 0 else 0.0)

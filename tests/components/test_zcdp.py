@@ -38,6 +38,7 @@ def test_rho_of_gaussian_steps_adds_up_under_composition():
     assert zcdp.epsilon(dp_accounting.NonPrivateDpEvent(), 1e-5) == math.inf
     assert zcdp.epsilon(dp_accounting.NoOpDpEvent(), 1e-5) == 0.0
     assert Accountant("rdp", "replace_one").rho(G(1.0)) is None  # only the zcdp accountant reports rho
+    assert zcdp.epsilon(G(1e-170), 1e-5) == math.inf  # sigma^2 underflows: no noise, not a crash
 
 
 @settings(max_examples=40, deadline=None)
@@ -65,6 +66,8 @@ def test_epsilon_lies_between_the_exact_gaussian_and_the_bun_steinke_bound(sigma
     dp_accounting.SampledWithoutReplacementDpEvent(1000, 64, G(3.0)),
     dp_accounting.SingleEpochTreeAggregationDpEvent(2.0, 16),
     dp_accounting.ComposedDpEvent([G(1.0), dp_accounting.PoissonSampledDpEvent(0.05, G(1.0))]),
+    dp_accounting.ComposedDpEvent([G(1.0), dp_accounting.ZCDpEvent(-0.5)]),  # would cancel the Gaussian's rho
+    dp_accounting.ZCDpEvent(float("nan")),
 ])
 def test_events_without_an_exact_zcdp_bound_are_refused(event):
     zcdp = Accountant("zcdp", "replace_one")
