@@ -25,6 +25,7 @@ from components.estimators import (
     Directions,
     DpgdZerothEstimator,
     FirstOrderEstimator,
+    GepEstimator,
     PazoMEstimator,
     PazoPEstimator,
     PazoSEstimator,
@@ -147,6 +148,10 @@ def build_estimator(spec: RunSpec):
         return PazoSEstimator(est.public_batches, est.public_batch_size, est.candidate_noise, spec.optimizer.lr)
     if est.kind == "first_order":
         return FirstOrderEstimator()
+    if est.kind == "gep":
+        clip = getattr(spec.mechanism, "clip", None)
+        residual_clip = est.residual_clip or clip or 1.0  # without a mechanism nothing is clipped
+        return GepEstimator(est.anchors, est.public_batch_size, residual_clip, est.embedding_share)
     raise ValueError(f"estimator.kind: unknown {est.kind!r}")
 
 

@@ -132,7 +132,7 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         problems.append("execution.device: cuda with backend ray needs gpus_per_worker > 0 (workers draw the "
                         "driver's directions on the same kind of device); set gpus_per_worker or device: cpu")
     if spec.execution.prefetch_directions:
-        if est.kind in ("pazo_p", "pazo_s", "first_order"):
+        if est.kind in ("pazo_p", "pazo_s", "first_order", "gep"):
             problems.append(f"execution.prefetch_directions: {est.kind} has no seeded directions to draw ahead; "
                             "remove it (two_point, dpgd_0th and pazo_m use it)")
         elif est.perturbation == "regenerate":

@@ -397,9 +397,35 @@ class FirstOrderEstimator(Strict):
     public_warm_start: Optional[PublicWarmStart] = None
 
 
+class GepEstimator(Strict):
+    """GEP (Yu et al. 2021), a first-order baseline guided by public data: each private per-example
+    gradient is split by the top-k subspace of b' public per-example gradients into a k-dimensional
+    embedding (clipped to ``mechanism.clip``) and a residual (clipped to ``residual_clip``); both are
+    noised, together one Gaussian query per step. Not forward-only, and the anchors hold b' x d numbers
+    (with a transformer, train the head, biases or LoRA adapters)."""
+
+    kind: Literal["gep"]
+    anchors: PositiveInt = Field(16, description="k: dimension of the anchor subspace (at most public_batch_size).")
+    public_batch_size: PositiveInt = Field(32, description="b': public rows whose gradients span the subspace, "
+                                           "drawn afresh each step.")
+    residual_clip: Optional[PositiveFloat] = Field(None, description="C2: per-example L2 clip of the residual; "
+                                                   "default: mechanism.clip.")
+    embedding_share: float = Field(0.5, gt=0.0, lt=1.0, description="s: the embedding's share of the step's "
+                                   "privacy (its noise std is sigma C1 / sqrt(s), the residual's sigma C2 / "
+                                   "sqrt(1 - s)); 0.5 gives both the same noise multiplier, as the paper.")
+    public_warm_start: Optional[PublicWarmStart] = None
+
+    @model_validator(mode="after")
+    def _anchors_fit(self):
+        if self.anchors > self.public_batch_size:
+            raise ValueError(f"anchors ({self.anchors}) cannot exceed public_batch_size ({self.public_batch_size}): "
+                             "the subspace is spanned by that many public gradients")
+        return self
+
+
 EstimatorSpec = Annotated[
     Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator,
-          FirstOrderEstimator],
+          FirstOrderEstimator, GepEstimator],
     Field(discriminator="kind"),
 ]
 

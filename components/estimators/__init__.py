@@ -1,9 +1,11 @@
 """Gradient estimators. Each declares its noisy queries per step and turns released values into updates."""
 from components.estimators.directions import Directions, add_direction_, perturbed
 from components.estimators.first_order import FirstOrderEstimator
+from components.estimators.gep import GepEstimator, anchor_basis
 from components.estimators.pazo import PazoMEstimator, PazoPEstimator, PazoSEstimator
 from components.estimators.queries import (
     Dense,
+    EmbeddedGradients,
     FiniteDifferences,
     LossValues,
     PerExampleGradients,
@@ -14,7 +16,8 @@ from components.estimators.queries import (
 from components.estimators.two_point import DpgdZerothEstimator, TwoPointEstimator
 
 __all__ = [
-    "Dense", "Directions", "DpgdZerothEstimator", "FiniteDifferences", "FirstOrderEstimator", "LossValues",
+    "Dense", "Directions", "DpgdZerothEstimator", "EmbeddedGradients", "FiniteDifferences", "FirstOrderEstimator",
+    "GepEstimator", "LossValues", "anchor_basis",
     "PazoMEstimator", "PazoPEstimator", "PazoSEstimator", "PerExampleGradients", "Seeded", "TwoPointEstimator",
     "Update", "VectorFiniteDifferences", "add_direction_", "perturbed",
 ]

@@ -13,6 +13,7 @@ from torch.func import functional_call, grad, vmap
 
 from components.estimators.directions import Directions, perturbed
 from components.estimators.queries import (
+    EmbeddedGradients,
     FiniteDifferences,
     LossValues,
     PerExampleGradients,
@@ -95,23 +96,13 @@ class _LossOf(nn.Module):
         return self.loss(self.model, x, y)
 
 
-def clipped_gradient_sum(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
-                         clip: float) -> Tuple[torch.Tensor, ...]:
-    """DP-SGD's clipped sum: sum_i g_i * min(1, clip / ||g_i||) with g_i the gradient of example i's loss
-    over ``params`` (the trainable ones, in order). Per-example gradients come from torch.func (vmap of
-    grad), a chunk of rows at a time; an example whose gradient is not finite contributes nothing, as in
-    the scalar queries. ``clip = inf``: the plain gradient of the summed loss (a non-private run). Sums are
-    float64, like the scalar queries', so that how rows are split across chunks or workers barely matters."""
+def _per_example_gradients(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor, share: int = 1):
+    """Per-example gradients over ``params`` (the trainable ones, in order) from torch.func (vmap of grad),
+    a chunk of rows at a time: yields one [rows, numel] tensor per parameter. A chunk holds about
+    PER_EXAMPLE_GRADIENT_BYTES / ``share`` of them (a caller that makes copies asks for smaller chunks)."""
     wrapped = _LossOf(model, loss)
     names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
     keys = [names[id(p)] for p in params]
-    if math.isinf(clip):
-        with torch.enable_grad():
-            total = wrapped(x, y).sum()
-            grads = torch.autograd.grad(total, params, allow_unused=True)
-        return tuple(torch.zeros_like(p, dtype=torch.float64) if g is None else g.detach().double()
-                     for p, g in zip(params, grads))
-
     detached = {k: p.detach() for k, p in zip(keys, params)}
 
     def example_loss(weights, xi, yi):
@@ -119,23 +110,94 @@ def clipped_gradient_sum(model: nn.Module, params, loss, x: torch.Tensor, y: tor
 
     per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
     row_bytes = sum(p.numel() * p.element_size() for p in params)
-    chunk = max(1, PER_EXAMPLE_GRADIENT_BYTES // max(1, row_bytes))
-    sums = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params]
+    chunk = max(1, PER_EXAMPLE_GRADIENT_BYTES // max(1, row_bytes * share))
     with torch.enable_grad():
         for start in range(0, len(y), chunk):
             grads = per_example(detached, x[start:start + chunk], y[start:start + chunk])
-            g = [grads[k].flatten(1) for k in keys]  # [rows, numel] each
-            # per-tensor norms in the parameters' precision, combined in float64
-            norms = torch.sqrt(sum(torch.linalg.vector_norm(t, dim=1).double().pow(2) for t in g))
-            finite = torch.isfinite(norms)
-            factors = torch.where(finite, torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0),
-                                  torch.zeros((), dtype=torch.float64, device=norms.device))
-            all_finite = bool(finite.all())
-            for total, t in zip(sums, g):
-                if not all_finite:  # 0 * inf would be NaN in the product below
-                    t = torch.where(finite[:, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
-                total += (factors.to(t.dtype) @ t).double().view_as(total)  # one matrix-vector product
+            yield [grads[k].flatten(1) for k in keys]
+
+
+def _summed_gradient(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """The plain gradient of the summed loss, float64 (a non-private run: nothing is clipped)."""
+    with torch.enable_grad():
+        total = _LossOf(model, loss)(x, y).sum()
+        grads = torch.autograd.grad(total, params, allow_unused=True)
+    return tuple(torch.zeros_like(p, dtype=torch.float64) if g is None else g.detach().double()
+                 for p, g in zip(params, grads))
+
+
+def _clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """min(1, clip / norm) per row, and 0 for a row whose norm is not finite (it contributes nothing)."""
+    finite = torch.isfinite(norms)
+    return torch.where(finite, torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0),
+                       torch.zeros((), dtype=torch.float64, device=norms.device))
+
+
+def _finite_rows(t: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """``t`` with the rows of zero factor zeroed: 0 * inf would be NaN in the weighted sum."""
+    return torch.where((factors > 0)[:, None], t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def clipped_gradient_sum(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                         clip: float) -> Tuple[torch.Tensor, ...]:
+    """DP-SGD's clipped sum: sum_i g_i * min(1, clip / ||g_i||) with g_i the gradient of example i's loss
+    over ``params`` (the trainable ones, in order). Per-example gradients come from torch.func (vmap of
+    grad), a chunk of rows at a time; an example whose gradient is not finite contributes nothing, as in
+    the scalar queries. ``clip = inf``: the plain gradient of the summed loss (a non-private run). Sums are
+    float64, like the scalar queries', so that how rows are split across chunks or workers barely matters."""
+    if math.isinf(clip):
+        return _summed_gradient(model, params, loss, x, y)
+    sums = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params]
+    for g in _per_example_gradients(model, params, loss, x, y):
+        # per-tensor norms in the parameters' precision, combined in float64
+        norms = torch.sqrt(sum(torch.linalg.vector_norm(t, dim=1).double().pow(2) for t in g))
+        factors = _clip_factors(norms, clip)
+        all_finite = bool(torch.isfinite(norms).all())
+        for total, t in zip(sums, g):
+            if not all_finite:
+                t = _finite_rows(t, factors)
+            total += (factors.to(t.dtype) @ t).double().view_as(total)  # one matrix-vector product
     return tuple(sums)
+
+
+def per_example_gradient_matrix(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """[rows, d]: each row one example's gradient over ``params``, flattened in their order (public rows:
+    GEP's anchor gradients)."""
+    return torch.cat([torch.cat(g, dim=1) for g in _per_example_gradients(model, params, loss, x, y)])
+
+
+def embedded_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor, basis: torch.Tensor,
+                           clip: float, residual_clip: float) -> Tuple[torch.Tensor, Tuple[torch.Tensor, ...]]:
+    """GEP's clipped sums: with B = ``basis`` [k, d] (orthonormal rows), w_i = B g_i and r_i = g_i - B^T w_i;
+    returns (sum_i w_i min(1, clip/||w_i||) as float64 [k], sum_i r_i min(1, residual_clip/||r_i||) per
+    parameter, float64). An example whose w_i or r_i is not finite contributes to neither sum. ``clip =
+    inf``: nothing is clipped (a non-private run), the two sums then add up to the plain gradient sum."""
+    k = basis.shape[0]
+    w_sum = torch.zeros(k, dtype=torch.float64, device=basis.device)
+    r_sum = torch.zeros(sum(p.numel() for p in params), dtype=torch.float64, device=basis.device)
+    if math.isinf(clip):
+        g = torch.cat([t.flatten() for t in _summed_gradient(model, params, loss, x, y)])
+        w = basis.double() @ g
+        chunks = [(w, g - basis.double().T @ w)]
+    else:
+        chunks = []
+        for parts in _per_example_gradients(model, params, loss, x, y, share=3):  # g, r and the product
+            g = torch.cat(parts, dim=1).double()
+            w = g @ basis.double().T  # [rows, k]
+            r = g - w @ basis.double()
+            wf = _clip_factors(torch.linalg.vector_norm(w, dim=1), clip)
+            rf = _clip_factors(torch.linalg.vector_norm(r, dim=1), residual_clip)
+            keep = (wf > 0) & (rf > 0)  # one non-finite part drops the whole example
+            wf, rf = torch.where(keep, wf, 0.0), torch.where(keep, rf, 0.0)
+            chunks.append((wf @ _finite_rows(w, wf), rf @ _finite_rows(r, rf)))
+    for w_part, r_part in chunks:
+        w_sum = w_sum + w_part
+        r_sum = r_sum + r_part
+    out, start = [], 0
+    for p in params:
+        out.append(r_sum[start:start + p.numel()].view(p.shape))
+        start += p.numel()
+    return w_sum, tuple(out)
 
 
 def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
@@ -144,11 +206,16 @@ def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tens
     coefficients for DPGD-0th, or DP-SGD's clipped gradient sum, one tensor per parameter).
     ``clip = inf`` means no clipping (MeZO)."""
     if len(y) == 0:  # an empty Poisson batch: every sum is zero (some models cannot run on no rows)
+        zeros = tuple(torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in directions.params)
         if isinstance(query, PerExampleGradients):
-            return tuple(torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in directions.params)
+            return zeros
+        if isinstance(query, EmbeddedGradients):
+            return torch.zeros(query.basis.shape[0], dtype=torch.float64, device=query.basis.device), zeros
         return torch.zeros(query.size, dtype=torch.float64, device=directions.params[0].device)
     if isinstance(query, PerExampleGradients):
         return clipped_gradient_sum(model, directions.params, loss, x, y, clip)
+    if isinstance(query, EmbeddedGradients):
+        return embedded_gradient_sums(model, directions.params, loss, x, y, query.basis, clip, query.residual_clip)
     values = per_example_values(model, directions, loss, x, y, query)
     if isinstance(query, VectorFiniteDifferences):
         if math.isinf(clip):

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.estimators.evaluate import per_example_gradient_matrix
 from components.randomness import public_seed
 
 STREAM_PUBLIC_BATCH = 4
@@ -45,6 +46,13 @@ class PublicOracle:
             loss = self.loss(self.model, self.features[indices], self.labels[indices]).mean()
             grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         return tuple(torch.zeros_like(p) if g is None else g.detach() for p, g in zip(self.params, grads))
+
+
+    def per_example_gradients(self, indices: torch.Tensor) -> torch.Tensor:
+        """[rows, d]: each public row's own loss gradient at the current parameters, flattened in the
+        parameters' order."""
+        return per_example_gradient_matrix(self.model, self.params, self.loss, self.features[indices],
+                                           self.labels[indices]).detach()
 
 
 def warm_start(model: nn.Module, params: List[torch.Tensor], loss, features: torch.Tensor, labels: torch.Tensor,

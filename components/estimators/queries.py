@@ -80,10 +80,27 @@ class PerExampleGradients:
         return 1
 
 
-Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences, PerExampleGradients]
+@dataclass(frozen=True, eq=False)
+class EmbeddedGradients:
+    """GEP: per example, the gradient g_i split by a public orthonormal basis B [k, d] (rows in the
+    parameters' order, flattened) into its embedding w_i = B g_i and residual r_i = g_i - B^T w_i; w_i is
+    clipped to the mechanism's clip and r_i to ``residual_clip``, each in L2, and both are summed. The
+    mechanism noises the two sums so that together they are one Gaussian query of multiplier sigma
+    (``embedding_share`` of the privacy goes to the embedding). Not forward-only."""
+
+    basis: torch.Tensor
+    residual_clip: float
+    embedding_share: float
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients]
 
 # queries released as one d-dimensional vector (a single Gaussian query of L2 sensitivity = clip)
-DENSE_QUERIES = (VectorFiniteDifferences, PerExampleGradients)
+DENSE_QUERIES = (VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients)
 
 
 @dataclass(frozen=True, eq=False)

@@ -74,6 +74,26 @@ class GaussianMechanism:
             out.append((t.double() + self.std * noise).to(dtype=t.dtype))
         return out
 
+    def release_embedded(self, embedding: torch.Tensor, residual: Sequence[torch.Tensor], residual_clip: float,
+                         embedding_share: float):
+        """GEP's two clipped sums as one Gaussian query of multiplier sigma. The embedding (per-example
+        clip = clip) gets std / sqrt(share) per coordinate and the residual (per-example clip =
+        residual_clip) std * (residual_clip / clip) / sqrt(1 - share): in units of its noise one example moves
+        the pair by at most sqrt(share + (1 - share)) / sigma = 1 / sigma, exactly one Gaussian of multiplier
+        sigma, whatever the share and the residual clip."""
+        if not (0 < embedding_share < 1 and residual_clip > 0):
+            raise ValueError("release_embedded: embedding_share must be in (0, 1) and residual_clip > 0")
+        embedding_std = self.std / math.sqrt(embedding_share)
+        residual_std = self.std * (residual_clip / self.clip) / math.sqrt(1.0 - embedding_share)
+        noise = torch.randn(embedding.shape, generator=self._generator, dtype=torch.float64)
+        released = _host(embedding) + embedding_std * noise
+        out = []
+        for t in residual:
+            noise = torch.randn(t.shape, generator=self._dense_generator(t.device), dtype=torch.float64,
+                                device=t.device)
+            out.append((t.double() + residual_std * noise).to(dtype=t.dtype))
+        return released, out
+
     def step_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
@@ -93,6 +113,10 @@ class NoMechanism:
 
     def release_dense(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         return list(tensors)
+
+    def release_embedded(self, embedding: torch.Tensor, residual: Sequence[torch.Tensor], residual_clip: float,
+                         embedding_share: float):
+        return _host(embedding), list(residual)
 
     def step_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.NonPrivateDpEvent()

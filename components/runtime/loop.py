@@ -11,7 +11,12 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from components.accountants.accounting import PrivacyTracker
-from components.estimators.queries import DENSE_QUERIES, PerExampleGradients, VectorFiniteDifferences
+from components.estimators.queries import (
+    DENSE_QUERIES,
+    EmbeddedGradients,
+    PerExampleGradients,
+    VectorFiniteDifferences,
+)
 
 
 class PrivacyBudgetError(RuntimeError):
@@ -54,6 +59,10 @@ class StepContext:
         self.used += size
         if isinstance(query, PerExampleGradients):
             return loop.mechanism.release_dense(list(sums))
+        if isinstance(query, EmbeddedGradients):
+            embedding, residual = sums
+            return loop.mechanism.release_embedded(embedding, list(residual), query.residual_clip,
+                                                   query.embedding_share)
         if isinstance(query, VectorFiniteDifferences):
             directions = loop.backend.directions
             vector = [sum(float(w) * directions.tensor(d.seed, i) for w, d in zip(sums, query.directions))

@@ -19,6 +19,7 @@ import torch
 
 from components.estimators.queries import (
     DENSE_QUERIES,
+    EmbeddedGradients,
     FiniteDifferences,
     LossValues,
     PerExampleGradients,
@@ -70,6 +71,9 @@ class ReplicaWorker:
         sums = self.backend.query(query, torch.as_tensor(indices, dtype=torch.long), clip)
         if isinstance(query, PerExampleGradients):
             return [t.cpu() for t in sums]  # one clipped-gradient sum per parameter tensor
+        if isinstance(query, EmbeddedGradients):
+            embedding, residual = sums
+            return embedding.cpu(), [t.cpu() for t in residual]
         return sums.tolist()
 
     def apply(self, message, ahead=()) -> float:
@@ -220,9 +224,13 @@ class RayBackend:
                 self._replace_dead()
         else:
             raise RuntimeError("ray backend: workers kept dying; no value was released for this step")
+        params = self.local.directions.params
         if isinstance(query, PerExampleGradients):
-            params = self.local.directions.params
             return tuple(sum(parts).to(device=p.device) for parts, p in zip(zip(*results), params))
+        if isinstance(query, EmbeddedGradients):
+            embedding = sum(e for e, _ in results).to(device=query.basis.device)
+            residual = tuple(sum(parts).to(device=p.device) for parts, p in zip(zip(*(r for _, r in results)), params))
+            return embedding, residual
         parts = [torch.tensor(r, dtype=torch.float64) for r in results]
         if how == "concat":
             return torch.cat(parts)

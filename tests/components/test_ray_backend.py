@@ -39,11 +39,12 @@ def _flat(built):
 
 
 ESTIMATORS = [None, {"kind": "pazo_p", "queries": 2, "public_batches": 3, "public_batch_size": 8},
-              {"kind": "pazo_s", "public_batches": 3, "public_batch_size": 8}, {"kind": "first_order"}]
+              {"kind": "pazo_s", "public_batches": 3, "public_batch_size": 8}, {"kind": "first_order"},
+              {"kind": "gep", "anchors": 3, "public_batch_size": 8}]
 
 
 @pytest.mark.parametrize("parallelism", ["data", "directions"])
-@pytest.mark.parametrize("estimator", ESTIMATORS, ids=["two_point", "pazo_p", "pazo_s", "first_order"])
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=["two_point", "pazo_p", "pazo_s", "first_order", "gep"])
 def test_ray_matches_local(ray_cluster, tiny_spec_dict, parallelism, estimator):
     local = _built(tiny_spec_dict, "local", estimator=estimator)
     remote = _built(tiny_spec_dict, "ray", parallelism, estimator=estimator)

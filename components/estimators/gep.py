@@ -1,0 +1,68 @@
+"""GEP, gradient embedding perturbation (Yu, Zhang, Chen, Yin and Liu, ICLR 2021): first-order private
+training guided by public data, one of the PAZO paper's FO+PUB baselines.
+
+Per step, with b' public rows and one Poisson batch of private rows:
+    A   = the b' public rows' per-example gradients, [b', d]           (anchor gradients; public)
+    B   = the top-k right singular vectors of A, [k, d], orthonormal    (the anchor subspace; public)
+    w_i = B g_i,  r_i = g_i - B^T w_i                                   per private example i (backprop)
+    w~  = sum_i clip(w_i, C1) + N(0, (sigma Delta_1)^2 / s  I_k)        (embedding, k numbers)
+    r~  = sum_i clip(r_i, C2) + N(0, (sigma Delta_2)^2 / (1-s) I_d)     (residual, d numbers)
+    update = (B^T w~ + r~) / b
+C1 = mechanism.clip, C2 = residual_clip, Delta = C (add/remove) or 2C (replace-one), s = embedding_share.
+Released together, the two sums are one Gaussian query of multiplier sigma (the mechanism's
+release_embedded), so the step's event is the same Poisson-sampled Gaussian as every other estimator's.
+The paper's power iteration approximates B; here it is the exact SVD. Its default, the same noise
+multiplier for both parts, is s = 1/2.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from components.estimators.queries import EmbeddedGradients, Update
+
+
+def anchor_basis(anchors: torch.Tensor, k: int) -> torch.Tensor:
+    """[k, d] orthonormal rows: the top-k right singular vectors of the anchor gradients [m, d] (k <= m)."""
+    if not 1 <= k <= anchors.shape[0]:
+        raise ValueError(f"estimator.anchors: need 1 <= k <= {anchors.shape[0]} public rows, got {k}")
+    _, _, vh = torch.linalg.svd(anchors.double(), full_matrices=False)
+    basis = vh[:k]
+    # a singular vector's sign is arbitrary; fix it (largest entry positive) so that the same anchors give
+    # the same basis wherever they are decomposed
+    signs = torch.sign(basis.gather(1, basis.abs().argmax(dim=1, keepdim=True)))
+    return (basis * torch.where(signs == 0, 1.0, signs)).to(anchors.dtype)
+
+
+class GepEstimator:
+    name = "gep"
+    uses_public = True
+
+    def __init__(self, anchors: int, public_batch_size: int, residual_clip: float, embedding_share: float):
+        if anchors < 1 or anchors > public_batch_size:
+            raise ValueError("estimator.anchors: must be between 1 and public_batch_size")
+        if not (0 < embedding_share < 1) or residual_clip <= 0:
+            raise ValueError("estimator: embedding_share must be in (0, 1) and residual_clip > 0")
+        self.k = anchors
+        self.public_batch_size = public_batch_size
+        self.residual_clip = residual_clip
+        self.embedding_share = embedding_share
+
+    @property
+    def queries_per_step(self) -> int:
+        return 1
+
+    def direction_seeds(self, step: int, seed: int) -> Tuple[int, ...]:
+        return ()  # no random directions
+
+    def step(self, ctx) -> Update:
+        (batch,) = ctx.public.batches(ctx.step, 1, self.public_batch_size)
+        basis = anchor_basis(ctx.public.per_example_gradients(batch), self.k)
+        embedding, residual = ctx.release(EmbeddedGradients(basis, self.residual_clip, self.embedding_share))
+        flat = basis.double().T @ embedding.to(device=basis.device, dtype=torch.float64)  # B^T w~, [d]
+        update, start = [], 0
+        for r in residual:
+            update.append(r + flat[start:start + r.numel()].view(r.shape).to(dtype=r.dtype, device=r.device))
+            start += r.numel()
+        return Update(dense=((tuple(update), 1.0 / ctx.batch_normaliser),))
