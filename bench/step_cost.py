@@ -6,7 +6,9 @@ the steps (every repeat times a step, then each bare pass), so that a slow spell
 both. The ratio is the overhead privzo adds on top (direction generation, perturbation, clipping, noise,
 the update). For first_order (DP-SGD) the floor is one batched forward/backward on the private batch,
 what non-private SGD pays: its ratio is the price of per-example gradients, clipping and d-dim noise,
-and its step against two_point's is the paper's ZO-vs-DP-SGD time per step.
+and its step against two_point's is the paper's ZO-vs-DP-SGD time per step. GEP's floor adds the same
+pass on the public batch: its ratio is the price of both batches' per-example gradients, the anchor
+subspace, the two clips and the noise.
 
     python bench/step_cost.py                 # both models; cache, regenerate and prefetch modes
     python bench/step_cost.py --models mlp --mlp-steps 50
@@ -31,6 +33,7 @@ from components.estimators import (
     Directions,
     DpgdZerothEstimator,
     FirstOrderEstimator,
+    GepEstimator,
     PazoMEstimator,
     PazoPEstimator,
     PazoSEstimator,
@@ -110,7 +113,9 @@ ESTIMATORS: Dict[str, Callable[[int], object]] = {
                                        basis="orthonormal"),
     "pazo_s": lambda b: PazoSEstimator(public_batches=3, public_batch_size=b, candidate_noise=1e-3, lr=1e-3),
     "first_order": lambda b: FirstOrderEstimator(),
+    "gep": lambda b: GepEstimator(anchors=min(16, b), public_batch_size=b, residual_clip=1.0, embedding_share=0.5),
 }
+BACKPROP = ("first_order", "gep")  # no directions: one cell whatever the mode
 
 
 def median_ms(fn: Callable[[], None], repeats: int) -> float:
@@ -156,6 +161,8 @@ def floor_passes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, estimator, 
 
     if isinstance(estimator, FirstOrderEstimator):
         counts = {"forward": 0, "public": 1}  # one batched forward/backward (timed on the private batch)
+    elif isinstance(estimator, GepEstimator):
+        counts = {"forward": 0, "public": 2}  # a batched forward/backward on the private and the public batch
     elif isinstance(estimator, PazoSEstimator):
         counts = {"forward": estimator.k + 1, "public": estimator.k}
     elif isinstance(estimator, PazoPEstimator):
@@ -277,7 +284,7 @@ def main(argv: List[str] | None = None) -> None:
             for mode in args.modes:
                 if mode == "prefetch" and est_name not in SEEDED:
                     continue
-                if est_name == "first_order" and mode != args.modes[0]:
+                if est_name in BACKPROP and mode != args.modes[0]:
                     continue  # no directions: one cell, whatever the mode
                 threads = torch.get_num_threads()
                 if mode == "prefetch":
@@ -301,7 +308,7 @@ def main(argv: List[str] | None = None) -> None:
                             + (", slower: keep it off)" if speed > 1 else ")"))
                 verdict = "" if target is None else f"<= {target}x {'ok' if ratio <= target else 'MISSED'}"
                 verdict += note
-                if est_name == "first_order":
+                if est_name in BACKPROP:
                     mode = "backprop"
                     if two_point_ms is not None:
                         verdict = f"(step {r['step_ms'] / two_point_ms:.2f}x two_point's in cache mode)"

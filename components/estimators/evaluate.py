@@ -163,7 +163,8 @@ def clipped_gradient_sum(model: nn.Module, params, loss, x: torch.Tensor, y: tor
 def per_example_gradient_matrix(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """[rows, d]: each row one example's gradient over ``params``, flattened in their order (public rows:
     GEP's anchor gradients)."""
-    return torch.cat([torch.cat(g, dim=1) for g in _per_example_gradients(model, params, loss, x, y)])
+    chunks = [torch.cat(g, dim=1) for g in _per_example_gradients(model, params, loss, x, y)]
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # no copy of a single chunk
 
 
 def embedded_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor, basis: torch.Tensor,
@@ -182,14 +183,18 @@ def embedded_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: t
     else:
         chunks = []
         for parts in _per_example_gradients(model, params, loss, x, y, share=3):  # g, r and the product
-            g = torch.cat(parts, dim=1).double()
-            w = g @ basis.double().T  # [rows, k]
-            r = g - w @ basis.double()
-            wf = _clip_factors(torch.linalg.vector_norm(w, dim=1), clip)
-            rf = _clip_factors(torch.linalg.vector_norm(r, dim=1), residual_clip)
+            # in the parameters' precision, as clipped_gradient_sum: norms and factors in float64
+            g = torch.cat(parts, dim=1)
+            b = basis.to(g.dtype)
+            w = g @ b.T  # [rows, k]
+            r = g - w @ b
+            wf = _clip_factors(torch.linalg.vector_norm(w.double(), dim=1), clip)
+            rf = _clip_factors(torch.linalg.vector_norm(r, dim=1).double(), residual_clip)
             keep = (wf > 0) & (rf > 0)  # one non-finite part drops the whole example
-            wf, rf = torch.where(keep, wf, 0.0), torch.where(keep, rf, 0.0)
-            chunks.append((wf @ _finite_rows(w, wf), rf @ _finite_rows(r, rf)))
+            if not bool(keep.all()):  # 0 * inf would be NaN in the products below
+                wf, rf = torch.where(keep, wf, 0.0), torch.where(keep, rf, 0.0)
+                w, r = _finite_rows(w, wf), _finite_rows(r, rf)
+            chunks.append((wf @ w.double(), (rf.to(r.dtype) @ r).double()))
     for w_part, r_part in chunks:
         w_sum = w_sum + w_part
         r_sum = r_sum + r_part

@@ -11,7 +11,8 @@ Per step, with b' public rows and one Poisson batch of private rows:
 C1 = mechanism.clip, C2 = residual_clip, Delta = C (add/remove) or 2C (replace-one), s = embedding_share.
 Released together, the two sums are one Gaussian query of multiplier sigma (the mechanism's
 release_embedded), so the step's event is the same Poisson-sampled Gaussian as every other estimator's.
-The paper's power iteration approximates B; here it is the exact SVD. Its default, the same noise
+The paper's power iteration approximates B; here it comes from the eigendecomposition of the
+anchors' Gram matrix. Its default, the same noise
 multiplier for both parts, is s = 1/2.
 """
 from __future__ import annotations
@@ -24,11 +25,22 @@ from components.estimators.queries import EmbeddedGradients, Update
 
 
 def anchor_basis(anchors: torch.Tensor, k: int) -> torch.Tensor:
-    """[k, d] orthonormal rows: the top-k right singular vectors of the anchor gradients [m, d] (k <= m)."""
+    """[k, d] orthonormal rows: the top-k right singular vectors of the anchor gradients A [m, d] (k <= m),
+    from the eigendecomposition of the m x m Gram matrix A A^T, so that nothing larger than A and the basis
+    is formed (a transformer's d is tens of millions). A direction whose singular value is zero,
+    or too small to resolve, is a zero row: it carries no signal, and the split stays exact for any basis.
+    The basis is public: neither its accuracy nor its orthonormality bears on privacy, only on utility."""
     if not 1 <= k <= anchors.shape[0]:
         raise ValueError(f"estimator.anchors: need 1 <= k <= {anchors.shape[0]} public rows, got {k}")
-    _, _, vh = torch.linalg.svd(anchors.double(), full_matrices=False)
-    basis = vh[:k]
+    a = anchors
+    values, vectors = torch.linalg.eigh((a @ a.T).double())  # the Gram matrix in A's precision
+    order = torch.argsort(values, descending=True)[:k]
+    singular = values[order].clamp(min=0.0).sqrt()
+    # the Gram matrix holds s_j^2 to about eps * s_0^2: below this ratio to s_0 a direction is rounding
+    tolerance = float(singular[0]) * 10 * torch.finfo(a.dtype).eps ** 0.5
+    resolved = singular > tolerance if tolerance > 0 else torch.zeros_like(singular, dtype=torch.bool)
+    scale = torch.where(resolved, 1.0 / torch.where(resolved, singular, 1.0), 0.0)
+    basis = (vectors[:, order] * scale).T.to(a.dtype) @ a  # v_j = u_j^T A / s_j, [k, d]
     # a singular vector's sign is arbitrary; fix it (largest entry positive) so that the same anchors give
     # the same basis wherever they are decomposed
     signs = torch.sign(basis.gather(1, basis.abs().argmax(dim=1, keepdim=True)))

@@ -57,6 +57,16 @@ def test_anchor_basis_is_the_top_k_right_singular_subspace():
     assert float(residual.pow(2).sum()) == pytest.approx(float(s[5:].pow(2).sum()), rel=1e-9)
     with pytest.raises(ValueError, match="estimator.anchors: need 1 <= k <= 12"):
         anchor_basis(anchors, 13)
+    # rank 2 anchors asked for 4 directions: the two it has, and two zero rows
+    low = torch.randn(12, 2, dtype=torch.float64) @ torch.randn(2, 300, dtype=torch.float64)
+    basis = anchor_basis(low, 4)
+    assert torch.allclose(basis[:2] @ basis[:2].T, torch.eye(2, dtype=torch.float64), atol=1e-8)
+    assert float(basis[2:].abs().max()) == 0.0
+    assert torch.allclose(low - low @ basis.T @ basis, torch.zeros_like(low), atol=1e-8)
+    # float32 anchors (a model's gradients) give a float32 basis, orthonormal to float32 precision
+    single = anchor_basis(anchors.float(), 5)
+    assert single.dtype == torch.float32
+    assert torch.allclose(single @ single.T, torch.eye(5), atol=1e-4)
 
 
 def test_public_anchor_gradients_are_per_example():
