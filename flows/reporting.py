@@ -24,6 +24,7 @@ class PrivacySummary:
     sampling: str = ""
     step_event: str = "one Poisson-subsampled Gaussian per step"
     rho: Optional[float] = None  # zCDP rho, when the accountant is zcdp
+    residual_clip: Optional[float] = None  # gep: the per-example clip of the residual (clip bounds the embedding)
 
     def guarantee(self) -> str:
         if self.mechanism == "none":
@@ -55,7 +56,8 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
         f"| private steps | {s.steps} |",
         f"| sampling | {s.sampling} |",
         f"| rows per step / private rows | {s.sampling_rate:.6g} |",
-        f"| clip C | {s.clip:.6g} |",
+        f"| clip C | {s.clip:.6g} |" if s.residual_clip is None else f"| clip C (gep: of the embedding) | {s.clip:.6g} |",
+        *([f"| residual clip C2 (gep) | {s.residual_clip:.6g} |"] if s.residual_clip is not None else []),
         f"| noisy queries per step | {s.queries_per_step} |",
         "",
         "Each step releases the clipped per-example sums of its queries with Gaussian noise; the run's "
@@ -83,4 +85,5 @@ def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_ste
         noise_multiplier=float(spec.mechanism.noise_multiplier) if privacy else 0.0, steps=steps,
         sampling_rate=sampler.rate, sampling=sampler.describe(), step_event=sampler.event_phrase, clip=getattr(spec.mechanism, "clip", math.inf),
         queries_per_step=queries_per_step, private=spec.private, mechanism=spec.mechanism.kind,
-        rho=rho if privacy else None)
+        rho=rho if privacy else None,
+        residual_clip=getattr(spec.estimator, "residual_clip", None) if privacy else None)

@@ -80,6 +80,8 @@ class RunSpec(Strict):
         if self.mechanism.kind != "none":
             data["privacy"]["delta"] = self.delta_for(n_private)
             data["mechanism"]["noise_multiplier"] = noise_multiplier
+            if data["estimator"]["kind"] == "gep" and data["estimator"].get("residual_clip") is None:
+                data["estimator"]["residual_clip"] = self.mechanism.clip  # logged as the number it bounds with
         # epochs are a request; the resolved run is a fixed number of steps
         data["optimizer"]["steps"] = self.planned_steps(n_private)
         data["optimizer"]["epochs"] = None

@@ -33,6 +33,9 @@ def anchor_basis(anchors: torch.Tensor, k: int) -> torch.Tensor:
     if not 1 <= k <= anchors.shape[0]:
         raise ValueError(f"estimator.anchors: need 1 <= k <= {anchors.shape[0]} public rows, got {k}")
     a = anchors
+    if not bool(torch.isfinite(a).all()):
+        raise FloatingPointError("estimator gep: the public anchor gradients are not finite (the model has "
+                                 "diverged); lower optimizer.lr or the warm start's lr")
     values, vectors = torch.linalg.eigh((a @ a.T).double())  # the Gram matrix in A's precision
     order = torch.argsort(values, descending=True)[:k]
     singular = values[order].clamp(min=0.0).sqrt()

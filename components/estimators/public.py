@@ -36,7 +36,7 @@ class PublicOracle:
         if k * size > len(self):
             raise ValueError(
                 f"estimator: {k} public batches of {size} rows need {k * size} public rows, the split has "
-                f"{len(self)}; lower public_batches or public_batch_size, or raise data.split.public")
+                f"{len(self)}; lower estimator.public_batch_size (or public_batches), or raise data.split.public")
         order = np.random.default_rng(public_seed(self.seed, STREAM_PUBLIC_BATCH, step)).permutation(len(self))
         return [torch.as_tensor(order[j * size:(j + 1) * size], device=self.features.device) for j in range(k)]
 

@@ -196,3 +196,24 @@ def test_spec_rules(tiny_spec_dict):
     data = builders.load_data(spec)
     with pytest.raises(ValueError, match="estimator.kind: gep needs public rows"):
         builders.build_loop(spec.resolved(n_private=len(data.private), noise_multiplier=1.0), data)
+
+
+def test_the_residual_clip_is_resolved_logged_and_reported(tiny_spec_dict):
+    """The residual clip bounds each example as the clip does: the resolved spec (what a run logs) holds it
+    as a number, and the privacy report states both clips."""
+    from flows.reporting import privacy_report, summarize
+
+    tiny_spec_dict["estimator"] = {"kind": "gep", "anchors": 4, "public_batch_size": 8}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    resolved, _, _ = builders.resolve_privacy(spec, 1000)
+    assert resolved.estimator.residual_clip == resolved.mechanism.clip == 2.0
+    assert specs.flatten(resolved)["estimator.residual_clip"] == "2.0"
+    report = privacy_report(summarize(resolved, 1.0, 10, builders.build_sampler(resolved.sampling, 1000), 1), {})
+    assert "| clip C (gep: of the embedding) | 2 |" in report and "| residual clip C2 (gep) | 2 |" in report
+
+
+def test_non_finite_anchors_fail_in_one_line_before_any_release():
+    anchors = torch.randn(8, 50)
+    anchors[3, 7] = float("nan")
+    with pytest.raises(FloatingPointError, match="^estimator gep: the public anchor gradients are not finite"):
+        anchor_basis(anchors, 4)
