@@ -64,6 +64,20 @@ class RowsUnmatched(RuntimeError):
             "the source's columns and text settings of those runs, or charge a new dataset")
 
 
+class RowsUnrecognised(RowsUnmatched):
+    """Same layout, but not one of the run's rows is a row earlier runs kept private: the rows were
+    re-encoded (a label or a value written another way gives every row a new fingerprint) or replaced.
+    Either way the ledger cannot tell which of them were private before, and a re-encoded private row
+    could land in the public or test split unrecognised."""
+
+    def __init__(self, dataset: str, n_known: int):
+        RuntimeError.__init__(
+            self, f"data.source: none of this run's rows matches the {n_known} rows earlier runs on dataset "
+            f"{dataset!r} kept private; if they are the same people's rows, write them as those runs read them "
+            "(labels, values and columns unchanged); if they are new people, charge a new budget.dataset")
+        self.dataset, self.recorded, self.now = dataset, "", ""
+
+
 def _layout_change(recorded: str, now: str) -> str:
     """The first difference between two row layouts ('source:key=value;...'), in words."""
     def parts(layout: str) -> dict:
@@ -256,6 +270,9 @@ class PrivacyLedger:
             elif recorded.layout != row_layout:
                 raise RowsUnmatched(dataset, recorded.layout, row_layout)
             known = set(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
+            exposed_rows, private_rows = set(exposed_rows), set(private_rows)
+            if known and (private_rows or exposed_rows) and not known & (private_rows | exposed_rows):
+                raise RowsUnrecognised(dataset, len(known))
             exposed = known.intersection(exposed_rows)
             if exposed:
                 raise RowsExposed(dataset, len(exposed))

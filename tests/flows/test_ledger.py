@@ -184,3 +184,36 @@ def test_runs_a_datasets_accountant_cannot_account_for_are_refused_in_one_line(t
     assert len(ledger.history("patients")) == 1 and ledger.spent("patients") == spent
     reserve(full, "pld")  # what it accounts for still composes
     assert ledger.spent("patients") > spent
+
+
+def test_rows_that_all_look_new_are_refused_as_re_encoded(tmp_path):
+    """Writing the labels another way (codes before, names now) keeps the layout but gives every row a new
+    fingerprint: without a check the ledger would take them for new people and a re-encoded private row
+    could become public. A run none of whose rows was seen is refused, writing nothing; a run that keeps
+    some of the earlier rows (data that grew or shrank) is not."""
+    from components.data import load_file
+    from flows.ledger import RowsUnrecognised
+    from tests.conftest import write_digits_file
+
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    codes = load_file(write_digits_file(tmp_path / "codes.csv"), file_format="csv", label="digit",
+                      classes=list(range(10)))
+    named = load_file(write_digits_file(tmp_path / "named.csv", labels_as=dict(enumerate(names))),
+                      file_format="csv", label="digit", classes=names)
+    assert codes.layout == named.layout and not set(codes.row_fingerprints()) & set(named.row_fingerprints())
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+
+    def reserve(rows, exposed=()):
+        return ledger.reserve(dataset="clinic", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
+                              lifetime_epsilon=50.0, delta=DELTA, accountant="rdp", neighboring="add_remove",
+                              private_rows=rows, exposed_rows=exposed, row_layout=codes.layout)
+
+    first = codes.row_fingerprints()
+    reserve(first[:1000], first[1000:])
+    spent = ledger.spent("clinic")
+    with pytest.raises(RowsUnrecognised, match=r"^data.source: none of this run's rows matches the 1000 rows earlier "
+                                               r"runs on dataset 'clinic' kept private; if they are the same"):
+        reserve(named.row_fingerprints()[:1000], named.row_fingerprints()[1000:])
+    assert len(ledger.history("clinic")) == 1 and ledger.spent("clinic") == spent
+    reserve(first[500:1000] + named.row_fingerprints()[:10], first[1000:])  # grown and shrunk: some rows kept
+    assert len(ledger.history("clinic")) == 2
