@@ -20,9 +20,9 @@ class PrivacySummary:
     clip: float
     queries_per_step: int
     private: bool
-    mechanism: str = "gaussian"
-    sampling: str = ""
-    step_event: str = "one Poisson-subsampled Gaussian per step"
+    mechanism: str
+    sampling: str  # the sampler's describe(), e.g. "Poisson, expected 64 of 1383 private rows per step"
+    step_event: str  # the sampler's event_phrase: what one step's DpEvent is, in words
     rho: Optional[float] = None  # zCDP rho, when the accountant is zcdp
     residual_clip: Optional[float] = None  # gep: the per-example clip of the residual (clip bounds the embedding)
 
