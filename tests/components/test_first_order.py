@@ -124,19 +124,25 @@ def test_the_prepared_attention_mask_gives_the_encoders_own_output():
     assert float((got - want).abs().max()) <= 1e-5
 
 
-def test_a_step_is_the_clipped_sum_plus_noise_over_the_expected_batch(tiny_spec_dict):
-    """x_1 = x_0 - lr * (sum_i clip(g_i) + N(0, sigma^2 C^2 I)) / b, with the same batch and noise drawn
-    by hand from the injected generators."""
-    tiny_spec_dict["estimator"] = {"kind": "first_order"}
-    tiny_spec_dict["model"] = {"kind": "mlp", "hidden": [8]}
-    tiny_spec_dict["mechanism"]["clip"] = 0.2
-    spec = specs.spec_from_dict(tiny_spec_dict)
+def built_for_a_hand_step(tiny, estimator, clip=0.2, sigma=0.9):
+    """A small MLP run of ``estimator`` whose noise and batches come from generators seeded 7 and 8, for a
+    step redrawn by hand: (resolved spec, data, built loop, trainable parameters, their values before)."""
+    tiny["estimator"] = estimator
+    tiny["model"] = {"kind": "mlp", "hidden": [8]}
+    tiny["mechanism"]["clip"] = clip
+    spec = specs.spec_from_dict(tiny)
     data = builders.load_data(spec)
-    resolved = spec.resolved(n_private=len(data.private), noise_multiplier=0.9)
+    resolved = spec.resolved(n_private=len(data.private), noise_multiplier=sigma)
     built = builders.build_loop(resolved, data, noise_generator=private_generator(7),
                                 sampling_generator=private_generator(8))
     params = list(built.loop.backend.directions.params)
-    before = [p.detach().clone() for p in params]
+    return resolved, data, built, params, [p.detach().clone() for p in params]
+
+
+def test_a_step_is_the_clipped_sum_plus_noise_over_the_expected_batch(tiny_spec_dict):
+    """x_1 = x_0 - lr * (sum_i clip(g_i) + N(0, sigma^2 C^2 I)) / b, with the same batch and noise drawn
+    by hand from the injected generators."""
+    resolved, data, built, params, before = built_for_a_hand_step(tiny_spec_dict, {"kind": "first_order"})
     x = torch.as_tensor(data.private.features)
     y = torch.as_tensor(data.private.labels)
     sampler = PoissonSampler(len(y), 64, private_generator(8))

@@ -133,16 +133,10 @@ def test_each_part_gets_its_stated_noise_and_together_they_are_one_gaussian(neig
 
 def test_a_step_is_the_embedded_and_residual_release_over_the_expected_batch(tiny_spec_dict):
     """x_1 = x_0 - lr (B^T w~ + r~) / b, with the public anchors, the batch and both noises redrawn by hand."""
-    tiny_spec_dict["estimator"] = {"kind": "gep", "anchors": 4, "public_batch_size": 8, "residual_clip": 0.1}
-    tiny_spec_dict["model"] = {"kind": "mlp", "hidden": [8]}
-    tiny_spec_dict["mechanism"]["clip"] = 0.2
-    spec = specs.spec_from_dict(tiny_spec_dict)
-    data = builders.load_data(spec)
-    resolved = spec.resolved(n_private=len(data.private), noise_multiplier=0.9)
-    built = builders.build_loop(resolved, data, noise_generator=private_generator(7),
-                                sampling_generator=private_generator(8))
-    params = list(built.loop.backend.directions.params)
-    before = [p.detach().clone() for p in params]
+    from tests.components.test_first_order import built_for_a_hand_step
+
+    resolved, data, built, params, before = built_for_a_hand_step(
+        tiny_spec_dict, {"kind": "gep", "anchors": 4, "public_batch_size": 8, "residual_clip": 0.1})
     (public_idx,) = built.loop.public.batches(0, 1, 8)
     px, py = torch.as_tensor(data.public.features), torch.as_tensor(data.public.labels)
     basis = anchor_basis(_flat_grads(built.model, params, px[public_idx], py[public_idx]).float(), 4)
