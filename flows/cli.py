@@ -11,6 +11,7 @@ import sys
 from typing import List, Optional
 
 import specs
+from specs.sections import LEDGER_URL_ENV
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -77,7 +78,11 @@ def cmd_run(args) -> int:
         print(f"privacy: {result['guarantee']}  (target epsilon {result['target_epsilon']}, "
               f"sigma {result['noise_multiplier']:.4g}, {result['steps']} steps)")
     print(f"MLflow run {result['run_id']} in {result['tracking_uri']}")
-    print(f"open the UI with: mlflow ui --backend-store-uri {result['tracking_uri']}  (then http://127.0.0.1:5000)")
+    uri = result["tracking_uri"]
+    if uri.split("://", 1)[0].lower() in ("http", "https", "databricks"):
+        print(f"open it in the tracking server's UI: {uri}")  # a server serves its own UI
+    else:
+        print(f"open the UI with: mlflow ui --backend-store-uri {uri}  (then http://127.0.0.1:5000)")
     return 0
 
 
@@ -170,7 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history")
     p.add_argument("action", choices=["show", "history"])
     p.add_argument("dataset")
-    p.add_argument("--ledger", default="sqlite:///privacy-ledger.db", help="SQLAlchemy URL of the ledger")
+    p.add_argument("--ledger", default=os.environ.get(LEDGER_URL_ENV, "").strip() or "sqlite:///privacy-ledger.db",
+                   help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else sqlite:///privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")
     p.set_defaults(func=cmd_schema)

@@ -6,6 +6,7 @@ perturbation scale is ``smoothing`` (lambda); sigma is ``noise_multiplier``; C i
 """
 from __future__ import annotations
 
+import os
 from pathlib import PurePath
 from typing import Annotated, List, Literal, Optional, Union
 
@@ -574,9 +575,21 @@ DATASET_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
 _TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
 
+# Where a spec names no tracking store or ledger, the environment does, as MLflow's own clients read
+# MLFLOW_TRACKING_URI: a team's workers point every run at the shared server and ledger (infra/compose)
+# without each spec naming them. The resolved spec, which is what gets logged, holds the value used.
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+LEDGER_URL_ENV = "PRIVZO_LEDGER_URL"
+
+
+def _from_env(name: str, fallback: str):
+    return lambda: os.environ.get(name, "").strip() or fallback
+
+
 class TrackingSpec(Strict):
-    uri: str = Field("sqlite:///mlflow.db", min_length=1,
-                     description="MLflow tracking URI: sqlite:///PATH, a folder, postgresql://, mysql://, http(s)://.")
+    uri: str = Field(default_factory=_from_env(TRACKING_URI_ENV, "sqlite:///mlflow.db"), min_length=1,
+                     description="MLflow tracking URI: sqlite:///PATH, a folder, postgresql://, mysql://, "
+                     f"http(s)://. Default: ${TRACKING_URI_ENV}, else sqlite:///mlflow.db.")
     experiment: Optional[str] = Field(None, description="MLflow experiment; default: the spec name.")
     log_every: PositiveInt = Field(50, description="Steps between metric points (epsilon, eval).")
 
@@ -585,7 +598,8 @@ class TrackingSpec(Strict):
     def _known_scheme(cls, value: str) -> str:
         scheme = value.split("://", 1)[0].split("+", 1)[0].lower() if "://" in value else "file"
         if scheme not in _TRACKING_SCHEMES:
-            raise ValueError(f"unsupported scheme {scheme!r}; allowed: sqlite:///PATH, a folder path, "
+            raise ValueError(f"unsupported scheme {scheme!r} (from the spec, or ${TRACKING_URI_ENV} where the "
+                             f"spec names none); allowed: sqlite:///PATH, a folder path, "
                              f"{', '.join(s + '://' for s in _TRACKING_SCHEMES if s not in ('file', 'sqlite'))}")
         return value
 
@@ -606,4 +620,6 @@ class BudgetSpec(Strict):
     dataset: str = Field(..., pattern=DATASET_PATTERN,
                          description="Ledger id of the people whose data this is (shared by every run on it).")
     lifetime_epsilon: PositiveFloat
-    ledger: str = Field("sqlite:///privacy-ledger.db", min_length=1, description="SQLAlchemy URL (SQLite, PostgreSQL).")
+    ledger: str = Field(default_factory=_from_env(LEDGER_URL_ENV, "sqlite:///privacy-ledger.db"), min_length=1,
+                        description="SQLAlchemy URL (SQLite, PostgreSQL). Every run on one dataset must use one "
+                        f"ledger. Default: ${LEDGER_URL_ENV}, else sqlite:///privacy-ledger.db.")

@@ -76,4 +76,7 @@ def _isolated_prefect_home(tmp_path_factory):
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("PRIVZO_FINGERPRINT_KEY", "privzo-tests")  # no key file in the user's home
+    # a spec without tracking.uri or budget.ledger reads these; a user's own servers are never the tests'
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("PRIVZO_LEDGER_URL", None)
     yield

@@ -300,3 +300,30 @@ def test_an_unknown_key_in_an_optional_section_lists_that_sections_keys(tiny_spe
     tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "lora", "lora": {"dropout": 0.1}}
     with pytest.raises(specs.SpecError, match=r"model.lora.dropout: unknown key; allowed keys here: rank, alpha, targets"):
         specs.spec_from_dict(tiny_spec_dict)
+
+
+def test_an_unnamed_tracking_store_and_ledger_come_from_the_environment(tiny_spec_dict, monkeypatch):
+    tiny_spec_dict["budget"] = {"dataset": "digits", "lifetime_epsilon": 8.0}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    assert (spec.tracking.uri, spec.budget.ledger) == ("sqlite:///mlflow.db", "sqlite:///privacy-ledger.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    monkeypatch.setenv("PRIVZO_LEDGER_URL", "postgresql+psycopg://privzo@db/ledger")
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    assert (spec.tracking.uri, spec.budget.ledger) == ("http://127.0.0.1:5000", "postgresql+psycopg://privzo@db/ledger")
+    # the resolved spec, the one logged, carries the values used: it means the same under any environment
+    resolved = spec.resolved(n_private=1000, noise_multiplier=1.0)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.delenv("PRIVZO_LEDGER_URL")
+    assert specs.spec_from_dict(yaml.safe_load(specs.dump_yaml(resolved))) == resolved
+    # a spec that names them wins over the environment
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://elsewhere:5000")
+    tiny_spec_dict["tracking"]["uri"] = "sqlite:///mine.db"
+    assert specs.spec_from_dict(tiny_spec_dict).tracking.uri == "sqlite:///mine.db"
+
+
+def test_a_bad_tracking_uri_from_the_environment_says_where_it_came_from(tiny_spec_dict, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "ftp://host/store")
+    with pytest.raises(specs.SpecError) as info:
+        specs.spec_from_dict(tiny_spec_dict)
+    assert "tracking.uri" in str(info.value) and "MLFLOW_TRACKING_URI" in str(info.value)
+    assert "\n" not in str(info.value)
