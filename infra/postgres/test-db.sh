@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Start (or stop) a local PostgreSQL on 127.0.0.1:5432 with role/database privzo/privzo, for tests and
-# for a ledger on this machine. Installs Debian's postgresql if it is missing (needs root).
-#   infra/postgres/test-db.sh start   -> prints "started" or "running", then the SQLAlchemy URL
+# Start (or stop) a local PostgreSQL on 127.0.0.1:5432 with role privzo (password privzo) owning the
+# database privzo and any other databases named, for tests and for a stack on this machine (the
+# Postgres stack of infra/local-stack.sh keeps Prefect, MLflow and the ledger in three). Installs
+# Debian's postgresql if it is missing (needs root).
+#   infra/postgres/test-db.sh start [DB ...]   -> prints "started" or "running", then the SQLAlchemy URL of privzo
 #   infra/postgres/test-db.sh stop
 set -euo pipefail
 action=${1:-start}
@@ -29,7 +31,11 @@ for _ in $(seq 1 30); do
 done
 su postgres -c "psql -q -tAc \"SELECT 1 FROM pg_roles WHERE rolname='privzo'\"" | grep -q 1 ||
   su postgres -c "psql -q -c \"CREATE ROLE privzo LOGIN PASSWORD 'privzo'\""
-su postgres -c "psql -q -tAc \"SELECT 1 FROM pg_database WHERE datname='privzo'\"" | grep -q 1 ||
-  su postgres -c "psql -q -c \"CREATE DATABASE privzo OWNER privzo\""
+shift || true
+for db in privzo "$@"; do
+  case "$db" in *[!a-z0-9_]*|"") echo "test-db.sh: database names are lower-case letters, digits and _ ($db)" >&2; exit 2;; esac
+  su postgres -c "psql -q -tAc \"SELECT 1 FROM pg_database WHERE datname='$db'\"" | grep -q 1 ||
+    su postgres -c "psql -q -c \"CREATE DATABASE $db OWNER privzo\""
+done
 echo "$state"
 echo "postgresql+psycopg://privzo:privzo@127.0.0.1:5432/privzo"

@@ -1,4 +1,5 @@
 """End to end as a user runs it: local stack up, `prefect deployment run`, MLflow run and ledger row."""
+import contextlib
 import os
 import shutil
 import socket
@@ -12,6 +13,10 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+STACK = ROOT / "infra" / "local-stack.sh"
+POSTGRES = ROOT / "infra" / "postgres" / "test-db.sh"
+PG = "postgresql+psycopg://privzo:privzo@127.0.0.1:5432"
 
 
 def _free_port() -> int:
@@ -20,39 +25,109 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_prefect_deployment_run_trains_logs_and_charges_the_ledger(tmp_path):
-    bin_dir = Path(sys.executable).parent
-    if not (bin_dir / "prefect").exists():
+@contextlib.contextmanager
+def local_stack(tmp_path, **env_extra):
+    """infra/local-stack.sh up on free ports (down after); yields the environment a user would export."""
+    if not (BIN / "prefect").exists():
         pytest.skip("prefect CLI not next to this interpreter")
     env = dict(os.environ, PRIVZO_PREFECT_PORT=str(_free_port()), PRIVZO_MLFLOW_PORT=str(_free_port()),
-               PREFECT_HOME=str(tmp_path / "prefect-home"))
-    env.pop("PREFECT_API_URL", None)
-    stack = ROOT / "infra" / "local-stack.sh"
-    spec = yaml.safe_load((ROOT / "specs" / "examples" / "digits_retrain.yaml").read_text())
-    spec["optimizer"]["epochs"] = 1
-    spec["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec["budget"]["ledger"] = f"sqlite:///{tmp_path / 'ledger.db'}"
-    spec_path = tmp_path / "retrain.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-    up = subprocess.run(["bash", str(stack), "up"], env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+               PREFECT_HOME=str(tmp_path / "prefect-home"), **env_extra)
+    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PRIVZO_LEDGER_URL"):
+        env.pop(name, None)
+    up = subprocess.run(["bash", str(STACK), "up"], env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
     try:
         assert up.returncode == 0, up.stderr[-2000:]
         env["PREFECT_API_URL"] = f"http://127.0.0.1:{env['PRIVZO_PREFECT_PORT']}/api"
-        run = subprocess.run(
-            [str(bin_dir / "prefect"), "deployment", "run", "private-train/digits-retrain-nightly",
-             "--param", f"spec_path={spec_path}", "--watch", "--watch-timeout", "300"],
-            env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
-        assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
-        client = mlflow.MlflowClient(spec["tracking"]["uri"])
+        yield env, up.stdout
+    finally:
+        subprocess.run(["bash", str(STACK), "down"], env=env, capture_output=True, timeout=120, cwd=ROOT)
+        shutil.rmtree(ROOT / ".privzo-stack", ignore_errors=True)
+
+
+def deployment_run(env, spec_path):
+    run = subprocess.run(
+        [str(BIN / "prefect"), "deployment", "run", "private-train/digits-retrain-nightly",
+         "--param", f"spec_path={spec_path}", "--watch", "--watch-timeout", "300"],
+        env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def one_epoch_retrain(tmp_path, **sections):
+    spec = yaml.safe_load((ROOT / "specs" / "examples" / "digits_retrain.yaml").read_text())
+    spec["optimizer"]["epochs"] = 1
+    for section, values in sections.items():
+        spec[section].update(values)
+    path = tmp_path / "retrain.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_prefect_deployment_run_trains_logs_and_charges_the_ledger(tmp_path):
+    tracking, ledger = f"sqlite:///{tmp_path / 'mlflow.db'}", f"sqlite:///{tmp_path / 'ledger.db'}"
+    spec_path = one_epoch_retrain(tmp_path, tracking={"uri": tracking}, budget={"ledger": ledger})
+    with local_stack(tmp_path) as (env, _):
+        deployment_run(env, spec_path)
+        client = mlflow.MlflowClient(tracking)
         (finished,) = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
         assert finished.info.status == "FINISHED" and float(finished.data.tags["dp.epsilon"]) <= 2.0
         from flows.ledger import PrivacyLedger
 
-        (charge,) = PrivacyLedger(spec["budget"]["ledger"]).history("sklearn-digits")
+        (charge,) = PrivacyLedger(ledger).history("sklearn-digits")
         assert charge.status == "committed" and charge.run_id == finished.info.run_id
-        schedules = subprocess.run([str(bin_dir / "prefect"), "deployment", "inspect",
+        schedules = subprocess.run([str(BIN / "prefect"), "deployment", "inspect",
                                     "private-train/digits-retrain-nightly"], env=env, capture_output=True, text=True)
         assert "0 2 * * *" in schedules.stdout
-    finally:
-        subprocess.run(["bash", str(stack), "down"], env=env, capture_output=True, timeout=120, cwd=ROOT)
-        shutil.rmtree(ROOT / ".privzo-stack", ignore_errors=True)
+
+
+@pytest.fixture
+def stack_databases():
+    """A real PostgreSQL (infra/postgres/test-db.sh) with the stack's three databases created afresh."""
+    started = subprocess.run(["bash", str(POSTGRES), "start"], capture_output=True, text=True, timeout=600)
+    if started.returncode != 0:
+        pytest.skip(f"PostgreSQL could not be started here ({started.stderr.strip().splitlines()[-1:]}); "
+                    "run infra/postgres/test-db.sh start as root")
+
+    def drop():
+        subprocess.run(["su", "postgres", "-c", "psql -q -c 'DROP DATABASE IF EXISTS prefect WITH (FORCE)' "
+                        "-c 'DROP DATABASE IF EXISTS mlflow WITH (FORCE)' -c 'DROP DATABASE IF EXISTS privzo WITH (FORCE)'"],
+                       capture_output=True, timeout=120, check=True)
+
+    drop()
+    yield
+    drop()
+    if started.stdout.split()[0] == "started":  # stop only what the test started
+        subprocess.run(["bash", str(POSTGRES), "stop"], capture_output=True, timeout=120)
+
+
+def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tmp_path, stack_databases):
+    """The team topology of infra/compose on one machine: a deployment run of a spec that names no store
+    is tracked by the MLflow server (runs and registry in PostgreSQL, artifacts served by it) and charged to
+    the PostgreSQL ledger, and Prefect keeps its flow runs in PostgreSQL."""
+    spec_path = one_epoch_retrain(tmp_path)
+    with local_stack(tmp_path, PRIVZO_STACK_DB="postgres") as (env, exports):
+        server = f"http://127.0.0.1:{env['PRIVZO_MLFLOW_PORT']}"
+        assert f"MLFLOW_TRACKING_URI={server} PRIVZO_LEDGER_URL={PG}/privzo" in exports
+        deployment_run(env, spec_path)
+
+        client = mlflow.MlflowClient(server)
+        (finished,) = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
+        assert finished.info.status == "FINISHED" and finished.info.artifact_uri.startswith("mlflow-artifacts:/")
+        assert finished.data.params["tracking.uri"] == server  # the resolved spec says where it went
+        assert finished.data.params["budget.ledger"] == f"{PG}/privzo"
+        report = Path(client.download_artifacts(finished.info.run_id, "privacy_report.md", str(tmp_path)))
+        assert finished.data.tags["dp.guarantee"] in report.read_text()
+        (version,) = client.search_model_versions("name='digits-retrain'")
+        assert version.run_id == finished.info.run_id and version.tags["dp.epsilon"] == finished.data.tags["dp.epsilon"]
+
+        from flows.ledger import PrivacyLedger
+
+        (charge,) = PrivacyLedger(f"{PG}/privzo").history("sklearn-digits")
+        assert charge.status == "committed" and charge.run_id == finished.info.run_id
+
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(f"{PG}/prefect")
+        with engine.connect() as conn:
+            states = conn.execute(sa.text("SELECT state_name FROM flow_run")).scalars().all()
+        engine.dispose()
+        assert states == ["Completed"]
