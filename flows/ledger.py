@@ -20,10 +20,11 @@ import datetime as dt
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Mapping, Optional
 
 import dp_accounting
-from sqlalchemy import Column, DateTime, Float, Integer, String, Text, create_engine, event, insert, select, text
+from sqlalchemy import (Column, DateTime, Float, Integer, String, Text, create_engine, delete, event, insert, select,
+                        text)
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session
 
@@ -56,12 +57,12 @@ class RowsExposed(RuntimeError):
 class RowsUnmatched(RuntimeError):
     """The run identifies rows differently from earlier runs on the dataset, so they cannot be matched."""
 
-    def __init__(self, dataset: str, recorded: str, now: str):
+    def __init__(self, dataset: str, recorded: str, now: str, reason: Optional[str] = None):
         self.dataset, self.recorded, self.now = dataset, recorded, now
-        super().__init__(
+        super().__init__(reason or (
             f"data.source: this run identifies rows differently from earlier runs on dataset {dataset!r} "
             f"({_layout_change(recorded, now)}), so the ledger cannot tell which rows they kept private; keep "
-            "the source's columns and text settings of those runs, or charge a new dataset")
+            "the source's columns and text settings of those runs, or charge a new dataset"))
 
 
 class RowsUnrecognised(RowsUnmatched):
@@ -74,7 +75,8 @@ class RowsUnrecognised(RowsUnmatched):
         RuntimeError.__init__(
             self, f"data.source: none of this run's rows matches the {n_known} rows earlier runs on dataset "
             f"{dataset!r} kept private; if they are the same people's rows, write them as those runs read them "
-            "(labels, values and columns unchanged); if they are new people, charge a new budget.dataset")
+            "(labels, values and columns unchanged) and under the same PRIVZO_FINGERPRINT_KEY; if they are new "
+            "people, charge a new budget.dataset")
         self.dataset, self.recorded, self.now = dataset, "", ""
 
 
@@ -238,12 +240,17 @@ class PrivacyLedger:
     # ---------------------------------------------------------------- state changes
     def reserve(self, *, dataset: str, fingerprint: str, run_name: str, planned: dp_accounting.DpEvent,
                 steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str,
-                private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = (), row_layout: str = "") -> str:
+                private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = (), row_layout: str = "",
+                legacy_layout: Optional[str] = None, legacy_rows: Optional[Mapping[str, str]] = None) -> str:
         """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon`` and no
         row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run; records
         ``private_rows``. Rows are matched by fingerprint, so ``row_layout`` (what fingerprints are computed
         from) must be the dataset's. Returns the charge id, or raises ``BudgetExceeded`` / ``RowsExposed`` /
-        ``RowsUnmatched`` having written nothing. Rows of a reservation later aborted stay recorded."""
+        ``RowsUnmatched`` having written nothing. Rows of a reservation later aborted stay recorded.
+
+        A dataset whose rows were recorded under ``legacy_layout`` (plain hashes, before rows were keyed) is
+        re-keyed in the same transaction with ``legacy_rows`` (each of this run's rows: plain -> keyed),
+        provided every recorded row is among them; otherwise the run is refused and nothing changes."""
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
@@ -267,6 +274,9 @@ class PrivacyLedger:
             recorded = session.get(RowLayoutRow, dataset)
             if recorded is None:
                 session.add(RowLayoutRow(dataset=dataset, layout=row_layout))
+            elif recorded.layout != row_layout and legacy_layout is not None and recorded.layout == legacy_layout:
+                self._rekey(session, dataset, legacy_rows or {})
+                recorded.layout = row_layout
             elif recorded.layout != row_layout:
                 raise RowsUnmatched(dataset, recorded.layout, row_layout)
             known = set(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
@@ -284,6 +294,20 @@ class PrivacyLedger:
                                steps_run=0, planned_epsilon=requested, created_at=_now(), updated_at=_now())
             session.add(charge)
             return charge.id
+
+    @staticmethod
+    def _rekey(session: Session, dataset: str, keyed: Mapping[str, str]) -> None:
+        """Replace the dataset's plain row hashes by their keyed forms; refuse (the caller's transaction
+        rolls back) if a recorded row is not among this run's rows, since it could not be matched again."""
+        stored = list(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
+        if any(row not in keyed for row in stored):
+            raise RowsUnmatched(dataset, "", "", reason=(
+                f"data.source: dataset {dataset!r}'s ledger holds plain row hashes written by an earlier privzo, "
+                "and some of those rows are not in this run's data, so they cannot be re-keyed; run once on data "
+                "that still holds every row earlier runs kept private"))
+        session.execute(delete(PrivateRowRow).where(PrivateRowRow.dataset == dataset))
+        if stored:
+            session.execute(insert(PrivateRowRow), [{"dataset": dataset, "row": keyed[r]} for r in sorted(stored)])
 
     def _lock(self, session: Session, dataset: str) -> Optional[DatasetRow]:
         if self.engine.dialect.name == "postgresql":

@@ -32,7 +32,7 @@ from components.data import SplitData
 from components.estimators.directions import GENERATOR_VERSION
 from flows.checkpoints import Checkpointer, CheckpointStore, resume_store, spec_digest
 from flows.reporting import PrivacySummary, privacy_report, summarize
-from flows.tracking import dp_tags, journal_json, log_text_artifacts
+from flows.tracking import KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts, released_fingerprint
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,16 @@ def reserve_budget(plan: Plan, data: SplitData) -> Optional[str]:
     from flows.ledger import PrivacyLedger
 
     ledger = PrivacyLedger(spec.budget.ledger)
+    # the ledger is read by more people than the data: it holds keyed fingerprints only
+    private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints
+    keyed_private, keyed_exposed = keyed_rows(private), keyed_rows(exposed)
     return ledger.reserve(
-        dataset=spec.budget.dataset, fingerprint=data.private.fingerprint, run_name=spec.name,
+        dataset=spec.budget.dataset, fingerprint=released_fingerprint(data.private.fingerprint), run_name=spec.name,
         planned=builders.planned_event(spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
         steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
-        private_rows=data.private.fingerprints, exposed_rows=data.public.fingerprints + data.test.fingerprints,
-        row_layout=data.layout)
+        private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
+        legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)))
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)

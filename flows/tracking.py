@@ -8,7 +8,7 @@ import os
 import secrets
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterable
+from typing import Dict, Iterable, List, Sequence
 
 import mlflow
 
@@ -43,6 +43,25 @@ def released_fingerprint(private_fingerprint: str) -> str:
     every row but one could test whether that one was trained on. Keyed, only the key's holders can link
     runs to data (the same rows give the same tag under the same key)."""
     return hmac.new(_fingerprint_key(), bytes.fromhex(private_fingerprint), hashlib.sha256).hexdigest()
+
+
+# The ledger's row layout records that its row fingerprints are keyed: a ledger written with plain
+# hashes (before they were keyed) does not match them, and its next run is refused in one line
+KEYED_ROWS = "rows=hmac-sha256"
+
+
+def keyed_rows(row_fingerprints: Sequence[str]) -> List[str]:
+    """Each row's content fingerprint as the ledger stores it: HMAC-SHA256 under the fingerprint key.
+    A plain hash of a row is private data released without noise: whoever reads the ledger and knows a
+    person's features could hash them with each label and learn whether, and with which label, that person
+    was trained on. Keyed, rows match across runs that share the key and are unlinkable without it."""
+    base = hmac.new(_fingerprint_key(), digestmod=hashlib.sha256)
+    out = []
+    for fingerprint in row_fingerprints:
+        h = base.copy()
+        h.update(bytes.fromhex(fingerprint))
+        out.append(h.hexdigest())
+    return out
 
 
 def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:

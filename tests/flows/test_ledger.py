@@ -217,3 +217,40 @@ def test_rows_that_all_look_new_are_refused_as_re_encoded(tmp_path):
     assert len(ledger.history("clinic")) == 1 and ledger.spent("clinic") == spent
     reserve(first[500:1000] + named.row_fingerprints()[:10], first[1000:])  # grown and shrunk: some rows kept
     assert len(ledger.history("clinic")) == 2
+
+
+def test_a_ledger_of_plain_row_hashes_is_re_keyed_only_when_every_recorded_row_is_present(tmp_path, monkeypatch):
+    """Ledgers written before rows were keyed hold plain hashes under the source's own layout. A run that
+    still has every recorded row re-keys them in its reservation, and they keep protecting those rows;
+    a run missing any of them is refused and the ledger is left as it was."""
+    from sqlalchemy import text
+
+    from flows.ledger import RowsExposed, RowsUnmatched
+    from flows.tracking import KEYED_ROWS, keyed_rows
+
+    monkeypatch.setenv("PRIVZO_FINGERPRINT_KEY", "team-key")
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    plain = [f"{i:064x}" for i in range(6)]
+    keyed = dict(zip(plain, keyed_rows(plain)))
+
+    def reserve(private, exposed, layout, legacy=None):
+        return ledger.reserve(dataset="patients", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
+                              lifetime_epsilon=100.0, delta=DELTA, accountant="rdp", neighboring="add_remove",
+                              private_rows=private, exposed_rows=exposed, row_layout=layout,
+                              legacy_layout="file:label=y" if legacy is not None else None, legacy_rows=legacy)
+
+    def stored():
+        with ledger.engine.connect() as conn:
+            return set(conn.execute(text("SELECT row FROM privzo_private_rows")).scalars()), conn.execute(
+                text("SELECT layout FROM privzo_row_layouts")).scalar()
+
+    reserve(plain[:4], plain[4:], "file:label=y")  # as an earlier privzo wrote it
+    now = f"file:label=y;{KEYED_ROWS}"
+    with pytest.raises(RowsUnmatched, match=r"^data.source: dataset 'patients'.s ledger holds plain row hashes written "
+                                           r"by an earlier privzo, and some of those rows are not in this run's data"):
+        reserve([keyed[r] for r in plain[1:4]], [], now, {r: keyed[r] for r in plain[1:]})
+    assert stored() == (set(plain[:4]), "file:label=y") and len(ledger.history("patients")) == 1
+    reserve([keyed[r] for r in plain[:4]], [keyed[r] for r in plain[4:]], now, keyed)
+    assert stored() == ({keyed[r] for r in plain[:4]}, now) and len(ledger.history("patients")) == 2
+    with pytest.raises(RowsExposed):  # the re-keyed rows still keep those people private
+        reserve([keyed[r] for r in plain[1:]], [keyed[plain[0]]], now, keyed)
