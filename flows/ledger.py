@@ -176,13 +176,23 @@ class PrivacyLedger:
             @event.listens_for(self.engine, "begin")
             def _begin(conn):  # noqa: ANN001
                 conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock before reading the total
-        _Base.metadata.create_all(self.engine)
+            _Base.metadata.create_all(self.engine)
+        elif self.engine.dialect.name == "postgresql":
+            # first use by several runs at once: one creates the tables, the others then find them
+            with self.engine.begin() as conn:
+                conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('privzo ledger schema'))"))
+                _Base.metadata.create_all(conn)
+        else:
+            _Base.metadata.create_all(self.engine)
 
     @staticmethod
     def _engine_options(url: str) -> dict:
         if url.startswith("sqlite"):
             return {"connect_args": {"timeout": 60, "check_same_thread": False}}
-        return {"pool_pre_ping": True}
+        # READ COMMITTED whatever the server's default: under REPEATABLE READ a reservation's snapshot is
+        # taken by its first statement, the lock wait itself, so a run that waited for another's
+        # reservation would read the total from before it and both could pass the budget check
+        return {"pool_pre_ping": True, "isolation_level": "READ COMMITTED"}
 
     # ---------------------------------------------------------------- queries
     def _charges(self, session: Session, dataset: str) -> List[ChargeRow]:
@@ -329,6 +339,9 @@ class PrivacyLedger:
         """Record what the run actually executed (all of it, or the steps before a crash)."""
         with Session(self.engine) as session, session.begin():
             row = session.get(ChargeRow, charge_id)
+            if (row is not None and row.status == COMMITTED and row.steps_run == steps_run
+                    and row.executed_event == event_to_json(executed)):
+                return  # a retried commit whose first attempt went through
             if row is None or row.status != RESERVED:
                 raise ValueError(f"ledger: charge {charge_id} is not reserved (status {row.status if row else None})")
             row.status, row.executed_event, row.steps_run = COMMITTED, event_to_json(executed), steps_run
