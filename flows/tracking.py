@@ -27,14 +27,24 @@ def _fingerprint_key() -> bytes:
     path = Path.home() / ".privzo" / "fingerprint.key"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # written whole under a temporary name, then linked into place: a reader never sees a file still
+        # being written (an empty key would make every keyed fingerprint computable by anyone)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fingerprint.key.")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # created by a concurrent run: use theirs
-            pass
-        else:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32))
-    return path.read_text().strip().encode()
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)
+        except FileExistsError:  # created by a concurrent run: use theirs
+            pass
+        finally:
+            os.unlink(tmp)
+    key = path.read_text().strip()
+    if len(key) < 32:
+        raise ValueError(f"fingerprint key {path} holds {len(key)} characters, fewer than 32: it is damaged. Restore it, "
+                         f"or set {KEY_ENV}; a new key cannot match rows the ledger recorded under the old one")
+    return key.encode()
 
 
 def released_fingerprint(private_fingerprint: str) -> str:

@@ -17,3 +17,18 @@ def test_released_fingerprint_is_keyed_and_the_key_file_is_private(tmp_path, mon
     assert released_fingerprint(plain) == first != plain
     monkeypatch.setenv(KEY_ENV, "another key")
     assert released_fingerprint(plain) not in (first, plain)
+    assert [f.name for f in key_file.parent.iterdir()] == ["fingerprint.key"]  # no temporary file left
+
+
+def test_a_damaged_key_file_is_refused_never_used(tmp_path, monkeypatch):
+    """An empty or cut key (a write that never finished) would make every keyed fingerprint computable."""
+    import pytest
+
+    from flows.tracking import KEY_ENV, keyed_rows
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".privzo").mkdir()
+    (tmp_path / ".privzo" / "fingerprint.key").write_text("")
+    with pytest.raises(ValueError, match=r"fingerprint key .* holds 0 characters, fewer than 32: it is damaged"):
+        keyed_rows(["ab" * 32])
