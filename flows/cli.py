@@ -11,7 +11,7 @@ import sys
 from typing import List, Optional
 
 import specs
-from specs.sections import LEDGER_URL_ENV
+from specs.sections import LEDGER_URL_ENV, default_ledger
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -114,7 +114,7 @@ def cmd_budget(args) -> int:
     try:
         url = make_url(args.ledger)
     except ArgumentError:
-        return _fail(f"--ledger: {args.ledger!r} is not a database URL; e.g. sqlite:///privacy-ledger.db or "
+        return _fail(f"--ledger: {args.ledger!r} is not a database URL; e.g. sqlite:////ABSOLUTE/PATH.db or "
                      f"postgresql+psycopg://USER@HOST/DB")
     if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
         # reading must not create an empty ledger where the user mistyped a path
@@ -175,8 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history")
     p.add_argument("action", choices=["show", "history"])
     p.add_argument("dataset")
-    p.add_argument("--ledger", default=os.environ.get(LEDGER_URL_ENV, "").strip() or "sqlite:///privacy-ledger.db",
-                   help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else sqlite:///privacy-ledger.db)")
+    p.add_argument("--ledger", default=os.environ.get(LEDGER_URL_ENV, "").strip() or default_ledger(),
+                   help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")
     p.set_defaults(func=cmd_schema)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional
@@ -29,6 +30,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from components.accountants import Accountant, describe_event, event_from_json, event_to_json
+from specs.sections import default_ledger
 
 RESERVED, COMMITTED, ABORTED = "reserved", "committed", "aborted"
 
@@ -166,6 +168,8 @@ def _now() -> dt.datetime:
 class PrivacyLedger:
     def __init__(self, url: str):
         self.url = url
+        if url == default_ledger():  # this user's ledger: its folder is made on first use
+            os.makedirs(os.path.dirname(url.split(":///", 1)[1]), mode=0o700, exist_ok=True)
         self.engine: Engine = create_engine(url, future=True, **self._engine_options(url))
         if self.engine.dialect.name == "sqlite":
             @event.listens_for(self.engine, "connect")

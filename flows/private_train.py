@@ -12,6 +12,7 @@ run ends that many updates early, at exactly the planned epsilon, never above it
 from __future__ import annotations
 
 import math
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from mlflow.entities import Metric, Param, RunTag
 
 import specs
+from specs.sections import default_ledger
 from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
@@ -68,6 +70,10 @@ def reserve_budget(plan: Plan, data: SplitData) -> Optional[str]:
         return None
     from flows.ledger import PrivacyLedger
 
+    if spec.budget.ledger == default_ledger() and os.path.exists("privacy-ledger.db"):
+        # earlier privzo kept the default ledger in the working folder: never start a fresh one beside it
+        raise ValueError("budget.ledger: ./privacy-ledger.db is a ledger earlier privzo kept here by default; name the "
+                         "ledger this dataset's runs use (budget.ledger or PRIVZO_LEDGER_URL, with an absolute path)")
     ledger = PrivacyLedger(spec.budget.ledger)
     # the ledger is read by more people than the data: it holds keyed fingerprints only
     private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints

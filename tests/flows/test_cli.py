@@ -14,8 +14,8 @@ PRIVZO = [sys.executable, "-m", "flows.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _privzo(args, cwd, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _privzo(args, cwd, timeout=300, **env_extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **env_extra)
     return subprocess.run(PRIVZO + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -132,16 +132,19 @@ def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path
 
 
 @pytest.mark.parametrize("ledger, message", [
-    (None, "budget: no ledger at sqlite:///privacy-ledger.db (no file privacy-ledger.db)"),
+    (None, "budget: no ledger at sqlite:///{home}/.privzo/privacy-ledger.db (no file {home}/.privzo/privacy-ledger.db)"),
     ("sqlite:///missing/l.db", "budget: no ledger at sqlite:///missing/l.db"),
     ("notaurl", "--ledger: 'notaurl' is not a database URL"),
 ])
 def test_budget_reads_a_ledger_without_creating_one(tmp_path, ledger, message):
-    proc = _privzo(["budget", "show", "patients", *(["--ledger", ledger] if ledger else [])], cwd=tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = _privzo(["budget", "show", "patients", *(["--ledger", ledger] if ledger else [])], cwd=tmp_path,
+                   HOME=str(home))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert len(lines) == 1 and message.format(home=home) in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == [home] and list(home.iterdir()) == []
 
 
 @pytest.mark.parametrize("mutate, args, message", [

@@ -526,3 +526,28 @@ def test_full_batch_runs_under_zcdp_report_rho_and_compose_by_adding_it(prefect_
     assert both < 2 * one
     versions = client.search_model_versions(f"run_id = '{first['run_id']}'")
     assert versions and versions[0].tags["dp.zcdp_rho"] == run.data.tags["dp.zcdp_rho"]
+
+
+def test_the_default_ledger_never_starts_beside_the_one_earlier_privzo_kept_in_the_folder(
+        prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """Before, a spec without budget.ledger used ./privacy-ledger.db, a file that depends on the folder a
+    run starts in. The default is now this user's ~/.privzo ledger; a run that would open it while a
+    ./privacy-ledger.db sits in its folder is refused before anything is reserved or written, since the
+    dataset's earlier runs may be recorded only there."""
+    from flows.private_train import private_train
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "privacy-ledger.db").write_bytes(b"")
+    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["budget"] = {"dataset": "digits", "lifetime_epsilon": 8.0}
+    with pytest.raises(ValueError, match=r"^budget.ledger: ./privacy-ledger.db is a ledger earlier privzo kept here by "
+                                         r"default; name the ledger this dataset's runs use"):
+        private_train(spec=tiny_spec_dict)
+    assert not (tmp_path / "home").exists() and not (tmp_path / "mlflow.db").exists()
+    (tmp_path / "privacy-ledger.db").unlink()
+    result = private_train(spec=tiny_spec_dict)
+    from flows.ledger import PrivacyLedger
+
+    (charge,) = PrivacyLedger(f"sqlite:///{tmp_path / 'home' / '.privzo' / 'privacy-ledger.db'}").history("digits")
+    assert charge.run_id == result["run_id"] and charge.status == "committed"

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -305,7 +306,8 @@ def test_an_unknown_key_in_an_optional_section_lists_that_sections_keys(tiny_spe
 def test_an_unnamed_tracking_store_and_ledger_come_from_the_environment(tiny_spec_dict, monkeypatch):
     tiny_spec_dict["budget"] = {"dataset": "digits", "lifetime_epsilon": 8.0}
     spec = specs.spec_from_dict(tiny_spec_dict)
-    assert (spec.tracking.uri, spec.budget.ledger) == ("sqlite:///mlflow.db", "sqlite:///privacy-ledger.db")
+    home_ledger = f"sqlite:///{Path.home() / '.privzo' / 'privacy-ledger.db'}"  # the same from any folder
+    assert (spec.tracking.uri, spec.budget.ledger) == ("sqlite:///mlflow.db", home_ledger)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     monkeypatch.setenv("PRIVZO_LEDGER_URL", "postgresql+psycopg://privzo@db/ledger")
     spec = specs.spec_from_dict(tiny_spec_dict)
@@ -327,3 +329,26 @@ def test_a_bad_tracking_uri_from_the_environment_says_where_it_came_from(tiny_sp
         specs.spec_from_dict(tiny_spec_dict)
     assert "tracking.uri" in str(info.value) and "MLFLOW_TRACKING_URI" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("ledger, message", [
+    ("sqlite:///privacy-ledger.db", "a relative SQLite path names another ledger from every folder privzo runs in"),
+    ("sqlite:///../l.db", "a relative SQLite path"),
+    ("sqlite://", "an in-memory SQLite ledger forgets every run when its process ends"),
+    ("sqlite:///:memory:", "an in-memory SQLite ledger"),
+    ("sqlite:///file:l?mode=memory&uri=true", "an in-memory SQLite ledger"),
+])
+def test_a_ledger_must_be_the_same_from_every_folder(tiny_spec_dict, ledger, message, monkeypatch, tmp_path):
+    """Two folders, two relative ledgers: runs started in each see only their own total and could
+    together pass the lifetime budget; an in-memory ledger forgets them all."""
+    monkeypatch.chdir(tmp_path)
+    tiny_spec_dict["budget"] = {"dataset": "digits", "lifetime_epsilon": 8.0, "ledger": ledger}
+    text = _error_for(tiny_spec_dict, lambda d: None)
+    assert text.startswith("budget.ledger: ") and message in text
+    if "relative" in message and ".." not in ledger:
+        assert f"(this folder's: sqlite:///{tmp_path / 'privacy-ledger.db'})" in text
+    tiny_spec_dict["budget"]["ledger"] = f"sqlite:///{tmp_path / 'l.db'}"
+    assert specs.spec_from_dict(tiny_spec_dict).budget.ledger == f"sqlite:///{tmp_path / 'l.db'}"
+    del tiny_spec_dict["budget"]["ledger"]
+    monkeypatch.setenv("PRIVZO_LEDGER_URL", ledger)
+    assert "PRIVZO_LEDGER_URL" in _error_for(tiny_spec_dict, lambda d: None)
