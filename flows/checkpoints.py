@@ -20,6 +20,9 @@ import torch
 FORMAT = 1
 FILE = "checkpoint.pt"
 INTENT = "intent.json"  # written before a chunk's first private query: what a kill during it may have spent
+# written before the ledger reservation of a new run; the step-0 checkpoint, which precedes every private
+# query, supersedes it. A folder holding it and no checkpoint is a run killed before any private query.
+RESERVATION = "reservation.json"
 
 
 def spec_digest(spec) -> str:
@@ -42,7 +45,7 @@ def resume_store(root: str, name: str, resume: Optional[str]) -> Optional["Check
     if key is None:
         raise FileNotFoundError(f"resume: no checkpoint of {name} under {root}; nothing to resume")
     store = CheckpointStore(root, name, key)
-    if not store.exists():
+    if not store.exists() and store.reservation() is None:
         raise FileNotFoundError(f"resume: no checkpoint {store.path}; see the folders under {root}/{name}")
     return store
 
@@ -107,13 +110,33 @@ class CheckpointStore:
             return state
         return {**state, "loop": {**loop, "privacy_steps": bound}, "unrecorded_steps": bound - loop["privacy_steps"]}
 
-    def write_intent(self, intent: dict) -> None:
-        tmp = self.dir / f".{INTENT}.{os.getpid()}.tmp"
+    def _write_json(self, name: str, value: dict) -> None:
+        tmp = self.dir / f".{name}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            json.dump(intent, f)
+            json.dump(value, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.dir / INTENT)
+        os.replace(tmp, self.dir / name)
+
+    def write_intent(self, intent: dict) -> None:
+        self._write_json(INTENT, intent)
+
+    def write_reservation(self, charge_id: str, ledger: str) -> None:
+        """Before the ledger reserves ``charge_id``: a process killed between the reservation and its step-0
+        checkpoint leaves this, and the next run under this key (a resume, a Prefect retry) releases it."""
+        self._write_json(RESERVATION, {"charge_id": charge_id, "ledger": ledger})
+
+    def reservation(self) -> Optional[dict]:
+        """The reservation of a run killed before its step-0 checkpoint, i.e. before any private query."""
+        if self.exists():
+            return None
+        try:
+            return json.loads((self.dir / RESERVATION).read_text())
+        except FileNotFoundError:
+            return None
+
+    def clear_reservation(self) -> None:
+        (self.dir / RESERVATION).unlink(missing_ok=True)
 
     def clear_intent(self) -> None:
         (self.dir / INTENT).unlink(missing_ok=True)
@@ -144,10 +167,11 @@ class CheckpointStore:
     @staticmethod
     def latest_key(root: str, name: str) -> Optional[str]:
         """The run key of the most recently written checkpoint of an unfinished run of ``name``, if any."""
-        runs = [p.parent for p in (Path(root) / name).glob(f"*/{FILE}") if not (p.parent / "finished").exists()]
+        written = [p for pattern in (FILE, RESERVATION) for p in (Path(root) / name).glob(f"*/{pattern}")]
+        runs = [p for p in written if not (p.parent / "finished").exists()]
         if not runs:
             return None
-        return max(runs, key=lambda d: (d / FILE).stat().st_mtime).name
+        return max(runs, key=lambda p: p.stat().st_mtime).parent.name
 
 
 class Checkpointer:
@@ -171,9 +195,11 @@ class Checkpointer:
     def rewind(self, loop) -> int:
         """Back to the last checkpoint after a failed attempt; the steps the attempt spent stay charged
         (the exception may have depended on what they released). Returns the steps discarded."""
-        if self.last is None or loop.step == self.last["step"]:
+        if self.last is None:
             return 0
         discarded = loop.step - self.last["step"]
+        # reloaded even when no step completed: an update that failed half-applied (the driver's replica
+        # moved, a worker's did not) must not stay in the parameters without its journal entry
         loop.load_state_dict(self.last, restore_privacy_steps=False)
         return discarded
 

@@ -255,7 +255,8 @@ class PrivacyLedger:
     def reserve(self, *, dataset: str, fingerprint: str, run_name: str, planned: dp_accounting.DpEvent,
                 steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str,
                 private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = (), row_layout: str = "",
-                legacy_layout: Optional[str] = None, legacy_rows: Optional[Mapping[str, str]] = None) -> str:
+                legacy_layout: Optional[str] = None, legacy_rows: Optional[Mapping[str, str]] = None,
+                charge_id: Optional[str] = None) -> str:
         """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon`` and no
         row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run; records
         ``private_rows``. Rows are matched by fingerprint, so ``row_layout`` (what fingerprints are computed
@@ -264,7 +265,8 @@ class PrivacyLedger:
 
         A dataset whose rows were recorded under ``legacy_layout`` (plain hashes, before rows were keyed) is
         re-keyed in the same transaction with ``legacy_rows`` (each of this run's rows: plain -> keyed),
-        provided every recorded row is among them; otherwise the run is refused and nothing changes."""
+        provided every recorded row is among them; otherwise the run is refused and nothing changes.
+        ``charge_id``: chosen by the caller, who records it before reserving (see flows.checkpoints)."""
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
@@ -303,7 +305,7 @@ class PrivacyLedger:
             new_rows = set(private_rows) - known
             if new_rows:
                 session.execute(insert(PrivateRowRow), [{"dataset": dataset, "row": r} for r in sorted(new_rows)])
-            charge = ChargeRow(id=str(uuid.uuid4()), dataset=dataset, fingerprint=fingerprint, run_name=run_name,
+            charge = ChargeRow(id=charge_id or str(uuid.uuid4()), dataset=dataset, fingerprint=fingerprint, run_name=run_name,
                                status=RESERVED, planned_event=event_to_json(planned), steps_planned=steps,
                                steps_run=0, planned_epsilon=requested, created_at=_now(), updated_at=_now())
             session.add(charge)

@@ -61,7 +61,7 @@ def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
 
 
 @task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
-def reserve_budget(plan: Plan, data: SplitData) -> Optional[str]:
+def reserve_budget(plan: Plan, data: SplitData, charge_id: str) -> Optional[str]:
     """Reserve the planned DpEvent on the dataset's lifetime budget, in one transaction, before any
     private row is queried; refuses (writing nothing) if the composed total would exceed it, or if a
     public or test row of this run was private in an earlier one."""
@@ -84,7 +84,8 @@ def reserve_budget(plan: Plan, data: SplitData) -> Optional[str]:
         steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
         private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
-        legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)))
+        legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
+        charge_id=charge_id)
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)
@@ -148,6 +149,7 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
         store = CheckpointStore(spec.checkpoint.dir, spec.name, str(flow_run.get_id() or uuid.uuid4().hex))
     if not store.exists():
         store.lock()
+        _release_orphan(store)
         return store, None
     store.lock()
     try:
@@ -162,6 +164,20 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
             "the killed process may have run up to %d private steps after that checkpoint: all are charged "
             "(%d privacy steps spent)", saved["unrecorded_steps"], saved["loop"]["privacy_steps"])
     return store, saved
+
+
+def _release_orphan(store: CheckpointStore) -> None:
+    """A process killed after reserving and before its step-0 checkpoint made no private query: release
+    its reservation, which would otherwise count its planned epsilon against the dataset for good."""
+    orphan = store.reservation()
+    if orphan is None:
+        return
+    from flows.ledger import PrivacyLedger
+
+    PrivacyLedger(orphan["ledger"]).abort(orphan["charge_id"])  # a reservation only; a committed charge stays
+    store.clear_reservation()
+    get_run_logger().warning("run %s was killed before its first private query: its ledger reservation %s is "
+                             "released, and the run starts from the beginning", store.key, orphan["charge_id"])
 
 
 def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str) -> Dict[str, Any]:
@@ -347,7 +363,12 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     charge_id = None
     try:
         source = None if saved else registered_source(resolved)
-        charge_id = saved["charge_id"] if saved else reserve_budget(plan, data)
+        if saved:
+            charge_id = saved["charge_id"]
+        elif resolved.budget is not None:
+            charge_id = str(uuid.uuid4())
+            store.write_reservation(charge_id, resolved.budget.ledger)  # before the ledger holds it
+            reserve_budget(plan, data, charge_id)
         built = builders.build_loop(resolved, data)
         if saved:
             _same_stream(store, saved, built.loop.backend.directions.stream)

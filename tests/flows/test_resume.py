@@ -264,3 +264,35 @@ def test_a_kill_mid_chunk_is_charged_up_to_the_chunk_end_and_a_recorded_failure_
     state = store.load()
     assert state["loop"]["step"] == 40 and state["loop"]["privacy_steps"] == 52
     assert "unrecorded_steps" not in state
+
+
+def test_a_run_killed_before_its_first_checkpoint_releases_its_reservation(prefect_server, tiny_spec_dict, tmp_path):
+    """Killed after the ledger reserved its run but before the step-0 checkpoint (here in the public warm
+    start; every private query comes after that checkpoint), a run made no private query. Its reservation
+    would count the planned epsilon for good; the next run under its key (`--resume latest`, or Prefect
+    retrying the flow run) releases it and starts over, so the dataset is charged one run."""
+    from flows.ledger import PrivacyLedger
+
+    spec = _spec(tiny_spec_dict, tmp_path, private=True)
+    spec["optimizer"]["steps"] = 60
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    killer = ("import os, signal, sys\nimport flows.private_train as pt\n"  # the process and all it started
+              "pt.public_warm_start = lambda spec, built: os.killpg(0, signal.SIGKILL)\n"
+              "from flows.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    with open(tmp_path / "killed.log", "w") as log:
+        killed = subprocess.run([sys.executable, "-c", killer, "run", str(spec_path), "--no-progress"], cwd=tmp_path,
+                                stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                                timeout=300, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
+    ledger = PrivacyLedger(spec["budget"]["ledger"])
+    (orphan,) = ledger.history("digits-patients")
+    assert orphan.status == "reserved" and ledger.spent("digits-patients") == pytest.approx(orphan.planned_epsilon)
+
+    resumed = _cli("run", str(spec_path), "--no-progress", "--resume", "latest", cwd=tmp_path)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"its ledger reservation {orphan.id} is released, and the run starts from the beginning" in out
+    released, charge = ledger.history("digits-patients")
+    assert (released.id, released.status) == (orphan.id, "aborted") and charge.status == "committed"
+    assert ledger.spent("digits-patients") == pytest.approx(charge.planned_epsilon)  # one run, not two
