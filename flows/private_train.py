@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+import dp_accounting
 import mlflow
 import numpy as np
 import torch
@@ -25,11 +28,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 
 import specs
 from specs.sections import default_ledger
 from components import builders, models
-from components.accountants import event_to_json
+from components.accountants import Accountant, event_from_json, event_to_json
 from components.data import SplitData
 from components.estimators.directions import GENERATOR_VERSION
 from flows.checkpoints import Checkpointer, CheckpointStore, resume_store, spec_digest
@@ -221,7 +225,6 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
     before anything is reserved or written. A private run never starts from a version that is not DP."""
     if spec.optimizer.init != "latest_registered":
         return None
-    from mlflow.exceptions import MlflowException
 
     client = mlflow.MlflowClient(spec.tracking.uri)
     try:
@@ -245,9 +248,49 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
             raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} was trained "
                              f"by a run not charged to dataset {spec.budget.dataset!r}, so its epsilon is not in "
                              f"the ledger; use init: seed, or register the model under another name")
-    return {"privzo.init": f"models:/{spec.name}/{latest.version}",
-            "privzo.init_epsilon": tags.get("dp.epsilon", "unknown"),
+    return {"privzo.init": f"models:/{spec.name}/{latest.version}", "privzo.init_run_id": latest.run_id,
+            "privzo.init_epsilon": tags.get("dp.model_epsilon", tags.get("dp.epsilon", "unknown")),
             "privzo.init_data_fingerprint": tags.get("data.fingerprint", "unknown")}
+
+
+MODEL_EVENT = "model_dp_event.json"
+
+
+def model_event(client: mlflow.MlflowClient, run_id: str, spec: specs.RunSpec,
+                event: dp_accounting.DpEvent) -> Optional[dp_accounting.DpEvent]:
+    """Everything the model of ``run_id`` was trained with: ``event`` (this run's), composed with the model
+    it started from (``privzo.init_run_id``), whose own ``model_dp_event.json`` holds the same for its start,
+    and so on back to a seed initialisation. Composition is what the model's guarantee is when the runs
+    trained on the same people, and an upper bound otherwise. None when a start's events are unknown (a
+    run logged before privzo kept them) or were accounted under another neighbouring relation."""
+    source = client.get_run(run_id).data.tags.get("privzo.init_run_id")
+    if source is None:
+        return event
+    started = client.get_run(source).data.tags
+    if spec.privacy is not None and started.get("dp.neighboring") != spec.privacy.neighboring:
+        return None
+    names = [MODEL_EVENT] + ([] if "privzo.init_run_id" in started or started.get("privzo.init", "seed").startswith(
+        "models:/") else ["dp_event.json"])  # a run that started from the seed: its own event is its model's
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            try:
+                before = event_from_json(Path(client.download_artifacts(source, name, folder)).read_text())
+            except (MlflowException, OSError):
+                continue
+            return dp_accounting.ComposedDpEvent([before, event])
+    return None
+
+
+def model_epsilon(spec: specs.RunSpec, event: Optional[dp_accounting.DpEvent]) -> float:
+    """epsilon of a model's composed event at this run's delta (inf where unknown or not private)."""
+    if event is None or spec.privacy is None:
+        return math.inf
+    for acc in (builders.accountant(spec), Accountant("rdp", spec.privacy.neighboring)):
+        try:
+            return acc.epsilon(event, float(spec.privacy.delta))
+        except ValueError:  # e.g. a zcdp run continuing a Poisson-sampled one: rdp accounts for both
+            continue
+    return math.inf
 
 
 @task(name="initial-weights", cache_policy=NO_CACHE, retries=2)
@@ -317,12 +360,12 @@ def log_metrics(tracking_uri: str, run_id: str, metrics: Dict[str, float], step:
 
 @task(name="log-privacy", cache_policy=NO_CACHE, retries=2)
 def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: str, event_json: str,
-                journal: str) -> None:
+                journal: str, extra: Optional[Dict[str, str]] = None) -> None:
     """What was spent, whatever happened: DP tags, the composed DpEvent, the report and the journal."""
     client = mlflow.MlflowClient(tracking_uri)
     client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
     log_text_artifacts(client, run_id, {
-        "dp_event.json": event_json, "privacy_report.md": report, "journal/journal.json": journal})
+        "dp_event.json": event_json, "privacy_report.md": report, "journal/journal.json": journal, **(extra or {})})
 
 
 @task(name="register-model", cache_policy=NO_CACHE)
@@ -484,12 +527,20 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION),
                 "privzo.directions_stream": built.loop.backend.directions.stream}
         report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
-        if init_tags.get("privzo.init", "seed").startswith("models:/"):
-            report += (f"\n**Initialisation.** {init_tags['privzo.init']} (epsilon {init_tags['privzo.init_epsilon']}). "
-                       "On the same people's data the model's guarantee is the composition of both runs; a "
-                       "`budget` section keeps that total in the ledger.\n")
+        client = mlflow.MlflowClient(uri)
+        composed = model_event(client, run_id, resolved, built.loop.tracker.event())
+        tags["dp.model_epsilon"] = f"{model_epsilon(resolved, composed):.6g}"
+        started = client.get_run(run_id).data.tags.get("privzo.init", "seed")
+        if started.startswith("models:/"):
+            report += (f"\n**Initialisation.** {started}. The model trained on what that version was trained on "
+                       f"and on this run's data: its guarantee composes every run back to a seed initialisation, "
+                       f"epsilon {tags['dp.model_epsilon']} at this run's delta (tag dp.model_epsilon"
+                       + ("" if composed is not None else "; unknown: a start's privacy events are not recorded")
+                       + "), against this run's own epsilon in dp.epsilon. A `budget` section keeps the dataset's "
+                       "total in the ledger.\n")
+        extra = {MODEL_EVENT: event_to_json(composed)} if composed is not None else {}
         log_privacy(uri, run_id, tags, report, event_to_json(built.loop.tracker.event()),
-                    journal_json(built.loop.journal))
+                    journal_json(built.loop.journal), extra)
         if status != "FINISHED":
             mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
     version = register_model(uri, run_id, built.model, data.test.features.shape[1:], str(data.test.features.dtype),

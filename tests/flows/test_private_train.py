@@ -331,20 +331,40 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     for a, b in zip(params, end.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
+    # the model's guarantee composes every run back to the seed: version 3's, then version 4's, then this
+    from components.accountants import event_from_json
+
+    def event_of(run_id):
+        return event_from_json(Path(client.download_artifacts(run_id, "dp_event.json", str(tmp_path / run_id))).read_text())
+
+    chained = private_train(spec=retrain)  # version 5, started from version 4
+    tags = client.get_run(chained["run_id"]).data.tags
+    v3_run = client.get_model_version("tiny-digits", "3").run_id
+    composed = dp_accounting.ComposedDpEvent([event_of(v3_run), event_of(second["run_id"]), event_of(chained["run_id"])])
+    accountant = dp_accounting.rdp.RdpAccountant()
+    expected = accountant.compose(composed).get_epsilon(float(tags["dp.delta"]))
+    assert float(tags["dp.model_epsilon"]) == pytest.approx(expected, rel=1e-5)
+    assert float(tags["dp.model_epsilon"]) > float(tags["dp.epsilon"]) + 0.5  # three runs, not this one alone
+    assert client.get_model_version("tiny-digits", "5").tags["dp.model_epsilon"] == tags["dp.model_epsilon"]
+    assert client.get_run(second["run_id"]).data.tags["dp.model_epsilon"] != client.get_run(second["run_id"]).data.tags["dp.epsilon"]
+    assert client.get_run(v3_run).data.tags["dp.model_epsilon"] == client.get_run(v3_run).data.tags["dp.epsilon"]
+    report = Path(client.download_artifacts(chained["run_id"], "privacy_report.md", str(tmp_path / "r"))).read_text()
+    assert f"epsilon {tags['dp.model_epsilon']} at this run's delta" in report
+
     # with a budget, the version a run continues must itself be charged to the ledger, or the total misses it
     from flows.ledger import PrivacyLedger
 
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     budgeted = copy.deepcopy(retrain)
     budgeted["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 10.0, "ledger": ledger_url}
-    with pytest.raises(ValueError, match="version 4 was trained by a run not charged to dataset 'digits-patients'"):
+    with pytest.raises(ValueError, match="version 5 was trained by a run not charged to dataset 'digits-patients'"):
         private_train(spec=budgeted)
     assert PrivacyLedger(ledger_url).history("digits-patients") == []  # refused before reserving
     from_seed = copy.deepcopy(budgeted)
     from_seed["optimizer"]["init"] = "seed"
-    assert private_train(spec=from_seed)["model_version"] == "5"
-    third = private_train(spec=budgeted)  # version 5 is charged: allowed
-    assert client.get_run(third["run_id"]).data.tags["privzo.init"] == "models:/tiny-digits/5"
+    assert private_train(spec=from_seed)["model_version"] == "6"
+    third = private_train(spec=budgeted)  # version 6 is charged: allowed
+    assert client.get_run(third["run_id"]).data.tags["privzo.init"] == "models:/tiny-digits/6"
     assert [c.status for c in PrivacyLedger(ledger_url).history("digits-patients")] == ["committed"] * 2
 
 
