@@ -65,9 +65,10 @@ class StepContext:
                                                    query.embedding_share)
         if isinstance(query, VectorFiniteDifferences):
             directions = loop.backend.directions
-            vector = [sum(float(w) * directions.tensor(d.seed, i) for w, d in zip(sums, query.directions))
+            # summed in float64: in float32 the rounding let one example move the sum past its clip (by ~1e-6 C)
+            vector = [sum(float(w) * directions.tensor(d.seed, i).double() for w, d in zip(sums, query.directions))
                       for i in range(len(directions.params))]
-            return loop.mechanism.release_dense(vector)
+            return [r.to(p.dtype) for r, p in zip(loop.mechanism.release_dense(vector), directions.params)]
         noisy = loop.mechanism.release(sums)
         self.released.extend(float(v) for v in noisy)
         return noisy
