@@ -131,3 +131,90 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
             states = conn.execute(sa.text("SELECT state_name FROM flow_run")).scalars().all()
         engine.dispose()
         assert states == ["Completed"]
+
+
+COMPOSE = ROOT / "infra" / "compose"
+
+
+def _compose():
+    return yaml.safe_load((COMPOSE / "compose.yaml").read_text())
+
+
+def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
+    """No Docker engine runs here, so infra/compose is held to the names privzo and the local Postgres
+    stack use: the worker's environment, the databases, the drivers, the deployments' pool, the image."""
+    from flows.tracking import KEY_ENV
+    from specs.sections import LEDGER_URL_ENV, TRACKING_URI_ENV
+
+    services = _compose()["services"]
+    worker = services["worker"]["environment"]
+    assert set(worker) == {"PREFECT_API_URL", TRACKING_URI_ENV, LEDGER_URL_ENV, KEY_ENV}
+    assert worker["PREFECT_API_URL"] == "http://prefect-server:4200/api" and worker[TRACKING_URI_ENV] == "http://mlflow:5000"
+    assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://") and worker[LEDGER_URL_ENV].endswith("@postgres:5432/privzo")
+    prefect_db = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert prefect_db.startswith("postgresql+asyncpg://") and prefect_db.endswith("@postgres:5432/prefect")
+    mlflow_cmd = services["mlflow"]["command"]
+    store = mlflow_cmd[mlflow_cmd.index("--backend-store-uri") + 1]
+    assert store.startswith("postgresql+psycopg://") and store.endswith("@postgres:5432/mlflow")
+    made = {line.split()[2] for line in (COMPOSE / "postgres-init.sql").read_text().splitlines()
+            if line.startswith("CREATE DATABASE")}
+    assert made | {services["postgres"]["environment"]["POSTGRES_DB"]} == {"privzo", "prefect", "mlflow"}
+    # the worker deploys infra/prefect.yaml and serves the pool its deployments name
+    deployments = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())["deployments"]
+    pools = {d["work_pool"]["name"] for d in deployments}
+    assert pools == {"local"} and "--prefect-file infra/prefect.yaml" in services["worker"]["command"][-1]
+    assert "prefect worker start --pool local" in services["worker"]["command"][-1]
+    # the image holds every package pyproject installs and the working folder the deployments pull to
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    for package in ("specs", "components", "flows", "infra"):
+        assert f"COPY {package} {package}" in dockerfile
+    assert "PRIVZO_ROOT=/opt/privzo" in dockerfile and "WORKDIR /opt/privzo" in dockerfile
+    assert 'torch==2.13.0' in dockerfile  # pinned, before the project (ENVIRONMENT.md)
+    if shutil.which("docker-compose") or shutil.which("docker"):
+        cmd = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
+        env = dict(os.environ, PRIVZO_DB_PASSWORD="x", PRIVZO_FINGERPRINT_KEY="y" * 64)
+        checked = subprocess.run([*cmd, "-f", str(COMPOSE / "compose.yaml"), "config", "-q"], env=env,
+                                 capture_output=True, text=True)
+        if "unknown command" not in checked.stderr + checked.stdout:
+            assert checked.returncode == 0, checked.stderr
+
+
+def test_the_compose_mlflow_command_answers_the_worker_by_its_service_name(tmp_path):
+    """MLflow answers only Host headers it allows (DNS-rebinding guard): the compose file's own command,
+    run here with a SQLite store, must answer `mlflow:5000`, the name the worker calls it by."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    cmd = list(_compose()["services"]["mlflow"]["command"])
+    port = _free_port()
+    cmd[cmd.index("--backend-store-uri") + 1] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd[cmd.index("--artifacts-destination") + 1] = str(tmp_path / "artifacts")
+    cmd[cmd.index("--port") + 1] = str(port)
+    cmd[cmd.index("--host") + 1] = "127.0.0.1"
+    cmd[0] = str(BIN / "mlflow")
+    server = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+
+    def status(host):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=1",
+                                         headers={"Host": host})
+        try:
+            return urllib.request.urlopen(request, timeout=5).status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert status("localhost") == 200
+                break
+            except (urllib.error.URLError, ConnectionError, AssertionError):
+                assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
+                time.sleep(0.5)
+        assert status("mlflow:5000") == 200
+        assert status("mlflow.attacker.example") != 200  # the guard is on, and the service name is allowed by it
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(30)
