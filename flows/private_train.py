@@ -74,10 +74,6 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str) -> Optional[str]
         return None
     from flows.ledger import PrivacyLedger
 
-    if spec.budget.ledger == default_ledger() and os.path.exists("privacy-ledger.db"):
-        # earlier privzo kept the default ledger in the working folder: never start a fresh one beside it
-        raise ValueError("budget.ledger: ./privacy-ledger.db is a ledger earlier privzo kept here by default; name the "
-                         "ledger this dataset's runs use (budget.ledger or PRIVZO_LEDGER_URL, with an absolute path)")
     ledger = PrivacyLedger(spec.budget.ledger)
     # the ledger is read by more people than the data: it holds keyed fingerprints only
     private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints
@@ -266,7 +262,10 @@ def model_event(client: mlflow.MlflowClient, run_id: str, spec: specs.RunSpec,
     source = client.get_run(run_id).data.tags.get("privzo.init_run_id")
     if source is None:
         return event
-    started = client.get_run(source).data.tags
+    try:
+        started = client.get_run(source).data.tags
+    except MlflowException:  # the run it started from was deleted: its events are unknown
+        return None
     if spec.privacy is not None and started.get("dp.neighboring") != spec.privacy.neighboring:
         return None
     names = [MODEL_EVENT] + ([] if "privzo.init_run_id" in started or started.get("privzo.init", "seed").startswith(
@@ -327,7 +326,12 @@ def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
 def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
     if (spec_path is None) == (spec is None):
         raise ValueError("private_train: give exactly one of spec_path or spec")
-    return specs.load_spec(spec_path) if spec_path is not None else specs.spec_from_dict(spec)
+    run_spec = specs.load_spec(spec_path) if spec_path is not None else specs.spec_from_dict(spec)
+    if run_spec.budget is not None and run_spec.budget.ledger == default_ledger() and os.path.exists("privacy-ledger.db"):
+        # earlier privzo kept the default ledger in the working folder: never start a fresh one beside it
+        raise ValueError("budget.ledger: ./privacy-ledger.db is a ledger earlier privzo kept here by default; name the "
+                         "ledger this dataset's runs use (budget.ledger or PRIVZO_LEDGER_URL, with an absolute path)")
+    return run_spec
 
 
 @task(name="open-run", cache_policy=NO_CACHE, retries=2)
