@@ -305,6 +305,9 @@ def test_an_unknown_key_in_an_optional_section_lists_that_sections_keys(tiny_spe
 
 def test_an_unnamed_tracking_store_and_ledger_come_from_the_environment(tiny_spec_dict, monkeypatch):
     tiny_spec_dict["budget"] = {"dataset": "digits", "lifetime_epsilon": 8.0}
+    # mlflow.set_tracking_uri (called by every run in this process) sets MLFLOW_TRACKING_URI itself
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PRIVZO_LEDGER_URL", raising=False)
     spec = specs.spec_from_dict(tiny_spec_dict)
     home_ledger = f"sqlite:///{Path.home() / '.privzo' / 'privacy-ledger.db'}"  # the same from any folder
     assert (spec.tracking.uri, spec.budget.ledger) == ("sqlite:///mlflow.db", home_ledger)
