@@ -11,7 +11,7 @@ import sys
 from typing import List, Optional
 
 import specs
-from specs.sections import LEDGER_URL_ENV, default_ledger
+from specs.sections import LEDGER_URL_ENV, ledger_from_env
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -175,7 +175,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history")
     p.add_argument("action", choices=["show", "history"])
     p.add_argument("dataset")
-    p.add_argument("--ledger", default=os.environ.get(LEDGER_URL_ENV, "").strip() or default_ledger(),
+    p.add_argument("--ledger", default=ledger_from_env(),
                    help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")

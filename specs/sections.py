@@ -582,12 +582,16 @@ TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 LEDGER_URL_ENV = "PRIVZO_LEDGER_URL"
 
 
-def _from_env(name: str, fallback: str):
-    return lambda: os.environ.get(name, "").strip() or fallback
+def tracking_uri_from_env() -> str:
+    return os.environ.get(TRACKING_URI_ENV, "").strip() or "sqlite:///mlflow.db"
+
+
+def ledger_from_env() -> str:
+    return os.environ.get(LEDGER_URL_ENV, "").strip() or default_ledger()
 
 
 class TrackingSpec(Strict):
-    uri: str = Field(default_factory=_from_env(TRACKING_URI_ENV, "sqlite:///mlflow.db"), min_length=1,
+    uri: str = Field(default_factory=tracking_uri_from_env, min_length=1,
                      description="MLflow tracking URI: sqlite:///PATH, a folder, postgresql://, mysql://, "
                      f"http(s)://. Default: ${TRACKING_URI_ENV}, else sqlite:///mlflow.db.")
     experiment: Optional[str] = Field(None, description="MLflow experiment; default: the spec name.")
@@ -620,7 +624,7 @@ class BudgetSpec(Strict):
     dataset: str = Field(..., pattern=DATASET_PATTERN,
                          description="Ledger id of the people whose data this is (shared by every run on it).")
     lifetime_epsilon: PositiveFloat
-    ledger: str = Field(default_factory=lambda: os.environ.get(LEDGER_URL_ENV, "").strip() or default_ledger(),
+    ledger: str = Field(default_factory=ledger_from_env,
                         min_length=1,
                         description="SQLAlchemy URL (SQLite with an absolute path, PostgreSQL). Every run on one "
                         f"dataset must use one ledger. Default: ${LEDGER_URL_ENV}, else this user's "
