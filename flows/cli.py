@@ -1,4 +1,4 @@
-"""``privzo`` command line: run, validate, calibrate, schema.
+"""``privzo`` command line: run, validate, calibrate, sweep, budget, audit, schema.
 
 Validation imports only the spec layer, so a bad spec is reported in well under a second and nothing
 (no MLflow run, no Prefect flow run, no file) is created.
@@ -19,10 +19,19 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+# insecure_deterministic: the epsilon a spec names is nominal, and every output that shows it says so
+INSECURE = ("NOT private (privacy.insecure_deterministic: noise and batches come from the public seed; "
+            "the nominal epsilon does not hold)")
+
+
 def cmd_validate(args) -> int:
     spec = specs.load_spec(args.spec)
-    privacy = (f"target epsilon {spec.privacy.epsilon}, accountant {spec.privacy.accountant}"
-               if spec.privacy else "NOT private (mechanism none)")
+    if spec.privacy is None:
+        privacy = "NOT private (mechanism none)"
+    elif spec.privacy.insecure_deterministic:
+        privacy = f"{INSECURE}, nominal target epsilon {spec.privacy.epsilon}, accountant {spec.privacy.accountant}"
+    else:
+        privacy = f"target epsilon {spec.privacy.epsilon}, accountant {spec.privacy.accountant}"
     print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, {privacy}")
     return 0
 
@@ -38,14 +47,18 @@ def cmd_calibrate(args) -> int:
         print(f"mechanism none: no noise, not private ({resolved.optimizer.steps} steps)")
         return 0
     sigma = float(resolved.mechanism.noise_multiplier)
+    nominal = "" if resolved.private else "  NOT private: nominal only"
+    if not resolved.private:
+        print(f"privacy:                  {INSECURE}")
     print(f"noise_multiplier (sigma): {sigma:.6g}")
     print(f"steps:                    {resolved.optimizer.steps}")
-    print(f"sampling rate:            {rate:.6g}  ({builders.build_sampler(resolved.sampling, n).describe()})")
-    print(f"epsilon:                  {eps:.6g}  (target {resolved.privacy.epsilon}, accountant {resolved.privacy.accountant})")
-    print(f"delta:                    {float(resolved.privacy.delta):.6g}")
+    print(f"sampling rate:            {rate:.6g}  ({builders.spec_sampler(resolved, n).describe()})")
+    print(f"epsilon:                  {eps:.6g}  (target {resolved.privacy.epsilon}, accountant "
+          f"{resolved.privacy.accountant}){nominal}")
+    print(f"delta:                    {float(resolved.privacy.delta):.6g}{nominal}")
     if resolved.privacy.accountant == "zcdp":
         rho = builders.accountant(resolved).rho(builders.planned_event(resolved, n, sigma))
-        print(f"zCDP rho:                 {rho:.6g}")
+        print(f"zCDP rho:                 {rho:.6g}{nominal}")
     return 0
 
 
@@ -144,6 +157,32 @@ def _show_budget(args, ledger) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
+    from components.audit import audit_problem
+
+    problem = audit_problem(spec)
+    if problem:
+        return _fail(problem)
+    if args.canaries is not None and args.canaries < 4:
+        return _fail(f"--canaries: {args.canaries} must be at least 4")
+    if not 0.0 < args.confidence < 1.0:
+        return _fail(f"--confidence: {args.confidence} must be strictly between 0 and 1 (e.g. 0.95)")
+    if not args.noise_scale >= 0.0:
+        return _fail(f"--noise-scale: {args.noise_scale} must be >= 0")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.audit import privacy_audit
+
+    result = privacy_audit(spec_path=str(args.spec), canaries=args.canaries, confidence=args.confidence,
+                           background=args.background, noise_scale=args.noise_scale, guesses=args.guesses,
+                           tracking_uri=args.tracking_uri, experiment=args.experiment, log=not args.no_log)
+    print()
+    print(result["report"], end="")
+    if "run_id" in result:
+        print(f"MLflow run {result['run_id']} in {result['tracking_uri']}")
+    return 0
+
+
 def cmd_schema(_args) -> int:
     print(specs.json_schema())
     return 0
@@ -178,6 +217,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--ledger", default=ledger_from_env(),
                    help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)
+    p = sub.add_parser("audit", help="empirical lower bound on a spec's epsilon (canaries, one training run)")
+    p.add_argument("spec")
+    p.add_argument("--canaries", type=int, default=None,
+                   help="canary slots, each included with probability 1/2 (default: 1000 for d-dimensional "
+                        "releases, rate x steps x queries / 4 within 100..1000 for scalar ones)")
+    p.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound (default 0.95)")
+    p.add_argument("--background", choices=["none", "public"], default="none",
+                   help="rows present besides the canaries: none (the worst case) or the spec's public rows")
+    p.add_argument("--guesses", type=int, default=None, help="number of guesses (default: chosen without the truth)")
+    p.add_argument("--noise-scale", type=float, default=1.0,
+                   help="self-test: multiply the noise by this while claiming the calibrated epsilon (0: no noise)")
+    p.add_argument("--tracking-uri", default=None, help="default: the spec's tracking.uri")
+    p.add_argument("--experiment", default=None, help="default: the spec's experiment (its name)")
+    p.add_argument("--no-log", action="store_true", help="print the report only; no MLflow run")
+    p.set_defaults(func=cmd_audit)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)

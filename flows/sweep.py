@@ -4,6 +4,10 @@ a results table (mean +- std over seeds) and the privacy-utility plot.
 Each cell is a complete private run of its own (calibrated for its epsilon, fresh OS-entropy noise);
 cells share nothing private. Selecting hyperparameters by these results is outside every cell's
 guarantee, as with any tuning on the data.
+
+A cell that is not private (privacy.insecure_deterministic, or mechanism none) is marked so in every
+output: its rows in the table and the CSV (column ``private``), its series in the plot, and its child
+run's epsilon metric (``privacy/nominal_epsilon_not_private``, never ``privacy/epsilon``).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 import specs
 from components import builders, models
+from flows.private_train import epsilon_metric
 from flows.reporting import summarize
 from flows.tracking import dp_tags, log_text_artifacts
 
@@ -42,7 +47,8 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     eps = built.loop.tracker.epsilon()
     privacy = resolved.privacy
     summary = summarize(resolved, eps, built.loop.tracker.steps, built.loop.sampler,
-                        built.loop.estimator.queries_per_step, rho=built.loop.tracker.rho())
+                        built.loop.estimator.queries_per_step, rho=built.loop.tracker.rho(),
+                        noise_source=getattr(built.loop.mechanism, "noise_source", "fast"))
     client = mlflow.MlflowClient()
     run = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}-s{resolved.seed}",
                             tags={"mlflow.parentRunId": parent_run_id, "privzo.estimator": resolved.estimator.kind})
@@ -50,11 +56,29 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
                      params=[Param(k, v) for k, v in specs.flatten(resolved).items()],
                      metrics=[Metric("eval/accuracy", test["accuracy"], 0, resolved.optimizer.steps),
                               Metric("eval/loss", test["loss"], 0, resolved.optimizer.steps)]
-                     + ([Metric("privacy/epsilon", eps, 0, resolved.optimizer.steps)] if privacy else []),
+                     + ([Metric(epsilon_metric(resolved), eps, 0, resolved.optimizer.steps)]
+                        if epsilon_metric(resolved) else []),
                      tags=[RunTag(k, v) for k, v in dp_tags(summary, data.private.fingerprint).items()])
     client.set_terminated(run.info.run_id, "FINISHED")
     return {"name": resolved.name, "estimator": resolved.estimator.kind, "epsilon": privacy.epsilon if privacy else math.inf,
-            "seed": resolved.seed, "accuracy": test["accuracy"], "spent_epsilon": eps}
+            "seed": resolved.seed, "accuracy": test["accuracy"], "spent_epsilon": eps,
+            "private": resolved.private}
+
+
+NOT_PRIVATE = "NOT private"
+
+
+def _label(name: str, cells: List[Dict[str, Any]]) -> str:
+    """A spec's name in the table and plot, marked where any of its cells is not private (an
+    insecure_deterministic spec's epsilons are nominal)."""
+    return name if all(c.get("private", True) for c in cells if c["name"] == name) else f"{name} ({NOT_PRIVATE})"
+
+
+def results_csv(cells: List[Dict[str, Any]]) -> str:
+    """One line per cell; ``private`` false marks a cell whose epsilon is nominal or none."""
+    return "name,estimator,epsilon,seed,accuracy,spent_epsilon,private\n" + "".join(
+        f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{c['accuracy']:.6f},{c['spent_epsilon']:.6g},"
+        f"{str(c.get('private', True)).lower()}\n" for c in cells)
 
 
 def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
@@ -62,18 +86,23 @@ def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
     for c in cells:
         by[(c["name"], c["epsilon"])].append(c["accuracy"])
     names = list(dict.fromkeys(c["name"] for c in cells))
-    head = "| spec | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " |"
-    lines = [head, "|---|" + "---|" * len(epsilons)]
+    # a mechanism none spec runs once per seed at epsilon inf: its own column, not a row of dashes
+    columns = list(epsilons) + ([math.inf] if any(c["epsilon"] == math.inf for c in cells) else [])
+    head = "| spec | " + " | ".join(f"ε = {e:g}" if math.isfinite(e) else "no DP" for e in columns) + " |"
+    lines = [head, "|---|" + "---|" * len(columns)]
     for name in names:
         row = []
-        for e in epsilons:
+        for e in columns:
             accs = by.get((name, e), [])
             if not accs:
                 row.append("–")
                 continue
             std = statistics.stdev(accs) if len(accs) > 1 else 0.0
             row.append(f"{100 * statistics.mean(accs):.1f} ± {100 * std:.1f}")
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
+        lines.append(f"| {_label(name, cells)} | " + " | ".join(row) + " |")
+    if any(not c.get("private", True) for c in cells):
+        lines.append(f"\n{NOT_PRIVATE}: no (ε, δ) guarantee holds for a row so marked; an insecure_deterministic "
+                     "row's ε is nominal (its noise and batches come from the public seed).")
     return "\n".join(lines) + "\n"
 
 
@@ -87,9 +116,15 @@ def utility_plot(cells: List[Dict[str, Any]], epsilons: List[float]) -> bytes:
     for name in dict.fromkeys(c["name"] for c in cells):
         means = [statistics.mean([c["accuracy"] for c in cells if c["name"] == name and c["epsilon"] == e] or [math.nan])
                  for e in epsilons]
-        ax.plot(epsilons, [100 * m for m in means], marker="o", label=name)
+        private = _label(name, cells) == name
+        unbounded = [c["accuracy"] for c in cells if c["name"] == name and c["epsilon"] == math.inf]
+        if unbounded:  # mechanism none: no epsilon to place it at
+            ax.axhline(100 * statistics.mean(unbounded), linestyle="--", color="grey", label=_label(name, cells))
+            continue
+        ax.plot(epsilons, [100 * m for m in means], marker="o", label=_label(name, cells),
+                linestyle="-" if private else ":")
     ax.set_xscale("log")
-    ax.set_xlabel("ε (δ = 1/n)")
+    ax.set_xlabel("ε (δ as each spec resolves it)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("privacy–utility")
     ax.grid(True, alpha=0.3)
@@ -167,9 +202,7 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
                     logger.info("%s eps=%s seed=%d: accuracy %.4f", cell["name"], eps, seed, cell["accuracy"])
                     cells.append(cell)
         table = results_table(cells, epsilons)
-        csv = "name,estimator,epsilon,seed,accuracy,spent_epsilon\n" + "".join(
-            f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{c['accuracy']:.6f},{c['spent_epsilon']:.6g}\n"
-            for c in cells)
+        csv = results_csv(cells)
         log_text_artifacts(client, parent.info.run_id, {"results.md": table, "results.csv": csv})
         png = utility_plot(cells, epsilons)
         with tempfile.TemporaryDirectory() as tmp:

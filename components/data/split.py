@@ -4,6 +4,15 @@ Two ways to assign rows: ``fraction_split`` permutes all rows with the public se
 but adding one row can move every other row), and ``hashed_split`` decides each row from its own content
 and the seed alone, so rows never change part when others are added or removed: the split for data that
 grows between scheduled runs.
+
+Bad data is refused in one line naming the field and column, before anything is reserved or logged,
+never with a row's values or a count of rows (both are functions of the private rows): NaN or inf
+features (a file source names its column; any source is checked again after scaling, which can
+overflow), labels outside the declared classes, and an empty private split. A private split smaller than
+``sampling.expected_batch_size`` is not an error: under Poisson sampling each row joins with the public
+rate expected_batch_size / data.declared_private_rows, so a small split just gives small (possibly empty)
+batches, and checking it against the private count would read that count. ``fixed_size`` (replace-one,
+where the count is public) refuses a batch larger than the private rows.
 """
 from __future__ import annotations
 
@@ -185,7 +194,17 @@ def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, tes
               fps: List[str]) -> SplitData:
     if len(private_idx) == 0:
         raise ValueError("data.split: no private rows left: every row went to the public or test split")
-    features = _scaled(table, public_idx, scale)
+    labels = table.labels
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= table.n_classes):
+        raise ValueError(f"data.source.label: {table.name} has labels outside its {table.n_classes} classes "
+                         f"(0..{table.n_classes - 1}); list every class")
+    _check_finite(table, table.features, "data.source.features", "has missing or non-finite values (NaN or inf); "
+                  "fill or drop them first")
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused just below, in one line
+        features = _scaled(table, public_idx, scale)
+    if features is not table.features:
+        _check_finite(table, features, "data.source.scale", f"is not finite after scaling ({scale}): its values "
+                      "overflow float32 once scaled; rescale the column or use scale: none")
 
     def part(idx: np.ndarray) -> Part:
         return Part(features[idx], table.labels[idx], [fps[i] for i in idx])
@@ -194,6 +213,24 @@ def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, tes
                      table.layout)
     check_disjoint(data)
     return data
+
+
+def _check_finite(table: Table, features: np.ndarray, field: str, problem: str) -> None:
+    """Refuse NaN or inf features, naming the first such column only (no row, value or count). Token ids
+    (integer features) cannot be non-finite."""
+    if not np.issubdtype(features.dtype, np.floating):
+        return
+    flat = features.reshape(len(features), -1)
+    # a float64 sum is NaN or inf exactly when a value is (float32 values cannot overflow it): one pass and
+    # no copy of a large image table; the per-column pass runs only to name the column
+    if np.isfinite(flat.sum(dtype=np.float64)):
+        return
+    bad = ~np.isfinite(flat).all(axis=0)
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        name = repr(table.columns[j]) if table.columns is not None and flat.shape[1] == len(table.columns) \
+            else f"{j} (0-based, in the model's input order)"
+        raise ValueError(f"{field}: column {name} of {table.name} {problem}")
 
 
 def _scaled(table: Table, public_idx: np.ndarray, scale: str) -> np.ndarray:

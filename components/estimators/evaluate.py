@@ -1,6 +1,14 @@
 """Backend side of a query: per-example values at the queried points, clipped, summed.
 
 This runs where the private rows are. Only the clipped sums it returns leave; per-example values never do.
+
+Non-finite per-example values (a loss that is NaN or overflows at a perturbed point, or a gradient that
+does) are bounded like every other value, so they never change the sensitivity: in a scalar query NaN
+counts as 0 and +-inf as +-clip; an example whose vector (DPGD-0th's, DP-SGD's gradient, GEP's
+embedding or residual) is not finite contributes nothing. How many such examples a batch held is a
+private statistic: it is never counted, returned or logged. ``NON_FINITE_HANDLING`` says this in the
+privacy report. Without clipping (``clip = inf``, a non-private run) a non-finite value passes through,
+and the loop stops on the non-finite release.
 """
 from __future__ import annotations
 
@@ -52,7 +60,8 @@ def clip_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
     One example changes each of the m sums by at most ``clip`` (add/remove), so the m-vector moves by at
     most sqrt(m) * clip in L2. A NaN value (a diverged loss) counts as 0: clamping leaves NaN as NaN, and
     one NaN would turn the released sum into NaN whatever the noise, telling exactly whether that
-    example was sampled. Infinite values clamp to +-clip.
+    example was sampled. Infinite values clamp to +-clip (the finite difference of a loss that overflows
+    on one side only points away from that side). Either way the example moves each sum by at most clip.
     """
     return torch.nan_to_num(values.double(), nan=0.0).clamp(-clip, clip).sum(dim=1)
 
@@ -78,6 +87,15 @@ def vector_clip_coefficients(values: torch.Tensor, gram_matrix: torch.Tensor, cl
     norms = torch.sqrt(torch.clamp(torch.einsum("bj,jk,bk->b", a, gram_matrix, a), min=0.0))
     factors = torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0)
     return (a * factors[:, None]).sum(dim=0)
+
+
+# the privacy report's sentence on the handling above (flows/reporting.py shows it)
+NON_FINITE_HANDLING = (
+    "A per-example value that is not finite (a loss or gradient that is NaN or overflows at a queried point) "
+    "is bounded before the sum like any other: in a scalar query NaN counts as 0 and +-inf as +-C, and an "
+    "example whose vector (gradient, embedding or residual) is not finite contributes nothing, so one example "
+    "still moves a release by at most its sensitivity. How many examples were non-finite is never counted or "
+    "released. A run whose released values or parameters become non-finite stops with an error.")
 
 
 # per-example gradients are computed for this many bytes of them at a time (rows per vectorised pass)
