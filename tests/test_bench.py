@@ -45,3 +45,25 @@ def test_step_parts_runs_on_the_mlp():
     assert out.returncode == 0, out.stderr
     (row,) = [line.split() for line in out.stdout.splitlines() if line.startswith("mlp")]
     assert row[1] == "301066" and all(float(v) > 0 for v in row[3:])
+
+
+def test_fuzz_specs_runs_a_few_cases():
+    """The spec fuzzer's tiny mode: a few cases from each generator, none a traceback (10,000 by default)."""
+    out = subprocess.run([sys.executable, "bench/fuzz_specs.py", "--cases", "60", "--cli-every", "5"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    (total,) = [line.split() for line in out.stdout.splitlines() if line.startswith("total")]
+    assert total[1:] == ["60", str(int(total[2])), str(60 - int(total[2])), "0"]  # cases, valid, rejected, tracebacks
+    cli = next(line for line in out.stdout.splitlines() if line.startswith("privzo validate on "))
+    assert int(cli.split()[3]) >= 6, cli  # every 5th case, less trees too deep to write as YAML
+
+
+def test_secure_noise_runs_its_smallest_cells():
+    """Secure over fast noise: one q-scalar and one d-dimensional estimator, the shortest settings."""
+    out = subprocess.run([sys.executable, "bench/secure_noise.py", "--estimators", "two_point", "dpgd_0th", "--steps",
+                          "2", "--dense-steps", "1", "--parts-repeats", "3", "--sizes", "--dims", "100"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "two_point" in out.stdout and "dpgd_0th" in out.stdout
