@@ -34,7 +34,14 @@ from components.estimators import (
 from components.estimators.public import PublicOracle, warm_start
 from components.mechanisms import GaussianMechanism, NoMechanism
 from components.optimizers import Adam, Sgd
-from components.randomness import STREAM_INIT, STREAM_INSECURE_PRIVATE, private_generator, public_seed
+from components.randomness import (
+    STREAM_INIT,
+    STREAM_INSECURE_PRIVATE,
+    SecureSource,
+    noise_source,
+    private_generator,
+    public_seed,
+)
 from components.runtime import LocalBackend, PrivateLoop
 from specs import RunSpec
 
@@ -178,24 +185,33 @@ def use_direction_cache(spec: RunSpec, params, queries: int) -> bool:
     return slots * sum(p.numel() * p.element_size() for p in params) <= CACHE_LIMIT_BYTES
 
 
-def planned_event(spec: RunSpec, n_private: int, sigma: float):
+def spec_sampler(spec: RunSpec, n_private: Optional[int] = None, generator: Optional[torch.Generator] = None):
+    """The spec's sampler over ``n_private`` rows, its rate from the public row count (RunSpec.public_rows):
+    under add/remove that is the declared count, and ``n_private`` only says which rows exist to draw from
+    (planning passes None). Without a generator it can only describe and wrap events, not draw."""
+    return build_sampler(spec.sampling, n_private, generator, rows=spec.public_rows(n_private))
+
+
+def planned_event(spec: RunSpec, n_private: Optional[int], sigma: float):
     """The whole planned run: the sampler's event of Gaussian(sigma), composed over the planned steps."""
     import dp_accounting
 
-    step = build_sampler(spec.sampling, n_private).wrap(dp_accounting.GaussianDpEvent(sigma))
+    step = spec_sampler(spec, n_private).wrap(dp_accounting.GaussianDpEvent(sigma))
     return dp_accounting.SelfComposedDpEvent(step, spec.planned_steps(n_private))
 
 
-def calibrate_noise(spec: RunSpec, n_private: int) -> float:
+def calibrate_noise(spec: RunSpec, n_private: Optional[int]) -> float:
     """sigma for the whole planned run (dp-accounting's calibration; never less privacy than asked)."""
     return accountant(spec).calibrate(lambda sigma: planned_event(spec, n_private, sigma), spec.privacy.epsilon,
                                       spec.delta_for(n_private))
 
 
-def resolve_privacy(spec: RunSpec, n_private: int):
+def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None):
     """(resolved spec, sampling rate, planned epsilon). sigma 'auto' is calibrated; an explicit sigma must
-    meet the target epsilon; mechanism none resolves to a non-private run (epsilon = inf)."""
-    rate = build_sampler(spec.sampling, n_private).rate  # also checks the batch size against the rows
+    meet the target epsilon; mechanism none resolves to a non-private run (epsilon = inf). ``n_private`` is
+    read only where the private count is public (replace-one, or no privacy): an add/remove run is planned
+    from its declared row count alone, so planning needs no private data."""
+    rate = spec_sampler(spec, n_private).rate  # also checks the batch size against the rows
     if spec.mechanism.kind == "none":
         return spec.resolved(n_private=n_private, noise_multiplier=None), rate, math.inf
     sigma = spec.mechanism.noise_multiplier
@@ -297,17 +313,27 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         raise ValueError(f"estimator.kind: {estimator.name} needs public rows and {_no_public_rows(spec)}")
 
     insecure = spec.privacy is not None and spec.privacy.insecure_deterministic
+    # privacy.noise (auto: by estimator kind and step size); an injected generator always wins (tests)
+    source = noise_source(spec.privacy.noise if spec.privacy is not None else "fast", spec.estimator.kind,
+                          private=spec.mechanism.kind != "none", insecure=insecure,
+                          row_parameters=spec_sampler(spec, n_private).expected_batch_size
+                          * sum(p.numel() for p in model.parameters()))
+    seeded = insecure or noise_generator is not None or sampling_generator is not None
     if noise_generator is None:
-        noise_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 1) if insecure else None)
+        noise_generator = SecureSource() if source == "secure" else private_generator(
+            public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 1) if insecure else None)
     if sampling_generator is None:
-        sampling_generator = private_generator(public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
-    sampler = build_sampler(spec.sampling, n_private, sampling_generator)
+        sampling_generator = SecureSource() if source == "secure" else private_generator(
+            public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
+    sampler = spec_sampler(spec, n_private, sampling_generator)
     if spec.mechanism.kind == "none":
         mechanism = NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)
     else:
         mechanism = GaussianMechanism(spec.mechanism.clip, float(spec.mechanism.noise_multiplier),
                                       estimator.queries_per_step, spec.privacy.neighboring, noise_generator)
+        if seeded:
+            mechanism.noise_source = "seeded"  # the privacy report's sentence: randomness.NOISE_SENTENCES
         tracker = PrivacyTracker(accountant(spec), sampler.wrap(mechanism.step_event()), float(spec.privacy.delta))
     loop = PrivateLoop(backend, sampler, estimator, mechanism, tracker, spec.seed, public=public)
     return Built(model, loop, device)

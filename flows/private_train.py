@@ -52,9 +52,12 @@ class Plan:
 @task(name="load-and-split", cache_policy=NO_CACHE, retries=2)
 def load_and_split(spec: specs.RunSpec) -> SplitData:
     data = builders.load_data(spec)
-    get_run_logger().info(
-        "split %s: %d public, %d private, %d test rows", spec.data.source.name, len(data.public),
-        len(data.private), len(data.test))
+    if spec.private_count_is_public:
+        get_run_logger().info("split %s: %d public, %d private, %d test rows", spec.data.source.name,
+                              len(data.public), len(data.private), len(data.test))
+    else:  # add/remove: the private count is private; the run uses the declared one
+        get_run_logger().info("split %s: %d public, %d test rows; private rows declared as %d", spec.data.source.name,
+                              len(data.public), len(data.test), spec.data.declared_private_rows)
     return data
 
 
@@ -105,7 +108,15 @@ def public_warm_start(spec: specs.RunSpec, built: builders.Built) -> int:
     return builders.public_warm_start(spec, built)
 
 
-@task(name="train-chunk", cache_policy=NO_CACHE, retries=2)
+def _worth_retrying(_task, _task_run, state) -> bool:
+    """A chunk that diverged (NaN or inf parameters or releases) would diverge again on retry and only
+    spend more of the budget; crashes of workers or stores are retried."""
+    from components.runtime.loop import NonFiniteError
+
+    return not isinstance(getattr(state, "data", None), NonFiniteError)
+
+
+@task(name="train-chunk", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_worth_retrying)
 def train_chunk(spec: specs.RunSpec, built: builders.Built, until: int, checkpointer: Checkpointer,
                 progress=None) -> int:
     """Private steps up to ``until``, then a checkpoint. A retry starts from the last checkpoint."""
@@ -138,7 +149,7 @@ def trajectory_end(spec: specs.RunSpec, loop) -> int:
 
 
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
-def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
+def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str], legacy: Optional[str] = None):
     """The run's checkpoint store and, when resuming, its last checkpoint (checked against the spec, the
     data and the ledger). The key is ``resume`` or this flow run's id: a retried flow run resumes itself."""
     from prefect.runtime import flow_run
@@ -153,7 +164,7 @@ def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str]):
         return store, None
     store.lock()
     try:
-        saved = _resumable(store, spec, fingerprint)
+        saved = _resumable(store, spec, fingerprint, legacy)
     except BaseException:
         store.unlock()
         raise
@@ -180,9 +191,11 @@ def _release_orphan(store: CheckpointStore) -> None:
                              "released, and the run starts from the beginning", store.key, orphan["charge_id"])
 
 
-def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str) -> Dict[str, Any]:
-    """The checkpoint, if this run may continue from it: unfinished, same spec, same private rows, and
-    its ledger reservation still open."""
+def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str,
+               legacy: Optional[str] = None) -> Dict[str, Any]:
+    """The checkpoint, if this run may continue from it: unfinished, same spec, same private rows (keyed
+    fingerprint; ``legacy``, the plain one, matches checkpoints written before they were keyed, and the
+    resumed run rewrites them keyed), and its ledger reservation still open."""
     if store.finished:
         raise ValueError(f"resume: run {store.key} of {spec.name} finished; there is nothing to resume")
     saved = store.load()
@@ -193,7 +206,7 @@ def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str) ->
     if saved["spec_digest"] != spec_digest(spec):
         raise ValueError(f"resume: the spec changed since checkpoint {store.path} was written; resume with the "
                          f"same spec or start a new run")
-    if saved["fingerprint"] != fingerprint:
+    if saved["fingerprint"] not in (fingerprint, legacy):
         raise ValueError(f"resume: the private rows changed since checkpoint {store.path} was written; "
                          f"start a new run on the new data")
     if saved["charge_id"] is not None:
@@ -320,7 +333,8 @@ def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
 def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
     loop = built.loop
     return summarize(plan.spec, loop.tracker.epsilon(), loop.tracker.steps, loop.sampler,
-                     loop.estimator.queries_per_step, rho=loop.tracker.rho())
+                     loop.estimator.queries_per_step, rho=loop.tracker.rho(),
+                     noise_source=getattr(loop.mechanism, "noise_source", "fast"))
 
 
 def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
@@ -347,9 +361,11 @@ def open_run(plan: Plan, data: SplitData, dimension: int, device: str) -> str:
         "dp.private": str(spec.private).lower()})
     params = dict(specs.flatten(spec))
     params.update({
-        "derived.n_private": str(len(data.private)), "derived.n_public": str(len(data.public)),
-        "derived.n_test": str(len(data.test)), "derived.sampling_rate": repr(plan.sampling_rate),
-        "derived.dimension": str(dimension), "derived.device": device})
+        "derived.n_public": str(len(data.public)), "derived.n_test": str(len(data.test)),
+        "derived.sampling_rate": repr(plan.sampling_rate), "derived.dimension": str(dimension),
+        "derived.device": device})
+    if spec.private_count_is_public:  # under add/remove the count is private and never released
+        params["derived.n_private"] = str(len(data.private))
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
     log_text_artifacts(client, run.info.run_id, {"spec.yaml": specs.dump_yaml(spec)})
     return run.info.run_id
@@ -405,8 +421,9 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     plan = calibrate(run_spec, len(data.private))
     resolved = plan.spec
     uri = resolved.tracking.uri
-    fingerprint = data.private.fingerprint
-    store, saved = find_checkpoint(plan, fingerprint, resume)
+    # checkpoints bind to the keyed fingerprint: a plain hash of the private rows is never stored (DESIGN §4 rule 7)
+    fingerprint = released_fingerprint(data.private.fingerprint)
+    store, saved = find_checkpoint(plan, fingerprint, resume, legacy=data.private.fingerprint)
     charge_id = None
     try:
         source = None if saved else registered_source(resolved)
@@ -480,6 +497,17 @@ def reopen_run(tracking_uri: str, run_id: str, step: int) -> None:
     client.set_tag(run_id, "privzo.resumed_from_step", str(step))
 
 
+NOMINAL_EPSILON_METRIC = "privacy/nominal_epsilon_not_private"
+
+
+def epsilon_metric(spec: specs.RunSpec) -> Optional[str]:
+    """The metric a run's spent epsilon is logged under: ``privacy/epsilon`` only where it is a guarantee.
+    An insecure_deterministic run's is nominal and logged under a name that says so; mechanism none has none."""
+    if spec.privacy is None:
+        return None
+    return "privacy/epsilon" if spec.private else NOMINAL_EPSILON_METRIC
+
+
 def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: str, checkpointer: Checkpointer,
                    init_tags: Dict[str, str], *, progress: bool):
     """Train in checkpointed chunks, log as we go; returns (result, privacy report markdown)."""
@@ -511,13 +539,13 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
             chunk(resolved, built, until, checkpointer, bar)  # a retry inside may end the run earlier
             if built.loop.step % log_every == 0 or built.loop.step >= trajectory_end(resolved, built.loop):
                 metrics = evaluate(built, data)
-                if resolved.privacy is not None:
-                    metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
+                if epsilon_metric(resolved):
+                    metrics[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
                 log_metrics(uri, run_id, metrics, built.loop.step)
         if not metrics:  # resumed from a checkpoint that already held every step: evaluate what it holds
             metrics = evaluate(built, data)
-            if resolved.privacy is not None:
-                metrics["privacy/epsilon"] = built.loop.tracker.epsilon()
+            if epsilon_metric(resolved):
+                metrics[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
             log_metrics(uri, run_id, metrics, built.loop.step)
         status = "FINISHED"
     finally:

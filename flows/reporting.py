@@ -5,6 +5,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from components.estimators.evaluate import NON_FINITE_HANDLING
+from components.randomness import NOISE_SENTENCES
+
 
 @dataclass(frozen=True)
 class PrivacySummary:
@@ -21,10 +24,12 @@ class PrivacySummary:
     queries_per_step: int
     private: bool
     mechanism: str
-    sampling: str  # the sampler's describe(), e.g. "Poisson, expected 64 of 1383 private rows per step"
+    sampling: str  # the sampler's describe(), e.g. "Poisson, rate 0.0462 (expected batch 64 of 1384 declared rows)"
     step_event: str  # the sampler's event_phrase: what one step's DpEvent is, in words
     rho: Optional[float] = None  # zCDP rho, when the accountant is zcdp
     residual_clip: Optional[float] = None  # gep: the per-example clip of the residual (clip bounds the embedding)
+    private_rows: Optional[int] = None  # the private row count, where the run used it (public under replace-one)
+    noise_source: str = "fast"  # what drew the noise and batches: secure, fast or seeded (randomness.NOISE_SENTENCES)
 
     def guarantee(self) -> str:
         if self.mechanism == "none":
@@ -33,9 +38,14 @@ class PrivacySummary:
         if not self.private:
             return (f"NOT private: insecure_deterministic drew the noise and batches from the public seed; "
                     f"the nominal ({self.epsilon:.4g}, {self.delta:.3g}) does not hold for {self.dataset}.")
-        unit = "add/remove of one example" if self.neighboring == "add_remove" else "replacement of one example"
         zcdp = f" It is {self.rho:.4g}-zCDP, which implies that." if self.rho is not None else ""
-        return f"({self.epsilon:.4g}, {self.delta:.3g})-DP for {unit} of {self.dataset}.{zcdp}"
+        if self.neighboring == "add_remove":
+            # every constant of the run (rate, steps, delta, normaliser) is public: plain add/remove DP
+            return f"({self.epsilon:.4g}, {self.delta:.3g})-DP for add/remove of one example of {self.dataset}.{zcdp}"
+        rows = f" ({self.private_rows})" if self.private_rows is not None else ""
+        return (f"({self.epsilon:.4g}, {self.delta:.3g})-DP for replacement of one example of {self.dataset}; the "
+                f"number of private rows{rows} is the same for every such neighbour, and the run uses and "
+                f"releases it.{zcdp}")
 
 
 def privacy_report(s: PrivacySummary, metrics: dict) -> str:
@@ -46,7 +56,8 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
         "",
         "| quantity | value |",
         "|---|---|",
-        f"| epsilon spent (accounted) | {s.epsilon:.6g} |",
+        f"| epsilon spent (accounted) | {s.epsilon:.6g} |" if s.private or s.mechanism == "none" else
+        f"| nominal epsilon (NOT private: insecure_deterministic) | {s.epsilon:.6g} |",
         f"| epsilon target | {s.target_epsilon:.6g} |",
         f"| delta | {s.delta:.6g} |",
         f"| accountant | {s.accountant} (dp-accounting) |",
@@ -55,16 +66,18 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
         f"| noise multiplier sigma | {s.noise_multiplier:.6g} |",
         f"| private steps | {s.steps} |",
         f"| sampling | {s.sampling} |",
-        f"| rows per step / private rows | {s.sampling_rate:.6g} |",
+        f"| sampling rate | {s.sampling_rate:.6g} |",
         f"| clip C | {s.clip:.6g} |" if s.residual_clip is None else f"| clip C (gep: of the embedding) | {s.clip:.6g} |",
         *([f"| residual clip C2 (gep) | {s.residual_clip:.6g} |"] if s.residual_clip is not None else []),
         f"| noisy queries per step | {s.queries_per_step} |",
         "",
         "Each step releases the clipped per-example sums of its queries with Gaussian noise; the run's "
         f"DpEvent (dp_event.json) is the self-composition of {s.step_event}.",
-        ("Noise and batch selection come from OS entropy, never from the spec's seed." if s.sampling_rate < 1 else
-         "Noise comes from OS entropy, never from the spec's seed; every private row is in every step.")
+        (NOISE_SENTENCES.get(s.noise_source, NOISE_SENTENCES["fast"]) +
+         ("" if s.sampling_rate < 1 else " Every private row is in every step."))
         if s.private else "**This run is not private.**",
+        "",
+        NON_FINITE_HANDLING,
         "",
         "## Metrics (evaluation split, not private training data)",
         "",
@@ -74,7 +87,7 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
 
 
 def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_step: int,
-              rho: Optional[float] = None) -> PrivacySummary:
+              rho: Optional[float] = None, noise_source: str = "fast") -> PrivacySummary:
     """The privacy summary of a resolved run spec after ``steps`` executed steps of ``sampler``'s batches
     (``rho``: their zCDP rho under the zcdp accountant)."""
     privacy = spec.privacy
@@ -86,4 +99,5 @@ def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_ste
         sampling_rate=sampler.rate, sampling=sampler.describe(), step_event=sampler.event_phrase, clip=getattr(spec.mechanism, "clip", math.inf),
         queries_per_step=queries_per_step, private=spec.private, mechanism=spec.mechanism.kind,
         rho=rho if privacy else None,
-        residual_clip=getattr(spec.estimator, "residual_clip", None) if privacy else None)
+        residual_clip=getattr(spec.estimator, "residual_clip", None) if privacy else None,
+        private_rows=sampler.rows if spec.private_count_is_public else None, noise_source=noise_source)

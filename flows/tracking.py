@@ -87,6 +87,7 @@ def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
         "dp.noise_multiplier": f"{summary.noise_multiplier:.6g}",
         "dp.steps": str(summary.steps),
         "dp.private": "true" if summary.private else "false",
+        "dp.noise_source": summary.noise_source if summary.mechanism != "none" else "none",
         "data.fingerprint": released_fingerprint(data_fingerprint),
     }
 

@@ -60,22 +60,53 @@ class RunSpec(Strict):
             values += [self.privacy.delta, self.mechanism.noise_multiplier]
         return "auto" not in values
 
-    def planned_steps(self, n_private: int) -> int:
-        """Number of private steps: explicit ``steps`` or ceil(epochs * n_private / batch)."""
+    @property
+    def private_count_is_public(self) -> bool:
+        """Whether the run may use (and so releases) the number of private rows: under replace-one
+        neighbours it is the same for every neighbouring dataset, and a run without privacy protects
+        nothing. Under add/remove it is private, and ``data.declared_private_rows`` stands in for it."""
+        return self.privacy is None or self.privacy.neighboring == "replace_one"
+
+    def public_rows(self, n_private: Optional[int] = None) -> int:
+        """N, the row count every derived constant comes from (sampling rate, steps from epochs, delta auto,
+        a full batch's normaliser): the declared count where the spec gives one, else the private count
+        where that is public. Never the private count of an add/remove run."""
+        declared = self.data.declared_private_rows
+        if declared is not None:
+            if self.privacy is not None and self.privacy.neighboring == "replace_one" and n_private not in (None, declared):
+                # replace-one neighbours share the count, so it is public and the run draws from all n rows
+                raise ValueError(f"data.declared_private_rows: {declared}, but the split has {n_private} private rows; "
+                                 "under neighboring replace_one the count is public and used exactly: correct it or "
+                                 "remove it")
+            return int(declared)
+        if not self.private_count_is_public:
+            raise ValueError("data.declared_private_rows: required under privacy.neighboring add_remove "
+                             "(the private row count must not set the run's constants)")
+        if n_private is None:
+            raise ValueError("public_rows: this spec takes its constants from the private row count; pass it")
+        return n_private
+
+    def planned_steps(self, n_private: Optional[int] = None) -> int:
+        """Number of private steps: explicit ``steps`` or ceil(epochs * N / batch), N = public_rows(n_private)."""
         if self.optimizer.steps != "auto":
             return int(self.optimizer.steps)
         assert self.optimizer.epochs is not None  # guaranteed by the cross-field rules
-        return max(1, math.ceil(self.optimizer.epochs * n_private / self.batch_size(n_private)))
+        rows = self.public_rows(n_private)
+        return max(1, math.ceil(self.optimizer.epochs * rows / self.batch_size(rows)))
 
-    def batch_size(self, n_private: int) -> int:
-        """Rows in a step (expected, for Poisson sampling)."""
-        return batch_size_of(self.sampling, n_private)
+    def batch_size(self, n_private: Optional[int] = None) -> int:
+        """Rows in a step (expected, for Poisson sampling); a full batch is N = public_rows(n_private)."""
+        if self.sampling.kind != "full_batch":
+            return batch_size_of(self.sampling, 0)
+        return self.public_rows(n_private)
 
-    def delta_for(self, n_private: int) -> float:
-        return 1.0 / n_private if self.privacy.delta == "auto" else float(self.privacy.delta)
+    def delta_for(self, n_private: Optional[int] = None) -> float:
+        """delta auto = 1 / N, N = public_rows(n_private)."""
+        return 1.0 / self.public_rows(n_private) if self.privacy.delta == "auto" else float(self.privacy.delta)
 
-    def resolved(self, *, n_private: int, noise_multiplier: Optional[float]) -> "RunSpec":
-        """The spec with every ``auto`` replaced; this is what a run logs and replays."""
+    def resolved(self, *, n_private: Optional[int] = None, noise_multiplier: Optional[float]) -> "RunSpec":
+        """The spec with every ``auto`` replaced; this is what a run logs and replays. ``n_private`` is used
+        only where the private count is public (public_rows)."""
         data: Dict[str, Any] = self.model_dump(mode="json")
         if self.mechanism.kind != "none":
             data["privacy"]["delta"] = self.delta_for(n_private)
@@ -125,6 +156,15 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         # fixed_size is refused above; zCDP has no tight bound for any subsampled step
         problems.append("privacy.accountant: zcdp has no bound for Poisson-subsampled steps; use rdp or pld, "
                         "or sampling.kind: full_batch with neighboring: replace_one")
+    declared = spec.data.declared_private_rows
+    if (spec.privacy is not None and spec.privacy.neighboring == "add_remove" and spec.sampling.kind == "poisson"
+            and declared is None):
+        problems.append("data.declared_private_rows: required with neighboring add_remove: Poisson's rate "
+                        "expected_batch_size / N, steps from epochs and delta auto must not move with an added or "
+                        "removed row; declare N, a public figure for the number of private rows")
+    if declared is not None and spec.sampling.kind == "poisson" and spec.sampling.expected_batch_size > declared:
+        problems.append(f"sampling.expected_batch_size: {spec.sampling.expected_batch_size} is more than "
+                        f"data.declared_private_rows {declared}; the rate expected_batch_size / N must be at most 1")
     est = spec.estimator
     split = spec.data.split
     if getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":

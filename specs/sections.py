@@ -236,6 +236,13 @@ Split = Annotated[Union[FractionSplit, HashedSplit, ColumnSplit, SourceSplit], F
 class DataSpec(Strict):
     source: Source
     split: Split = FractionSplit(kind="fraction")
+    declared_private_rows: Optional[PositiveInt] = Field(
+        None, description="N: a public constant standing for the number of private rows (an upper bound, or a "
+        "count already published), never read from the data. With Poisson sampling under add/remove "
+        "neighbours, where it is required, the sampling rate expected_batch_size / N, the steps from epochs "
+        "(ceil(epochs * N / expected_batch_size)) and delta auto = 1 / N come from it, so adding or removing a "
+        "private row moves none of them, and the private count is never used or released. Batches hold "
+        "about rate x (true count) rows. Under replace_one the count is public: a declared one must equal it.")
 
 
 # ---------------------------------------------------------------- model
@@ -464,6 +471,22 @@ class PrivacySpec(Strict):
         description="Draw DP noise and batch selection from a generator seeded by `seed`. Makes runs "
         "repeatable and NOT private; the run is labelled not private everywhere it is recorded.",
     )
+    noise: Literal["auto", "secure", "fast"] = Field(
+        "auto",
+        description="Where DP noise and batch membership come from. secure: OpenDP's exact discrete Gaussian "
+        "and exact Bernoulli draws from a CSPRNG, safe from floating-point attacks (Mironov 2012); fast: "
+        "torch's generator seeded from OS entropy. auto: secure where it costs at most 2% of a step "
+        "(bench/secure_noise.py): for the estimators that release q scalars per step (two_point, pazo_m, "
+        "pazo_p, pazo_s) once expected batch rows x model parameters reach 8,000,000; fast otherwise, and "
+        "always for d-dimensional releases (dpgd_0th, first_order, gep: tens of microseconds a coordinate).",
+    )
+
+    @model_validator(mode="after")
+    def _secure_noise_is_not_seeded(self):
+        if self.noise == "secure" and self.insecure_deterministic:
+            raise ValueError("noise: secure contradicts insecure_deterministic: true (noise drawn from the seed); "
+                             "set noise: auto or fast, or insecure_deterministic: false")
+        return self
 
 
 # ---------------------------------------------------------------- sampling

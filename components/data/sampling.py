@@ -2,13 +2,20 @@
 (DESIGN §4, invariant 3): each sampler wraps a step's mechanism event in the event of its own sampling."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import dp_accounting
 import torch
 
+from components.randomness import SecureSource
 
-def _check_size(field: str, size: int, n: int) -> None:
+# a torch generator (fast, or seeded in tests), or the CSPRNG of privacy.noise: secure
+Private = Union[torch.Generator, SecureSource]
+
+
+def _check_size(field: str, size: int, n: Optional[int]) -> None:
+    if n is None:
+        raise ValueError(f"sampling.{field}: this sampler needs the number of private rows (public under replace-one)")
     if not 0 < size <= n:
         raise ValueError(f"sampling.{field}: {size} must be between 1 and the {n} private rows")
 
@@ -21,13 +28,14 @@ class _Sampler:
         self.n = n
         self.expected_batch_size = batch_size
         self.rate = batch_size / n
+        self.rows = n  # the row count the accounting and the report use (public under replace-one)
         self._generator = generator
 
     def use_generator(self, generator: torch.Generator) -> None:
         """Draw from ``generator`` from now on (an insecure_deterministic run restarts its stream per chunk)."""
         self._generator = generator
 
-    def _private(self) -> torch.Generator:
+    def _private(self) -> Private:
         # never fall back to torch's global generator: it is public (seeded by anyone)
         if self._generator is None:
             raise RuntimeError(f"{type(self).__name__} was built without a private generator; it cannot draw")
@@ -35,7 +43,11 @@ class _Sampler:
 
 
 class PoissonSampler(_Sampler):
-    """Each of ``n`` private rows joins a batch independently with probability ``expected_batch_size/n``.
+    """Each of the ``n`` private rows joins a batch independently with probability
+    ``expected_batch_size / rows``, where ``rows`` is a public constant of the run (the declared number of
+    private rows), never the private count: under add/remove neighbours a rate of b/n moves with the added
+    row, and the release's mean then moves by up to 2C where the accountant assumes C. The rate, and so
+    the accounted event, are the same for every neighbouring dataset; ``n`` only says which rows exist.
 
     The selection must stay secret for amplification by subsampling to hold, so it is drawn from a
     private generator (OS entropy), never from the public seed.
@@ -44,8 +56,24 @@ class PoissonSampler(_Sampler):
     kind = "poisson"
     size_field = "expected_batch_size"
 
+    def __init__(self, n: Optional[int], expected_batch_size: int, rows: int, generator: Optional[torch.Generator]):
+        if not 0 < expected_batch_size <= rows:
+            raise ValueError(f"sampling.expected_batch_size: {expected_batch_size} must be between 1 and the "
+                             f"{rows} declared private rows (data.declared_private_rows)")
+        self.n = n
+        self.expected_batch_size = expected_batch_size
+        self.rows = rows
+        self.rate = expected_batch_size / rows
+        self._generator = generator
+
     def sample(self) -> torch.Tensor:
-        keep = torch.rand(self.n, generator=self._private(), dtype=torch.float64) < self.rate
+        if self.n is None:
+            raise RuntimeError("PoissonSampler was built for planning (no rows); it cannot draw")
+        gen = self._private()
+        if isinstance(gen, SecureSource):
+            # exact Bernoulli(rate) per row from secrets: torch.rand's 53-bit floats only approximate it
+            return gen.members(self.n, self.rate)
+        keep = torch.rand(self.n, generator=gen, dtype=torch.float64) < self.rate
         return keep.nonzero().flatten()
 
     def wrap(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
@@ -53,7 +81,7 @@ class PoissonSampler(_Sampler):
         return dp_accounting.PoissonSampledDpEvent(self.rate, event)
 
     def describe(self) -> str:
-        return f"Poisson, rate {self.rate:.6g} (expected batch {self.expected_batch_size} of {self.n} private rows)"
+        return f"Poisson, rate {self.rate:.6g} (expected batch {self.expected_batch_size} of {self.rows} declared rows)"
 
     event_phrase = "one Poisson-subsampled Gaussian per step"
 
@@ -66,7 +94,10 @@ class FixedSizeSampler(_Sampler):
     kind = "fixed_size"
 
     def sample(self) -> torch.Tensor:
-        chosen = torch.randperm(self.n, generator=self._private())[: self.expected_batch_size]
+        gen = self._private()
+        if isinstance(gen, SecureSource):
+            return gen.subset(self.n, self.expected_batch_size)  # sorted already
+        chosen = torch.randperm(self.n, generator=gen)[: self.expected_batch_size]
         return chosen.sort().values  # the order carries nothing; sorted like Poisson batches
 
     def wrap(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
@@ -107,11 +138,14 @@ class FullBatchSampler(_Sampler):
     event_phrase = "one Gaussian per step on the full batch (no subsampling)"
 
 
-def build_sampler(sampling, n: int, generator: Optional[torch.Generator] = None) -> _Sampler:
-    """The sampler of a spec's ``sampling`` section over ``n`` private rows. Without a generator it can
-    only describe and wrap events (planning and calibration), not draw."""
+def build_sampler(sampling, n: Optional[int], generator: Optional[torch.Generator] = None, *,
+                  rows: Optional[int] = None) -> _Sampler:
+    """The sampler of a spec's ``sampling`` section over ``n`` private rows. ``rows``: the public row count
+    Poisson's rate is taken from (the declared number of private rows; default ``n``, which is public only
+    under replace-one neighbours or in a non-private run). Without a generator it can only describe and
+    wrap events (planning and calibration), not draw."""
     if sampling.kind == "poisson":
-        return PoissonSampler(n, sampling.expected_batch_size, generator)
+        return PoissonSampler(n, sampling.expected_batch_size, n if rows is None else rows, generator)
     if sampling.kind == "fixed_size":
         return FixedSizeSampler(n, sampling.batch_size, generator)
     if sampling.kind == "full_batch":

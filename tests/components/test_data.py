@@ -202,7 +202,7 @@ def test_hf_disk_errors_name_the_field(tmp_path):
 
     with pytest.raises(specs.SpecError, match="hf_split applies to format hf_disk only, not parquet"):
         specs.spec_from_dict({**TINY, "data": {
-            "source": {"kind": "file", "path": "x.parquet", "format": "parquet", "hf_split": "train", **DIGITS},
+            "declared_private_rows": 1000, "source": {"kind": "file", "path": "x.parquet", "format": "parquet", "hf_split": "train", **DIGITS},
             "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}})
 
 
@@ -280,7 +280,8 @@ def test_hashed_split_never_moves_a_row_when_others_come_or_go(seed, data):
 def _file_spec(tiny, path, split, **source):
     import specs
 
-    tiny["data"] = {"source": {"kind": "file", "path": str(path), **DIGITS, **source}, "split": split}
+    tiny["data"] = {"declared_private_rows": 1000, "source": {"kind": "file", "path": str(path), **DIGITS, **source}, "split": split,
+                    "declared_private_rows": 1385}
     return specs.spec_from_dict(tiny)
 
 

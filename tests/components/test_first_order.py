@@ -145,7 +145,7 @@ def test_a_step_is_the_clipped_sum_plus_noise_over_the_expected_batch(tiny_spec_
     resolved, data, built, params, before = built_for_a_hand_step(tiny_spec_dict, {"kind": "first_order"})
     x = torch.as_tensor(data.private.features)
     y = torch.as_tensor(data.private.labels)
-    sampler = PoissonSampler(len(y), 64, private_generator(8))
+    sampler = PoissonSampler(len(y), 64, resolved.public_rows(), private_generator(8))  # rate 64 / declared rows
     idx = sampler.sample()
     expected_sum = _reference(built.model, params, x[idx], y[idx], 0.2)
     noise_gen = private_generator(7)

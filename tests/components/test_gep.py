@@ -104,7 +104,10 @@ def test_an_example_with_a_non_finite_gradient_contributes_nothing():
     x[0, 3] = float("inf")
     w, r = embedded_gradient_sums(model, params, per_example_loss, x, y, basis, 0.5, 0.5)
     assert torch.isfinite(w).all() and all(torch.isfinite(t).all() for t in r)
-    assert torch.allclose(w, clean_w) and all(torch.allclose(a, b) for a, b in zip(r, clean_r))
+    # float32 sums over 5 and 6 rows round differently (BLAS blocks by batch size, and by CPU): equal to
+    # float32 rounding of the clipped sums, far below what one clipped example (norm 0.5) would move them
+    assert torch.allclose(w, clean_w, rtol=1e-5, atol=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(r, clean_r))
 
 
 @pytest.mark.parametrize("neighboring", ["add_remove", "replace_one"])
@@ -141,7 +144,7 @@ def test_a_step_is_the_embedded_and_residual_release_over_the_expected_batch(tin
     px, py = torch.as_tensor(data.public.features), torch.as_tensor(data.public.labels)
     basis = anchor_basis(_flat_grads(built.model, params, px[public_idx], py[public_idx]).float(), 4)
     x, y = torch.as_tensor(data.private.features), torch.as_tensor(data.private.labels)
-    idx = PoissonSampler(len(y), 64, private_generator(8)).sample()
+    idx = PoissonSampler(len(y), 64, resolved.public_rows(), private_generator(8)).sample()  # rate 64 / declared rows
     w_sum, r_sum = _reference(built.model, params, x[idx], y[idx], basis, 0.2, 0.1)
     gen = private_generator(7)
     w_noisy = w_sum + 0.9 * 0.2 / math.sqrt(0.5) * torch.randn(4, generator=gen, dtype=torch.float64)
@@ -202,7 +205,7 @@ def test_the_residual_clip_is_resolved_logged_and_reported(tiny_spec_dict):
     resolved, _, _ = builders.resolve_privacy(spec, 1000)
     assert resolved.estimator.residual_clip == resolved.mechanism.clip == 2.0
     assert specs.flatten(resolved)["estimator.residual_clip"] == "2.0"
-    report = privacy_report(summarize(resolved, 1.0, 10, builders.build_sampler(resolved.sampling, 1000), 1), {})
+    report = privacy_report(summarize(resolved, 1.0, 10, builders.spec_sampler(resolved, 1000), 1), {})
     assert "| clip C (gep: of the embedding) | 2 |" in report and "| residual clip C2 (gep) | 2 |" in report
 
 

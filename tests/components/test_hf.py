@@ -22,7 +22,7 @@ def hf_spec_dict(tiny_spec_dict):
 @pytest.fixture(scope="module")
 def text_data():
     spec = specs.spec_from_dict({
-        "name": "t", "seed": 3, "data": {"source": {"kind": "text", "name": "chatterbot", "max_length": 16},
+        "name": "t", "seed": 3, "data": {"declared_private_rows": 1000, "source": {"kind": "text", "name": "chatterbot", "max_length": 16},
                                          "split": {"kind": "fraction", "public": 0.04, "test": 0.2}},
         "model": {"kind": "hf", "name": "minilm"}, "estimator": {"kind": "two_point"},
         "mechanism": {"kind": "none"}, "sampling": {"kind": "poisson"}, "optimizer": {"kind": "sgd", "lr": 1.0, "steps": 1}})
@@ -122,7 +122,7 @@ def test_a_files_text_is_tokenised_by_the_models_own_folder(tmp_path, tiny_spec_
 
     pd.DataFrame({"body": [f"ticket {i} about {'billing' if i % 2 else 'login'}" for i in range(200)],
                   "queue": ["billing" if i % 2 else "login" for i in range(200)]}).to_csv(tmp_path / "t.csv", index=False)
-    tiny_spec_dict["data"] = {"source": {"kind": "file", "path": "t.csv", "label": "queue", "classes": ["login", "billing"],
+    tiny_spec_dict["data"] = {"declared_private_rows": 1000, "source": {"kind": "file", "path": "t.csv", "label": "queue", "classes": ["login", "billing"],
                                          "text": "body", "max_length": 12}, "split": {"kind": "hashed", "public": 0.1}}
     tiny_spec_dict["model"] = {"kind": "hf", "path": str(saved_minilm)}
     spec_file = tmp_path / "spec.yaml"
@@ -155,7 +155,7 @@ def test_a_missing_model_folder_is_one_line_before_training(tiny_spec_dict, tmp_
     with pytest.raises(specs.SpecError, match="data.source.tokenizer: 'minilm' is not the model's"):
         specs.spec_from_dict(tiny_spec_dict)
     del tiny_spec_dict["data"]["source"]["tokenizer"]
-    spec = specs.spec_from_dict({**tiny_spec_dict, "data": {"source": {"kind": "file", "path": "t.csv", "label": "y",
+    spec = specs.spec_from_dict({**tiny_spec_dict, "data": {"declared_private_rows": 1000, "source": {"kind": "file", "path": "t.csv", "label": "y",
                                                                         "classes": [0, 1], "text": "b"}}})
     with pytest.raises(ValueError, match=r"^model.path: .*nowhere is not a folder"):
         builders.check_model(spec, 0, 2, 2**40)

@@ -92,7 +92,7 @@ def test_a_missing_or_empty_folder_is_one_line(tmp_path):
 
 def _spec(tmp_path, folder="digits", **source):
     d = {"name": "images", "seed": 0,
-         "data": {"source": {"kind": "images", "path": folder, "classes": NAMES, "size": 8, **source},
+         "data": {"declared_private_rows": 1000, "source": {"kind": "images", "path": folder, "classes": NAMES, "size": 8, **source},
                   "split": {"kind": "hashed", "public": 0.04, "test": 0.2}},
          "model": {"kind": "cnn", "channels": [8]},
          "estimator": {"kind": "two_point", "queries": 2},

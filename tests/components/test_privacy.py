@@ -57,18 +57,18 @@ def test_release_checks_shape():
 
 
 def test_poisson_sampler_rate_and_private_selection():
-    sampler = PoissonSampler(1000, 50, private_generator(1))
+    sampler = PoissonSampler(1000, 50, 1000, private_generator(1))
     sizes = [len(sampler.sample()) for _ in range(400)]
     assert sum(sizes) / len(sizes) == pytest.approx(50, rel=0.05)
-    a = PoissonSampler(1000, 50, private_generator())
-    b = PoissonSampler(1000, 50, private_generator())
+    a = PoissonSampler(1000, 50, 1000, private_generator())
+    b = PoissonSampler(1000, 50, 1000, private_generator())
     assert not torch.equal(a.sample(), b.sample())
-    c, d = PoissonSampler(1000, 50, private_generator(9)), PoissonSampler(1000, 50, private_generator(9))
+    c, d = PoissonSampler(1000, 50, 1000, private_generator(9)), PoissonSampler(1000, 50, 1000, private_generator(9))
     assert torch.equal(c.sample(), d.sample())
     assert sampler.wrap(dp_accounting.GaussianDpEvent(1.0)) == dp_accounting.PoissonSampledDpEvent(
         0.05, dp_accounting.GaussianDpEvent(1.0))
     with pytest.raises(ValueError, match="expected_batch_size"):
-        PoissonSampler(10, 11, private_generator(0))
+        PoissonSampler(10, 11, 10, private_generator(0))
 
 
 @pytest.mark.parametrize("kind", ["rdp", "pld"])

@@ -184,7 +184,7 @@ def test_workers_read_the_users_file_and_refuse_rows_that_changed(ray_cluster, t
     from tests.conftest import write_digits_file
 
     path = write_digits_file(tmp_path / "rows.csv", rows=range(1500))
-    tiny_spec_dict["data"] = {"source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))},
+    tiny_spec_dict["data"] = {"declared_private_rows": 1000, "source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))},
                               "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
     _ray_matches_local(tiny_spec_dict, 10)
 
@@ -213,7 +213,7 @@ def test_workers_read_an_image_folder_and_refuse_one_that_changed(ray_cluster, t
     from tests.components.test_images import NAMES, write_digits_images
 
     write_digits_images(tmp_path / "digits", n=600)
-    tiny_spec_dict["data"] = {"source": {"kind": "images", "path": str(tmp_path / "digits"), "classes": NAMES, "size": 8},
+    tiny_spec_dict["data"] = {"declared_private_rows": 1000, "source": {"kind": "images", "path": str(tmp_path / "digits"), "classes": NAMES, "size": 8},
                               "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
     tiny_spec_dict["model"] = {"kind": "cnn", "channels": [4]}
     _ray_matches_local(tiny_spec_dict, 5)

@@ -45,7 +45,7 @@ def test_fixed_size_selection_is_private_and_never_uses_the_global_generator():
     c, d = FixedSizeSampler(1000, 20, private_generator(9)), FixedSizeSampler(1000, 20, private_generator(9))
     assert torch.equal(c.sample(), d.sample())  # an injected seed repeats (tests only)
     assert torch.equal(torch.get_rng_state(), before)
-    for planning_only in (FixedSizeSampler(10, 3, None), PoissonSampler(10, 3, None)):
+    for planning_only in (FixedSizeSampler(10, 3, None), PoissonSampler(10, 3, 10, None)):
         with pytest.raises(RuntimeError, match="without a private generator"):
             planning_only.sample()
 
@@ -57,7 +57,7 @@ def test_full_batch_takes_every_row_and_claims_no_amplification():
 
 
 def test_each_sampler_wraps_the_step_in_its_own_event():
-    assert PoissonSampler(100, 10, None).wrap(GAUSS) == dp_accounting.PoissonSampledDpEvent(0.1, GAUSS)
+    assert PoissonSampler(100, 10, 100, None).wrap(GAUSS) == dp_accounting.PoissonSampledDpEvent(0.1, GAUSS)
     assert FixedSizeSampler(100, 10, None).wrap(GAUSS) == dp_accounting.SampledWithoutReplacementDpEvent(100, 10, GAUSS)
     # all n of n rows is the full batch: no sampling event, whose bound would be looser than none
     assert FixedSizeSampler(100, 100, None).wrap(GAUSS) is GAUSS
@@ -81,6 +81,8 @@ def _spec(neighboring, sampling=None, accountant="rdp", **over):
     d = copy.deepcopy(TINY)
     d["privacy"].update(neighboring=neighboring, accountant=accountant)
     d["sampling"] = sampling or {"kind": "poisson", "expected_batch_size": 64}
+    if neighboring == "replace_one":  # these specs are planned for made-up private counts, public under replace-one
+        d["data"].pop("declared_private_rows")
     d.update(over)
     return d
 
@@ -224,9 +226,10 @@ def test_the_report_says_what_was_drawn():
     from flows.reporting import privacy_report, summarize
 
     for sampling, neighboring, said in (
-            ({"kind": "full_batch"}, "replace_one", "every private row is in every step"),
-            ({"kind": "poisson", "expected_batch_size": 64}, "add_remove", "Noise and batch selection come from")):
+            ({"kind": "full_batch"}, "replace_one", "Every private row is in every step"),
+            ({"kind": "poisson", "expected_batch_size": 64}, "add_remove", "DP noise and batch membership were")):
         spec = specs.spec_from_dict(_spec(neighboring, sampling))
         resolved, _, eps = builders.resolve_privacy(spec, 1000)
-        report = privacy_report(summarize(resolved, eps, 60, build_sampler(resolved.sampling, 1000), 2), {})
-        assert said in report and build_sampler(resolved.sampling, 1000).describe() in report
+        sampler = builders.spec_sampler(resolved, 1000)
+        report = privacy_report(summarize(resolved, eps, 60, sampler, 2), {})
+        assert said in report and sampler.describe() in report

@@ -143,7 +143,7 @@ def test_hf_runs_on_a_files_text_column(tmp_path, tiny_spec_dict):
     path = tmp_path / "tickets.parquet"
     lines = [f"ticket {i} about {'billing' if i % 2 else 'login'} problem number {i * 7}" for i in range(400)]
     pd.DataFrame({"body": lines, "queue": ["billing" if i % 2 else "login" for i in range(400)]}).to_parquet(path)
-    tiny_spec_dict["data"] = {"source": {"kind": "file", "path": str(path), "label": "queue",
+    tiny_spec_dict["data"] = {"declared_private_rows": 1000, "source": {"kind": "file", "path": str(path), "label": "queue",
                                          "classes": ["login", "billing"], "text": "body", "max_length": 16},
                               "split": {"kind": "hashed", "public": 0.05, "test": 0.2}}
     tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "head"}

@@ -113,11 +113,12 @@ def test_report_and_tags_state_rho_for_a_zcdp_run():
         tracker.record_step()
     rho = tracker.rho()
     assert rho == pytest.approx(30 / (2 * sigma ** 2))
-    sampler = builders.build_sampler(resolved.sampling, 1000)
+    sampler = builders.spec_sampler(resolved, 1000)
     summary = summarize(resolved, tracker.epsilon(), 30, sampler, 2, rho=rho)
     report = privacy_report(summary, {})
     assert f"| zCDP rho spent | {rho:.6g} |" in report
-    assert f"-DP for replacement of one example of digits. It is {rho:.4g}-zCDP, which implies that." in report
+    assert (f"-DP for replacement of one example of digits; the number of private rows (1000) is the same for "
+            f"every such neighbour, and the run uses and releases it. It is {rho:.4g}-zCDP, which implies that.") in report
     assert dp_tags(summary, "ab" * 32)["dp.zcdp_rho"] == f"{rho:.6g}"
     # other accountants carry no rho
     rdp_spec = specs.spec_from_dict(_spec("replace_one", {"kind": "full_batch"},

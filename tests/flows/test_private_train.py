@@ -56,7 +56,8 @@ def test_reported_epsilon_equals_independent_dp_accounting(finished_run):
     sigma = float(params["mechanism.noise_multiplier"])
     steps = int(params["optimizer.steps"])
     delta = float(params["privacy.delta"])
-    assert rate == pytest.approx(64 / int(params["derived.n_private"]))
+    assert rate == 64 / int(params["data.declared_private_rows"])  # never the private count (add/remove)
+    assert "derived.n_private" not in params
     independent = rdp.RdpAccountant().compose(
         dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps).get_epsilon(delta)
     assert result["epsilon"] == pytest.approx(independent, rel=1e-9)
@@ -389,6 +390,7 @@ def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_serve
     order = np.random.default_rng(0).permutation(1797)
     path = write_digits_file(tmp_path / "clinic.csv", rows=order[:1200])
     tiny_spec_dict["data"] = {
+        "declared_private_rows": 1000,
         "source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))},
         "split": {"kind": "hashed", "public": 0.04, "test": 0.2, "imbalance": [1.0, 0.85]}}
     tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -442,7 +444,7 @@ def test_an_image_folder_that_grows_and_is_renamed_keeps_its_ledger(prefect_serv
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     folder = tmp_path / "scans"
     write_digits_images(folder, n=900)
-    tiny_spec_dict["data"] = {"source": {"kind": "images", "path": str(folder), "classes": NAMES, "size": 8},
+    tiny_spec_dict["data"] = {"declared_private_rows": 1000, "source": {"kind": "images", "path": str(folder), "classes": NAMES, "size": 8},
                               "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
     tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tiny_spec_dict["optimizer"]["steps"] = 10
@@ -486,7 +488,9 @@ def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_l
     client = mlflow.MlflowClient(tiny_spec_dict["tracking"]["uri"])
     run = client.get_run(first["run_id"])
     assert run.data.tags["dp.neighboring"] == "replace_one"
-    assert run.data.tags["dp.guarantee"].endswith("-DP for replacement of one example of digits.")
+    assert run.data.tags["dp.guarantee"].endswith(
+        "-DP for replacement of one example of digits; the number of private rows "
+        f"({run.data.params['derived.n_private']}) is the same for every such neighbour, and the run uses and releases it.")
     local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "dl")))
     event = json.loads((local / "dp_event.json").read_text())
     assert event["event"]["type"] == "SampledWithoutReplacementDpEvent" and event["event"]["sample_size"] == 40
@@ -495,7 +499,8 @@ def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_l
     report = (local / "privacy_report.md").read_text()
     assert f"| sampling | fixed size, 40 of {n} private rows per step without replacement |" in report
     assert "sampled without replacement per step" in report
-    assert "Noise and batch selection come from OS entropy" in report
+    assert "batch membership were drawn by torch's generators" in report  # privacy.noise auto: fast on digits
+    assert run.data.tags["dp.noise_source"] == "fast"
     sigma = float(run.data.params["mechanism.noise_multiplier"])
     delta = float(run.data.params["privacy.delta"])
     step = dp_accounting.SampledWithoutReplacementDpEvent(n, 40, dp_accounting.GaussianDpEvent(sigma))

@@ -147,7 +147,7 @@ def test_resolution_replaces_every_auto(tiny_spec_dict):
     spec = specs.spec_from_dict(tiny_spec_dict)
     resolved = spec.resolved(n_private=1000, noise_multiplier=1.25)
     assert resolved.is_resolved
-    assert resolved.privacy.delta == pytest.approx(1e-3)
+    assert resolved.privacy.delta == pytest.approx(1 / 1385)  # 1 / data.declared_private_rows
     assert resolved.mechanism.noise_multiplier == 1.25
     assert resolved.optimizer.steps == 60
     # the resolved spec round-trips through YAML unchanged
@@ -159,8 +159,58 @@ def test_epochs_resolve_to_steps(tiny_spec_dict):
     tiny_spec_dict["optimizer"]["epochs"] = 2.5
     spec = specs.spec_from_dict(tiny_spec_dict)
     resolved = spec.resolved(n_private=1000, noise_multiplier=1.0)
-    assert resolved.optimizer.steps == 40  # ceil(2.5 * 1000 / 64)
+    assert resolved.optimizer.steps == 55  # ceil(2.5 * 1385 / 64), 1385 = data.declared_private_rows
     assert resolved.optimizer.epochs is None
+
+
+def test_add_remove_constants_never_come_from_the_private_count(tiny_spec_dict):
+    """Under add/remove, the rate, steps from epochs and delta auto are the same whatever the private count
+    (DESIGN §4 rule 3): adding or removing a row moves none of them."""
+    from components import builders
+
+    tiny_spec_dict["optimizer"] = {"kind": "sgd", "lr": 0.02, "epochs": 3}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    plans = [builders.resolve_privacy(spec, n) for n in (None, 1, 1384, 1385, 1386, 10**6)]
+    assert len({(r.privacy.delta, r.optimizer.steps, r.mechanism.noise_multiplier, rate, eps)
+                for r, rate, eps in plans}) == 1
+    resolved, rate, _ = plans[0]
+    assert rate == 64 / 1385 and resolved.privacy.delta == 1 / 1385 and resolved.optimizer.steps == 65
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["data"].pop("declared_private_rows"), "data.declared_private_rows: required with neighboring add_remove"),
+    (lambda d: d["sampling"].update(expected_batch_size=2000), "sampling.expected_batch_size: 2000 is more than"),
+])
+def test_declared_private_rows_rules(tiny_spec_dict, change, message):
+    change(tiny_spec_dict)
+    with pytest.raises(specs.SpecError, match=message):
+        specs.spec_from_dict(tiny_spec_dict)
+
+
+def test_under_replace_one_a_declared_count_must_be_the_true_one(tiny_spec_dict):
+    from components import builders
+
+    tiny_spec_dict["privacy"]["neighboring"] = "replace_one"
+    tiny_spec_dict["sampling"] = {"kind": "fixed_size", "batch_size": 64}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    assert builders.resolve_privacy(spec, 1385)[0].privacy.delta == 1 / 1385
+    with pytest.raises(ValueError, match="data.declared_private_rows: 1385, but the split has 1000 private rows"):
+        builders.resolve_privacy(spec, 1000)
+
+
+def test_replace_one_takes_the_private_count_and_says_so(tiny_spec_dict):
+    from components import builders
+    from flows.reporting import summarize
+
+    tiny_spec_dict["data"].pop("declared_private_rows")
+    tiny_spec_dict["privacy"]["neighboring"] = "replace_one"
+    tiny_spec_dict["sampling"] = {"kind": "fixed_size", "batch_size": 64}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    resolved, rate, eps = builders.resolve_privacy(spec, 1000)
+    assert rate == 64 / 1000 and resolved.privacy.delta == 1e-3
+    sentence = summarize(resolved, eps, 60, builders.spec_sampler(resolved, 1000), 2).guarantee()
+    assert "replacement of one example" in sentence and "number of private rows (1000)" in sentence
+    assert "releases it" in sentence
 
 
 def test_flatten_gives_dotted_params(tiny_spec_dict):
@@ -251,14 +301,15 @@ FILE = {"kind": "file", "path": "x.csv", "label": "y", "classes": [0, 1]}
     (FILE, {"kind": "column", "column": "ok", "public": 0.1}, "data.split.public: unknown key"),
 ])
 def test_public_rows_by_column_or_source_spec_errors(tiny_spec_dict, source, split, message):
-    tiny_spec_dict["data"] = {"source": source, "split": split}
+    tiny_spec_dict["data"] = {"source": source, "split": split, "declared_private_rows": 1384}
     with pytest.raises(specs.SpecError, match=message):
         specs.spec_from_dict(tiny_spec_dict)
 
 
 def test_column_and_source_splits_count_as_public_data(tiny_spec_dict, tmp_path):
     tiny_spec_dict["estimator"] = {"kind": "pazo_s"}
-    tiny_spec_dict["data"] = {"source": FILE, "split": {"kind": "column", "column": "consented"}}
+    tiny_spec_dict["data"] = {"source": FILE, "split": {"kind": "column", "column": "consented"},
+                              "declared_private_rows": 1384}
     specs.spec_from_dict(tiny_spec_dict)
     tiny_spec_dict["data"]["split"] = {"kind": "source", "public_source": {**FILE, "path": "public/rows.csv"}}
     spec_file = tmp_path / "s.yaml"
@@ -286,7 +337,7 @@ def test_a_file_source_survives_resolution(tiny_spec_dict, source):
                                    {"kind": "source", "public_source": {**FILE, "path": "/data/public.csv"}},
                                    {"kind": "hashed", "public": 0.1}], ids=["column", "source", "hashed"])
 def test_every_split_survives_resolution(tiny_spec_dict, split):
-    tiny_spec_dict["data"] = {"source": FILE, "split": split}
+    tiny_spec_dict["data"] = {"source": FILE, "split": split, "declared_private_rows": 1384}
     spec = specs.spec_from_dict(tiny_spec_dict)
     assert spec.resolved(n_private=1000, noise_multiplier=1.0).data == spec.data
 
