@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import reprlib
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Tuple, Union, get_args, get_origin
+from typing import Annotated, Any, Dict, List, Optional, Tuple, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -13,20 +16,70 @@ from specs.run import NAME_PATTERN, RunSpec
 from specs.sections import DATASET_PATTERN
 
 
+# characters that end a line for str.splitlines (and so for a terminal or a log reader)
+_LINE_BREAKS = {c: repr(chr(c))[1:-1] for c in (0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
 class SpecError(ValueError):
     """A spec that cannot run. ``str(err)`` is one line naming each bad field and what is allowed."""
 
+    def __init__(self, message: str = "") -> None:
+        # a value quoted from the spec (a path, a key) may hold a line break; the message stays one line
+        super().__init__(str(message).translate(_LINE_BREAKS))
+
+
+# A spec is a few levels deep (data.split.public_source.path is the deepest); far deeper YAML is a mistake or
+# an attack, and PyYAML's composer recurses once per level (thousands of levels: RecursionError).
+MAX_DEPTH = 50
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (plain YAML silently keeps the last one)."""
+    """SafeLoader that rejects duplicate keys (plain YAML silently keeps the last one), nesting deeper than
+    MAX_DEPTH, and reports a scalar no constructor can read (``!!int x``, a 13th month, an integer of
+    thousands of digits) as a YAML error at its line instead of a Python exception."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_DEPTH and not self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep; allowed: a "
+                                              "few levels, as a spec's sections are", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (SpecError, yaml.YAMLError):
+            raise
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError) as err:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            if tag == "!!int" and isinstance(err, ValueError) and isinstance(node.value, str) and len(node.value) > 100:
+                problem = (f"an integer of {len(node.value)} characters; allowed: integers of at most 19 digits "
+                           "(|x| < 2**63); a number field also takes a float such as 1e40")
+            else:  # a scalar (a collection's own constructors raise YAML errors)
+                what = _shown(node.value) if isinstance(node, yaml.ScalarNode) else f"this {node.id}"
+                problem = f"cannot read {what} as {tag}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
 
 
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.Node, deep: bool = False) -> Dict[Any, Any]:
+    if not isinstance(node, yaml.MappingNode):  # an explicit !!map on a list or a scalar
+        raise yaml.constructor.ConstructorError(None, None, f"expected a mapping, found {node.id}", node.start_mark)
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:  # '<<: *anchor' merges the anchored mapping; its keys may be overridden
+            continue
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, Hashable):
+            raise yaml.constructor.ConstructorError(None, None, f"a {type(key).__name__} cannot be a key; keys are "
+                                                    "names", key_node.start_mark)
         if key in seen:
-            raise SpecError(f"{key}: duplicate key at line {key_node.start_mark.line + 1}; give it once")
+            raise SpecError(f"{_key_text(key)}: duplicate key at line {key_node.start_mark.line + 1}; give it once")
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -39,10 +92,15 @@ def parse_yaml(text: str, origin: str = "spec") -> Dict[str, Any]:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except SpecError as err:  # a duplicate key
         raise SpecError(f"{origin}: {err}") from None
+    except yaml.reader.ReaderError as err:  # a character YAML does not allow (a control character, a lone surrogate)
+        at = err.position if isinstance(err.position, int) else 0
+        code = err.character if isinstance(err.character, int) else ord(str(err.character)[:1] or "?")
+        raise SpecError(f"{origin}: not valid YAML at line {text.count(chr(10), 0, at) + 1}: character "
+                        f"{code:#06x} is not allowed in YAML text ({err.reason})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
         raise SpecError(f"{origin}: not valid YAML{where}: {problem}") from None
     if data is None:
         raise SpecError(f"{origin}: the spec is empty; `privzo schema` lists its sections")
@@ -56,10 +114,12 @@ def load_spec(path: Union[str, Path]) -> RunSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
-        raise SpecError(f"{path}: cannot read spec ({err.strerror})") from None
+        raise SpecError(f"{path}: cannot read spec ({err.strerror or err})") from None
     except UnicodeDecodeError as err:
         raise SpecError(f"{path}: cannot read spec (not UTF-8 text: byte {err.object[err.start]:#04x} at position "
                         f"{err.start})") from None
+    except ValueError:  # a NUL in the path
+        raise SpecError(f"{_shown(str(path))}: cannot read spec (a path cannot hold a NUL character)") from None
     try:
         return spec_from_dict(_anchor_paths(parse_yaml(text, str(path)), path.parent))
     except SpecError as err:
@@ -76,29 +136,142 @@ def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
     split = section.get("split") if isinstance(section.get("split"), dict) else {}
     model = data.get("model") if isinstance(data.get("model"), dict) else {}
 
-    def anchor(owner: Any, key: str) -> None:
-        if isinstance(owner, dict) and isinstance(owner.get(key), str) and owner[key]:
-            path = Path(owner[key]).expanduser()
-            owner[key] = os.path.normpath(path if path.is_absolute() else os.path.abspath(folder / path))
+    def anchor(owner: Any, key: str, field: str) -> None:
+        value = owner.get(key) if isinstance(owner, dict) else None
+        if not isinstance(value, str) or not value or "\x00" in value:  # validation names what is wrong
+            return
+        path = os.path.expanduser(value)
+        if path.startswith("~"):  # no such user here (pathlib's expanduser raises RuntimeError)
+            raise SpecError(f"{field}: {_shown(value)} names the home of an unknown user; allowed: an absolute "
+                            "path, ~/... for your own home, or a path relative to the spec's folder")
+        owner[key] = os.path.normpath(path if os.path.isabs(path) else os.path.abspath(folder / path))
 
     written_model_path = model.get("path") if model.get("kind") == "hf" else None
     if model.get("kind") == "hf":
-        anchor(model, "path")
-    for source in (section.get("source"), split.get("public_source")):
-        if isinstance(source, dict) and source.get("kind") in ("file", "images"):
-            anchor(source, "path")
-        if isinstance(source, dict) and written_model_path is not None and source.get("tokenizer") == written_model_path:
+        anchor(model, "path", "model.path")
+    for source, field in ((section.get("source"), "data.source"), (split.get("public_source"),
+                                                                   "data.split.public_source")):
+        if not isinstance(source, dict):
+            continue
+        if source.get("kind") in ("file", "images"):
+            anchor(source, "path", f"{field}.path")
+        tokenizer = source.get("tokenizer")
+        if written_model_path is not None and tokenizer == written_model_path:
             source["tokenizer"] = model["path"]  # the model's folder, written as model.path is
-        elif isinstance(source, dict) and "/" in str(source.get("tokenizer", "")):  # a folder, not a registered name
-            anchor(source, "tokenizer")
+        elif isinstance(tokenizer, str) and "/" in tokenizer:  # a folder, not a registered name
+            anchor(source, "tokenizer", f"{field}.tokenizer")
     return data
 
 
+# torch's seeds, SQLite's INTEGER and every count privzo keeps are 64-bit; an integer far beyond that is
+# never meant, and one of thousands of digits makes Python refuse to print it (pydantic's error included)
+_INT_LIMIT = 2 ** 63
+# A spec holds a few dozen values (a long class list: thousands). YAML aliases can make a few lines stand
+# for billions (a billion laughs), and pydantic prints a wrong `kind` whole: refused before validation.
+MAX_VALUES = 1_000_000
+_COLLECTIONS = (dict, list, tuple, set, frozenset)
+
+
 def spec_from_dict(data: Dict[str, Any]) -> RunSpec:
+    problem = _shape_problem(data)
+    if problem:
+        raise SpecError(problem)
     try:
         return RunSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(format_errors(err)) from None
+
+
+def _items(value: Any) -> List[Tuple[Any, Any]]:
+    return list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+
+
+def _shape_problem(data: Any) -> Optional[str]:
+    """What no field could take, found before pydantic sees it (pydantic prints a wrong ``kind`` whole, and
+    recursively): an integer (value or key) beyond 64 bits, nesting deeper than MAX_DEPTH, a collection that
+    contains itself (``&a [*a]``), or more than MAX_VALUES values once YAML aliases are expanded. Iterative,
+    and each collection walked once, so a billion laughs costs its written size."""
+    shape: Dict[int, Tuple[int, int]] = {}  # id -> (values it stands for, capped at MAX_VALUES + 1; height)
+    active = set()  # ids of the collections on the path being walked
+    stack: List[Tuple[Any, Tuple[Any, ...], bool]] = [(data, (), False)]
+    while stack:
+        value, loc, done = stack.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_LIMIT:
+            digits = int(value.bit_length() * 0.30103) + 1
+            return (f"{_dotted(loc) or 'spec'}: an integer of about {digits} digits; allowed: integers of at most "
+                    "19 digits (|x| < 2**63); a number field also takes a float such as 1e40")
+        if not isinstance(value, _COLLECTIONS):
+            continue
+        if done:
+            active.discard(id(value))
+            inner = [shape[id(item)] if isinstance(item, _COLLECTIONS) else (1, 0) for _, item in _items(value)]
+            size = 1 + sum(n for n, _ in inner) + (len(value) if isinstance(value, dict) else 0)
+            shape[id(value)] = (min(size, MAX_VALUES + 1), 1 + max((h for _, h in inner), default=0))
+            continue
+        if len(loc) >= MAX_DEPTH:
+            return _too_deep(loc)
+        if id(value) in shape:
+            continue
+        if id(value) in active:
+            return (f"{_dotted(loc) or 'spec'}: a YAML alias that refers to the collection holding it; allowed: "
+                    "an alias of a value written before it, elsewhere")
+        active.add(id(value))
+        stack.append((value, loc, True))
+        for key, item in reversed(_items(value)):  # reversed: popped in written order
+            stack.append((item, loc + (key,), False))
+            if isinstance(value, dict):
+                stack.append((key, loc + (key,), False))
+    size, height = shape.get(id(data), (1, 0))
+    if size <= MAX_VALUES and height <= MAX_DEPTH:
+        return None
+    # aliases made it: name the outermost collection that alone is too large, or the way down that is too deep
+    loc, value = (), data
+    while True:
+        over = [(k, v) for k, v in _items(value) if isinstance(v, _COLLECTIONS) and (
+            shape[id(v)][0] > MAX_VALUES if size > MAX_VALUES else shape[id(v)][1] + len(loc) + 1 > MAX_DEPTH)]
+        if not over:
+            break
+        loc, value = loc + (over[0][0],), over[0][1]
+    if size <= MAX_VALUES:
+        return _too_deep(loc)
+    return (f"{_dotted(loc) or 'spec'}: stands for more than {MAX_VALUES:,} values (YAML aliases counted as "
+            f"the values they repeat); allowed: at most {MAX_VALUES:,} in a spec")
+
+
+def _too_deep(loc: Tuple[Any, ...]) -> str:
+    return (f"{_dotted(loc[:3]) or 'spec'}{'...' if len(loc) > 3 else ''}: nested more than {MAX_DEPTH} levels "
+            "deep; allowed: a few levels, as a spec's sections are")
+
+
+def _dotted(loc: Tuple[Any, ...]) -> str:
+    return ".".join(_key_text(part) for part in loc)
+
+
+_PLAIN_KEY = re.compile(r"[\w-]{1,60}")  # a key shown as written; any other is quoted, so a path reads as one
+
+
+def _key_text(key: Any) -> str:
+    """A key or list index as the user wrote it; quoted where it is not a plain printable name."""
+    if isinstance(key, int) and not isinstance(key, bool) and abs(key) < _INT_LIMIT:
+        return str(key)
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+        return key
+    return _shown(key)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset, _REPR.maxdict = 2, 4, 4, 4, 4
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A short repr of value, in time that does not grow with its size; never raises (an integer of
+    thousands of digits has no repr)."""
+    try:
+        text = _REPR.repr(value)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= limit else f"{text[:limit - 4]}...{text[-1]}"
 
 
 def dump_yaml(spec: RunSpec) -> str:
@@ -115,6 +288,9 @@ _PATTERNS = {  # the spec's name patterns, in words
     DATASET_PATTERN:
         "use letters, digits, '_', '.', ':' and '-', starting with a letter or digit, at most 200 characters",
 }
+
+
+MAX_PROBLEMS = 20
 
 
 def format_errors(err: ValidationError) -> str:
@@ -139,7 +315,7 @@ def format_errors(err: ValidationError) -> str:
             parts.append(f"{path}: unknown key; allowed keys here: {allowed}")
         elif kind == "union_tag_invalid":
             ctx = e.get("ctx", {})
-            parts.append(f"{path}.kind: unknown kind {ctx.get('tag')!r}; allowed: {ctx.get('expected_tags')}")
+            parts.append(f"{path}.kind: unknown kind {_shown(ctx.get('tag'))}; allowed: {ctx.get('expected_tags')}")
         elif kind == "union_tag_not_found":
             parts.append(f"{path}: missing key 'kind'; see `privzo schema` for the allowed kinds")
         elif kind == "missing":
@@ -153,9 +329,12 @@ def format_errors(err: ValidationError) -> str:
             elif kind == "string_pattern_mismatch":
                 msg = _PATTERNS.get(e["ctx"]["pattern"], msg)
             found = e.get("input")
-            found_text = "" if isinstance(found, (dict, list)) else f" (found {found!r})"
+            found_text = "" if isinstance(found, (dict, list)) else f" (found {_shown(found)})"
             parts.append(f"{path or 'spec'}: {msg}{found_text}")
-    return "; ".join(dict.fromkeys(parts))
+    parts = list(dict.fromkeys(parts))
+    if len(parts) > MAX_PROBLEMS:  # a list of 10,000 wrong items is one mistake, not a page of them
+        parts = parts[:MAX_PROBLEMS] + [f"and {len(parts) - MAX_PROBLEMS} more problems"]
+    return "; ".join(parts)
 
 
 def _walk(loc: Tuple[Any, ...]) -> Tuple[str, Any]:
@@ -178,7 +357,9 @@ def _walk(loc: Tuple[Any, ...]) -> Tuple[str, Any]:
                 continue
             if len(members) == 1:
                 current = members[0]  # Optional[Model]: the key is the model's
-        names.append(str(part))
+        if get_origin(current) is Union and part in {getattr(a, "__name__", None) for a in get_args(current)}:
+            continue  # a branch tag of Union[int, str] (data.source.classes.0.int): the user wrote classes.0
+        names.append(_key_text(part))
         if _is_model(current):
             owner = current
             field = current.model_fields.get(part) if isinstance(part, str) else None
