@@ -26,7 +26,8 @@ from components.runtime import ray_backend
 TINY = {
     "name": "bench-ray", "seed": 0,
     "data": {"source": {"kind": "sklearn", "name": "digits"},
-             "split": {"kind": "fraction", "public": 0.04, "test": 0.2, "imbalance": [1.0, 0.85]}},
+             "split": {"kind": "fraction", "public": 0.04, "test": 0.2, "imbalance": [1.0, 0.85]},
+             "declared_private_rows": 1384},
     "model": {"kind": "mlp", "hidden": [128]},
     "mechanism": {"kind": "gaussian", "clip": 1.0},
     "privacy": {"epsilon": 2.0}, "sampling": {"kind": "poisson", "expected_batch_size": 64},

@@ -31,7 +31,7 @@ BATCH = 32
 SPEC = {
     "name": "bench-ray-step", "seed": 0,
     "data": {"source": {"kind": "text", "name": "chatterbot", "max_length": 32, "tokenizer": "minilm"},
-             "split": {"kind": "fraction", "public": 0.0, "test": 0.2}},
+             "split": {"kind": "fraction", "public": 0.0, "test": 0.2}, "declared_private_rows": 1490},
     "mechanism": {"kind": "gaussian", "clip": 1.0},
     "privacy": {"epsilon": 4.0}, "sampling": {"kind": "poisson", "expected_batch_size": BATCH},
     "optimizer": {"kind": "sgd", "lr": 1e-4, "steps": 1000},

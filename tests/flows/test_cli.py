@@ -149,7 +149,7 @@ def test_budget_reads_a_ledger_without_creating_one(tmp_path, ledger, message):
 
 @pytest.mark.parametrize("mutate, args, message", [
     (lambda d: d["sampling"].update(expected_batch_size=5000), [],
-     "sampling.expected_batch_size: 5000 must be between 1 and the"),
+     "sampling.expected_batch_size: 5000 is more than data.declared_private_rows"),
     (lambda d: d["model"].update(kind="mlp", hidden=[1_000_000, 1_000_000]), [], "model: 1e+12 parameters need"),
     (lambda d: d.update(checkpoint={"dir": "/etc/passwd"}), [], "checkpoint.dir: /etc/passwd is a file"),
     (lambda d: None, ["--resume", "nosuch"], "resume: no checkpoint .privzo/checkpoints/tiny-digits/nosuch"),
