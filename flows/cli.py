@@ -159,7 +159,10 @@ def _show_budget(args, ledger) -> int:
 
 def cmd_audit(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
-    from components.audit import audit_problem
+    from components.audit import audit_problem, with_epsilon
+
+    if args.epsilon is not None:
+        spec = with_epsilon(spec, args.epsilon)  # a bad epsilon is refused here, in one line
 
     problem = audit_problem(spec)
     if problem:
@@ -168,14 +171,17 @@ def cmd_audit(args) -> int:
         return _fail(f"--canaries: {args.canaries} must be at least 4")
     if not 0.0 < args.confidence < 1.0:
         return _fail(f"--confidence: {args.confidence} must be strictly between 0 and 1 (e.g. 0.95)")
-    if not args.noise_scale >= 0.0:
-        return _fail(f"--noise-scale: {args.noise_scale} must be >= 0")
+    if not 0.0 <= args.noise_scale < float("inf"):
+        return _fail(f"--noise-scale: {args.noise_scale} must be a finite number >= 0")
+    if args.threads is not None and args.threads < 1:
+        return _fail(f"--threads: {args.threads} must be at least 1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.audit import privacy_audit
 
     result = privacy_audit(spec_path=str(args.spec), canaries=args.canaries, confidence=args.confidence,
                            background=args.background, noise_scale=args.noise_scale, guesses=args.guesses,
-                           tracking_uri=args.tracking_uri, experiment=args.experiment, log=not args.no_log)
+                           tracking_uri=args.tracking_uri, experiment=args.experiment, log=not args.no_log,
+                           threads=args.threads, epsilon=args.epsilon)
     print()
     print(result["report"], end="")
     if "run_id" in result:
@@ -222,6 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--canaries", type=int, default=None,
                    help="canary slots, each included with probability 1/2 (default: 1000 for d-dimensional "
                         "releases, rate x steps x queries / 4 within 100..1000 for scalar ones)")
+    p.add_argument("--epsilon", type=float, default=None, help="audit at this privacy.epsilon (default: the spec's)")
     p.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound (default 0.95)")
     p.add_argument("--background", choices=["none", "public"], default="none",
                    help="rows present besides the canaries: none (the worst case) or the spec's public rows")
@@ -230,6 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="self-test: multiply the noise by this while claiming the calibrated epsilon (0: no noise)")
     p.add_argument("--tracking-uri", default=None, help="default: the spec's tracking.uri")
     p.add_argument("--experiment", default=None, help="default: the spec's experiment (its name)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: execution.threads, else 1)")
     p.add_argument("--no-log", action="store_true", help="print the report only; no MLflow run")
     p.set_defaults(func=cmd_audit)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")

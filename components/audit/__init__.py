@@ -1,0 +1,16 @@
+"""Empirical privacy auditing: canaries through privzo's own loop, membership guesses, and lower bounds on
+epsilon at a stated confidence (one-run and many-runs tests)."""
+from components.audit.bounds import (
+    clopper_pearson,
+    many_runs_epsilon,
+    one_run_ceiling,
+    one_run_epsilon,
+    one_run_p_value,
+)
+from components.audit.run import AuditResult, ThreatModelResult, audit, audit_problem, default_canaries, with_epsilon
+
+audit_ceiling = one_run_ceiling
+
+__all__ = ["AuditResult", "ThreatModelResult", "audit", "audit_ceiling", "audit_problem", "clopper_pearson",
+           "default_canaries", "many_runs_epsilon", "one_run_ceiling", "one_run_epsilon", "one_run_p_value",
+           "with_epsilon"]

@@ -1,0 +1,348 @@
+"""One audited run: canaries in, privzo's own loop (its sampler, mechanism and accountant), guesses out,
+and a lower bound on epsilon beside the epsilon the run claims.
+
+The run audited is the spec's own: its model and initialisation (and public warm start), estimator,
+mechanism, clip, noise multiplier calibrated by its accountant, sampler and number of steps. Only its
+private rows change: they are the canaries each included with probability 1/2 (plus, optionally, the
+public rows as an always-present background). The spec's private rows are never read by the run, so an
+audit spends none of their budget and can log what it likes about its own canaries.
+
+Under add/remove neighbours the sampler's rate is expected_batch_size / data.declared_private_rows, the
+spec's public constant, and stays what the claim was computed with: the accountant's guarantee holds for
+any one row added to or removed from any dataset, whatever its size, so the canaries are audited against
+exactly the claimed (epsilon, delta) and the declared count is left as the spec gives it. Under replace-one
+every canary slot always holds a row (the canary or its alternate), so the row count is the same whatever
+is included and is what the run is planned with.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from components import builders, models
+from components.audit.bounds import one_run_epsilon
+from components.audit.canaries import Probe, draw_canaries, final_losses, scale_for_clip, scaled
+from components.audit.guessing import count_correct, guesses, pick_guess_count, split_guess
+from components.data.split import Part, SplitData
+from components.randomness import private_generator, public_seed
+
+STREAM_AUDIT = 20  # public stream of the canaries (no other stream uses 20)
+
+BACKGROUNDS = ("none", "public")
+# dense releases (DP-SGD, DPGD-0th, GEP) add the m x m x d overlap of the canaries' gradients every
+# m / DENSE_OVERLAP_SLOTS steps: about as much work again as the templates themselves
+DENSE_OVERLAP_SLOTS = 50
+
+# how far past the clip a canary's per-example value is pushed: a Gaussian direction's finite difference
+# <g, u> ~ N(0, |g|^2) falls inside [-C, C] with probability ~0.8 C / |g|, under 1% at |g| = 100 C
+CLIP_MARGIN = 100.0
+
+
+@dataclass(frozen=True)
+class ThreatModelResult:
+    threat: str  # white_box | black_box
+    epsilon_lower: float
+    guesses: int
+    correct: int
+    # (mean score of included - mean of excluded) / pooled sd: how far apart the auditor's scores put the two
+    # groups (a diagnostic computed after the guesses, from the truth; the bound does not use it)
+    separation: float = 0.0
+    canaries_bounded: int = 0  # canaries the bound counts (half of them when the guess count came from a split)
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    spec_name: str
+    estimator: str
+    claimed_epsilon: float
+    target_epsilon: float
+    delta: float
+    noise_multiplier: float
+    noise_scale: float
+    steps: int
+    sampling: str
+    accountant: str
+    neighboring: str
+    canaries: int
+    confidence: float
+    background: str
+    background_rows: int
+    canary_scale: float
+    share_at_clip: float
+    white_box: ThreatModelResult
+    black_box: ThreatModelResult
+    seconds: float
+    threads: int
+    notes: List[str] = field(default_factory=list)
+    # per canary: included or not, and each threat model's scores (the audit's own data, no private row)
+    included: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
+    white_box_scores: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
+    black_box_scores: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
+
+    @property
+    def epsilon_lower(self) -> float:
+        return max(self.white_box.epsilon_lower, self.black_box.epsilon_lower)
+
+    @property
+    def exceeds_claim(self) -> bool:
+        """The audit refutes the claim: some threat model's lower bound is above the claimed epsilon."""
+        return self.epsilon_lower > self.claimed_epsilon
+
+    def tags(self) -> Dict[str, str]:
+        """``audit.*`` tags: strings, as MLflow stores them."""
+        return {
+            "audit.claimed_epsilon": f"{self.claimed_epsilon:.6g}",
+            "audit.delta": f"{self.delta:.6g}",
+            "audit.epsilon_lower": f"{self.epsilon_lower:.6g}",
+            "audit.white_box.epsilon_lower": f"{self.white_box.epsilon_lower:.6g}",
+            "audit.white_box.guesses": str(self.white_box.guesses),
+            "audit.white_box.correct": str(self.white_box.correct),
+            "audit.black_box.epsilon_lower": f"{self.black_box.epsilon_lower:.6g}",
+            "audit.black_box.guesses": str(self.black_box.guesses),
+            "audit.black_box.correct": str(self.black_box.correct),
+            "audit.confidence": f"{self.confidence:g}",
+            "audit.canaries": str(self.canaries),
+            "audit.threat_models": "white_box,black_box",
+            "audit.method": "one-run (Steinke, Nasr and Jagielski 2023, Cor. 5.4)",
+            "audit.exceeds_claim": str(self.exceeds_claim).lower(),
+            "audit.noise_scale": f"{self.noise_scale:g}",
+            "audit.estimator": self.estimator,
+            "audit.noise_multiplier": f"{self.noise_multiplier:.6g}",
+            "audit.steps": str(self.steps),
+            "audit.background": self.background,
+            "audit.share_at_clip": f"{self.share_at_clip:.4g}",
+            "audit.seconds": f"{self.seconds:.1f}",
+        }
+
+
+DENSE_ESTIMATORS = ("first_order", "dpgd_0th", "gep")
+
+
+def default_canaries(spec, planned=None) -> int:
+    """How many canaries by default. A d-dimensional release (DP-SGD, DPGD-0th, GEP) has room for many
+    canaries whose gradients barely overlap: 1000. A step of q scalar releases (DPZero, PAZO) carries
+    every sampled canary in the same q numbers, so each canary's score also holds the others' sampled
+    +-C: with m canaries in the run, the score of one separates in from out by about
+    sqrt(2 rate T q / m) standard deviations even with no noise at all. m = rate T q / 4 keeps that near 3
+    (between 100 and 1000). ``planned``: resolve_privacy's answer for ``spec``, if already at hand."""
+    if spec.estimator.kind in DENSE_ESTIMATORS or spec.privacy.neighboring == "replace_one":
+        return 1000
+    resolved, rate, _ = planned if planned is not None else builders.resolve_privacy(spec, None)
+    queries = builders.build_estimator(resolved).queries_per_step
+    return int(min(1000, max(100, round(rate * resolved.optimizer.steps * queries / 4))))
+
+
+def with_epsilon(spec, epsilon: float):
+    """``spec`` with privacy.epsilon set (its noise then calibrated for it, as the spec's own run would)."""
+    if spec.privacy is None:
+        raise ValueError("--epsilon: the spec has no privacy section (mechanism none); there is no epsilon to set")
+    from specs import spec_from_dict
+
+    data = spec.model_dump(mode="json")
+    data["privacy"]["epsilon"] = epsilon
+    return spec_from_dict(data)
+
+
+def _with_noise_multiplier(spec, sigma: float):
+    data = spec.model_dump(mode="json")
+    data["mechanism"]["noise_multiplier"] = sigma
+    return type(spec).model_validate(data)
+
+
+class NoiseOff:
+    """A broken mechanism for testing the audit: the clip and every accounting fact of the real one, and
+    releases of the clipped sums with no noise at all."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def release(self, sums):
+        return sums.detach().to(device="cpu", dtype=torch.float64)
+
+    def release_dense(self, tensors):
+        return list(tensors)
+
+    def release_embedded(self, embedding, residual, residual_clip, embedding_share):
+        return embedding.detach().to(device="cpu", dtype=torch.float64), list(residual)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def audit_problem(spec) -> Optional[str]:
+    """Why this spec cannot be audited, in one line, or None."""
+    if spec.mechanism.kind == "none":
+        return "mechanism.kind: none claims no privacy; there is nothing to audit (use kind: gaussian)"
+    source = spec.data.source
+    if source.kind == "text" or (source.kind == "file" and getattr(source, "text", None) is not None) \
+            or spec.model.kind == "hf":
+        return ("data.source: the audit writes its canaries as feature vectors; token-id rows (text sources, "
+                "model.kind hf) are not supported yet")
+    return None
+
+
+def _local(spec):
+    """The spec run in-process: the audit reads the replica's parameters at every step (white-box)."""
+    data = spec.model_dump(mode="json")
+    data["execution"]["backend"] = "local"
+    data["execution"]["prefetch_directions"] = False  # the probe's own forwards share the direction cache
+    return type(spec).model_validate(data)
+
+
+def _direction_factor(spec, built) -> float:
+    """|<g, u>| / |g| for the estimator's directions: 1 for Gaussian and Rademacher ones (E<g,u>^2 = |g|^2),
+    radius / sqrt(d) on a sphere of that radius."""
+    directions = built.loop.backend.directions
+    if getattr(spec.estimator, "directions", "gaussian") == "sphere" or spec.estimator.kind == "pazo_m":
+        return directions.radius / math.sqrt(directions.dim)
+    return 1.0
+
+
+def bound_from_scores(threat: str, scores: np.ndarray, included: np.ndarray, delta: float, confidence: float,
+                      guess_count: Optional[int] = None, method: str = "mixture", seed: int = 0) -> ThreatModelResult:
+    """Guess on the canaries with the most extreme scores and turn the count of correct guesses into the
+    one-run bound; how many guesses: ``guess_count``, or chosen by ``method`` (components.audit.guessing)."""
+    m = len(scores)
+    if guess_count is not None or method == "mixture":
+        r = pick_guess_count(scores, delta, confidence, guess_count)
+        v = count_correct(guesses(scores, r), included)
+        used, eps = m, one_run_epsilon(m, r, v, delta, confidence)
+    elif method == "split":
+        used, r, v, eps = split_guess(scores, included, delta, confidence, seed)
+    else:
+        raise ValueError(f"guess method: unknown {method!r}; allowed: mixture, split")
+    return ThreatModelResult(threat, eps, r, v, separation(scores, included), used)
+
+
+def separation(scores: np.ndarray, included: np.ndarray) -> float:
+    inc = np.asarray(included, dtype=bool)
+    a, b = scores[inc], scores[~inc]
+    if len(a) < 2 or len(b) < 2:
+        return 0.0
+    pooled = math.sqrt(0.5 * (a.var(ddof=1) + b.var(ddof=1)))
+    return float((a.mean() - b.mean()) / pooled) if pooled > 0 else 0.0
+
+
+def _audit_data(data: SplitData, rows_x: np.ndarray, rows_y: np.ndarray) -> SplitData:
+    fps = [f"{i:064x}" for i in range(len(rows_y))]  # placeholders in the fingerprints' form: nothing reads them
+    private = Part(rows_x.astype(np.float32, copy=False), rows_y.astype(np.int64, copy=False), fps)
+    return SplitData(data.public, private, data.test, data.n_classes, data.n_features, data.layout)
+
+
+def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: float = 0.95,
+          background: str = "none",
+          noise_scale: float = 1.0, guess_count: Optional[int] = None, seed: Optional[int] = None,
+          inclusion_generator: Optional[torch.Generator] = None,
+          noise_generator: Optional[torch.Generator] = None,
+          sampling_generator: Optional[torch.Generator] = None,
+          on_step=None) -> AuditResult:
+    """Audit ``spec`` (unresolved, as loaded) on ``canaries`` canary slots; see the module docstring.
+
+    ``noise_scale`` multiplies the mechanism's noise while the accountant keeps the calibrated claim: 1
+    is the mechanism as built, 0 switches the noise off, 0.1 is sigma/10. Anything but 1 is a deliberately
+    broken run, for checking that the audit catches it. ``data``: the spec's split; only its public rows
+    (and, for ``background: public``, those again as always-present private rows) reach the run.
+    Generators: inclusion of the canaries, DP noise and batches; OS entropy unless injected (tests)."""
+    problem = audit_problem(spec)
+    if problem:
+        raise ValueError(problem)
+    if canaries is not None and canaries < 4:
+        raise ValueError(f"--canaries: {canaries} must be at least 4")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"--confidence: {confidence} must be strictly between 0 and 1 (e.g. 0.95)")
+    if background not in BACKGROUNDS:
+        raise ValueError(f"--background: unknown {background!r}; allowed: {', '.join(BACKGROUNDS)}")
+    if not (noise_scale >= 0.0 and math.isfinite(noise_scale)):
+        raise ValueError(f"--noise-scale: {noise_scale} must be a finite number >= 0")
+    start = time.perf_counter()
+    spec = _local(spec)
+    replace_one = spec.privacy.neighboring == "replace_one"
+    if spec.privacy.insecure_deterministic:
+        notes = ["privacy.insecure_deterministic: the run's noise and batches come from the public seed"]
+    else:
+        notes = []
+
+    planned = None if replace_one else builders.resolve_privacy(spec, None)  # add/remove: no row count needed
+    if canaries is None:
+        canaries = default_canaries(spec, planned)
+    canary_seed = public_seed(spec.seed if seed is None else seed, STREAM_AUDIT)
+    slots = draw_canaries(canaries, data.n_features, data.n_classes, canary_seed, replace_one=replace_one)
+    if background == "public":
+        bg_x, bg_y = data.public.features, data.public.labels
+    else:
+        bg_x, bg_y = data.public.features[:0], data.public.labels[:0]
+
+    # x_0: the public initialisation after any public warm start (no private row involved), where the
+    # canaries' scale is set
+    # (a loop over the unscaled slots, never run: only its model is used)
+    unscaled = _audit_data(data, slots.features, slots.labels)
+    planning, _, planned_eps = builders.resolve_privacy(spec, canaries) if replace_one else planned
+    probe_built = builders.build_loop(planning, unscaled, noise_generator=torch.Generator().manual_seed(0),
+                                      sampling_generator=torch.Generator().manual_seed(0))
+    builders.public_warm_start(planning, probe_built)
+    params = probe_built.loop.backend.directions.params
+    clip = float(spec.mechanism.clip)
+    target = CLIP_MARGIN * clip / _direction_factor(spec, probe_built)
+    scale = scale_for_clip(probe_built.model, params, models.per_example_loss, slots, target, probe_built.device)
+    slots = scaled(slots, scale)
+    del probe_built
+
+    gen = inclusion_generator if inclusion_generator is not None else private_generator()
+    included = (torch.rand(canaries, generator=gen, dtype=torch.float64) < 0.5).numpy()
+    if replace_one:
+        cx = np.where(included[:, None], slots.features, slots.alternate_features)
+        cy = np.where(included, slots.labels, slots.alternate_labels)
+    else:
+        cx, cy = slots.features[included], slots.labels[included]
+    rows_x = np.concatenate([bg_x, cx]) if len(bg_y) else cx
+    rows_y = np.concatenate([bg_y, cy]) if len(bg_y) else cy
+    audit_data = _audit_data(data, rows_x, rows_y)
+
+    # the claim audited: the spec's own plan (under add/remove it does not depend on the rows at all)
+    if replace_one:
+        resolved, _rate, claimed = builders.resolve_privacy(spec, len(rows_y))
+    else:
+        resolved, claimed = planning, planned_eps
+    sigma = float(resolved.mechanism.noise_multiplier)
+    # a deliberately broken run draws noise of multiplier sigma * noise_scale; the claim stays the one
+    # calibrated for sigma
+    run_spec = resolved if noise_scale in (0.0, 1.0) else _with_noise_multiplier(resolved, sigma * noise_scale)
+    built = builders.build_loop(run_spec, audit_data, noise_generator=noise_generator,
+                                sampling_generator=sampling_generator)
+    builders.public_warm_start(run_spec, built)
+    loop = built.loop
+    if noise_scale == 0.0:
+        loop.mechanism = NoiseOff(loop.mechanism)
+    device = built.device
+    bx = torch.as_tensor(bg_x, device=device)
+    by = torch.as_tensor(bg_y, device=device)
+    # the noise the claim promises per released coordinate (the auditor's model of a release, public)
+    claimed_std = math.sqrt(loop.estimator.queries_per_step) * sigma * clip * (2.0 if replace_one else 1.0)
+    probe = Probe(slots, bx, by, loop.sampler.rate, models.per_example_loss, device, noise_std=claimed_std,
+                  dense_overlap_every=max(1, round(canaries / DENSE_OVERLAP_SLOTS)))
+    probe.attach(loop)
+    loss_start = final_losses(built.model, models.per_example_loss, slots, device)
+    loop.run(resolved.optimizer.steps, on_step=on_step)
+    loss_end = final_losses(built.model, models.per_example_loss, slots, device)
+
+    delta = float(resolved.privacy.delta)
+    white_scores = probe.decorrelated_scores()
+    white = bound_from_scores("white_box", white_scores, included, delta, confidence, guess_count)
+    # black-box: only the final model (and the public x_0): a canary whose loss fell the most was trained on
+    black_scores = loss_start - loss_end
+    black = bound_from_scores("black_box", black_scores, included, delta, confidence, guess_count, method="split",
+                              seed=public_seed(canary_seed, 1))
+    return AuditResult(
+        spec_name=spec.name, estimator=spec.estimator.kind, claimed_epsilon=float(claimed),
+        target_epsilon=float(spec.privacy.epsilon), delta=delta,
+        noise_multiplier=sigma, noise_scale=float(noise_scale),
+        steps=int(resolved.optimizer.steps), sampling=loop.sampler.describe(), accountant=resolved.privacy.accountant,
+        neighboring=resolved.privacy.neighboring, canaries=canaries, confidence=confidence, background=background,
+        background_rows=int(len(bg_y)), canary_scale=float(scale), share_at_clip=probe.share_at_clip,
+        white_box=white, black_box=black, seconds=time.perf_counter() - start, threads=torch.get_num_threads(),
+        notes=notes, included=included, white_box_scores=white_scores, black_box_scores=black_scores)

@@ -1,0 +1,87 @@
+"""``privzo audit``: the flow's MLflow run (audit.* tags, report) and the command line's refusals."""
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PRIVZO = [sys.executable, "-m", "flows.cli"]
+
+SPEC = {
+    "name": "audit-flow", "seed": 5,
+    "data": {"source": {"kind": "sklearn", "name": "digits"},
+             "split": {"kind": "fraction", "public": 0.04, "test": 0.2}, "declared_private_rows": 64},
+    "model": {"kind": "linear"},
+    "estimator": {"kind": "two_point", "queries": 4, "smoothing": 1e-3},
+    "mechanism": {"kind": "gaussian", "clip": 1.0, "noise_multiplier": 28.7},  # eps 0.9993: no calibration
+    "privacy": {"epsilon": 1.0, "delta": 1e-5, "accountant": "rdp"},
+    "sampling": {"kind": "poisson", "expected_batch_size": 32},
+    "optimizer": {"kind": "sgd", "lr": 0.05, "steps": 60},
+}
+
+
+def _privzo(args, cwd, timeout=120):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(PRIVZO + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("change, args, message", [
+    ({}, ["--canaries", "2"], "--canaries: 2 must be at least 4"),
+    ({}, ["--confidence", "1"], "--confidence: 1.0 must be strictly between 0 and 1"),
+    ({}, ["--noise-scale", "nan"], "--noise-scale: nan must be a finite number >= 0"),
+    ({"mechanism": {"kind": "none"}, "privacy": None}, [], "mechanism.kind: none claims no privacy"),
+])
+def test_audit_refuses_in_one_line_and_creates_nothing(tmp_path, change, args, message):
+    spec = copy.deepcopy(SPEC)
+    spec.update(change)
+    spec = {k: v for k, v in spec.items() if v is not None}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = _privzo(["audit", str(path), *args], tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # no MLflow store, no Prefect run
+
+
+@pytest.mark.e2e
+def test_audit_flow_logs_audit_tags_and_a_report(prefect_server, tmp_path):
+    import torch
+
+    from flows.audit import privacy_audit
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    threads = torch.get_num_threads()
+    result = privacy_audit(spec=copy.deepcopy(SPEC), canaries=40, tracking_uri=uri, experiment="audits")
+    assert torch.get_num_threads() == threads  # the audit's thread count does not leak
+    assert result["epsilon_lower"] <= result["claimed_epsilon"] <= 1.0
+    run = mlflow.MlflowClient(uri).get_run(result["run_id"])
+    tags = run.data.tags
+    assert float(tags["audit.claimed_epsilon"]) == pytest.approx(result["claimed_epsilon"], rel=1e-5)
+    for key in ("audit.epsilon_lower", "audit.white_box.epsilon_lower", "audit.black_box.epsilon_lower",
+                "audit.confidence", "audit.canaries", "audit.threat_models", "audit.white_box.guesses",
+                "audit.white_box.correct", "audit.black_box.guesses", "audit.black_box.correct"):
+        assert key in tags, key
+    assert tags["audit.canaries"] == "40" and tags["audit.confidence"] == "0.95"
+    assert tags["audit.exceeds_claim"] == "false" and tags["privzo.kind"] == "audit"
+    assert not any(k.startswith("dp.") for k in tags)  # an audit makes no privacy claim of its own
+    names = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(result["run_id"])}
+    assert {"audit_report.md", "audit.json", "audit_canaries.csv", "spec.yaml"} <= names
+    report = result["report"]
+    assert "| white-box |" in report and "| black-box |" in report and "No private row of the spec was read" in report
+
+
+def test_the_docs_table_script_runs_its_smallest_cells(tmp_path):
+    """bench/audit_table.py, which writes docs/audit.md's table: one correct and one broken cell, 10 steps."""
+    out = subprocess.run([sys.executable, "bench/audit_table.py", "--specs", "specs/examples/digits_dpzero.yaml",
+                          "--epsilons", "1", "--noise-scales", "0", "--steps", "10", "--canaries", "8"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| DPZero |")]
+    assert len(rows) == 2 and "| as claimed |" in rows[0] and "| off |" in rows[1]
