@@ -89,8 +89,12 @@ def one_run_epsilon(m: int, r: int, v: int, delta: float, confidence: float) -> 
     grid = np.arange(0.0, hi + _GRID_STEP, _GRID_STEP)
     p = one_run_p_values(m, r, v, grid, delta)
     first = int(np.argmax(p >= beta))  # the first grid point not rejected (exists: p(hi) >= beta)
-    lo, up = float(grid[first - 1]), float(grid[first])
-    for _ in range(40):  # within the cell; keeps p(lo) < beta
+    return _last_rejected(m, r, v, delta, beta, float(grid[first - 1]), float(grid[first]), 40)
+
+
+def _last_rejected(m: int, r: int, v: int, delta: float, beta: float, lo: float, up: float, rounds: int) -> float:
+    """Bisection between a rejected ``lo`` and a surviving ``up``; keeps p(lo) < beta."""
+    for _ in range(rounds):
         mid = 0.5 * (lo + up)
         if one_run_p_value(m, r, v, mid, delta) < beta:
             lo = mid
@@ -108,13 +112,7 @@ def one_run_epsilon_estimate(m: int, r: int, v: int, delta: float, confidence: f
     lo, hi = 0.0, 1.0
     while one_run_p_value(m, r, v, hi, delta) < beta and hi < 1e4:
         lo, hi = hi, hi * 2.0
-    for _ in range(30):
-        mid = 0.5 * (lo + hi)
-        if one_run_p_value(m, r, v, mid, delta) < beta:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return _last_rejected(m, r, v, delta, beta, lo, hi, 30)
 
 
 def one_run_ceiling(m: int, delta: float, confidence: float) -> float:
