@@ -127,7 +127,13 @@ class PrivateLoop:
                 del indices, ctx._indices
                 if ctx.used == 0:
                     raise PrivacyBudgetError(f"{self.estimator.name}: step {self.step} made no private query")
-                self.backend.apply(update)
+                try:
+                    self.backend.apply(update)
+                except RuntimeError as err:  # torch refuses a step size its parameters' type cannot hold
+                    if "overflow" not in str(err):
+                        raise
+                    raise NonFiniteError(f"training diverged: step {self.step}'s update overflows the parameters' "
+                                         "type; lower optimizer.lr") from None
             if not _all_finite(self.backend.directions.params):
                 raise NonFiniteError(f"training diverged: the model's parameters are not finite after step "
                                      f"{self.step}'s update; lower optimizer.lr (or the clip), or check the model")

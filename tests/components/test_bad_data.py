@@ -225,3 +225,16 @@ def test_a_run_whose_parameters_become_non_finite_stops_in_one_line(tiny_spec_di
     # the diverged step was accounted, and never completed: it is in no journal
     assert built.loop.tracker.steps == 2 and built.loop.step == 1
     assert {e.step for e in built.loop.journal} == {0}
+
+
+def test_a_step_size_the_parameters_cannot_hold_stops_in_one_line(tiny_spec_dict):
+    import specs
+    from components import builders
+    from components.runtime.loop import NonFiniteError
+
+    tiny_spec_dict["optimizer"].update(lr=1e300, steps=3)
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    data = builders.load_data(spec)
+    built = builders.build_loop(builders.resolve_privacy(spec)[0], data)
+    with pytest.raises(NonFiniteError, match="overflows the parameters' type; lower optimizer.lr"):
+        built.loop.run(3)
