@@ -114,10 +114,11 @@ def summary(result: AuditResult) -> Dict[str, Any]:
 @task(name="log-audit", cache_policy=NO_CACHE, retries=2)
 def log_audit(spec: specs.RunSpec, result: AuditResult, tracking_uri: str, experiment: str) -> str:
     """One MLflow run: the audited spec as params, ``audit.*`` tags, the report and the canaries' scores."""
-    mlflow.set_tracking_uri(tracking_uri)
-    exp = mlflow.set_experiment(experiment)
+    # a client of its own: mlflow.set_tracking_uri would also set MLFLOW_TRACKING_URI for the whole process
     client = mlflow.MlflowClient(tracking_uri)
-    run = client.create_run(exp.experiment_id, run_name=f"{spec.name}-audit", tags={
+    exp = client.get_experiment_by_name(experiment)
+    experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    run = client.create_run(experiment_id, run_name=f"{spec.name}-audit", tags={
         "privzo.spec": spec.name, "privzo.estimator": spec.estimator.kind, "privzo.kind": "audit"})
     params = {k: v for k, v in specs.flatten(spec).items()}
     client.log_batch(run.info.run_id, params=[Param(k, v[:6000]) for k, v in params.items()],

@@ -81,3 +81,11 @@ def _isolated_prefect_home(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     os.environ.pop("PRIVZO_LEDGER_URL", None)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_left_behind():
+    """mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI into the process environment, which a spec that
+    names no store (and every subprocess) would then follow: no test leaves it to the next."""
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
