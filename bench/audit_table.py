@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import specs  # noqa: E402
 from components import builders  # noqa: E402
-from components.audit import audit, audit_ceiling, with_epsilon  # noqa: E402
+from components.audit import audit, audit_many, default_runs, with_epsilon  # noqa: E402
 
 DEFAULT_SPECS = ["specs/examples/digits_dpzero.yaml", "specs/examples/digits_pazo_m.yaml",
                  "specs/examples/digits_pazo_s.yaml", "specs/examples/digits_dp_sgd.yaml"]
@@ -41,6 +41,8 @@ def main() -> int:
     p.add_argument("--broken-epsilon", type=float, default=1.0, help="epsilon of the broken runs")
     p.add_argument("--noise-scales", nargs="+", type=float, default=[0.0, 0.1], help="broken runs' noise factors")
     p.add_argument("--canaries", type=int, default=None, help="default: the audit's own choice per spec")
+    p.add_argument("--runs", type=int, default=None,
+                   help="training runs per audit (default: the audit's own choice per spec: 100 for PAZO-S, else 1)")
     p.add_argument("--steps", type=int, default=None, help="override the specs' steps (quick checks only)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--confidence", type=float, default=0.95)
@@ -49,7 +51,7 @@ def main() -> int:
 
     cells = [(path, eps, 1.0) for path in args.specs for eps in args.epsilons]
     cells += [(path, args.broken_epsilon, s) for path in args.specs for s in args.noise_scales]
-    print("| estimator | claimed ε | δ | σ | steps | canaries | noise | white-box ε ≥ (correct/guesses) | "
+    print("| estimator | claimed ε | δ | σ | steps | design | noise | white-box ε ≥ (correct/guesses) | "
           "black-box ε ≥ (correct/guesses) | refuted | ceiling | time (s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     total = 0.0
@@ -59,15 +61,20 @@ def main() -> int:
             spec = _with_steps(spec, args.steps)
         start = time.perf_counter()
         data = builders.load_data(spec)
-        r = audit(spec, data, canaries=args.canaries, confidence=args.confidence, noise_scale=scale)
+        runs = args.runs or default_runs(spec)
+        if runs == 1:
+            r = audit(spec, data, canaries=args.canaries, confidence=args.confidence, noise_scale=scale)
+        else:
+            r = audit_many(spec, data, runs=runs, confidence=args.confidence, noise_scale=scale)
+        design = f"{r.runs} runs × 1" if r.method == "many-runs" else f"1 run × {r.canaries}"
         seconds = time.perf_counter() - start
         total += seconds
         noise = "as claimed" if scale == 1.0 else ("off" if scale == 0.0 else f"σ × {scale:g}")
         w, b = r.white_box, r.black_box
         print(f"| {NAMES.get(r.estimator, r.estimator)} | {r.claimed_epsilon:.3g} | {r.delta:.2g} | "
-              f"{r.noise_multiplier:.3g} | {r.steps} | {r.canaries} | {noise} | "
+              f"{r.noise_multiplier:.3g} | {r.steps} | {design} | {noise} | "
               f"{w.epsilon_lower:.2f} ({w.correct}/{w.guesses}) | {b.epsilon_lower:.2f} ({b.correct}/{b.guesses}) | "
-              f"{'**yes**' if r.exceeds_claim else 'no'} | {audit_ceiling(r.canaries, r.delta, r.confidence):.2f} | "
+              f"{'**yes**' if r.exceeds_claim else 'no'} | {r.ceiling:.2f} | "
               f"{seconds:.0f} |", flush=True)
     print(f"\n{len(cells)} audits in {total:.0f} s on {args.threads} torch thread(s)")
     return 0

@@ -21,29 +21,47 @@ from prefect.cache_policies import NO_CACHE
 
 import specs
 from components import builders
-from components.audit import AuditResult, audit, audit_ceiling, audit_problem, with_epsilon
+from components.audit import (
+    AuditResult,
+    audit,
+    audit_many,
+    audit_problem,
+    default_runs,
+    runs_problem,
+    with_epsilon,
+)
 from flows.tracking import log_text_artifacts
 
 
 @task(name="audit-run", cache_policy=NO_CACHE, retries=0)
 def run_audit(spec: specs.RunSpec, canaries: Optional[int], confidence: float, background: str,
-              noise_scale: float, guesses: Optional[int], threads: Optional[int]) -> AuditResult:
-    """Train on the canaries and bound epsilon; noise is drawn here, so never retried. ``threads``: torch's
-    intra-op threads for the audit (default: execution.threads, else 1: the audit's forwards are small,
-    and on the project's busy 2-core machine one thread ran them 3-10x faster than two)."""
+              noise_scale: float, guesses: Optional[int], threads: Optional[int], runs: int = 1) -> AuditResult:
+    """Train on the canaries and bound epsilon (one run, or ``runs`` runs of one canary each); noise is
+    drawn here, so never retried. ``threads``: torch's intra-op threads for the audit (default:
+    execution.threads, else 1: the audit's forwards are small, and on the project's busy 2-core machine one
+    thread ran them 3-10x faster than two)."""
     data = builders.load_data(spec)
     before = torch.get_num_threads()
     torch.set_num_threads(threads or spec.execution.threads or 1)
+    logger = get_run_logger()
+
+    def progress(done: int, total: int) -> None:
+        if done % max(1, total // 10) == 0 or done == total:
+            logger.info("audit %s: %d of %d training runs done", spec.name, done, total)
+
     try:
-        return audit(spec, data, canaries=canaries, confidence=confidence, background=background,
-                     noise_scale=noise_scale, guess_count=guesses)
+        if runs == 1:
+            return audit(spec, data, canaries=canaries, confidence=confidence, background=background,
+                         noise_scale=noise_scale, guess_count=guesses)
+        return audit_many(spec, data, runs=runs, confidence=confidence, background=background,
+                          noise_scale=noise_scale, on_run=progress)
     finally:
         torch.set_num_threads(before)
 
 
 def report(result: AuditResult) -> str:
     """The audit as markdown: what was claimed, what the audit showed, and what the numbers mean."""
-    ceiling = audit_ceiling(result.canaries, result.delta, result.confidence)
+    ceiling = result.ceiling
     verdict = ("**The audit refutes the claim**: a lower bound exceeds the claimed epsilon"
                if result.exceeds_claim else "The lower bounds are below the claimed epsilon, as they must be for a "
                "correct mechanism.")
@@ -52,7 +70,8 @@ def report(result: AuditResult) -> str:
         "",
         verdict,
         "",
-        "| threat model | epsilon lower bound | claimed epsilon | guesses | correct | canaries bounded | separation |",
+        f"| threat model | epsilon lower bound | claimed epsilon | guesses | correct | "
+        f"{'runs' if result.method == 'many-runs' else 'canaries'} bounded | separation |",
         "|---|---|---|---|---|---|---|",
     ]
     for t in (result.white_box, result.black_box):
@@ -65,11 +84,9 @@ def report(result: AuditResult) -> str:
         f"{result.noise_multiplier:.4g}, {result.steps} steps, {result.sampling}.",
         f"- Each lower bound holds with probability at least {result.confidence:g}: if the mechanism were "
         f"({result.claimed_epsilon:.4g}, {result.delta:.3g})-DP, a bound above {result.claimed_epsilon:.4g} would "
-        f"occur with probability at most {1 - result.confidence:.3g}. Method: one training run with "
-        f"{result.canaries} canaries, each included independently with probability 1/2 (Steinke, Nasr and "
-        "Jagielski 2023, Corollary 5.4, its delta term included).",
-        f"- With every guess right, {result.canaries} canaries at this delta and confidence could show at most "
-        f"epsilon {ceiling:.3g}: a one-run audit cannot refute claims above that.",
+        f"occur with probability at most {1 - result.confidence:.3g}. Method: {result.method_sentence}.",
+        f"- With every guess right, this design ({_design(result)}) at this delta and confidence could show at "
+        f"most epsilon {ceiling:.3g}: it cannot refute claims above that.",
         f"- Canaries: random feature directions with random labels, scaled x{result.canary_scale:.3g} so that "
         f"{100 * result.share_at_clip:.1f}% of their per-example values reached the clip "
         f"(finite differences at +-C, gradients of norm C, losses at C). Background rows: "
@@ -77,6 +94,9 @@ def report(result: AuditResult) -> str:
         "- White-box: every release scored against each canary's clipped contribution at the public parameters "
         "of its step, the canaries' known overlap undone; black-box: each canary's loss drop from the public "
         "initial model to the final one. Separation: (mean score of included - mean of excluded) / pooled sd.",
+        *(["- Many runs: white-box guesses \"in\" when the score is above the midpoint of its expectations in "
+           "and out (0, fixed before any run); black-box picks its threshold on a public half of the runs and "
+           "is bounded on the other half."] if result.method == "many-runs" else []),
         f"- Time: {result.seconds:.1f} s on {result.threads} torch thread(s), in-process.",
     ]
     if result.noise_scale != 1.0:
@@ -86,9 +106,15 @@ def report(result: AuditResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _design(result: AuditResult) -> str:
+    if result.method == "many-runs":
+        return f"{result.runs} runs"
+    return f"{result.canaries} canaries in one run"
+
+
 def _canaries_csv(result: AuditResult) -> str:
     out = io.StringIO()
-    out.write("slot,included,white_box_score,black_box_score\n")
+    out.write(f"{'run' if result.method == 'many-runs' else 'slot'},included,white_box_score,black_box_score\n")
     for i, (inc, w, b) in enumerate(zip(result.included, result.white_box_scores, result.black_box_scores)):
         out.write(f"{i},{int(inc)},{w:.9g},{b:.9g}\n")
     return out.getvalue()
@@ -99,6 +125,7 @@ def summary(result: AuditResult) -> Dict[str, Any]:
         "spec": result.spec_name, "estimator": result.estimator, "claimed_epsilon": result.claimed_epsilon,
         "delta": result.delta, "confidence": result.confidence, "canaries": result.canaries,
         "noise_multiplier": result.noise_multiplier, "noise_scale": result.noise_scale, "steps": result.steps,
+        "method": result.method, "runs": result.runs,
         "epsilon_lower": result.epsilon_lower, "exceeds_claim": result.exceeds_claim,
         "white_box": {"epsilon_lower": result.white_box.epsilon_lower, "guesses": result.white_box.guesses,
                       "correct": result.white_box.correct, "canaries_bounded": result.white_box.canaries_bounded,
@@ -107,7 +134,7 @@ def summary(result: AuditResult) -> Dict[str, Any]:
                       "correct": result.black_box.correct, "canaries_bounded": result.black_box.canaries_bounded,
                       "separation": result.black_box.separation},
         "share_at_clip": result.share_at_clip, "seconds": result.seconds, "threads": result.threads,
-        "ceiling": audit_ceiling(result.canaries, result.delta, result.confidence),
+        "ceiling": result.ceiling,
     }
 
 
@@ -138,9 +165,11 @@ def privacy_audit(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
                   canaries: Optional[int] = None, confidence: float = 0.95, background: str = "none",
                   noise_scale: float = 1.0, guesses: Optional[int] = None, tracking_uri: Optional[str] = None,
                   experiment: Optional[str] = None, log: bool = True, threads: Optional[int] = None,
-                  epsilon: Optional[float] = None) -> Dict[str, Any]:
+                  epsilon: Optional[float] = None, runs: Optional[int] = None) -> Dict[str, Any]:
     """Audit one spec (a YAML path or a mapping), at ``epsilon`` instead of its privacy.epsilon if given;
-    returns the summary, with ``run_id`` when logged."""
+    ``runs``: 1 for the one-run audit, at least 10 for many runs of one canary each (default: 1, and
+    components.audit.default_runs where one run cannot tell canaries apart). Returns the summary, with
+    ``run_id`` when logged."""
     if (spec_path is None) == (spec is None):
         raise ValueError("privacy_audit: give exactly one of spec_path or spec")
     run_spec = specs.load_spec(spec_path) if spec_path is not None else specs.spec_from_dict(spec)
@@ -149,12 +178,16 @@ def privacy_audit(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     problem = audit_problem(run_spec)
     if problem:
         raise ValueError(problem)
-    result = run_audit(run_spec, canaries, confidence, background, noise_scale, guesses, threads)
+    runs = default_runs(run_spec) if runs is None else runs
+    problem = runs_problem(runs, canaries, guesses)
+    if problem:
+        raise ValueError(problem)
+    result = run_audit(run_spec, canaries, confidence, background, noise_scale, guesses, threads, runs)
     out = summary(result)
     out["report"] = report(result)
-    get_run_logger().info("audit %s: claimed epsilon %.4g, lower bounds white-box %.3f, black-box %.3f (%d canaries, "
+    get_run_logger().info("audit %s: claimed epsilon %.4g, lower bounds white-box %.3f, black-box %.3f (%s, "
                           "confidence %g)", run_spec.name, result.claimed_epsilon, result.white_box.epsilon_lower,
-                          result.black_box.epsilon_lower, result.canaries, result.confidence)
+                          result.black_box.epsilon_lower, _design(result), result.confidence)
     if log:
         uri = tracking_uri or run_spec.tracking.uri
         out["tracking_uri"] = uri

@@ -159,7 +159,7 @@ def _show_budget(args, ledger) -> int:
 
 def cmd_audit(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
-    from components.audit import audit_problem, with_epsilon
+    from components.audit import audit_problem, default_runs, runs_problem, with_epsilon
 
     if args.epsilon is not None:
         spec = with_epsilon(spec, args.epsilon)  # a bad epsilon is refused here, in one line
@@ -175,13 +175,17 @@ def cmd_audit(args) -> int:
         return _fail(f"--noise-scale: {args.noise_scale} must be a finite number >= 0")
     if args.threads is not None and args.threads < 1:
         return _fail(f"--threads: {args.threads} must be at least 1")
+    runs = default_runs(spec) if args.runs is None else args.runs
+    problem = runs_problem(runs, args.canaries, args.guesses)
+    if problem:
+        return _fail(problem)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.audit import privacy_audit
 
     result = privacy_audit(spec_path=str(args.spec), canaries=args.canaries, confidence=args.confidence,
                            background=args.background, noise_scale=args.noise_scale, guesses=args.guesses,
                            tracking_uri=args.tracking_uri, experiment=args.experiment, log=not args.no_log,
-                           threads=args.threads, epsilon=args.epsilon)
+                           threads=args.threads, epsilon=args.epsilon, runs=runs)
     print()
     print(result["report"], end="")
     if "run_id" in result:
@@ -223,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--ledger", default=ledger_from_env(),
                    help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)
-    p = sub.add_parser("audit", help="empirical lower bound on a spec's epsilon (canaries, one training run)")
+    p = sub.add_parser("audit", help="empirical lower bound on a spec's epsilon (canaries in one or many training runs)")
     p.add_argument("spec")
     p.add_argument("--canaries", type=int, default=None,
                    help="canary slots, each included with probability 1/2 (default: 1000 for d-dimensional "
@@ -233,6 +237,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--background", choices=["none", "public"], default="none",
                    help="rows present besides the canaries: none (the worst case) or the spec's public rows")
     p.add_argument("--guesses", type=int, default=None, help="number of guesses (default: chosen without the truth)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="1: one training run with many canaries; K >= 10: K runs of one canary each, "
+                        "Clopper-Pearson (default: 1, and 100 for PAZO-S, whose one run cannot tell canaries apart)")
     p.add_argument("--noise-scale", type=float, default=1.0,
                    help="self-test: multiply the noise by this while claiming the calibrated epsilon (0: no noise)")
     p.add_argument("--tracking-uri", default=None, help="default: the spec's tracking.uri")

@@ -7,10 +7,21 @@ from components.audit.bounds import (
     one_run_epsilon,
     one_run_p_value,
 )
-from components.audit.run import AuditResult, ThreatModelResult, audit, audit_problem, default_canaries, with_epsilon
+from components.audit.run import (
+    AuditResult,
+    ThreatModelResult,
+    audit,
+    audit_many,
+    audit_problem,
+    default_canaries,
+    default_runs,
+    many_runs_ceiling,
+    runs_problem,
+    with_epsilon,
+)
 
 audit_ceiling = one_run_ceiling
 
-__all__ = ["AuditResult", "ThreatModelResult", "audit", "audit_ceiling", "audit_problem", "clopper_pearson",
-           "default_canaries", "many_runs_epsilon", "one_run_ceiling", "one_run_epsilon", "one_run_p_value",
-           "with_epsilon"]
+__all__ = ["AuditResult", "ThreatModelResult", "audit", "audit_ceiling", "audit_many", "audit_problem",
+           "clopper_pearson", "default_canaries", "default_runs", "many_runs_ceiling", "many_runs_epsilon",
+           "one_run_ceiling", "one_run_epsilon", "one_run_p_value", "runs_problem", "with_epsilon"]

@@ -13,6 +13,9 @@ any one row added to or removed from any dataset, whatever its size, so the cana
 exactly the claimed (epsilon, delta) and the declared count is left as the spec gives it. Under replace-one
 every canary slot always holds a row (the canary or its alternate), so the row count is the same whatever
 is included and is what the run is planned with.
+
+``audit_many`` is the classic alternative: many runs with one canary each, a bound from Clopper-Pearson
+on the errors. It costs a training run per guess, and is the default only where one run has no power.
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ import numpy as np
 import torch
 
 from components import builders, models
-from components.audit.bounds import one_run_epsilon
-from components.audit.canaries import Probe, draw_canaries, final_losses, scale_for_clip, scaled
+from components.audit.bounds import many_runs_epsilon, one_run_ceiling, one_run_epsilon
+from components.audit.canaries import CanarySet, Probe, draw_canaries, final_losses, scale_for_clip, scaled
 from components.audit.guessing import count_correct, guesses, pick_guess_count, split_guess
 from components.data.split import Part, SplitData
 from components.randomness import private_generator, public_seed
@@ -41,6 +44,11 @@ DENSE_OVERLAP_SLOTS = 50
 # how far past the clip a canary's per-example value is pushed: a Gaussian direction's finite difference
 # <g, u> ~ N(0, |g|^2) falls inside [-C, C] with probability ~0.8 C / |g|, under 1% at |g| = 100 C
 CLIP_MARGIN = 100.0
+
+# estimators whose one run cannot tell canaries apart (releases of losses at the clip: see default_runs), and
+# the training runs their audit makes by default
+SELECTION_ESTIMATORS = ("pazo_s",)
+MANY_RUNS_DEFAULT = 100
 
 
 @dataclass(frozen=True)
@@ -83,10 +91,30 @@ class AuditResult:
     included: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
     white_box_scores: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
     black_box_scores: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
+    # one-run: one training run, ``canaries`` slots; many-runs: ``runs`` runs of one canary each (then
+    # ``included`` and the scores are per run)
+    method: str = "one-run"
+    runs: int = 1
 
     @property
     def epsilon_lower(self) -> float:
         return max(self.white_box.epsilon_lower, self.black_box.epsilon_lower)
+
+    @property
+    def ceiling(self) -> float:
+        """The largest bound this audit's design can give (every guess right): it cannot refute claims above."""
+        if self.method == "many-runs":
+            return many_runs_ceiling(self.runs, self.delta, self.confidence)
+        return one_run_ceiling(self.canaries, self.delta, self.confidence)
+
+    @property
+    def method_sentence(self) -> str:
+        if self.method == "many-runs":
+            return (f"{self.runs} training runs with one canary, which half of them include, in a random order; "
+                    "Clopper-Pearson bounds on the false positive and false negative rates, each at half the "
+                    "level (Jagielski, Ullman and Oprea 2020)")
+        return (f"one training run with {self.canaries} canaries, each included independently with probability "
+                "1/2 (Steinke, Nasr and Jagielski 2023, Corollary 5.4, its delta term included)")
 
     @property
     def exceeds_claim(self) -> bool:
@@ -108,7 +136,9 @@ class AuditResult:
             "audit.confidence": f"{self.confidence:g}",
             "audit.canaries": str(self.canaries),
             "audit.threat_models": "white_box,black_box",
-            "audit.method": "one-run (Steinke, Nasr and Jagielski 2023, Cor. 5.4)",
+            "audit.method": ("many-runs (Clopper-Pearson)" if self.method == "many-runs"
+                             else "one-run (Steinke, Nasr and Jagielski 2023, Cor. 5.4)"),
+            "audit.runs": str(self.runs),
             "audit.exceeds_claim": str(self.exceeds_claim).lower(),
             "audit.noise_scale": f"{self.noise_scale:g}",
             "audit.estimator": self.estimator,
@@ -225,7 +255,10 @@ def separation(scores: np.ndarray, included: np.ndarray) -> float:
     if len(a) < 2 or len(b) < 2:
         return 0.0
     pooled = math.sqrt(0.5 * (a.var(ddof=1) + b.var(ddof=1)))
-    return float((a.mean() - b.mean()) / pooled) if pooled > 0 else 0.0
+    gap = float(a.mean() - b.mean())
+    if pooled <= 1e-9 * abs(gap):  # scores that are one value in and another out (rounding aside)
+        return math.copysign(math.inf, gap)
+    return gap / pooled if pooled > 0 else 0.0
 
 
 def _audit_data(data: SplitData, rows_x: np.ndarray, rows_y: np.ndarray) -> SplitData:
@@ -234,20 +267,7 @@ def _audit_data(data: SplitData, rows_x: np.ndarray, rows_y: np.ndarray) -> Spli
     return SplitData(data.public, private, data.test, data.n_classes, data.n_features, data.layout)
 
 
-def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: float = 0.95,
-          background: str = "none",
-          noise_scale: float = 1.0, guess_count: Optional[int] = None, seed: Optional[int] = None,
-          inclusion_generator: Optional[torch.Generator] = None,
-          noise_generator: Optional[torch.Generator] = None,
-          sampling_generator: Optional[torch.Generator] = None,
-          on_step=None) -> AuditResult:
-    """Audit ``spec`` (unresolved, as loaded) on ``canaries`` canary slots; see the module docstring.
-
-    ``noise_scale`` multiplies the mechanism's noise while the accountant keeps the calibrated claim: 1
-    is the mechanism as built, 0 switches the noise off, 0.1 is sigma/10. Anything but 1 is a deliberately
-    broken run, for checking that the audit catches it. ``data``: the spec's split; only its public rows
-    (and, for ``background: public``, those again as always-present private rows) reach the run.
-    Generators: inclusion of the canaries, DP noise and batches; OS entropy unless injected (tests)."""
+def _check_arguments(spec, canaries, confidence, background, noise_scale) -> None:
     problem = audit_problem(spec)
     if problem:
         raise ValueError(problem)
@@ -259,56 +279,85 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
         raise ValueError(f"--background: unknown {background!r}; allowed: {', '.join(BACKGROUNDS)}")
     if not (noise_scale >= 0.0 and math.isfinite(noise_scale)):
         raise ValueError(f"--noise-scale: {noise_scale} must be a finite number >= 0")
-    start = time.perf_counter()
+
+
+@dataclass
+class _Setup:
+    """What every training run of one audit shares: the spec run in-process, its resolved plan and claim, the
+    canary slots scaled past the clip at x_0, and the background rows."""
+
+    spec: object
+    resolved: object
+    claimed: float
+    slots: CanarySet
+    scale: float
+    bg_x: np.ndarray
+    bg_y: np.ndarray
+    canary_seed: int
+    notes: List[str]
+
+
+def _setup(spec, data: SplitData, canaries: Optional[int], background: str, seed: Optional[int]) -> _Setup:
     spec = _local(spec)
     replace_one = spec.privacy.neighboring == "replace_one"
-    if spec.privacy.insecure_deterministic:
-        notes = ["privacy.insecure_deterministic: the run's noise and batches come from the public seed"]
-    else:
-        notes = []
-
-    planned = None if replace_one else builders.resolve_privacy(spec, None)  # add/remove: no row count needed
-    if canaries is None:
+    if canaries is None:  # the default needs the add/remove plan, which needs no rows: planned once
+        planned = None if replace_one else builders.resolve_privacy(spec, None)
         canaries = default_canaries(spec, planned)
+    else:
+        planned = None
+    notes = (["privacy.insecure_deterministic: the run's noise and batches come from the public seed"]
+             if spec.privacy.insecure_deterministic else [])
     canary_seed = public_seed(spec.seed if seed is None else seed, STREAM_AUDIT)
     slots = draw_canaries(canaries, data.n_features, data.n_classes, canary_seed, replace_one=replace_one)
     if background == "public":
         bg_x, bg_y = data.public.features, data.public.labels
     else:
         bg_x, bg_y = data.public.features[:0], data.public.labels[:0]
+    # the claim audited: the spec's own plan. Under add/remove it needs no row count at all; under
+    # replace-one every slot always holds a row, so the count is the slots plus the background, whatever
+    # is included
+    count = canaries + len(bg_y) if replace_one else None
+    resolved, _rate, claimed = planned if planned is not None else builders.resolve_privacy(spec, count)
 
     # x_0: the public initialisation after any public warm start (no private row involved), where the
-    # canaries' scale is set
-    # (a loop over the unscaled slots, never run: only its model is used)
+    # canaries' scale is set (a loop over the unscaled slots, never run: only its model is used)
     unscaled = _audit_data(data, slots.features, slots.labels)
-    planning, _, planned_eps = builders.resolve_privacy(spec, canaries) if replace_one else planned
-    probe_built = builders.build_loop(planning, unscaled, noise_generator=torch.Generator().manual_seed(0),
+    probe_built = builders.build_loop(resolved, unscaled, noise_generator=torch.Generator().manual_seed(0),
                                       sampling_generator=torch.Generator().manual_seed(0))
-    builders.public_warm_start(planning, probe_built)
+    builders.public_warm_start(resolved, probe_built)
     params = probe_built.loop.backend.directions.params
     clip = float(spec.mechanism.clip)
     target = CLIP_MARGIN * clip / _direction_factor(spec, probe_built)
     scale = scale_for_clip(probe_built.model, params, models.per_example_loss, slots, target, probe_built.device)
-    slots = scaled(slots, scale)
-    del probe_built
+    return _Setup(spec, resolved, float(claimed), scaled(slots, scale), float(scale), bg_x, bg_y, canary_seed, notes)
 
-    gen = inclusion_generator if inclusion_generator is not None else private_generator()
-    included = (torch.rand(canaries, generator=gen, dtype=torch.float64) < 0.5).numpy()
+
+@dataclass
+class _Trained:
+    """One training run on the canaries: each slot's white-box and black-box scores."""
+
+    white_scores: np.ndarray
+    black_scores: np.ndarray
+    share_at_clip: float
+    sampling: str
+
+
+def _train(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
+           noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator],
+           on_step=None) -> _Trained:
+    slots, resolved = setup.slots, setup.resolved
+    replace_one = slots.replace_one
     if replace_one:
         cx = np.where(included[:, None], slots.features, slots.alternate_features)
         cy = np.where(included, slots.labels, slots.alternate_labels)
     else:
         cx, cy = slots.features[included], slots.labels[included]
-    rows_x = np.concatenate([bg_x, cx]) if len(bg_y) else cx
-    rows_y = np.concatenate([bg_y, cy]) if len(bg_y) else cy
+    rows_x = np.concatenate([setup.bg_x, cx]) if len(setup.bg_y) else cx
+    rows_y = np.concatenate([setup.bg_y, cy]) if len(setup.bg_y) else cy
     audit_data = _audit_data(data, rows_x, rows_y)
 
-    # the claim audited: the spec's own plan (under add/remove it does not depend on the rows at all)
-    if replace_one:
-        resolved, _rate, claimed = builders.resolve_privacy(spec, len(rows_y))
-    else:
-        resolved, claimed = planning, planned_eps
     sigma = float(resolved.mechanism.noise_multiplier)
+    clip = float(resolved.mechanism.clip)
     # a deliberately broken run draws noise of multiplier sigma * noise_scale; the claim stays the one
     # calibrated for sigma
     run_spec = resolved if noise_scale in (0.0, 1.0) else _with_noise_multiplier(resolved, sigma * noise_scale)
@@ -319,30 +368,174 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
     if noise_scale == 0.0:
         loop.mechanism = NoiseOff(loop.mechanism)
     device = built.device
-    bx = torch.as_tensor(bg_x, device=device)
-    by = torch.as_tensor(bg_y, device=device)
+    bx = torch.as_tensor(setup.bg_x, device=device)
+    by = torch.as_tensor(setup.bg_y, device=device)
     # the noise the claim promises per released coordinate (the auditor's model of a release, public)
     claimed_std = math.sqrt(loop.estimator.queries_per_step) * sigma * clip * (2.0 if replace_one else 1.0)
     probe = Probe(slots, bx, by, loop.sampler.rate, models.per_example_loss, device, noise_std=claimed_std,
-                  dense_overlap_every=max(1, round(canaries / DENSE_OVERLAP_SLOTS)))
+                  dense_overlap_every=max(1, round(len(slots) / DENSE_OVERLAP_SLOTS)))
     probe.attach(loop)
     loss_start = final_losses(built.model, models.per_example_loss, slots, device)
     loop.run(resolved.optimizer.steps, on_step=on_step)
     loss_end = final_losses(built.model, models.per_example_loss, slots, device)
-
-    delta = float(resolved.privacy.delta)
-    white_scores = probe.decorrelated_scores()
-    white = bound_from_scores("white_box", white_scores, included, delta, confidence, guess_count)
     # black-box: only the final model (and the public x_0): a canary whose loss fell the most was trained on
-    black_scores = loss_start - loss_end
-    black = bound_from_scores("black_box", black_scores, included, delta, confidence, guess_count, method="split",
-                              seed=public_seed(canary_seed, 1))
+    return _Trained(probe.decorrelated_scores(), loss_start - loss_end, probe.share_at_clip, loop.sampler.describe())
+
+
+def _result(setup: _Setup, trained: _Trained, *, canaries: int, confidence: float, background: str,
+            noise_scale: float, white: ThreatModelResult, black: ThreatModelResult, seconds: float,
+            included: np.ndarray, white_scores: np.ndarray, black_scores: np.ndarray, method: str = "one-run",
+            runs: int = 1, share_at_clip: Optional[float] = None) -> AuditResult:
+    spec, resolved = setup.spec, setup.resolved
     return AuditResult(
-        spec_name=spec.name, estimator=spec.estimator.kind, claimed_epsilon=float(claimed),
-        target_epsilon=float(spec.privacy.epsilon), delta=delta,
-        noise_multiplier=sigma, noise_scale=float(noise_scale),
-        steps=int(resolved.optimizer.steps), sampling=loop.sampler.describe(), accountant=resolved.privacy.accountant,
+        spec_name=spec.name, estimator=spec.estimator.kind, claimed_epsilon=setup.claimed,
+        target_epsilon=float(spec.privacy.epsilon), delta=float(resolved.privacy.delta),
+        noise_multiplier=float(resolved.mechanism.noise_multiplier), noise_scale=float(noise_scale),
+        steps=int(resolved.optimizer.steps), sampling=trained.sampling, accountant=resolved.privacy.accountant,
         neighboring=resolved.privacy.neighboring, canaries=canaries, confidence=confidence, background=background,
-        background_rows=int(len(bg_y)), canary_scale=float(scale), share_at_clip=probe.share_at_clip,
-        white_box=white, black_box=black, seconds=time.perf_counter() - start, threads=torch.get_num_threads(),
-        notes=notes, included=included, white_box_scores=white_scores, black_box_scores=black_scores)
+        background_rows=int(len(setup.bg_y)), canary_scale=setup.scale,
+        share_at_clip=trained.share_at_clip if share_at_clip is None else share_at_clip,
+        white_box=white, black_box=black, seconds=seconds, threads=torch.get_num_threads(),
+        notes=setup.notes, included=included, white_box_scores=white_scores, black_box_scores=black_scores,
+        method=method, runs=runs)
+
+
+def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: float = 0.95,
+          background: str = "none",
+          noise_scale: float = 1.0, guess_count: Optional[int] = None, seed: Optional[int] = None,
+          inclusion_generator: Optional[torch.Generator] = None,
+          noise_generator: Optional[torch.Generator] = None,
+          sampling_generator: Optional[torch.Generator] = None,
+          on_step=None) -> AuditResult:
+    """Audit ``spec`` (unresolved, as loaded) on ``canaries`` canary slots in one training run; see the
+    module docstring.
+
+    ``noise_scale`` multiplies the mechanism's noise while the accountant keeps the calibrated claim: 1
+    is the mechanism as built, 0 switches the noise off, 0.1 is sigma/10. Anything but 1 is a deliberately
+    broken run, for checking that the audit catches it. ``data``: the spec's split; only its public rows
+    (and, for ``background: public``, those again as always-present private rows) reach the run.
+    Generators: inclusion of the canaries, DP noise and batches; OS entropy unless injected (tests)."""
+    _check_arguments(spec, canaries, confidence, background, noise_scale)
+    start = time.perf_counter()
+    setup = _setup(spec, data, canaries, background, seed)
+    canaries = len(setup.slots)
+    gen = inclusion_generator if inclusion_generator is not None else private_generator()
+    included = (torch.rand(canaries, generator=gen, dtype=torch.float64) < 0.5).numpy()
+    trained = _train(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step)
+
+    delta = float(setup.resolved.privacy.delta)
+    white = bound_from_scores("white_box", trained.white_scores, included, delta, confidence, guess_count)
+    black = bound_from_scores("black_box", trained.black_scores, included, delta, confidence, guess_count,
+                              method="split", seed=public_seed(setup.canary_seed, 1))
+    return _result(setup, trained, canaries=canaries, confidence=confidence, background=background,
+                   noise_scale=noise_scale, white=white, black=black, seconds=time.perf_counter() - start,
+                   included=included, white_scores=trained.white_scores, black_scores=trained.black_scores)
+
+
+def default_runs(spec) -> int:
+    """Training runs per audit by default: one (the one-run audit) except where a single run cannot tell
+    canaries apart. PAZO-S releases sums of clipped losses at its candidate points; every canary at the
+    clip adds the same C to each of them, so one run shows how many canaries were sampled but not which,
+    and its one-run bound is 0 whatever the noise. There, many runs with one canary each (Clopper-Pearson
+    on the errors) have power: 100 runs bound at most about 2.6 at delta ~1e-3 and confidence 0.95."""
+    return MANY_RUNS_DEFAULT if spec.estimator.kind in SELECTION_ESTIMATORS else 1
+
+
+def runs_problem(runs: int, canaries: Optional[int], guesses: Optional[int]) -> Optional[str]:
+    """Why this number of runs (with these other arguments) cannot be audited, in one line, or None."""
+    if runs != 1 and runs < 10:
+        return f"--runs: {runs} must be 1 (one-run audit) or at least 10 (many runs of one canary each)"
+    if runs > 1 and canaries is not None:
+        return f"--canaries: a many-runs audit (--runs {runs}) puts one canary in each run; drop --canaries"
+    if runs > 1 and guesses is not None:
+        return f"--guesses: a many-runs audit (--runs {runs}) guesses once per run; drop --guesses"
+    return None
+
+
+def many_runs_ceiling(runs: int, delta: float, confidence: float) -> float:
+    """The largest many-runs bound ``runs`` runs can give: every guess right, half of the runs with the canary."""
+    return many_runs_epsilon(0, runs // 2, 0, runs - runs // 2, delta, confidence)
+
+
+def threshold_guess(threat: str, scores: np.ndarray, included: np.ndarray, threshold: float, delta: float,
+                    confidence: float) -> ThreatModelResult:
+    """Guess "in" for every run whose canary score is above ``threshold`` (fixed before looking at the
+    runs' inclusion) and bound epsilon by Clopper-Pearson on the errors."""
+    inc = np.asarray(included, dtype=bool)
+    guess_in = np.asarray(scores) > threshold
+    fp, fn = int(np.sum(guess_in & ~inc)), int(np.sum(~guess_in & inc))
+    eps = many_runs_epsilon(fp, int(np.sum(~inc)), fn, int(np.sum(inc)), delta, confidence)
+    return ThreatModelResult(threat, eps, len(inc), len(inc) - fp - fn, separation(scores, inc), len(inc))
+
+
+def split_threshold(threat: str, scores: np.ndarray, included: np.ndarray, delta: float, confidence: float,
+                    seed: int) -> ThreatModelResult:
+    """Many runs, with a threshold no model fixes in advance (black-box loss drops): a public half of the
+    runs, whose inclusion is then looked at, picks the threshold that bounds best on it; the bound is
+    computed on the other half only (the runs are independent, so the choice costs no confidence there)."""
+    k = len(scores)
+    order = np.random.default_rng(seed).permutation(k)
+    choose, bound_on = order[: k // 2], order[k // 2:]
+    s1, z1 = np.asarray(scores)[choose], np.asarray(included, dtype=bool)[choose]
+    if z1.all() or not z1.any():
+        threshold = float(np.median(s1))
+    else:
+        cuts = np.unique(s1)
+        cuts = np.concatenate([[cuts[0] - 1.0], 0.5 * (cuts[1:] + cuts[:-1])]) if len(cuts) > 1 else cuts
+        threshold = max(cuts, key=lambda c: _many_runs_estimate(s1, z1, c))
+    s2, z2 = np.asarray(scores)[bound_on], np.asarray(included, dtype=bool)[bound_on]
+    if z2.all() or not z2.any():  # too few runs to have both kinds in the half bounded on
+        return ThreatModelResult(threat, 0.0, 0, 0, separation(scores, included), len(s2))
+    return threshold_guess(threat, s2, z2, threshold, delta, confidence)
+
+
+def _many_runs_estimate(scores: np.ndarray, included: np.ndarray, threshold: float) -> float:
+    # the plug-in log-odds of the error rates (with a half count added): for choosing a threshold only
+    guess_in = scores > threshold
+    fpr = (np.sum(guess_in & ~included) + 0.5) / (np.sum(~included) + 1.0)
+    fnr = (np.sum(~guess_in & included) + 0.5) / (np.sum(included) + 1.0)
+    return max(math.log((1 - fnr) / fpr), math.log((1 - fpr) / fnr))
+
+
+def audit_many(spec, data: SplitData, *, runs: int, confidence: float = 0.95, background: str = "none",
+               noise_scale: float = 1.0, seed: Optional[int] = None,
+               inclusion_generator: Optional[torch.Generator] = None,
+               noise_generator: Optional[torch.Generator] = None,
+               sampling_generator: Optional[torch.Generator] = None,
+               on_run=None) -> AuditResult:
+    """Audit ``spec`` by ``runs`` independent training runs, each on one canary slot (the same slot every
+    run) that half of the runs include, in a random order. The classic test (Jagielski, Ullman and Oprea
+    2020; Nasr et al. 2021): the bound is Clopper-Pearson on the false positive and false negative rates.
+
+    White-box: each run's matched score of the canary against the releases, centred on the expectation of
+    a release when the canary is in with probability 1/2, so 0 is the midpoint between the expected scores
+    in and out, fixed before any run: "in" when the score is above 0. Black-box: each run's loss drop of the
+    canary, with a threshold picked on a public half of the runs (``split_threshold``).
+    ``on_run(done, runs)`` after each run. Arguments otherwise as ``audit``."""
+    _check_arguments(spec, None, confidence, background, noise_scale)
+    if runs < 10:
+        raise ValueError(f"--runs: {runs} must be at least 10 for a many-runs audit (1 is the one-run audit)")
+    start = time.perf_counter()
+    setup = _setup(spec, data, 1, background, seed)
+    gen = inclusion_generator if inclusion_generator is not None else private_generator()
+    # exactly half of the runs hold the canary: the two error rates are then measured on fixed run counts
+    order = torch.randperm(runs, generator=gen).numpy()
+    included = order < (runs + 1) // 2
+    white = np.zeros(runs)
+    black = np.zeros(runs)
+    share = 0.0
+    trained = None
+    for k in range(runs):
+        trained = _train(setup, data, included[k:k + 1], noise_scale, noise_generator, sampling_generator)
+        white[k], black[k] = trained.white_scores[0], trained.black_scores[0]
+        share += trained.share_at_clip / runs
+        if on_run is not None:
+            on_run(k + 1, runs)
+    delta = float(setup.resolved.privacy.delta)
+    white_result = threshold_guess("white_box", white, included, 0.0, delta, confidence)
+    black_result = split_threshold("black_box", black, included, delta, confidence,
+                                   public_seed(setup.canary_seed, 1))
+    return _result(setup, trained, canaries=1, confidence=confidence, background=background,
+                   noise_scale=noise_scale, white=white_result, black=black_result,
+                   seconds=time.perf_counter() - start, included=included, white_scores=white, black_scores=black,
+                   method="many-runs", runs=runs, share_at_clip=share)

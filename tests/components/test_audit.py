@@ -14,11 +14,20 @@ import torch
 
 import specs
 from components import builders, models
-from components.audit import audit, clopper_pearson, many_runs_epsilon, one_run_ceiling, one_run_epsilon
+from components.audit import (
+    audit,
+    audit_many,
+    clopper_pearson,
+    default_runs,
+    many_runs_ceiling,
+    many_runs_epsilon,
+    one_run_ceiling,
+    one_run_epsilon,
+)
 from components.audit.bounds import one_run_p_value, one_run_p_values
 from components.audit.canaries import Probe, draw_canaries, scaled
 from components.audit.guessing import choose_guess_count, count_correct, guesses, split_guess
-from components.audit.run import NoiseOff, _audit_data
+from components.audit.run import NoiseOff, _audit_data, split_threshold, threshold_guess
 
 # ------------------------------------------------------------------------------------------- statistics
 
@@ -83,6 +92,26 @@ def test_many_runs_bound_against_hand_computed_value():
     assert many_runs_epsilon(0, 1000, 0, 1000, 1e-5, 0.95) == pytest.approx(expected, abs=1e-9)
     assert many_runs_epsilon(20, 1000, 0, 1000, 1e-5, 0.95) < expected
     assert many_runs_epsilon(500, 1000, 500, 1000, 1e-5, 0.95) == 0.0
+
+
+def test_a_fixed_threshold_over_many_runs_is_clopper_pearson_on_its_errors():
+    scores = np.array([2.0, 1.5, -0.5, 0.3, -1.0, -2.0, 0.7, -0.1])
+    included = np.array([True, True, True, False, False, False, True, False])
+    r = threshold_guess("white_box", scores, included, 0.0, 1e-5, 0.95)
+    # in above 0: runs 0, 1, 3 (out: a false positive) and 6; run 2 (in, -0.5) is a false negative
+    assert (r.guesses, r.correct) == (8, 6)
+    assert r.epsilon_lower == many_runs_epsilon(1, 4, 1, 4, 1e-5, 0.95)
+    assert many_runs_ceiling(200, 1e-5, 0.95) == many_runs_epsilon(0, 100, 0, 100, 1e-5, 0.95)
+
+
+def test_a_threshold_picked_on_one_half_of_the_runs_is_bounded_on_the_other():
+    rng = np.random.default_rng(1)
+    included = rng.permutation(400) < 200
+    scores = rng.standard_normal(400) + np.where(included, 3.0, 0.0)  # the threshold to find sits near 1.5
+    r = split_threshold("black_box", scores, included, 1e-5, 0.95, seed=2)
+    assert r.canaries_bounded == r.guesses == 200 and r.correct >= 170 and r.epsilon_lower > 1.0
+    blind = split_threshold("black_box", rng.standard_normal(400), included, 1e-5, 0.95, seed=2)
+    assert blind.epsilon_lower == 0.0  # scores that say nothing about the truth
 
 
 @pytest.mark.parametrize("call, field", [
@@ -242,3 +271,40 @@ def test_bad_audit_arguments_are_one_line(digits, kwargs, field):
 def test_a_run_without_a_mechanism_has_nothing_to_audit(digits):
     with pytest.raises(ValueError, match="^mechanism.kind: none"):
         audit(_spec(mechanism={"kind": "none"}, privacy=None), digits)
+
+
+# ------------------------------------------------------------------- PAZO-S: many runs of one canary each
+
+# every private row sampled at every step (rate 1), so a run holds the canary at every step or never
+PAZO_S = {"estimator": {"kind": "pazo_s", "public_batches": 2, "public_batch_size": 8},
+          "data": dict(BASE["data"], declared_private_rows=32),
+          "mechanism": {"kind": "gaussian", "clip": 1.0, "noise_multiplier": 12.8},  # eps 0.9994 at 10 steps
+          "optimizer": {"kind": "sgd", "lr": 0.05, "steps": 10}}
+
+
+def test_pazo_s_is_audited_by_many_runs_because_one_run_cannot_tell_its_canaries_apart(digits):
+    # every canary at the clip adds the same C to each of PAZO-S's releases: one run's scores are equal
+    # (but for the odd canary whose loss left the clip for a step)
+    result = _audit(_spec(**PAZO_S), digits, noise_scale=0.0, canaries=20)
+    scores = result.white_box_scores
+    assert np.mean(np.isclose(scores, np.median(scores), rtol=1e-9)) >= 0.8
+    assert result.white_box.epsilon_lower == 0.0  # no power, even with the noise off
+    assert default_runs(_spec(**PAZO_S)) == 100 and default_runs(_spec()) == 1
+
+
+def _audit_many(spec, data, noise_scale, runs):
+    gen = [torch.Generator().manual_seed(k) for k in range(3)]
+    return audit_many(spec, data, runs=runs, noise_scale=noise_scale, inclusion_generator=gen[0],
+                      noise_generator=gen[1], sampling_generator=gen[2])
+
+
+@pytest.mark.parametrize("noise_scale, runs", [(1.0, 60), (0.0, 60), (0.1, 200)],
+                         ids=["as-claimed", "noise-off", "sigma/10"])
+def test_many_runs_audit_of_pazo_s_refutes_only_a_broken_mechanism(digits, noise_scale, runs):
+    result = _audit_many(_spec(**PAZO_S), digits, noise_scale, runs)
+    assert result.claimed_epsilon <= 1.0 and result.method == "many-runs" and result.runs == runs
+    assert int(result.included.sum()) == runs // 2 and result.share_at_clip > 0.99
+    if noise_scale == 1.0:
+        assert not result.exceeds_claim
+    else:  # noise off: every guess right (2.03 with 60 runs); sigma / 10: 1.37 and 1.48 over two seeds
+        assert result.white_box.epsilon_lower > result.claimed_epsilon

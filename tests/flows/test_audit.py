@@ -35,6 +35,10 @@ def _privzo(args, cwd, timeout=120):
     ({}, ["--confidence", "1"], "--confidence: 1.0 must be strictly between 0 and 1"),
     ({}, ["--noise-scale", "nan"], "--noise-scale: nan must be a finite number >= 0"),
     ({"mechanism": {"kind": "none"}, "privacy": None}, [], "mechanism.kind: none claims no privacy"),
+    ({}, ["--runs", "5"], "--runs: 5 must be 1 (one-run audit) or at least 10"),
+    ({}, ["--runs", "50", "--canaries", "20"], "--canaries: a many-runs audit (--runs 50) puts one canary"),
+    ({"estimator": {"kind": "pazo_s", "public_batches": 2, "public_batch_size": 8}}, ["--guesses", "3"],
+     "--guesses: a many-runs audit (--runs 100) guesses once per run"),  # PAZO-S: many runs by default
 ])
 def test_audit_refuses_in_one_line_and_creates_nothing(tmp_path, change, args, message):
     spec = copy.deepcopy(SPEC)
