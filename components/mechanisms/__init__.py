@@ -1,4 +1,5 @@
 """Privacy mechanisms: the only door through which private values leave (DESIGN §4 rule 1)."""
 from components.mechanisms.gaussian import GaussianMechanism, NoMechanism
+from components.mechanisms.tree import TreeAggregation, tree_event
 
-__all__ = ["GaussianMechanism", "NoMechanism"]
+__all__ = ["GaussianMechanism", "NoMechanism", "TreeAggregation", "tree_event"]
