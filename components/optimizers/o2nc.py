@@ -31,6 +31,7 @@ import torch
 
 from components.estimators.directions import Directions
 from components.estimators.queries import Update
+from components.optimizers.sgd import gradient_into
 
 
 class O2nc:
@@ -81,14 +82,6 @@ class O2nc:
         for x, d in zip(self._x, self._delta):
             x.add_(d)
 
-    def _gradient(self, i: int, update: Update) -> torch.Tensor:
-        out = torch.zeros_like(self.directions.params[i])
-        for seed, coef in update.terms:
-            self.directions.add_to_(seed, i, out, coef)
-        for tensors, coef in update.dense:
-            out.add_(tensors[i], alpha=coef)
-        return out
-
     @torch.no_grad()
     def apply(self, update: Update) -> None:
         """g_t (the update's terms, the released noisy gradient at z_t) in; z_(t+1) into the parameters."""
@@ -98,7 +91,8 @@ class O2nc:
         if self.restart and (t - 1) % self.window == 0:
             moved = [torch.zeros_like(d) for d in self._delta]  # a new epoch: OSD restarts at 0
         else:
-            moved = [d - self.lr * self._gradient(i, update) for i, d in enumerate(self._delta)]
+            moved = [d - self.lr * gradient_into(self.directions, i, update, torch.zeros_like(d))
+                     for i, d in enumerate(self._delta)]
         norm = math.sqrt(sum(float(m.double().pow(2).sum()) for m in moved))
         factor = 1.0 if norm <= self.step_bound else self.step_bound / norm
         self._delta = [m * factor for m in moved]

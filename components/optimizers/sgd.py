@@ -14,6 +14,15 @@ from components.estimators.directions import Directions
 from components.estimators.queries import Update
 
 
+def gradient_into(directions: Directions, i: int, update: Update, out: torch.Tensor) -> torch.Tensor:
+    """out += tensor ``i`` of the update's gradient (its seeded terms, then its dense ones)."""
+    for seed, coef in update.terms:
+        directions.add_to_(seed, i, out, coef)
+    for tensors, coef in update.dense:
+        out.add_(tensors[i], alpha=coef)
+    return out
+
+
 class Sgd:
     def __init__(self, directions: Directions, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
         self.directions = directions
@@ -21,13 +30,6 @@ class Sgd:
         self.momentum = momentum
         self.weight_decay = weight_decay
         self._velocity: Optional[List[torch.Tensor]] = None
-
-    def _gradient_into(self, i: int, update: Update, out: torch.Tensor) -> torch.Tensor:
-        for seed, coef in update.terms:
-            self.directions.add_to_(seed, i, out, coef)
-        for tensors, coef in update.dense:
-            out.add_(tensors[i], alpha=coef)
-        return out
 
     @torch.no_grad()
     def apply(self, update: Update) -> None:
@@ -47,7 +49,7 @@ class Sgd:
         if self._velocity is None:
             self._velocity = [torch.zeros_like(p) for p in params]
         for i, (p, v) in enumerate(zip(params, self._velocity)):
-            grad = self._gradient_into(i, update, torch.zeros_like(p))
+            grad = gradient_into(self.directions, i, update, torch.zeros_like(p))
             if self.weight_decay:
                 grad.add_(p, alpha=self.weight_decay)
             v.mul_(self.momentum).add_(grad)
