@@ -75,6 +75,14 @@ def scaled(canaries: CanarySet, scale: float) -> CanarySet:
     return CanarySet(canaries.features * np.float32(scale), canaries.labels, alt, canaries.alternate_labels)
 
 
+def pick(canaries: CanarySet, index: int) -> CanarySet:
+    """The one slot ``index`` as a set of one."""
+    at = slice(index, index + 1)
+    alt = None if canaries.alternate_features is None else canaries.alternate_features[at]
+    alt_y = None if canaries.alternate_labels is None else canaries.alternate_labels[at]
+    return CanarySet(canaries.features[at], canaries.labels[at], alt, alt_y)
+
+
 def gradient_norms(model, params, loss, features: np.ndarray, labels: np.ndarray, device) -> np.ndarray:
     x = torch.as_tensor(features, device=device)
     y = torch.as_tensor(labels, device=device)

@@ -29,7 +29,16 @@ import torch
 
 from components import builders, models
 from components.audit.bounds import many_runs_epsilon, one_run_ceiling, one_run_epsilon
-from components.audit.canaries import CanarySet, Probe, draw_canaries, final_losses, scale_for_clip, scaled
+from components.audit.canaries import (
+    CanarySet,
+    Probe,
+    draw_canaries,
+    final_losses,
+    gradient_norms,
+    pick,
+    scale_for_clip,
+    scaled,
+)
 from components.audit.guessing import count_correct, guesses, pick_guess_count, split_guess
 from components.data.split import Part, SplitData
 from components.randomness import private_generator, public_seed
@@ -49,6 +58,7 @@ CLIP_MARGIN = 100.0
 # the training runs their audit makes by default
 SELECTION_ESTIMATORS = ("pazo_s",)
 MANY_RUNS_DEFAULT = 100
+SINGLE_CANARY_POOL = 64
 
 
 @dataclass(frozen=True)
@@ -308,7 +318,10 @@ def _setup(spec, data: SplitData, canaries: Optional[int], background: str, seed
     notes = (["privacy.insecure_deterministic: the run's noise and batches come from the public seed"]
              if spec.privacy.insecure_deterministic else [])
     canary_seed = public_seed(spec.seed if seed is None else seed, STREAM_AUDIT)
-    slots = draw_canaries(canaries, data.n_features, data.n_classes, canary_seed, replace_one=replace_one)
+    # a lone canary (many runs) is the most extreme of a public draw of SINGLE_CANARY_POOL, picked at x_0
+    # below: a random one is as likely as not already classified right, its loss and gradient then 0
+    drawn = SINGLE_CANARY_POOL if canaries == 1 else canaries
+    slots = draw_canaries(drawn, data.n_features, data.n_classes, canary_seed, replace_one=replace_one)
     if background == "public":
         bg_x, bg_y = data.public.features, data.public.labels
     else:
@@ -329,7 +342,12 @@ def _setup(spec, data: SplitData, canaries: Optional[int], background: str, seed
     clip = float(spec.mechanism.clip)
     target = CLIP_MARGIN * clip / _direction_factor(spec, probe_built)
     scale = scale_for_clip(probe_built.model, params, models.per_example_loss, slots, target, probe_built.device)
-    return _Setup(spec, resolved, float(claimed), scaled(slots, scale), float(scale), bg_x, bg_y, canary_seed, notes)
+    slots = scaled(slots, scale)
+    if canaries == 1:
+        norms = gradient_norms(probe_built.model, params, models.per_example_loss, slots.features, slots.labels,
+                               probe_built.device)
+        slots = pick(slots, int(np.argmax(np.nan_to_num(norms, nan=-1.0))))
+    return _Setup(spec, resolved, float(claimed), slots, float(scale), bg_x, bg_y, canary_seed, notes)
 
 
 @dataclass

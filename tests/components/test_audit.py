@@ -308,3 +308,25 @@ def test_many_runs_audit_of_pazo_s_refutes_only_a_broken_mechanism(digits, noise
         assert not result.exceeds_claim
     else:  # noise off: every guess right (2.03 with 60 runs); sigma / 10: 1.37 and 1.48 over two seeds
         assert result.white_box.epsilon_lower > result.claimed_epsilon
+
+
+def test_a_lone_canary_is_the_most_extreme_of_a_public_pool(digits):
+    # one random canary is as likely as not already classified right (loss and gradient 0, useless to
+    # every audit); the many-runs audit picks, at the public x_0, the one of a pool furthest past the clip
+    from components.audit.canaries import gradient_norms
+    from components.audit.run import SINGLE_CANARY_POOL, _setup
+
+    spec = _spec(**dict(PAZO_S, model={"kind": "mlp", "hidden": [16]}))
+    setup = _setup(spec, digits, 1, "none", None)
+    pool = _setup(spec, digits, SINGLE_CANARY_POOL, "none", None)
+    built = builders.build_loop(setup.resolved, digits, noise_generator=torch.Generator().manual_seed(0),
+                                sampling_generator=torch.Generator().manual_seed(0))
+    params = built.loop.backend.directions.params
+
+    def norms(slots):
+        return gradient_norms(built.model, params, models.per_example_loss, slots.features, slots.labels, built.device)
+
+    assert len(setup.slots) == 1 and setup.scale == pool.scale
+    assert norms(setup.slots)[0] == pytest.approx(norms(pool.slots).max(), rel=1e-6)
+    loss = models.per_example_loss(built.model, torch.as_tensor(setup.slots.features), torch.as_tensor(setup.slots.labels))
+    assert float(loss.detach()[0]) >= spec.mechanism.clip  # its PAZO-S value sits at the clip
