@@ -5,10 +5,11 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from components import models
-from components.accountants import Accountant, PrivacyTracker
+from components.accountants import Accountant, OncePerRowTracker, PrivacyTracker, TreeTracker
 from components.data import (
     build_sampler,
     SplitData,
@@ -27,13 +28,16 @@ from components.estimators import (
     FirstOrderEstimator,
     GepEstimator,
     PazoMEstimator,
+    ZoNaiveEstimator,
+    ZoSpiderEstimator,
     PazoPEstimator,
     PazoSEstimator,
     TwoPointEstimator,
 )
 from components.estimators.public import PublicOracle, warm_start
-from components.mechanisms import GaussianMechanism, NoMechanism
-from components.optimizers import Adam, Sgd
+from components.mechanisms import GaussianMechanism, NoMechanism, tree_event
+from components.mechanisms.tree import NoiselessTree, TreeAggregation
+from components.optimizers import Adam, O2nc, Sgd
 from components.randomness import (
     STREAM_INIT,
     STREAM_INSECURE_PRIVATE,
@@ -75,6 +79,13 @@ def _no_public_rows(spec: RunSpec) -> str:
 
 def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None):
     """The source's rows and how to scale them."""
+    if source.kind == "synthetic":
+        from components.data.sources import Table
+        from components.problems import load_w_linear
+
+        rows = load_w_linear(source.dimension, source.rows, source.noise_radius, source.data_seed)
+        return Table(source.name, rows, np.zeros(len(rows), dtype=np.int64), 1, None,
+                     layout=f"synthetic:{source.problem}:{source.dimension}:{source.noise_radius}:{source.data_seed}"), "none"
     if source.kind == "text":
         tokenizer = source.tokenizer or model_tokenizer
         return load_text(source.name, source.max_length, tokenizer), "none"  # ids are not scaled
@@ -91,6 +102,11 @@ def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = 
 
 def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
     """Shapes only, nothing allocated (module constructors would also draw from the global RNG)."""
+    if spec.model.kind == "objective":
+        from components.problems import WLinear
+
+        with torch.device("meta"):
+            return WLinear(torch.empty(spec.data.source.dimension, dtype=torch.float64))
     with torch.device("meta"):
         if spec.model.kind == "linear":
             return models.linear(n_features, n_classes)
@@ -130,9 +146,22 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
         lora = spec.model.lora
         adapters = None if lora is None else (lora.rank, lora.alpha, tuple(lora.targets))
         return models.text_classifier(spec.model.weights, n_classes, spec.model.trainable, gen, adapters)
+    if spec.model.kind == "objective":
+        from components.problems import WLinear
+
+        source = spec.data.source
+        return WLinear(torch.full((source.dimension,), float(source.start), dtype=torch.float64))
     model = _meta_model(spec, n_features, n_classes).to_empty(device="cpu")
     models.initialise_(model, gen)
     return model
+
+
+def model_dimension(spec: RunSpec, n_features: int, n_classes: int) -> int:
+    """d: the trainable parameters of the spec's model (from its shapes; pretrained models are not sized)."""
+    if spec.model.kind == "hf":
+        raise ValueError("optimizer.kind: o2nc needs the model's dimension before training; a pretrained "
+                         "encoder is not supported")
+    return sum(p.numel() for p in _meta_model(spec, n_features, n_classes).parameters())
 
 
 def accountant(spec: RunSpec) -> Accountant:
@@ -141,8 +170,18 @@ def accountant(spec: RunSpec) -> Accountant:
     return Accountant(spec.privacy.accountant, spec.privacy.neighboring)
 
 
-def build_estimator(spec: RunSpec):
+def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
     est = spec.estimator
+    if est.kind == "zo_spider":
+        if spec.mechanism.kind == "tree_aggregation":
+            clip, difference_clip = spec.mechanism.clip, spec.mechanism.difference_clip
+        else:  # the non-private twin: the preset's clips, which only bound the coefficient of 001's difference
+            clip = difference_clip = math.inf
+        return ZoSpiderEstimator(est.variant, est.radius, dimension, spec.sampling.period, est.start_directions,
+                                 est.directions, clip, difference_clip, spec.optimizer.step_bound)
+    if est.kind == "zo_naive":
+        clip = spec.mechanism.clip if spec.mechanism.kind == "gaussian" else math.inf
+        return ZoNaiveEstimator(est.radius, dimension, est.directions, clip)
     if est.kind == "two_point":
         return TwoPointEstimator(est.queries, est.smoothing)
     if est.kind == "dpgd_0th":
@@ -165,6 +204,8 @@ def build_estimator(spec: RunSpec):
 def build_directions(spec: RunSpec, params) -> Directions:
     """Random directions of the estimator; radius auto = sqrt(d), or d^(1/4) for PAZO-M (§A.1 of PAZO)."""
     est = spec.estimator
+    if est.kind in ("zo_spider", "zo_naive"):  # their directions are per example (PerExampleSphere)
+        return Directions(params, "sphere", None)
     kind = getattr(est, "directions", "gaussian")
     radius = getattr(est, "radius", "auto")
     if radius == "auto":
@@ -189,13 +230,18 @@ def spec_sampler(spec: RunSpec, n_private: Optional[int] = None, generator: Opti
     """The spec's sampler over ``n_private`` rows, its rate from the public row count (RunSpec.public_rows):
     under add/remove that is the declared count, and ``n_private`` only says which rows exist to draw from
     (planning passes None). Without a generator it can only describe and wrap events, not draw."""
-    return build_sampler(spec.sampling, n_private, generator, rows=spec.public_rows(n_private))
+    return build_sampler(spec.sampling, n_private, generator, rows=spec.public_rows(n_private), seed=spec.seed)
 
 
 def planned_event(spec: RunSpec, n_private: Optional[int], sigma: float):
-    """The whole planned run: the sampler's event of Gaussian(sigma), composed over the planned steps."""
+    """The whole planned run: the sampler's event of Gaussian(sigma), composed over the planned steps. A
+    single pass: with a tree, a row's J node releases (the tree's event); with a Gaussian, its one release."""
     import dp_accounting
 
+    if spec.sampling.kind == "single_pass":
+        if spec.mechanism.kind == "tree_aggregation":
+            return tree_event(sigma, spec.sampling.period)
+        return dp_accounting.GaussianDpEvent(sigma)
     step = spec_sampler(spec, n_private).wrap(dp_accounting.GaussianDpEvent(sigma))
     return dp_accounting.SelfComposedDpEvent(step, spec.planned_steps(n_private))
 
@@ -206,11 +252,16 @@ def calibrate_noise(spec: RunSpec, n_private: Optional[int]) -> float:
                                       spec.delta_for(n_private))
 
 
-def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None):
+def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None, dimension: Optional[int] = None):
     """(resolved spec, sampling rate, planned epsilon). sigma 'auto' is calibrated; an explicit sigma must
     meet the target epsilon; mechanism none resolves to a non-private run (epsilon = inf). ``n_private`` is
     read only where the private count is public (replace-one, or no privacy): an add/remove run is planned
-    from its declared row count alone, so planning needs no private data."""
+    from its declared row count alone, so planning needs no private data. ``dimension``: the model's
+    trainable parameters, which O2NC's presets need (a synthetic source knows its own)."""
+    if spec.optimizer.kind == "o2nc":
+        from components.nonsmooth import resolve_o2nc
+
+        return resolve_o2nc(spec, n_private, dimension)
     rate = spec_sampler(spec, n_private).rate  # also checks the batch size against the rows
     if spec.mechanism.kind == "none":
         return spec.resolved(n_private=n_private, noise_multiplier=None), rate, math.inf
@@ -222,6 +273,12 @@ def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None):
         raise ValueError(f"mechanism.noise_multiplier: {sigma} gives epsilon {eps:.4g} > privacy.epsilon "
                          f"{resolved.privacy.epsilon}; use noise_multiplier: auto or raise it")
     return resolved, rate, eps
+
+
+def plan(spec: RunSpec, data: SplitData):
+    """resolve_privacy for a spec and its loaded data (O2NC's presets need the model's dimension)."""
+    dimension = model_dimension(spec, data.n_features, data.n_classes) if spec.optimizer.kind == "o2nc" else None
+    return resolve_privacy(spec, len(data.private), dimension)
 
 
 def device_for(spec: RunSpec) -> torch.device:
@@ -238,8 +295,17 @@ def device_for(spec: RunSpec) -> torch.device:
     return torch.device(wanted)
 
 
-def build_optimizer(spec: RunSpec, directions: Directions):
+def build_optimizer(spec: RunSpec, directions: Directions, model: Optional[torch.nn.Module] = None):
     opt = spec.optimizer
+    if opt.kind == "o2nc":
+        oracle = None
+        if getattr(model, "objective", None) == "w_linear":
+            from components.problems import smoothed_gradient
+
+            radius = spec.estimator.radius
+            oracle = lambda z: smoothed_gradient(z, radius)  # noqa: E731 (exact, public: F = h reads no row)
+        return O2nc(directions, opt.step_bound, opt.lr, opt.window, opt.steps, spec.seed,
+                    restart_every=opt.window if opt.restart else None, smoothed_gradient=oracle)
     if opt.kind == "adam":
         return Adam(directions, opt.lr, opt.betas, opt.eps, opt.weight_decay)
     return Sgd(directions, opt.lr, opt.momentum, opt.weight_decay)
@@ -263,8 +329,8 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     model = build_model(spec, data.n_features, data.n_classes).to(device)
     params = models.trainable_parameters(model)
     directions = build_directions(spec, params)
-    estimator = build_estimator(spec)
-    optimizer = build_optimizer(spec, directions)
+    estimator = build_estimator(spec, directions.dim)
+    optimizer = build_optimizer(spec, directions, model)
     rows = data.private if with_private_rows else data.private.__class__(
         data.private.features[:0], data.private.labels[:0], [])
     x = torch.as_tensor(rows.features, device=device)
@@ -326,9 +392,25 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         sampling_generator = SecureSource() if source == "secure" else private_generator(
             public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
     sampler = spec_sampler(spec, n_private, sampling_generator)
+    tree = spec.estimator.kind == "zo_spider"
     if spec.mechanism.kind == "none":
-        mechanism = NoMechanism(estimator.queries_per_step)
+        mechanism = NoiselessTree(spec.sampling.period) if tree else NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)
+    elif tree:
+        from components.nonsmooth import node_sensitivity
+
+        z = float(spec.mechanism.noise_multiplier)
+        mechanism = TreeAggregation(spec.sampling.period, z, node_sensitivity(spec, directions.dim), noise_generator)
+        if seeded:
+            mechanism.noise_source = "seeded"
+        tracker = TreeTracker(accountant(spec), z, spec.sampling.period, float(spec.privacy.delta))
+    elif spec.sampling.kind == "single_pass":  # zo_naive: each row in one Gaussian release
+        mechanism = GaussianMechanism(spec.mechanism.clip * math.sqrt(directions.dim),
+                                      float(spec.mechanism.noise_multiplier), 1, spec.privacy.neighboring,
+                                      noise_generator)
+        if seeded:
+            mechanism.noise_source = "seeded"
+        tracker = OncePerRowTracker(accountant(spec), mechanism.step_event(), float(spec.privacy.delta))
     else:
         mechanism = GaussianMechanism(spec.mechanism.clip, float(spec.mechanism.noise_multiplier),
                                       estimator.queries_per_step, spec.privacy.neighboring, noise_generator)
@@ -366,7 +448,7 @@ def load_weights(built: Built, state: dict) -> None:
 
 def public_warm_start(spec: RunSpec, built: Built) -> int:
     """Train on the public split before the private phase, if the spec asks for it (no privacy cost)."""
-    ws = spec.estimator.public_warm_start
+    ws = getattr(spec.estimator, "public_warm_start", None)
     if ws is None:
         return 0
     public = built.loop.public

@@ -45,6 +45,8 @@ def splitmix64(base: int, index: int) -> int:
 STREAM_SPLIT = 1
 STREAM_DIRECTION = 2
 STREAM_INIT = 3
+STREAM_EXAMPLE_DIRECTION = 4  # per-example sphere directions of the nonsmooth oracles
+STREAM_PASS = 5  # the order a single pass reads the private rows in
 STREAM_INSECURE_PRIVATE = 99
 
 

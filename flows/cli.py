@@ -42,7 +42,13 @@ def cmd_calibrate(args) -> int:
 
     data = builders.load_data(spec)
     n = len(data.private)
-    resolved, rate, eps = builders.resolve_privacy(spec, n)
+    resolved, rate, eps = builders.plan(spec, data)
+    if resolved.optimizer.kind == "o2nc":
+        opt, sampling = resolved.optimizer, resolved.sampling
+        print(f"o2nc ({opt.preset}):             {opt.steps} steps, windows of {opt.window}, step bound D = "
+              f"{opt.step_bound:.6g}, lr = {opt.lr:.6g}, restart {opt.restart}")
+        print(f"single pass:              {sampling.start_batch} rows at the start of each period of {sampling.period} "
+              f"steps, {sampling.step_batch} at the others")
     if resolved.privacy is None:
         print(f"mechanism none: no noise, not private ({resolved.optimizer.steps} steps)")
         return 0
@@ -70,7 +76,7 @@ def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
     from flows.checkpoints import resume_store
 
     data = builders.load_data(spec)
-    builders.resolve_privacy(spec, len(data.private))
+    builders.plan(spec, data)
     builders.check_model(spec, data.n_features, data.n_classes,
                          os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     resume_store(spec.checkpoint.dir, spec.name, resume)

@@ -62,9 +62,9 @@ def load_and_split(spec: specs.RunSpec) -> SplitData:
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)
-def calibrate(spec: specs.RunSpec, n_private: int) -> Plan:
-    resolved, rate, eps = builders.resolve_privacy(spec, n_private)
-    return Plan(resolved, n_private, rate, eps)
+def calibrate(spec: specs.RunSpec, data: SplitData) -> Plan:
+    resolved, rate, eps = builders.plan(spec, data)
+    return Plan(resolved, len(data.private), rate, eps)
 
 
 @task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
@@ -323,6 +323,10 @@ def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
     out = {f"eval/{k}": v for k, v in models.evaluate(
         built.model, torch.as_tensor(data.test.features, device=dev), torch.as_tensor(data.test.labels, device=dev)
     ).items()}
+    certificate = getattr(built.loop.backend.optimizer, "certificate", None)
+    if certificate is not None and certificate() is not None:
+        # the synthetic problem's exact Goldstein window certificate (public: F reads no row)
+        out["eval/goldstein_certificate"] = certificate()
     if len(data.public):
         out["public/loss"] = models.evaluate(
             built.model, torch.as_tensor(data.public.features, device=dev),
@@ -418,7 +422,7 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
     data = load_and_split(run_spec)
-    plan = calibrate(run_spec, len(data.private))
+    plan = calibrate(run_spec, data)
     resolved = plan.spec
     uri = resolved.tracking.uri
     # checkpoints bind to the keyed fingerprint: a plain hash of the private rows is never stored (DESIGN §4 rule 7)
@@ -532,16 +536,27 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
     metrics: Dict[str, float] = {}
     status = "FAILED"
     try:
+        # a tree run checkpoints only between periods: the un-noised running sum and the live node noise
+        # exist only inside a period and are never written
+        period = getattr(built.loop.sampler, "period", 1) if resolved.mechanism.kind == "tree_aggregation" else 1
         while built.loop.step < trajectory_end(resolved, built.loop):
             step = built.loop.step
-            until = min(trajectory_end(resolved, built.loop), (step // every + 1) * every,
-                        (step // log_every + 1) * log_every)
+            until = min((step // every + 1) * every, (step // log_every + 1) * log_every)
+            until = min(trajectory_end(resolved, built.loop), -(-until // period) * period)
             chunk(resolved, built, until, checkpointer, bar)  # a retry inside may end the run earlier
-            if built.loop.step % log_every == 0 or built.loop.step >= trajectory_end(resolved, built.loop):
+            if built.loop.step // log_every > step // log_every or built.loop.step >= trajectory_end(resolved,
+                                                                                                      built.loop):
                 metrics = evaluate(built, data)
                 if epsilon_metric(resolved):
                     metrics[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
                 log_metrics(uri, run_id, metrics, built.loop.step)
+        finalize = getattr(built.loop.backend.optimizer, "finalize", None)
+        if finalize is not None:  # O2NC: the output is the average of the window drawn from the seed
+            finalize()
+            metrics = evaluate(built, data)
+            if epsilon_metric(resolved):
+                metrics[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
+            log_metrics(uri, run_id, metrics, built.loop.step)
         if not metrics:  # resumed from a checkpoint that already held every step: evaluate what it holds
             metrics = evaluate(built, data)
             if epsilon_metric(resolved):

@@ -30,6 +30,7 @@ class PrivacySummary:
     residual_clip: Optional[float] = None  # gep: the per-example clip of the residual (clip bounds the embedding)
     private_rows: Optional[int] = None  # the private row count, where the run used it (public under replace-one)
     noise_source: str = "fast"  # what drew the noise and batches: secure, fast or seeded (randomness.NOISE_SENTENCES)
+    event_sentence: Optional[str] = None  # a single pass: how its releases compose, in place of the per-step one
 
     def guarantee(self) -> str:
         if self.mechanism == "none":
@@ -71,10 +72,10 @@ def privacy_report(s: PrivacySummary, metrics: dict) -> str:
         *([f"| residual clip C2 (gep) | {s.residual_clip:.6g} |"] if s.residual_clip is not None else []),
         f"| noisy queries per step | {s.queries_per_step} |",
         "",
-        "Each step releases the clipped per-example sums of its queries with Gaussian noise; the run's "
-        f"DpEvent (dp_event.json) is the self-composition of {s.step_event}.",
+        s.event_sentence or ("Each step releases the clipped per-example sums of its queries with Gaussian noise; "
+                             f"the run's DpEvent (dp_event.json) is the self-composition of {s.step_event}."),
         (NOISE_SENTENCES.get(s.noise_source, NOISE_SENTENCES["fast"]) +
-         ("" if s.sampling_rate < 1 else " Every private row is in every step."))
+         ("" if s.sampling_rate < 1 or s.event_sentence else " Every private row is in every step."))
         if s.private else "**This run is not private.**",
         "",
         NON_FINITE_HANDLING,
@@ -100,4 +101,19 @@ def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_ste
         queries_per_step=queries_per_step, private=spec.private, mechanism=spec.mechanism.kind,
         rho=rho if privacy else None,
         residual_clip=getattr(spec.estimator, "residual_clip", None) if privacy else None,
-        private_rows=sampler.rows if spec.private_count_is_public else None, noise_source=noise_source)
+        private_rows=sampler.rows if spec.private_count_is_public else None, noise_source=noise_source,
+        event_sentence=_single_pass_sentence(spec))
+
+
+def _single_pass_sentence(spec) -> Optional[str]:
+    if spec.sampling.kind != "single_pass":
+        return None
+    if spec.mechanism.kind == "tree_aggregation":
+        return ("Each step adds the batch mean of fresh rows' clipped estimates to its period's running sum, and "
+                "releases that sum with tree noise (one fresh Gaussian node per step, Fenwick form, a fresh tree "
+                f"each period of {spec.sampling.period} steps); each row is read in one step of the single pass, so "
+                "the run's DpEvent (dp_event.json) is floor(log2 period) + 1 Gaussian releases of multiplier sigma "
+                "(node std over the node sensitivity).")
+    return ("Each step releases the d-dimensional mean of fresh rows' clipped estimates with Gaussian noise; each "
+            "row is read in one step of the single pass, so the run's DpEvent (dp_event.json) is one Gaussian of "
+            "multiplier sigma.")

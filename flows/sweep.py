@@ -38,7 +38,7 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     """Train one cell to the end and log it as a child run; noise is drawn here, so never retried."""
     data = builders.load_data(spec)
     n = len(data.private)
-    resolved, _rate, _planned = builders.resolve_privacy(spec, n)
+    resolved, _rate, _planned = builders.plan(spec, data)
     built = builders.build_loop(resolved, data)
     builders.public_warm_start(resolved, built)
     built.loop.run(resolved.optimizer.steps)

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from specs.base import Strict
 from specs.sections import (
+    AssumptionsSpec,
     DataSpec,
     EstimatorSpec,
     ExecutionSpec,
@@ -39,6 +40,7 @@ class RunSpec(Strict):
     tracking: TrackingSpec = TrackingSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     budget: Optional[BudgetSpec] = None
+    assumptions: Optional[AssumptionsSpec] = Field(None, description="What a theory preset assumes of the loss.")
 
     @model_validator(mode="after")
     def _cross_field(self) -> "RunSpec":
@@ -57,7 +59,15 @@ class RunSpec(Strict):
     def is_resolved(self) -> bool:
         values = [self.optimizer.steps]
         if self.mechanism.kind != "none":
-            values += [self.privacy.delta, self.mechanism.noise_multiplier]
+            values += [self.privacy.delta, self.mechanism.noise_multiplier, self.mechanism.clip]
+        if self.optimizer.kind == "o2nc":
+            values += [self.optimizer.step_bound, self.optimizer.lr, self.optimizer.window, self.optimizer.restart]
+        if self.sampling.kind == "single_pass":
+            values += [self.sampling.start_batch, self.sampling.period]
+        if self.estimator.kind == "zo_spider":
+            values += [self.estimator.start_directions, self.estimator.directions]
+        if self.mechanism.kind == "tree_aggregation":
+            values += [self.mechanism.difference_clip]
         return "auto" not in values
 
     @property
@@ -104,17 +114,22 @@ class RunSpec(Strict):
         """delta auto = 1 / N, N = public_rows(n_private)."""
         return 1.0 / self.public_rows(n_private) if self.privacy.delta == "auto" else float(self.privacy.delta)
 
-    def resolved(self, *, n_private: Optional[int] = None, noise_multiplier: Optional[float]) -> "RunSpec":
+    def resolved(self, *, n_private: Optional[int] = None, noise_multiplier: Optional[float],
+                 filled: Optional[Dict[str, Dict[str, Any]]] = None) -> "RunSpec":
         """The spec with every ``auto`` replaced; this is what a run logs and replays. ``n_private`` is used
-        only where the private count is public (public_rows)."""
+        only where the private count is public (public_rows). ``filled``: values a preset derived, by
+        section and field."""
         data: Dict[str, Any] = self.model_dump(mode="json")
+        for section, values in (filled or {}).items():
+            data[section] = {**(data.get(section) or {}), **values}
         if self.mechanism.kind != "none":
             data["privacy"]["delta"] = self.delta_for(n_private)
             data["mechanism"]["noise_multiplier"] = noise_multiplier
             if data["estimator"]["kind"] == "gep" and data["estimator"].get("residual_clip") is None:
                 data["estimator"]["residual_clip"] = self.mechanism.clip  # logged as the number it bounds with
         # epochs are a request; the resolved run is a fixed number of steps
-        data["optimizer"]["steps"] = self.planned_steps(n_private)
+        if data["optimizer"]["steps"] == "auto":
+            data["optimizer"]["steps"] = self.planned_steps(n_private)
         data["optimizer"]["epochs"] = None
         return RunSpec.model_validate(data)
 
@@ -123,8 +138,11 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     """Rules that involve more than one field; each message names its fields and the fix."""
     problems: List[str] = []
     opt = spec.optimizer
-    if opt.steps == "auto" and opt.epochs is None:
+    theory = opt.kind == "o2nc" and opt.preset == "theory"
+    if opt.steps == "auto" and opt.epochs is None and not theory:
         problems.append("optimizer: give epochs or steps (steps: auto needs epochs)")
+    if opt.kind == "o2nc" and opt.epochs is not None:
+        problems.append("optimizer.epochs: o2nc runs a single pass; give steps, or steps: auto with preset: theory")
     if opt.steps != "auto" and opt.epochs is not None:
         problems.append("optimizer: give one of epochs or steps, not both")
     if spec.mechanism.kind == "none" and spec.privacy is not None:
@@ -167,14 +185,15 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
                         f"data.declared_private_rows {declared}; the rate expected_batch_size / N must be at most 1")
     est = spec.estimator
     split = spec.data.split
-    if getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
+    problems += nonsmooth_problems(spec)
+    if est.kind not in ZO_SPHERE_KINDS and getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
         problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
     ex = spec.execution
     if ex.backend == "ray" and ex.device == "cuda" and ex.gpus_per_worker == 0:
         problems.append("execution.device: cuda with backend ray needs gpus_per_worker > 0 (workers draw the "
                         "driver's directions on the same kind of device); set gpus_per_worker or device: cpu")
     if spec.execution.prefetch_directions:
-        if est.kind in ("pazo_p", "pazo_s", "first_order", "gep"):
+        if est.kind in ("pazo_p", "pazo_s", "first_order", "gep") + ZO_SPHERE_KINDS:
             problems.append(f"execution.prefetch_directions: {est.kind} has no seeded directions to draw ahead; "
                             "remove it (two_point, dpgd_0th and pazo_m use it)")
         elif est.perturbation == "regenerate":
@@ -188,7 +207,7 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
                         "momentum or weight decay reaches; use optimizer: {kind: sgd} with neither")
     if est.kind.startswith("pazo") and not split.has_public:
         problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
-    if est.public_warm_start is not None and not split.has_public:
+    if getattr(est, "public_warm_start", None) is not None and not split.has_public:
         problems.append("estimator.public_warm_start: needs public data; set data.split.public > 0")
     if split.kind in ("fraction", "hashed"):
         if split.imbalance is not None and split.public == 0.0:
@@ -226,6 +245,76 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         problems.append("data.source.scale: fixed is only known for digits and images; use public or none")
     if not file_text and (scale == "public" or (scale == "auto" and not known_range)) and not split.has_public:
         problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
+    return problems
+
+
+ZO_SPHERE_KINDS = ("zo_spider", "zo_naive")
+
+
+def nonsmooth_problems(spec: RunSpec) -> List[str]:
+    """The rules of the private nonsmooth algorithms (O2NC with zeroth-order oracles, papers 001 and 002)."""
+    problems: List[str] = []
+    est, mech, sampling, opt = spec.estimator, spec.mechanism, spec.sampling, spec.optimizer
+    source, model = spec.data.source, spec.model
+    if (source.kind == "synthetic") != (model.kind == "objective"):
+        problems.append("model.kind: objective is the parameter vector of a synthetic problem; use it exactly with "
+                        "data.source.kind: synthetic")
+    if mech.kind == "tree_aggregation":
+        if sampling.kind != "single_pass":
+            # Poisson or fixed-size batches can put one row in two leaves of a tree, multiplying its node
+            # sensitivity; dp-accounting has no event for amplified tree aggregation
+            problems.append(f"sampling.kind: {sampling.kind} can put a row in several leaves of one tree, which "
+                            "tree_aggregation does not account for; use sampling.kind: single_pass")
+        if est.kind != "zo_spider":
+            problems.append(f"mechanism.kind: tree_aggregation releases running sums of zo_spider's increments; "
+                            f"estimator.kind {est.kind} is released by gaussian")
+        if spec.privacy is not None and spec.privacy.noise == "secure":
+            problems.append("privacy.noise: secure is not available with tree_aggregation yet; use fast or auto")
+    if est.kind == "zo_spider" and mech.kind not in ("tree_aggregation", "none"):
+        problems.append(f"mechanism.kind: zo_spider's increments are released by tree_aggregation (or none, a "
+                        f"non-private twin), not {mech.kind}")
+    if est.kind == "zo_naive" and mech.kind not in ("gaussian", "none"):
+        problems.append(f"mechanism.kind: zo_naive releases one Gaussian vector a step; use gaussian, not {mech.kind}")
+    if (est.kind in ZO_SPHERE_KINDS) != (opt.kind == "o2nc"):
+        problems.append("optimizer.kind: o2nc and the estimators zo_spider and zo_naive go together (the oracles "
+                        "read O2NC's query points; O2NC needs their unbiased smoothed gradients)")
+    if sampling.kind == "single_pass":
+        if est.kind not in ZO_SPHERE_KINDS:
+            problems.append(f"sampling.kind: single_pass is for zo_spider and zo_naive, not {est.kind}")
+        if spec.privacy is not None and spec.privacy.neighboring != "replace_one":
+            problems.append("privacy.neighboring: single_pass batches are a fixed partition of the rows, which an "
+                            "added row would shift; set neighboring: replace_one")
+        if est.kind == "zo_naive" and sampling.period not in ("auto", 1):
+            problems.append("sampling.period: zo_naive has no tree; set period: 1 (or auto)")
+    elif est.kind in ZO_SPHERE_KINDS:
+        problems.append(f"sampling.kind: {est.kind} reads each row once; use sampling.kind: single_pass")
+    if opt.kind == "o2nc":
+        autos = [name for name, value in (("optimizer.step_bound", opt.step_bound), ("optimizer.lr", opt.lr),
+                                          ("optimizer.window", opt.window), ("optimizer.steps", opt.steps),
+                                          ("optimizer.restart", opt.restart),
+                                          ("sampling.start_batch", getattr(sampling, "start_batch", None)),
+                                          ("sampling.period", getattr(sampling, "period", None)),
+                                          ("estimator.start_directions", getattr(est, "start_directions", None)),
+                                          ("estimator.directions", getattr(est, "directions", None)),
+                                          ("mechanism.clip", getattr(mech, "clip", None)),
+                                          ("mechanism.difference_clip", getattr(mech, "difference_clip", None)))
+                 if value == "auto"]
+        if opt.preset == "manual" and autos:
+            problems.append(f"optimizer.preset: manual takes every setting as given; {autos[0]} is auto (give it, "
+                            "or use preset: theory)")
+        if opt.preset == "manual" and opt.target_stationarity is not None:
+            problems.append("optimizer.target_stationarity: checked against the theorem by preset: theory only")
+        if opt.preset == "theory" and source.kind != "synthetic":
+            a = spec.assumptions
+            if a is None or a.lipschitz == "auto" or a.initial_gap == "auto":
+                problems.append("assumptions: preset theory needs lipschitz and initial_gap (a synthetic source knows "
+                                "its own); give them, or use preset: manual")
+    if mech.kind == "gaussian" and mech.clip == "auto" and not (est.kind == "zo_naive" and opt.kind == "o2nc"
+                                                                  and opt.preset == "theory"):
+        problems.append("mechanism.clip: auto is derived by optimizer.preset theory (zo_naive); give a number")
+    if spec.assumptions is not None and spec.assumptions.concentration_delta is not None and not (
+            est.kind == "zo_spider" and est.variant == "002"):
+        problems.append("assumptions.concentration_delta: only paper 002's clip levels use it")
     return problems
 
 

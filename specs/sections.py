@@ -156,7 +156,39 @@ class ImageFolderSource(Strict):
         return (1 if self.mode == "L" else 3, self.size, self.size)
 
 
-Source = Annotated[Union[SklearnSource, TextSource, FileSource, ImageFolderSource], Field(discriminator="kind")]
+class SyntheticSource(Strict):
+    """Simulated private rows of a problem whose population objective is known exactly, for checking the
+    nonsmooth algorithms against their theorems (build study §6.1). w_linear (P1): rows xi uniform on the
+    sphere of radius ``noise_radius`` in R^dimension, loss f(x; xi) = d^(-1/2) sum_j min(|x_j - 1|, |x_j + 1|)
+    + <xi, x>, so F = E f is 1-Lipschitz away from its kinks, inf F = 0, and every f is (1 + noise_radius)-
+    Lipschitz. Read by ``model.kind: objective``, whose parameters are x, starting at ``start`` in every
+    coordinate. Evaluation (the objective's value and the Goldstein window certificate) is exact and
+    reads no row."""
+
+    kind: Literal["synthetic"]
+    problem: Literal["w_linear"] = "w_linear"
+    dimension: PositiveInt = Field(4, le=4096, description="d: the problem's dimension (= the model's parameters).")
+    rows: int = Field(..., ge=10, le=10_000_000, description="Rows simulated (before the split).")
+    noise_radius: float = Field(0.5, ge=0.0, le=1.0, description="r_xi: the rows' norm.")
+    start: float = Field(0.2, ge=-5.0, le=5.0, description="x_0: every coordinate of the starting point.")
+    data_seed: int = Field(0, ge=0, description="Seed of the simulated rows (fresh data per seed in experiments).")
+
+    @property
+    def name(self) -> str:
+        return f"{self.problem}-d{self.dimension}"
+
+    @property
+    def lipschitz(self) -> float:
+        return 1.0 + self.noise_radius
+
+    @property
+    def initial_gap(self) -> float:
+        """F(x_0) - inf F, exact."""
+        return self.dimension ** 0.5 * min(abs(self.start - 1), abs(self.start + 1))
+
+
+Source = Annotated[Union[SklearnSource, TextSource, FileSource, ImageFolderSource, SyntheticSource],
+                   Field(discriminator="kind")]
 
 
 class _Fractions(Strict):
@@ -322,7 +354,14 @@ class HfModel(Strict):
         return self.name or self.path
 
 
-ModelSpec = Annotated[Union[LinearModel, MlpModel, CnnModel, HfModel], Field(discriminator="kind")]
+class ObjectiveModel(Strict):
+    """The parameter vector of a synthetic problem (``data.source.kind: synthetic``), its per-example loss
+    the problem's own."""
+
+    kind: Literal["objective"]
+
+
+ModelSpec = Annotated[Union[LinearModel, MlpModel, CnnModel, HfModel, ObjectiveModel], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- estimator
@@ -431,9 +470,38 @@ class GepEstimator(Strict):
         return self
 
 
+class ZoSpiderEstimator(Strict):
+    """The variance-reduced zeroth-order oracle of the private nonsmooth algorithms, run with O2NC and the
+    tree mechanism. At each tree period's first step: the smoothed gradient at the query point from
+    ``sampling.start_batch`` rows; after: its difference between consecutive query points from
+    ``step_batch`` fresh rows. Every row gets its own directions on the sphere of radius sqrt(d), lambda =
+    radius / sqrt(d). variant 001 (paper 001, Algorithms 1-2 and 4): d directions per row, central
+    estimate, coupled one-sided difference, every coefficient clipped. variant 002 (paper 002, Algorithm
+    3, directions coupled between the two points of a difference [DEV], as the build study proposes:
+    the paper's independent ones need 1e5-1e8 per row): the per-example vectors clipped in L2."""
+
+    kind: Literal["zo_spider"]
+    variant: Literal["001", "002"]
+    radius: PositiveFloat = Field(..., description="r: the smoothing radius (the guarantee is Goldstein "
+                                  "stationarity at 2r).")
+    start_directions: Union[PositiveInt, Auto] = Field("auto", description="Directions per row at a period's start "
+                                                       "(001: d; 002: m_G = d^2 log(8 d B1 / delta_0)).")
+    directions: Union[PositiveInt, Auto] = Field("auto", description="Directions per row of a difference "
+                                                 "(001: d; 002: m_D = 4 d log(8 d / delta_0)).")
+
+
+class ZoNaiveEstimator(Strict):
+    """Paper 001's baseline (its Appendix E): with O2NC, one row a step, ``directions`` sphere directions per
+    row, each coefficient clipped to mechanism.clip, released with d-dimensional Gaussian noise."""
+
+    kind: Literal["zo_naive"]
+    radius: PositiveFloat
+    directions: PositiveInt = 1
+
+
 EstimatorSpec = Annotated[
     Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator,
-          FirstOrderEstimator, GepEstimator],
+          FirstOrderEstimator, GepEstimator, ZoSpiderEstimator, ZoNaiveEstimator],
     Field(discriminator="kind"),
 ]
 
@@ -443,9 +511,25 @@ class GaussianMechanism(Strict):
     """Per-example clipping to C, then Gaussian noise of std sigma * sensitivity * sqrt(queries)."""
 
     kind: Literal["gaussian"]
-    clip: PositiveFloat
+    clip: Union[PositiveFloat, Auto] = Field(..., description="C; auto only with optimizer.preset theory "
+                                             "(zo_naive: L sqrt(d)).")
     noise_multiplier: Union[PositiveFloat, Auto] = "auto"
 
+
+class TreeAggregationMechanism(Strict):
+    """Tree aggregation (papers 001, 002): each step's increment (a batch mean of per-example clipped
+    estimates) joins a running sum over the period, released with the noise of the Fenwick nodes that
+    cover it, a fresh tree each period. One row changes exactly the nodes over its step, each by at most
+    the node sensitivity Delta = 2 x (per-example bound) / batch; the run is accounted exactly as
+    floor(log2 period) + 1 Gaussian releases of multiplier noise_multiplier = node std / Delta."""
+
+    kind: Literal["tree_aggregation"]
+    clip: Union[PositiveFloat, Auto] = Field("auto", description="Per-example bound at a period's start (001: on "
+                                             "every coefficient, L sqrt(d); 002: on the vector, C_G).")
+    difference_clip: Union[PositiveFloat, Auto] = Field(
+        "auto", description="001: coefficient clip of a difference at a move of r (scaled by |z_t - z_(t-1)| / "
+        "r), L sqrt(d); 002: the vector clip C_Delta of a difference.")
+    noise_multiplier: Union[PositiveFloat, Auto] = "auto"
 
 class NoMechanism(Strict):
     """No clipping and no noise: a non-private run (MeZO with two_point). Labelled not private everywhere."""
@@ -453,7 +537,7 @@ class NoMechanism(Strict):
     kind: Literal["none"]
 
 
-MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism], Field(discriminator="kind")]
+MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism, TreeAggregationMechanism], Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- privacy
@@ -514,7 +598,21 @@ class FullBatchSampling(Strict):
     kind: Literal["full_batch"]
 
 
-SamplingSpec = Annotated[Union[PoissonSampling, FixedSizeSampling, FullBatchSampling], Field(discriminator="kind")]
+class SinglePassSampling(Strict):
+    """Each private row is read at most once, in an order drawn from the seed (no amplification is claimed,
+    so the order needs no secret): ``start_batch`` rows at each tree period's first step, ``step_batch`` at
+    the others (a constant schedule: period 1). Needs privacy.neighboring replace_one (the batches are a
+    fixed partition). A step rerun after a crash reads fresh rows; a period cut short is not read again."""
+
+    kind: Literal["single_pass"]
+    start_batch: Union[PositiveInt, Auto] = Field("auto", description="B1 (001: T + 1; 002: Sigma).")
+    step_batch: PositiveInt = Field(1, description="B2: rows of every other step.")
+    period: Union[PositiveInt, Auto] = Field("auto", description="Steps per tree period (001: T, an epoch; "
+                                             "002: Sigma); 1 with a Gaussian mechanism.")
+
+
+SamplingSpec = Annotated[Union[PoissonSampling, FixedSizeSampling, FullBatchSampling, SinglePassSampling],
+                         Field(discriminator="kind")]
 
 
 def batch_size_of(sampling, n_private: int) -> int:
@@ -523,6 +621,8 @@ def batch_size_of(sampling, n_private: int) -> int:
         return sampling.expected_batch_size
     if sampling.kind == "fixed_size":
         return sampling.batch_size
+    if sampling.kind == "single_pass":
+        return sampling.step_batch
     return n_private
 
 
@@ -567,7 +667,37 @@ class AdamOptimizer(_Schedule):
         return value
 
 
-OptimizerSpec = Annotated[Union[SgdOptimizer, AdamOptimizer], Field(discriminator="kind")]
+class O2ncOptimizer(_Schedule):
+    """O2NC (online-to-nonconvex conversion), as papers 001 and 002 run it: projected online gradient descent
+    on the ball of radius D picks each move, the oracle is queried a public random fraction along it, and
+    the output is the average of the query points of a window drawn from the seed (what the theorems
+    bound). preset theory derives every auto below from the theorems (n, d, the assumptions, the radius
+    and the privacy target); manual takes them as given."""
+
+    kind: Literal["o2nc"]
+    preset: Literal["theory", "manual"] = "theory"
+    step_bound: Union[PositiveFloat, Auto] = Field("auto", description="D: the largest move a step.")
+    lr: Union[PositiveFloat, Auto] = Field("auto", description="eta = D / (G sqrt(W)).")
+    window: Union[PositiveInt, Auto] = Field("auto", description="W: query points averaged into a candidate "
+                                             "output (001: an epoch of T steps; 002: alpha / (4D)).")
+    restart: Union[bool, Auto] = Field("auto", description="Reset the move at each window's start (001's epochs).")
+    target_stationarity: Optional[PositiveFloat] = Field(
+        None, description="With preset theory: refuse a spec whose n cannot reach this bound on the Goldstein "
+        "subgradient norm at 2r by the theorem, naming the n it would need.")
+
+
+OptimizerSpec = Annotated[Union[SgdOptimizer, AdamOptimizer, O2ncOptimizer], Field(discriminator="kind")]
+
+
+class AssumptionsSpec(Strict):
+    """What a theorem assumes of the loss, read only by presets (never by privacy: every per-example value
+    is clipped at these bounds, so privacy holds whatever the loss). A synthetic source fills them."""
+
+    lipschitz: Union[PositiveFloat, Auto] = Field("auto", description="L: every per-example loss is L-Lipschitz.")
+    initial_gap: Union[PositiveFloat, Auto] = Field("auto", description="Phi >= F(x_0) - inf F.")
+    concentration_delta: Optional[Probability] = Field(
+        None, description="delta_0 of paper 002's clip levels (default: privacy.delta / 2); privacy rests on the "
+        "clips, not on it.")
 
 
 # ---------------------------------------------------------------- execution and tracking

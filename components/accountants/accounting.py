@@ -232,6 +232,38 @@ class PrivacyTracker:
         return self.accountant.epsilon(self.event(), self.delta)
 
 
+class TreeTracker(PrivacyTracker):
+    """A single pass with tree aggregation: every row is in one leaf of one period's tree, so after any
+    number of steps the run's event is a worst-case row's, the row at position 1 of a period: J Gaussian
+    releases of the node multiplier (J = floor(log2 period) + 1; fewer while the first period is still
+    under way). ``steps`` counts every step executed, and ``align`` rounds it up to whole periods when a
+    run is rewound: the rows of a period cut short are never read again (SinglePassSampler)."""
+
+    def __init__(self, accountant: Accountant, noise_multiplier: float, period: int, delta: float):
+        from components.mechanisms.tree import tree_event
+
+        super().__init__(accountant, dp_accounting.GaussianDpEvent(noise_multiplier), delta)
+        self.period = int(period)
+        self._tree_event = tree_event
+        self.noise_multiplier = float(noise_multiplier)
+
+    def event(self) -> dp_accounting.DpEvent:
+        if self.steps == 0:
+            return dp_accounting.NoOpDpEvent()
+        return self._tree_event(self.noise_multiplier, min(self.steps, self.period))
+
+    def align(self) -> None:
+        self.steps = -(-self.steps // self.period) * self.period
+
+
+class OncePerRowTracker(PrivacyTracker):
+    """A single pass with one Gaussian release per step: every row is in exactly one release, so the run's
+    event is that one Gaussian however many steps ran (parallel composition over disjoint batches)."""
+
+    def event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.NoOpDpEvent() if self.steps == 0 else self.step_event
+
+
 # ------------------------------------------------------------------ serialisation (closed registry)
 _EVENT_TYPES: Dict[str, type] = {
     cls.__name__: cls

@@ -138,8 +138,71 @@ class FullBatchSampler(_Sampler):
     event_phrase = "one Gaussian per step on the full batch (no subsampling)"
 
 
+class SinglePassSampler:
+    """Each private row is read at most once: a single pass in an order drawn from the public seed. Batches
+    come in periods (the tree mechanism's): ``start_batch`` rows at a period's first step, ``step_batch``
+    at each other; a constant schedule is a period of one step.
+
+    No amplification by subsampling is claimed (each row's privacy comes from the noise on the releases it
+    is in), so the order needs no secrecy, and drawing it from the seed lets a resumed run find its place.
+    Which rows a step reads is a function of how many private steps were ever executed (``spent``), not
+    of the step number: a run rewound to a period boundary, or resumed after a crash, reads fresh rows for
+    every step it runs again. A period whose steps were discarded is burned whole (the privacy tracker
+    rounds ``spent`` up), so no row is ever in two of a run's trees."""
+
+    kind = "single_pass"
+    rate = 1.0  # every row is used (once); nothing is subsampled
+
+    def __init__(self, n: int, start_batch: int, step_batch: int, period: int, seed: int):
+        from components.randomness import STREAM_PASS, public_seed
+
+        if not (start_batch >= 1 and step_batch >= 1 and period >= 1):
+            raise ValueError("sampling: start_batch, step_batch and period must be >= 1")
+        if n is None or n < start_batch:
+            raise ValueError(f"sampling.start_batch: {start_batch} rows, more than the {n} private rows")
+        self.n = self.rows = n
+        self.start_batch, self.step_batch, self.period = int(start_batch), int(step_batch), int(period)
+        self.expected_batch_size = self.step_batch
+        self.block = self.start_batch + (self.period - 1) * self.step_batch  # rows a period reads
+        gen = torch.Generator().manual_seed(public_seed(seed, STREAM_PASS))
+        self._order = torch.randperm(n, generator=gen)
+
+    def use_generator(self, generator) -> None:
+        pass  # draws nothing private
+
+    def batch_at(self, step: int) -> int:
+        return self.start_batch if step % self.period == 0 else self.step_batch
+
+    def rows_for(self, steps: int) -> int:
+        """Rows that ``steps`` steps from a period boundary read."""
+        full, rest = divmod(steps, self.period)
+        return full * self.block + (0 if rest == 0 else self.start_batch + (rest - 1) * self.step_batch)
+
+    def sample_at(self, step: int, spent: int) -> torch.Tensor:
+        """Step ``step``'s rows when ``spent`` private steps were executed before it (at a period's start
+        ``spent`` is a whole number of periods)."""
+        position = step % self.period
+        start = (spent - position) // self.period * self.block + self.rows_for(position)
+        size = self.batch_at(step)
+        if start + size > self.n:
+            raise RuntimeError(f"single pass: step {step} needs rows {start}..{start + size} of {self.n}; the pass "
+                               "is used up (steps discarded by retries burn their period's rows)")
+        return self._order[start:start + size].sort().values
+
+    def wrap(self, event: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
+        return event  # accounted by the tree's (or the once-per-row Gaussian's) event, not per step
+
+    def describe(self) -> str:
+        if self.period == 1:
+            return f"single pass, {self.step_batch} fresh rows a step, each of the {self.n} private rows used at most once"
+        return (f"single pass, {self.start_batch} rows at each period start and {self.step_batch} at its other "
+                f"{self.period - 1} steps, each of the {self.n} private rows used at most once")
+
+    event_phrase = "each row in one period of one tree"
+
+
 def build_sampler(sampling, n: Optional[int], generator: Optional[torch.Generator] = None, *,
-                  rows: Optional[int] = None) -> _Sampler:
+                  rows: Optional[int] = None, seed: int = 0) -> _Sampler:
     """The sampler of a spec's ``sampling`` section over ``n`` private rows. ``rows``: the public row count
     Poisson's rate is taken from (the declared number of private rows; default ``n``, which is public only
     under replace-one neighbours or in a non-private run). Without a generator it can only describe and
@@ -150,4 +213,6 @@ def build_sampler(sampling, n: Optional[int], generator: Optional[torch.Generato
         return FixedSizeSampler(n, sampling.batch_size, generator)
     if sampling.kind == "full_batch":
         return FullBatchSampler(n)
-    raise ValueError(f"sampling.kind: unknown {sampling.kind!r}; allowed: poisson, fixed_size, full_batch")
+    if sampling.kind == "single_pass":
+        return SinglePassSampler(n, sampling.start_batch, sampling.step_batch, sampling.period, seed)
+    raise ValueError(f"sampling.kind: unknown {sampling.kind!r}; allowed: poisson, fixed_size, full_batch, single_pass")

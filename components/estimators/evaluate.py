@@ -12,6 +12,7 @@ and the loop stops on the non-finite release.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Tuple
 
@@ -25,9 +26,11 @@ from components.estimators.queries import (
     FiniteDifferences,
     LossValues,
     PerExampleGradients,
+    PerExampleSphere,
     Query,
     VectorFiniteDifferences,
 )
+from components.randomness import public_seed
 
 
 @torch.inference_mode()
@@ -223,6 +226,72 @@ def embedded_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: t
     return w_sum, tuple(out)
 
 
+def example_directions(seed: int, slot: int, count: int, dimension: int) -> torch.Tensor:
+    """[count, dimension] float64 directions uniform on the sphere of radius sqrt(dimension), the ones of
+    the example in ``slot`` of a step's batch: drawn on the CPU from public_seed(seed, slot), so every
+    device and every worker draws the same ones."""
+    gen = torch.Generator().manual_seed(public_seed(seed, slot))
+    g = torch.randn(count, dimension, generator=gen, dtype=torch.float64)
+    return g * (math.sqrt(dimension) / torch.linalg.vector_norm(g, dim=1, keepdim=True))
+
+
+# a sphere query evaluates its points for about this many bytes of them at a time
+SPHERE_POINT_BYTES = 64 * 2**20
+
+
+def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                query: PerExampleSphere) -> Tuple[torch.Tensor, ...]:
+    """sum_i clip(g_i) of a PerExampleSphere query, one float64 tensor per parameter. Each example's loss
+    is evaluated at its own perturbed points through torch.func (vmap over examples and directions of a
+    functional call), so no model copy is made; clipping follows the query's mode, a non-finite
+    coefficient counting as 0 in scalar mode and a non-finite g_i as nothing in vector mode."""
+    wrapped = _LossOf(model, loss)
+    names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
+    keys = [names[id(p)] for p in params]
+    shapes = [p.shape for p in params]
+    sizes = [p.numel() for p in params]
+    dtype, device = params[0].dtype, params[0].device
+    d = sum(sizes)
+    m = query.directions
+    lam = query.smoothing
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    other = None if query.offset is None else flat + torch.cat(
+        [t.detach().reshape(-1).to(device=device, dtype=dtype) for t in query.offset])
+
+    def loss_at(point, xi, yi):
+        weights = {k: t.view(s) for k, t, s in zip(keys, torch.split(point, sizes), shapes)}
+        return functional_call(wrapped, weights, (xi.unsqueeze(0), yi.unsqueeze(0))).sum()
+
+    values = vmap(vmap(loss_at, in_dims=(0, None, None)), in_dims=(0, 0, 0))
+    total = torch.zeros(d, dtype=torch.float64, device=device)
+    points = 4 if query.kind == "central_difference" else 2
+    chunk = max(1, SPHERE_POINT_BYTES // max(1, points * m * d * flat.element_size()))
+    for start in range(0, len(y), chunk):
+        xs, ys = x[start:start + chunk], y[start:start + chunk]
+        u = torch.stack([example_directions(query.seed, query.first_slot + start + i, m, d)
+                         for i in range(len(ys))]).to(device)  # [b, m, d] float64
+        step = (lam * u).to(dtype)
+
+        def at(base, sign=1.0):
+            return values(base + sign * step, xs, ys).double()
+
+        with torch.inference_mode():
+            if query.kind == "central":
+                c = (at(flat) - at(flat, -1.0)) / (2 * lam)
+            elif query.kind == "one_sided_difference":
+                c = (at(flat) - at(other)) / lam
+            else:
+                c = ((at(flat) - at(flat, -1.0)) - (at(other) - at(other, -1.0))) / (2 * lam)
+        if query.clip_mode == "scalar" and not math.isinf(query.clip):
+            c = torch.nan_to_num(c, nan=0.0).clamp(-query.clip, query.clip)
+        g = torch.einsum("bm,bmd->bd", c, u) / m
+        if query.clip_mode == "vector" and not math.isinf(query.clip):
+            factors = _clip_factors(torch.linalg.vector_norm(g, dim=1), query.clip)
+            g = _finite_rows(g, factors) * factors[:, None]
+        total += g.sum(dim=0)
+    return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
+
+
 def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
                    clip: float):
     """The only thing a backend returns for a query: clipped per-example sums (or clipped-vector
@@ -230,13 +299,17 @@ def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tens
     ``clip = inf`` means no clipping (MeZO)."""
     if len(y) == 0:  # an empty Poisson batch: every sum is zero (some models cannot run on no rows)
         zeros = tuple(torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in directions.params)
-        if isinstance(query, PerExampleGradients):
+        if isinstance(query, (PerExampleGradients, PerExampleSphere)):
             return zeros
         if isinstance(query, EmbeddedGradients):
             return torch.zeros(query.basis.shape[0], dtype=torch.float64, device=query.basis.device), zeros
         return torch.zeros(query.size, dtype=torch.float64, device=directions.params[0].device)
     if isinstance(query, PerExampleGradients):
         return clipped_gradient_sum(model, directions.params, loss, x, y, clip)
+    if isinstance(query, PerExampleSphere):
+        if math.isinf(clip):  # no mechanism (a non-private twin): nothing is clipped
+            query = dataclasses.replace(query, clip=math.inf)
+        return sphere_sums(model, directions.params, loss, x, y, query)
     if isinstance(query, EmbeddedGradients):
         return embedded_gradient_sums(model, directions.params, loss, x, y, query.basis, clip, query.residual_clip)
     values = per_example_values(model, directions, loss, x, y, query)

@@ -8,7 +8,8 @@ returns only the sums.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple, Union
+import math
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -97,10 +98,56 @@ class EmbeddedGradients:
         return 1
 
 
-Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients]
+SPHERE_KINDS = ("central", "one_sided_difference", "central_difference")
+
+
+@dataclass(frozen=True, eq=False)
+class PerExampleSphere:
+    """The nonsmooth algorithms' oracles (papers 001 and 002): every example gets its own ``directions``
+    directions u_ij on the sphere of radius sqrt(d), drawn from public_seed(seed, slot) where slot is the
+    example's place in the step's batch (``first_slot`` onward: a worker holding part of the batch draws
+    the same directions as one process holding all of it). Per example i, with lambda = ``smoothing``, p the
+    parameters and q = p + ``offset`` (the previous query point):
+
+        central:              c_ij = (f(p + lambda u) - f(p - lambda u)) / (2 lambda)        (001 GRAD, 002 start)
+        one_sided_difference: c_ij = (f(p + lambda u) - f(q + lambda u)) / lambda            (001 DIFF)
+        central_difference:   c_ij = central at p - central at q, same u                     (002 coupled difference)
+
+    and g_i = (1/m) sum_j c_ij u_ij. ``clip_mode`` scalar clamps every c_ij to +-clip (so |g_i| <= clip
+    sqrt(d)); vector clips g_i to L2 norm clip. The backend returns the sum of the g_i, one tensor per
+    parameter, float64: a d-dimensional release."""
+
+    kind: str
+    directions: int
+    seed: int
+    smoothing: float
+    clip_mode: str
+    clip: float
+    offset: Optional[Tuple[torch.Tensor, ...]] = None
+    first_slot: int = 0
+
+    def __post_init__(self):
+        if self.kind not in SPHERE_KINDS:
+            raise ValueError(f"sphere query: unknown kind {self.kind!r}; allowed: {', '.join(SPHERE_KINDS)}")
+        if self.clip_mode not in ("scalar", "vector"):
+            raise ValueError(f"sphere query: clip_mode {self.clip_mode!r}; allowed: scalar, vector")
+        if (self.offset is None) != (self.kind == "central"):
+            raise ValueError("sphere query: a difference needs the offset to the previous point, central none")
+
+    @property
+    def size(self) -> int:
+        return 1
+
+    def vector_bound(self, dimension: int) -> float:
+        """The most one example's g_i can measure in L2."""
+        return self.clip * math.sqrt(dimension) if self.clip_mode == "scalar" else self.clip
+
+
+Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients,
+              PerExampleSphere]
 
 # queries released as one d-dimensional vector (a single Gaussian query of L2 sensitivity = clip)
-DENSE_QUERIES = (VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients)
+DENSE_QUERIES = (VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients, PerExampleSphere)
 
 
 @dataclass(frozen=True, eq=False)

@@ -99,6 +99,10 @@ class TreeAggregation:
     its exactness argument (sums of grid points) has not been made for prefixes of many nodes."""
 
     private = True
+    # what the backend is told to clip with: a tree's queries carry their own clips (checked at the door
+    # against ``sensitivity``), so this only needs to be finite
+    clip = 1.0
+    noise_source = "fast"
 
     def __init__(self, period: int, noise_multiplier: float, sensitivity: float, generator: torch.Generator):
         tree_depth(period)
@@ -145,8 +149,55 @@ class TreeAggregation:
             self._position, self._sum, self._live = 0, None, {}
         return released
 
+    def reset(self) -> None:
+        """Drop the current period's un-noised sum and live noise (a run rewound to a period boundary
+        starts a fresh tree; the rows of the aborted period are not read again)."""
+        self._position, self._sum, self._live = 0, None, {}
+
+    def use_generator(self, generator: torch.Generator) -> None:
+        self._generator = generator
+        self.noise_source = "seeded"
+
     def event(self, passes: int = 1) -> dp_accounting.DpEvent:
         return tree_event(self.noise_multiplier, self.period, passes)
+
+
+class NoiselessTree:
+    """The running sums of a period's increments with no noise and no clipping: the non-private twin of a
+    tree run (mechanism none), for measuring what the noise costs."""
+
+    private = False
+    clip = math.inf
+    std = 0.0
+
+    def __init__(self, period: int):
+        tree_depth(period)
+        self.period = period
+        self._position = 0
+        self._sum: Optional[List[torch.Tensor]] = None
+
+    @property
+    def at_boundary(self) -> bool:
+        return self._position == 0
+
+    def add(self, increment: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        increment = [t.detach().to(torch.float64) for t in increment]
+        if self._position == 0:
+            self._sum = [torch.zeros_like(t) for t in increment]
+        for s, t in zip(self._sum, increment):
+            s.add_(t)
+        released = [s.clone() for s in self._sum]
+        self._position = 0 if self._position + 1 == self.period else self._position + 1
+        return released
+
+    def reset(self) -> None:
+        self._position, self._sum = 0, None
+
+    def use_generator(self, generator) -> None:
+        pass
+
+    def step_event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.NonPrivateDpEvent()
 
 
 def released_nodes(releases: Sequence[np.ndarray]) -> List[np.ndarray]:

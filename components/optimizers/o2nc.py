@@ -24,7 +24,7 @@ function of x_0, public randomness and earlier releases), as is the running sum 
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ from components.optimizers.sgd import gradient_into
 
 class O2nc:
     def __init__(self, directions: Directions, step_bound: float, lr: float, window: int, steps: int, seed: int,
-                 restart_every: Optional[int] = None):
+                 restart_every: Optional[int] = None,
+                 smoothed_gradient: Optional[Callable[[np.ndarray], np.ndarray]] = None):
         if not (step_bound > 0 and math.isfinite(step_bound)):
             raise ValueError(f"optimizer.step_bound: {step_bound} must be a finite number > 0")
         if not (lr > 0 and math.isfinite(lr)):
@@ -60,6 +61,12 @@ class O2nc:
         self._x = [p.detach().clone() for p in params]  # x_(t-1): where the current move started
         self._delta = [torch.zeros_like(p) for p in params]  # Delta_t (Delta_1 = 0: z_1 = x_0)
         self._window_sum = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+        self._previous: Optional[List[torch.Tensor]] = None  # z_(t-1), for the oracle's difference
+        # the window certificate (a synthetic problem's exact smoothed gradient at every query point): the
+        # current window's sum of grad F_r, and Gamma_k of every window completed
+        self._smoothed_gradient = smoothed_gradient
+        self._certificate_sum: Optional[np.ndarray] = None
+        self.certificates: List[float] = []
         self.step = 0  # gradients applied so far; the parameters hold z_(step + 1)
         self._add_query_point()  # z_1 = x_0
         self._advance_iterate()
@@ -76,6 +83,24 @@ class O2nc:
         if self._window_of(t) == self.output_window:
             for acc, p in zip(self._window_sum, self.directions.params):
                 acc.add_(p.detach().double())
+        if self._smoothed_gradient is not None and t <= self.windows * self.window:
+            point = np.concatenate([p.detach().double().cpu().numpy().ravel() for p in self.directions.params])
+            gradient = self._smoothed_gradient(point)
+            self._certificate_sum = gradient if (t - 1) % self.window == 0 else self._certificate_sum + gradient
+            if t % self.window == 0:
+                self.certificates.append(float(np.linalg.norm(self._certificate_sum / self.window)))
+
+    def certificate(self) -> Optional[float]:
+        """The mean of Gamma_k over the windows completed so far: an upper bound, in expectation over the
+        output window k*, on the Goldstein subgradient norm of the population objective at 2r around the
+        output (None without an exact oracle or before a window completes)."""
+        return float(np.mean(self.certificates)) if self.certificates else None
+
+    def offset_to_previous(self) -> Optional[List[torch.Tensor]]:
+        """z_(t-1) - z_t, the previous query point from the one the parameters hold (None at the first)."""
+        if self._previous is None:
+            return None
+        return [q - p.detach() for q, p in zip(self._previous, self.directions.params)]
 
     def _advance_iterate(self) -> None:
         """x_(t-1) + Delta_t becomes the start of the next move."""
@@ -97,6 +122,7 @@ class O2nc:
         factor = 1.0 if norm <= self.step_bound else self.step_bound / norm
         self._delta = [m * factor for m in moved]
         s = self._fraction(t)
+        self._previous = [p.detach().clone() for p in params]
         for p, x, d in zip(params, self._x, self._delta):
             p.copy_(x + s * d)
         self._add_query_point()
@@ -117,7 +143,11 @@ class O2nc:
     def state_dict(self) -> dict:
         return {"x": [x.clone() for x in self._x], "delta": [d.clone() for d in self._delta],
                 "window_sum": [w.clone() for w in self._window_sum], "step": self.step,
-                "output_window": self.output_window}
+                "output_window": self.output_window,
+                "previous": None if self._previous is None else [q.clone() for q in self._previous],
+                "certificates": list(self.certificates),
+                "certificate_sum": None if self._certificate_sum is None else torch.from_numpy(
+                    np.array(self._certificate_sum))}
 
     def load_state_dict(self, state: dict) -> None:
         params = self.directions.params
@@ -130,3 +160,8 @@ class O2nc:
         self._window_sum = moved(state["window_sum"], params, torch.float64)
         self.step = int(state["step"])
         self.output_window = int(state["output_window"])
+        previous = state.get("previous")
+        self._previous = None if previous is None else moved(previous, params)
+        self.certificates = [float(c) for c in state.get("certificates", [])]
+        total = state.get("certificate_sum")
+        self._certificate_sum = None if total is None else total.numpy().copy()

@@ -15,6 +15,7 @@ from components.estimators.queries import (
     DENSE_QUERIES,
     EmbeddedGradients,
     PerExampleGradients,
+    PerExampleSphere,
     VectorFiniteDifferences,
 )
 
@@ -55,7 +56,8 @@ class StepContext:
         self.step = loop.step
         self.seed = loop.seed
         self.public = loop.public
-        self.batch_normaliser = float(loop.sampler.expected_batch_size)
+        batch_at = getattr(loop.sampler, "batch_at", None)  # a single pass's scheduled (public) batch sizes
+        self.batch_normaliser = float(loop.sampler.expected_batch_size if batch_at is None else batch_at(loop.step))
         self._loop = loop
         self._indices = indices
         self.used = 0
@@ -68,12 +70,14 @@ class StepContext:
             raise PrivacyBudgetError(
                 f"{loop.estimator.name}: {self.used + size} noisy queries in step {self.step}, "
                 f"declared {loop.estimator.queries_per_step}")
+        if isinstance(query, PerExampleSphere):
+            self._check_bound(query, loop.mechanism.clip)
         sums = loop.backend.query(query, self._indices, loop.mechanism.clip)
         if self.used == 0:
             # recorded before any release exists, so a crash never leaves a release unaccounted
             loop.tracker.record_step()
         self.used += size
-        if isinstance(query, PerExampleGradients):
+        if isinstance(query, (PerExampleGradients, PerExampleSphere)):
             return self._finite(loop.mechanism.release_dense(list(sums)))
         if isinstance(query, EmbeddedGradients):
             embedding, residual = sums
@@ -89,6 +93,40 @@ class StepContext:
         noisy = self._finite(loop.mechanism.release(sums))
         self.released.extend(float(v) for v in noisy)
         return noisy
+
+    def _check_bound(self, query: PerExampleSphere, bound: float) -> None:
+        """A sphere query's per-example bound may not exceed what its mechanism was calibrated for."""
+        own = query.vector_bound(self._loop.backend.directions.dim)
+        if own > bound * (1 + 1e-9):
+            raise PrivacyBudgetError(f"{self._loop.estimator.name}: step {self.step} asks for per-example vectors up "
+                                     f"to {own:.6g}, above the {bound:.6g} its mechanism is calibrated for")
+
+    def release_increment(self, query: PerExampleSphere):
+        """The tree door (O2NC with a variance-reduced oracle): the batch mean of the query's clipped per-example
+        vectors is this step's increment; the tree-aggregation mechanism keeps the period's un-noised
+        running sum and returns only that sum plus tree noise. One increment a step."""
+        loop = self._loop
+        if self.used + 1 > loop.estimator.queries_per_step:
+            raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + 1} noisy queries in step {self.step}, "
+                                     f"declared {loop.estimator.queries_per_step}")
+        mechanism = loop.mechanism
+        if mechanism.private:
+            # replace-one: one row moves a batch mean by at most twice its bound over the batch
+            self._check_bound(query, mechanism.sensitivity * self.batch_normaliser / 2.0)
+        sums = loop.backend.query(query, self._indices, mechanism.clip)
+        if self.used == 0:
+            loop.tracker.record_step()  # before the release exists
+        self.used += 1
+        released = mechanism.add([t / self.batch_normaliser for t in sums])
+        params = loop.backend.directions.params
+        return self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
+
+    def offset_to_previous(self):
+        """z_(t-1) - z_t: the previous query point relative to this one (O2NC's public geometry)."""
+        offset = self._loop.backend.optimizer.offset_to_previous()
+        if offset is None:
+            raise ValueError(f"{self._loop.estimator.name}: step {self.step} has no previous query point")
+        return offset
 
     def _finite(self, released):
         """``released``, once checked finite. Clipped sums plus noise always are; without clipping
@@ -118,7 +156,9 @@ class PrivateLoop:
 
     def run(self, until: int, on_step: Optional[Callable[[int], None]] = None) -> None:
         while self.step < until:
-            indices = self.sampler.sample()
+            sample_at = getattr(self.sampler, "sample_at", None)
+            # a single pass reads fresh rows for every step ever executed (discarded ones included)
+            indices = self.sampler.sample() if sample_at is None else sample_at(self.step, self.tracker.steps)
             ctx = StepContext(self, indices)
             seeds = self.estimator.direction_seeds(self.step, self.seed)
             ahead = self.estimator.direction_seeds(self.step + 1, self.seed)  # public: may be drawn early
@@ -175,6 +215,13 @@ class PrivateLoop:
         self.released = [(int(step), tuple(values)) for step, values in state["released"]]
         if restore_privacy_steps:
             self.tracker.steps = int(state["privacy_steps"])
+        # a tree run goes back to a period boundary: a fresh tree, and the aborted period's rows stay used
+        reset = getattr(self.mechanism, "reset", None)
+        if reset is not None:
+            reset()
+        align = getattr(self.tracker, "align", None)
+        if align is not None:
+            align()
         sync = getattr(self.backend, "sync", None)
         if sync is not None:
             sync()  # remote replicas continue from the restored parameters

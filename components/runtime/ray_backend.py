@@ -10,6 +10,7 @@ query in flight is asked again - no release has happened for it yet, so nothing 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Dict, List, Optional
 
@@ -23,6 +24,7 @@ from components.estimators.queries import (
     FiniteDifferences,
     LossValues,
     PerExampleGradients,
+    PerExampleSphere,
     Query,
     Seeded,
     Update,
@@ -69,8 +71,8 @@ class ReplicaWorker:
         # cache mode: the step's directions are drawn once, for its queries and its update
         self._enter(seeds if seeds is not None else seeds_of(query))
         sums = self.backend.query(query, torch.as_tensor(indices, dtype=torch.long), clip)
-        if isinstance(query, PerExampleGradients):
-            return [t.cpu() for t in sums]  # one clipped-gradient sum per parameter tensor
+        if isinstance(query, (PerExampleGradients, PerExampleSphere)):
+            return [t.cpu() for t in sums]  # one clipped sum per parameter tensor
         if isinstance(query, EmbeddedGradients):
             embedding, residual = sums
             return embedding.cpu(), [t.cpu() for t in residual]
@@ -125,6 +127,8 @@ def decode_query(message) -> Query:
 
 
 def seeds_of(query: Query) -> tuple:
+    if isinstance(query, PerExampleSphere):
+        return ()  # per-example directions, drawn with the rows
     return tuple(d.seed for d in getattr(query, "directions", ()) if isinstance(d, Seeded))
 
 
@@ -210,6 +214,11 @@ class RayBackend:
                 jobs.append((w, sub, indices))
             return jobs, "concat"
         chunks = np.array_split(indices, n)
+        if isinstance(query, PerExampleSphere):
+            # each row keeps the directions of its place in the whole batch, whichever worker holds it
+            starts = np.cumsum([0] + [len(c) for c in chunks[:-1]])
+            return [(w, dataclasses.replace(query, first_slot=query.first_slot + int(start)), chunk)
+                    for w, (start, chunk) in enumerate(zip(starts, chunks))], "sum"
         return [(w, query, chunk) for w, chunk in enumerate(chunks)], "sum"
 
     def query(self, query: Query, indices: torch.Tensor, clip: float) -> torch.Tensor:
@@ -225,7 +234,7 @@ class RayBackend:
         else:
             raise RuntimeError("ray backend: workers kept dying; no value was released for this step")
         params = self.local.directions.params
-        if isinstance(query, PerExampleGradients):
+        if isinstance(query, (PerExampleGradients, PerExampleSphere)):
             return tuple(sum(parts).to(device=p.device) for parts, p in zip(zip(*results), params))
         if isinstance(query, EmbeddedGradients):
             embedding = sum(e for e, _ in results).to(device=query.basis.device)

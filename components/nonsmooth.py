@@ -1,0 +1,163 @@
+"""Planning the private nonsmooth runs (O2NC with zo_spider or zo_naive): the theory preset's settings,
+the node sensitivity the door checks every release against, the calibrated noise and the learning rate.
+
+Everything here reads public values only: n (public under replace-one, the relation these runs require),
+the model's dimension, the spec's assumptions and the privacy target. The noise is calibrated by
+dp-accounting on the run's own event (the tree's J node releases, or 001's baseline's one Gaussian per
+row), never taken from the papers' conversions.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+from components import presets
+from components.presets import Schedule
+
+
+def assumptions_of(spec) -> Tuple[float, float]:
+    """(L, Phi): the spec's assumptions, or a synthetic problem's own exact ones."""
+    source = spec.data.source
+    given = spec.assumptions
+    lipschitz = None if given is None or given.lipschitz == "auto" else float(given.lipschitz)
+    gap = None if given is None or given.initial_gap == "auto" else float(given.initial_gap)
+    if source.kind == "synthetic":
+        lipschitz = source.lipschitz if lipschitz is None else lipschitz
+        gap = source.initial_gap if gap is None else gap
+    if lipschitz is None or gap is None:
+        raise ValueError("assumptions: preset theory needs lipschitz and initial_gap")
+    return lipschitz, gap
+
+
+def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[float]) -> Schedule:
+    est = spec.estimator
+    lipschitz, gap = assumptions_of(spec)
+    if est.kind == "zo_naive":
+        return presets.preset_001_naive(n, d, lipschitz, gap, est.radius, mu)
+    if est.variant == "001":
+        return presets.preset_001(n, d, lipschitz, gap, est.radius, mu)
+    given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
+    delta0 = given or (delta / 2 if delta is not None else 1e-6)
+    return presets.preset_002(n, d, lipschitz, gap, est.radius, epsilon, delta0)
+
+
+def _manual(spec, d: int) -> Schedule:
+    """The spec's own settings as a Schedule (preset manual: nothing is auto)."""
+    est, opt, sampling, mech = spec.estimator, spec.optimizer, spec.sampling, spec.mechanism
+    naive = est.kind == "zo_naive"
+    clip = getattr(mech, "clip", math.inf)
+    return Schedule("001_naive" if naive else est.variant, steps=opt.steps, window=opt.window,
+                    period=1 if naive else sampling.period, start_batch=sampling.start_batch,
+                    step_batch=sampling.step_batch, step_bound=opt.step_bound,
+                    start_directions=est.directions if naive else est.start_directions, directions=est.directions,
+                    clip_mode="scalar" if naive or est.variant == "001" else "vector", start_clip=clip,
+                    difference_clip=clip if naive else getattr(mech, "difference_clip", math.inf),
+                    restart=opt.restart, radius=est.radius, rows_used=0, predicted=math.nan)
+
+
+def node_sensitivity(spec, d: int) -> float:
+    """Delta_max of a resolved tree spec: twice (replace-one) the most one row moves an increment."""
+    est, mech, sampling = spec.estimator, spec.mechanism, spec.sampling
+    scale = math.sqrt(d) if est.variant == "001" else 1.0
+    start = mech.clip * scale / sampling.start_batch
+    difference = mech.difference_clip * scale / sampling.step_batch
+    if est.variant == "001":  # the coefficient clip follows the move, at most 2D
+        difference *= 2 * spec.optimizer.step_bound / est.radius
+    return 2.0 * max(start, difference)
+
+
+def _filled(spec, schedule: Schedule) -> Dict[str, Dict[str, Any]]:
+    """The preset's values for every field the spec left auto."""
+    est, opt, sampling, mech = spec.estimator, spec.optimizer, spec.sampling, spec.mechanism
+    out: Dict[str, Dict[str, Any]] = {"optimizer": {}, "sampling": {}, "estimator": {}, "mechanism": {}}
+
+    def fill(section, obj, field, value):
+        if getattr(obj, field, None) == "auto":
+            out[section][field] = value
+
+    fill("optimizer", opt, "step_bound", schedule.step_bound)
+    fill("optimizer", opt, "window", schedule.window)
+    fill("optimizer", opt, "restart", schedule.restart)
+    fill("optimizer", opt, "steps", schedule.steps)
+    fill("sampling", sampling, "start_batch", schedule.start_batch)
+    fill("sampling", sampling, "period", schedule.period)
+    if est.kind == "zo_spider":
+        fill("estimator", est, "start_directions", schedule.start_directions)
+        fill("estimator", est, "directions", schedule.directions)
+    fill("mechanism", mech, "clip", schedule.start_clip)
+    fill("mechanism", mech, "difference_clip", schedule.difference_clip)
+    return out
+
+
+def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
+    """(resolved spec, sampling rate 1.0, planned epsilon) of an O2NC run; refuses in one line a spec whose
+    rows cannot carry its schedule or reach its target."""
+    from components import builders
+
+    source = spec.data.source
+    d = dimension if dimension is not None else (source.dimension if source.kind == "synthetic" else None)
+    if d is None:
+        raise ValueError("optimizer.kind: o2nc needs the model's dimension to plan (pass the data)")
+    n = spec.public_rows(n_private)
+    private = spec.mechanism.kind != "none"
+    delta = spec.delta_for(n_private) if spec.privacy is not None else None
+    epsilon = float(spec.privacy.epsilon) if spec.privacy is not None else math.inf
+    mu = presets.gdp_mu(epsilon, delta) if private else math.inf
+    opt = spec.optimizer
+    schedule = _theory(spec, n, d, epsilon, mu, delta) if opt.preset == "theory" else None
+    if schedule is not None and opt.target_stationarity is not None and schedule.predicted > opt.target_stationarity:
+        need = presets.rows_for_target(lambda rows: _theory(spec, rows, d, epsilon, mu, delta).predicted
+                                       if _fits(spec, rows, d, epsilon, mu, delta) else math.inf,
+                                       opt.target_stationarity, n)
+        raise ValueError(f"optimizer.target_stationarity: {opt.target_stationarity:g} needs about {need} private rows "
+                         f"by the theorem; {n} reach {schedule.predicted:.3g}")
+    filled = _filled(spec, schedule) if schedule is not None else {}
+    # every setting but the noise and eta, which are derived from the others next
+    placeholder = {**filled, "optimizer": {**filled.get("optimizer", {}), **({"lr": 1.0} if opt.lr == "auto" else {})}}
+    partial = spec.resolved(n_private=n_private, noise_multiplier=1.0 if private else None, filled=placeholder)
+    sampler = builders.spec_sampler(partial, n)
+    need_rows = sampler.rows_for(partial.optimizer.steps)
+    if need_rows > n:
+        raise ValueError(f"optimizer.steps: {partial.optimizer.steps} steps of this schedule read {need_rows} rows, "
+                         f"more than the {n} private rows (each is read once)")
+    if partial.optimizer.window > partial.optimizer.steps:
+        raise ValueError(f"optimizer.window: {partial.optimizer.window} is more than the {partial.optimizer.steps} steps")
+    sigma = None
+    if private:
+        sigma = spec.mechanism.noise_multiplier
+        if sigma == "auto":
+            sigma = builders.accountant(partial).calibrate(lambda z: builders.planned_event(partial, n, z), epsilon,
+                                                           float(delta))
+        sigma = float(sigma)
+    lr = opt.lr
+    if lr == "auto":
+        resolved_schedule = _manual(partial, d)
+        lipschitz, _ = assumptions_of(spec)
+        lr = presets.learning_rate(resolved_schedule, d, lipschitz, _node_std(partial, d, sigma))
+    final = spec.resolved(n_private=n_private, noise_multiplier=sigma,
+                          filled={**filled, "optimizer": {**filled.get("optimizer", {}), "lr": float(lr)}})
+    if not private:
+        return final, 1.0, math.inf
+    eps = builders.accountant(final).epsilon(builders.planned_event(final, n, sigma), float(final.privacy.delta))
+    if eps > epsilon * (1 + 1e-9):
+        raise ValueError(f"mechanism.noise_multiplier: {sigma} gives epsilon {eps:.4g} > privacy.epsilon {epsilon}; "
+                         "use noise_multiplier: auto or raise it")
+    return final, 1.0, eps
+
+
+def _fits(spec, rows, d, epsilon, mu, delta) -> bool:
+    try:
+        _theory(spec, rows, d, epsilon, mu, delta)
+        return True
+    except ValueError:
+        return False
+
+
+def _node_std(spec, d: int, sigma: Optional[float]) -> float:
+    """The std of the noise on a released gradient estimate (a tree node, or the baseline's Gaussian over
+    its batch): sigma x Delta."""
+    if sigma is None:
+        return 0.0
+    if spec.estimator.kind == "zo_spider":
+        return sigma * node_sensitivity(spec, d)
+    return sigma * 2.0 * spec.mechanism.clip * math.sqrt(d) / spec.sampling.step_batch

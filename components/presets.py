@@ -1,0 +1,232 @@
+"""``optimizer.preset: theory``: hyperparameters of the private nonsmooth algorithms from their theorems.
+
+Pure Python (no torch). Inputs are public: the number of private rows n (public under replace-one, the
+only relation these algorithms run under), the dimension d, the spec's ``assumptions`` (Lipschitz constant
+L, initial gap Phi), the smoothing radius r and the privacy target, as mu, the GDP parameter that is
+exactly (epsilon, delta)-DP. Formulas are build study §2.5 (paper 001, Theorem 4.9, with the node count
+J = floor(log2 T) + 1 in place of 2 ln T), §2.3 (001's Appendix E baseline, its sigma corrected to the
+replace-one sensitivity 2dL/B) and §3.3 (paper 002, Theorem 3.1, with coupled directions). Constants the
+papers hide in O(.) are 1. The noise itself is never taken from these formulas: privzo calibrates the
+node multiplier on the run's exact DpEvent; ``lr`` then takes the calibrated node std.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Callable, Optional
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """mu such that a mu-GDP mechanism (Gaussian of multiplier 1/mu) is exactly (epsilon, delta)-DP."""
+    cdf = NormalDist().cdf
+
+    def excess(mu):
+        return cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * cdf(-epsilon / mu - mu / 2) - delta
+
+    lo, hi = 1e-9, 100.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if excess(mid) > 0 else (mid, hi)
+    return lo
+
+
+def tree_depth(period: int) -> int:
+    return period.bit_length()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A resolved schedule. ``steps`` = windows x window for 001 (a window is an epoch and a tree period),
+    T for 002; the tree's period is ``period``; rows: start_batch at each period start, step_batch
+    otherwise. Clips are per example, in privzo units (directions on the sphere of radius sqrt(d)):
+    ``start_clip`` bounds the period-start estimate, ``difference_clip`` a difference estimate at the
+    a-priori largest move 2D; ``clip_mode`` says whether each is a bound on every direction's scalar
+    coefficient (001, naive) or on the per-example vector (002)."""
+
+    algorithm: str
+    steps: int
+    window: int
+    period: int
+    start_batch: int
+    step_batch: int
+    step_bound: float
+    start_directions: int
+    directions: int
+    clip_mode: str
+    start_clip: float
+    difference_clip: float
+    restart: bool
+    radius: float
+    rows_used: int
+    predicted: float  # the theorem's bound on E |Goldstein subgradient| at 2r, its constants and logs 1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _001_steps(n: int, d: int, lipschitz: float, gap_hat: float, radius: float, mu: float) -> int:
+    # mu = inf (no privacy): only the first, non-private, branch
+    private = (d ** 1.5 * lipschitz * radius * n / (gap_hat * mu)) ** 0.5 if math.isfinite(mu) else math.inf
+    return int(min((math.sqrt(d) * lipschitz * radius * n / gap_hat) ** (2 / 3), private))
+
+
+def _needed_rows(fits: Callable[[int], bool], start: int) -> int:
+    """The smallest n >= start for which ``fits(n)`` (monotone in n): doubling, then bisection."""
+    lo, hi = start, max(start, 2)
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > 10 ** 15:
+            raise ValueError("preset: no number of rows below 1e15 fits")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def preset_001(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, mu: float) -> Schedule:
+    """Paper 001, Theorem 4.9: T rounds an epoch, K epochs, B1 = T + 1 rows at an epoch's start and 1 row
+    a round after, D = r / T, d directions per row, scalar clip C_s = L sqrt(d) on every coefficient (it
+    never binds on an L-Lipschitz loss)."""
+    gap_hat = initial_gap + lipschitz * radius
+
+    def fits(rows):
+        t = _001_steps(rows, d, lipschitz, gap_hat, radius, mu)
+        return t >= 2 and rows // (2 * t) >= 1
+
+    if not fits(n):
+        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for paper 001's schedule (it needs "
+                         f"at least 2 rounds an epoch and one epoch: {_needed_rows(fits, n)} rows)")
+    t = _001_steps(n, d, lipschitz, gap_hat, radius, mu)
+    k = n // (2 * t)
+    clip = lipschitz * math.sqrt(d)
+    predicted = (gap_hat * d * lipschitz ** 2 / (radius * n)) ** (1 / 3) + (
+        gap_hat * d ** 1.5 * lipschitz / (mu * radius * n)) ** 0.5
+    return Schedule("001", steps=k * t, window=t, period=t, start_batch=t + 1, step_batch=1, step_bound=radius / t,
+                    start_directions=d, directions=d, clip_mode="scalar", start_clip=clip, difference_clip=clip,
+                    restart=True, radius=radius, rows_used=k * (t + 1 + (t - 1)), predicted=predicted)
+
+
+def preset_001_naive(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, mu: float) -> Schedule:
+    """Paper 001, Appendix E: one row and one direction a round, T rounds an epoch, K = n / T epochs."""
+    gap_hat = initial_gap + lipschitz * radius
+
+    def rounds(rows):
+        private = (d ** 1.5 * lipschitz * radius * rows / (gap_hat * mu)) ** (2 / 3) if math.isfinite(mu) else math.inf
+        return int(min((math.sqrt(d) * lipschitz * radius * rows / gap_hat) ** (2 / 3), private))
+
+    def fits(rows):
+        t = rounds(rows)
+        return t >= 1 and rows // t >= 1
+
+    if not fits(n):
+        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for paper 001's baseline "
+                         f"({_needed_rows(fits, n)} rows)")
+    t = rounds(n)
+    k = n // t
+    clip = lipschitz * math.sqrt(d)
+    predicted = (gap_hat * d * lipschitz ** 2 / (radius * n)) ** (1 / 3) + (
+        gap_hat * d ** 3 * lipschitz ** 2 / (mu ** 2 * radius * n)) ** (1 / 3)
+    return Schedule("001_naive", steps=k * t, window=t, period=1, start_batch=1, step_batch=1,
+                    step_bound=radius / t, start_directions=1, directions=1, clip_mode="scalar", start_clip=clip,
+                    difference_clip=clip, restart=True, radius=radius, rows_used=k * t, predicted=predicted)
+
+
+def _002_step_bound(steps: int, d: int, lipschitz: float, gap: float, radius: float, epsilon: float) -> float:
+    return min((gap ** 2 * radius / (lipschitz ** 2 * steps ** 2)) ** (1 / 3),
+               (gap * radius * epsilon / (d * lipschitz * steps)) ** 0.5,
+               (gap ** 3 * radius ** 2 * epsilon / (d ** 1.5 * lipschitz ** 3 * steps ** 3)) ** 0.2,
+               (gap ** 2 * radius / (lipschitz ** 2 * steps ** 2 * math.sqrt(d))) ** (1 / 3))
+
+
+def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, epsilon: float):
+    steps = n // 2
+    for _ in range(60):  # shrink T until the single pass fits in n rows
+        if steps < 1:
+            return None
+        bound = _002_step_bound(steps, d, lipschitz, gap, radius, epsilon)
+        period = math.ceil((radius / (epsilon * bound)) ** (2 / 3) + radius / (bound * math.sqrt(d)))
+        periods = math.ceil(steps / period)
+        rows = periods * period + (steps - periods)
+        if rows <= n:
+            return steps, bound, period, rows
+        steps = int(steps * n / rows) - 1
+    return None
+
+
+def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, epsilon: float,
+               concentration_delta: float) -> Schedule:
+    """Paper 002, Theorem 3.1 with coupled directions (build study §3.3 [DEV]): T = n/2 steps shrunk to fit
+    one pass, B1 = Sigma rows at a period start, 1 after; windows of W = alpha / (4D); m_G = d^2 log(8 d B1
+    / delta_0) directions per row at a period start, m_D = 4 d log(8 d / delta_0) shared by both points of
+    a difference; vector clips at the concentration bounds (c_h = c_s = 1). Privacy rests on the clips, not
+    on the concentration event."""
+    if radius > initial_gap / lipschitz:
+        raise ValueError(f"estimator.radius: paper 002 needs radius <= initial_gap / lipschitz = "
+                         f"{initial_gap / lipschitz:.4g}")
+
+    def fits(rows):
+        layout = _002_layout(rows, d, lipschitz, initial_gap, radius, epsilon)
+        return layout is not None and max(1, int(radius / (4 * layout[1]))) <= layout[0]
+
+    if not fits(n):
+        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for paper 002's schedule "
+                         f"({_needed_rows(fits, n)} rows)")
+    steps, bound, period, rows = _002_layout(n, d, lipschitz, initial_gap, radius, epsilon)
+    window = max(1, int(radius / (4 * bound)))
+    log_start = math.log(8 * d * period / concentration_delta)
+    log_step = math.log(8 * d / concentration_delta)
+    start_directions = math.ceil(d * d * log_start)
+    directions = math.ceil(4 * d * log_step)
+    start_clip = lipschitz * (1 + d * math.sqrt(log_start / start_directions))
+    difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius * 2
+    predicted = ((initial_gap * lipschitz ** 2 * math.sqrt(d) / (n * radius)) ** (1 / 3)
+                 + (initial_gap * d * lipschitz / (n * radius * epsilon)) ** 0.5
+                 + (initial_gap ** 2 * lipschitz ** 3 * d ** 1.5 / (n * n * radius ** 2 * epsilon)) ** 0.2)
+    return Schedule("002", steps=(steps // window) * window, window=window, period=period, start_batch=period,
+                    step_batch=1, step_bound=bound, start_directions=start_directions, directions=directions,
+                    clip_mode="vector", start_clip=start_clip, difference_clip=difference_clip, restart=False,
+                    radius=radius, rows_used=rows, predicted=predicted)
+
+
+def vector_bounds(schedule: Schedule, d: int) -> tuple:
+    """Per-example L2 bounds of (start estimate, difference estimate at the largest move 2D)."""
+    scale = math.sqrt(d) if schedule.clip_mode == "scalar" else 1.0
+    if schedule.algorithm == "001":
+        # 001's difference clip scales with the move: C_s |z_t - z_(t-1)| / r <= C_s 2D / r
+        return schedule.start_clip * scale, schedule.difference_clip * scale * 2 * schedule.step_bound / schedule.radius
+    return schedule.start_clip * scale, schedule.difference_clip * scale
+
+
+def node_sensitivity(schedule: Schedule, d: int, kappa: float = 2.0) -> float:
+    """Delta_max: the most one row moves a released increment, replace-one (kappa = 2): kappa times its
+    per-example bound over its batch, the larger of a period start and a difference step."""
+    start, diff = vector_bounds(schedule, d)
+    return kappa * max(start / schedule.start_batch, diff / schedule.step_batch)
+
+
+def second_moment(schedule: Schedule, d: int, lipschitz: float, node_std: float) -> float:
+    """G^2, the bound on E|g_t|^2 that sets eta = D / (G sqrt(W)) (001 Lemma 4.8 and Cor. 4.5; 002 Lemma 3.6
+    with the coupled difference; 001's baseline: L^2 (d + 1) + d sigma^2)."""
+    j = tree_depth(schedule.period)
+    if schedule.algorithm == "001":
+        return (3 * (16 * d * lipschitz ** 2 / schedule.start_batch + 64 * d * lipschitz ** 2 / (
+            schedule.step_batch * schedule.window)) + 3 * lipschitz ** 2 + 3 * j * d * node_std ** 2)
+    if schedule.algorithm == "001_naive":
+        return lipschitz ** 2 * (d + 1) + d * node_std ** 2
+    return (lipschitz ** 2 + lipschitz ** 2 * d * d / (schedule.start_batch * schedule.start_directions)
+            + lipschitz ** 2 * d * schedule.step_bound ** 2 * schedule.period / (schedule.radius ** 2 * schedule.step_batch)
+            + j * d * node_std ** 2)
+
+
+def learning_rate(schedule: Schedule, d: int, lipschitz: float, node_std: float) -> float:
+    """eta = D / (G sqrt(W)) (002's Proposition 2.6; 001 leaves eta to the online learner's tuning)."""
+    return schedule.step_bound / math.sqrt(second_moment(schedule, d, lipschitz, node_std) * schedule.window)
+
+
+def rows_for_target(predict: Callable[[int], float], target: float, start: int) -> Optional[int]:
+    """The smallest n whose predicted stationarity is at most ``target``."""
+    return _needed_rows(lambda rows: predict(rows) <= target, max(2, start))

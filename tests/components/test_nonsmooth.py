@@ -1,0 +1,154 @@
+"""The private nonsmooth algorithms (papers 001 and 002): oracles, door, sampler, presets and spec rules."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import specs
+from components import builders, presets
+from components.estimators.evaluate import sphere_sums
+from components.estimators.queries import PerExampleSphere
+from components.models import per_example_loss
+from components.problems import WLinear, smoothed_gradient
+from components.runtime.loop import PrivacyBudgetError
+
+EXAMPLES = "specs/examples"
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+
+
+def _queries(d, offset):
+    return [PerExampleSphere("central", d, 11, 0.05 / math.sqrt(d), "scalar", 0.7),
+            PerExampleSphere("one_sided_difference", d, 12, 0.05 / math.sqrt(d), "scalar", 0.3, offset),
+            PerExampleSphere("central", 9, 13, 0.05 / math.sqrt(d), "vector", 0.5),
+            PerExampleSphere("central_difference", 9, 14, 0.05 / math.sqrt(d), "vector", 0.2, offset)]
+
+
+@pytest.mark.parametrize("problem", ["w_linear", "mlp"])
+def test_each_oracles_release_moves_at_most_its_sensitivity_on_neighbouring_datasets(problem):
+    gen = torch.Generator().manual_seed(1)
+    if problem == "w_linear":
+        model = WLinear(torch.full((4,), 0.2, dtype=torch.float64))
+        make = lambda b: (torch.randn(b, 4, generator=gen, dtype=torch.float64) * 3, torch.zeros(b, dtype=torch.long))
+    else:
+        model = _mlp()
+        make = lambda b: (torch.randn(b, 3, generator=gen, dtype=torch.float64) * 5, torch.randint(0, 2, (b,), generator=gen))
+    params = list(model.parameters())
+    d = sum(p.numel() for p in params)
+    offset = tuple(0.01 * torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params)
+    for query in _queries(d, offset):
+        for _ in range(10):
+            x, y = make(6)
+            x2, y2 = x.clone(), y.clone()
+            i = int(torch.randint(0, 6, (1,), generator=gen))
+            x2[i], y2[i] = make(1)[0][0] * 10, make(1)[1][0]  # replace one row by a far one
+            a = torch.cat([t.flatten() for t in sphere_sums(model, params, per_example_loss, x, y, query)])
+            b = torch.cat([t.flatten() for t in sphere_sums(model, params, per_example_loss, x2, y2, query)])
+            assert float((a - b).norm()) <= 2 * query.vector_bound(d) * (1 + 1e-12)
+
+
+def test_the_lipschitz_clip_never_binds_on_p1_and_the_estimate_is_unbiased():
+    model = WLinear(torch.tensor([0.3, -0.5, 1.02, 0.0], dtype=torch.float64))
+    rows = torch.randn(400, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    rows = 0.5 * rows / rows.norm(dim=1, keepdim=True)
+    y = torch.zeros(400, dtype=torch.long)
+    params = list(model.parameters())
+    r, lipschitz = 0.05, 1.5
+    clipped = PerExampleSphere("central", 4, 3, r / 2, "scalar", lipschitz * 2)
+    free = PerExampleSphere("central", 4, 3, r / 2, "scalar", math.inf)
+    a = sphere_sums(model, params, per_example_loss, rows, y, clipped)[0]
+    b = sphere_sums(model, params, per_example_loss, rows, y, free)[0]
+    assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    # the batch mean estimates grad F_r (F = h: the rows average out): within 4 standard errors
+    exact = torch.from_numpy(smoothed_gradient(model.x.detach().numpy(), r))
+    assert float((a / 400 - exact).norm()) < 4 * lipschitz * 4 / math.sqrt(400)
+
+
+def _resolved(name, rows=600, **changes):
+    spec = specs.load_spec(f"{EXAMPLES}/{name}.yaml")
+    data = spec.model_dump(mode="json")
+    data["data"]["source"]["rows"] = rows
+    for section, values in changes.items():
+        data[section] = values if values is None or "kind" in values else {**(data.get(section) or {}), **values}
+    spec = specs.spec_from_dict(data)
+    loaded = builders.load_data(spec)
+    resolved, _, eps = builders.plan(spec, loaded)
+    return resolved, loaded, eps
+
+
+@pytest.mark.parametrize("name", ["p1_o2nc_001", "p1_o2nc_001_naive", "p1_o2nc_002"])
+def test_a_single_pass_reads_every_row_at_most_once_and_burns_a_period_cut_short(name):
+    resolved, data, eps = _resolved(name)
+    assert eps <= 1.0
+    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(0))
+    loop, seen = built.loop, []
+    sample_at = loop.sampler.sample_at
+    loop.sampler.sample_at = lambda step, spent: seen.append(sample_at(step, spent)) or seen[-1]
+    period = loop.sampler.period
+    loop.run(period)
+    state = loop.state_dict()
+    loop.run(period + max(1, period // 2))  # a retry cuts the second period short ...
+    loop.load_state_dict(state, restore_privacy_steps=False)  # ... and rewinds to its start
+    loop.run(min(resolved.optimizer.steps, 3 * period))
+    rows = torch.cat(seen)
+    assert len(rows) == len(set(rows.tolist()))  # never a row twice, the cut period's rows included
+    assert loop.tracker.epsilon() <= resolved.privacy.epsilon * (1 + 1e-9)
+
+
+def test_the_door_refuses_a_query_above_the_trees_sensitivity():
+    resolved, data, _ = _resolved("p1_o2nc_001")
+    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(0))
+    period = built.loop.sampler.period
+    built.loop.run(period)  # a whole period at the clips the noise was calibrated for
+    # 001's node sensitivity is the difference step's 4dL/T; a period start's bound dL fits it (T+1)/2 times
+    # over; three times the Lipschitz clip no longer does
+    built.loop.estimator.start_clip *= 3
+    with pytest.raises(PrivacyBudgetError, match="above"):
+        built.loop.run(period + 1)
+
+
+def test_the_twin_without_noise_and_the_private_run_share_the_schedule():
+    private, _, _ = _resolved("p1_o2nc_001", rows=5000)
+    twin, _, eps = _resolved("p1_o2nc_001", rows=5000, mechanism={"kind": "none"}, privacy=None)
+    assert math.isinf(eps) and twin.optimizer.step_bound >= private.optimizer.step_bound
+    # the run's event is J Gaussian node releases: the tree's depth over the period (an epoch of T steps)
+    event = builders.planned_event(private, 4000, float(private.mechanism.noise_multiplier))
+    assert event.count == private.sampling.period.bit_length()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"sampling": {"kind": "poisson", "expected_batch_size": 8}}, "several leaves of one tree"),
+    ({"sampling": {"kind": "fixed_size", "batch_size": 8}}, "several leaves of one tree"),
+    ({"privacy": {"epsilon": 1.0, "neighboring": "add_remove", "accountant": "pld"}}, "fixed partition"),
+    ({"optimizer": {"kind": "sgd", "lr": 0.1, "steps": 10}}, "o2nc and the estimators"),
+    ({"mechanism": {"kind": "gaussian", "clip": 1.0}}, "released by tree_aggregation"),
+    ({"optimizer": {"kind": "o2nc", "preset": "manual"}}, "preset: manual takes every setting"),
+    ({"privacy": {"epsilon": 1.0, "delta": 1e-6, "neighboring": "replace_one", "noise": "secure"}}, "secure"),
+])
+def test_spec_rules_refuse_in_one_line(changes, message):
+    data = specs.load_spec(f"{EXAMPLES}/p1_o2nc_001.yaml").model_dump(mode="json")
+    for section, values in changes.items():
+        data[section] = values if "kind" in values or section == "privacy" else {**data[section], **values}
+    with pytest.raises(ValueError, match=message):
+        specs.spec_from_dict(data)
+
+
+def test_too_few_rows_or_an_unreachable_target_names_the_rows_needed():
+    with pytest.raises(ValueError, match=r"8 private rows are too few .*: \d+ rows\)"):
+        _resolved("p1_o2nc_001", rows=10)
+    with pytest.raises(ValueError, match=r"target_stationarity: 0.1 needs about \d+ private rows"):
+        _resolved("p1_o2nc_001", rows=2000, optimizer={"target_stationarity": 0.1})
+
+
+def test_the_preset_matches_the_build_studys_worked_example():
+    mu = presets.gdp_mu(1.0, 1e-6)
+    assert abs(mu - 0.2367) < 1e-4
+    s = presets.preset_001(10_000, 4, 1.5, 1.6, 0.05, mu)
+    assert (s.window, s.steps // s.window, presets.tree_depth(s.period)) == (92, 54, 7)
+    assert presets.node_sensitivity(s, 4) * math.sqrt(7) / mu == pytest.approx(2.92, abs=0.01)
+    t = presets.preset_002(100_000, 4, 1.5, 1.6, 0.05, 1.0, 5e-7)
+    assert (t.period, t.window, t.start_directions, t.directions) == (148, 55, 368, 288)
