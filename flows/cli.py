@@ -124,6 +124,25 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    from components.reproduce.experiments import EXAMPLES, series_of
+    from flows.reproduce import reproduce_nonsmooth
+
+    series_of(args.experiments, args.quick)  # an unknown experiment is refused before Prefect starts
+    if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+        raise specs.SpecError("--seeds: distinct integers >= 0")
+    uri = args.tracking_uri or specs.load_spec(EXAMPLES / "p1_o2nc_001.yaml").tracking.uri
+    command = "privzo reproduce nonsmooth " + " ".join(
+        ["--experiments", *args.experiments, "--seeds", *map(str, args.seeds)] + (["--quick"] if args.quick else []))
+    result = reproduce_nonsmooth(experiments=args.experiments, seeds=args.seeds, quick=args.quick, output=args.out,
+                                 tracking_uri=uri, experiment=args.experiment, command=command)
+    print()
+    print(result["table"], end="")
+    print(f"MLflow parent run {result['parent_run_id']} ({result['seconds']:.0f} s)"
+          + (f"; written to {args.out}" if args.out else ""))
+    return 0
+
+
 def cmd_budget(args) -> int:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -227,6 +246,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--experiment", default="privzo-sweep")
     p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
     p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1, E2, E5 of papers 001/002)")
+    p.add_argument("suite", choices=["nonsmooth"])
+    p.add_argument("--experiments", nargs="+", default=["E1", "E2", "E5"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--quick", action="store_true", help="tiny grids through the same code (a smoke run)")
+    p.add_argument("--out", default="docs/results/nonsmooth_rates.md",
+                   help="the markdown table (the CSV and one PNG per experiment are written beside it)")
+    p.add_argument("--tracking-uri", default=None, help="default: the example specs' tracking.uri")
+    p.add_argument("--experiment", default="privzo-reproduce", help="MLflow experiment")
+    p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history")
     p.add_argument("action", choices=["show", "history"])
     p.add_argument("dataset")

@@ -1,0 +1,213 @@
+"""The build study's rate experiments for papers 001 and 002 (§6.2), on privzo's own specs.
+
+Every point of a sweep is a privzo spec (an example of specs/examples/ with its rows, dimension or privacy
+changed) resolved by privzo's planner (`components.nonsmooth.resolve_o2nc`: the theory preset, the node
+multiplier calibrated by dp-accounting on the run's event, eta from the calibrated std). The vectorised
+kernel runs the resolved numbers for several seeds at once. At the first point of each series, privzo's
+own loop (``builders.build_loop``: estimator, release door, mechanism, sampler, O2NC) runs the same spec
+with an injected noise generator, and the kernel, reading the same random inputs, must reproduce its
+query points, window certificates and output to 1e-9 (``match``).
+
+- E1: paper 001's private algorithm, its non-private twin (no mechanism: the schedule of mu = inf) and
+  the Appendix E baseline, against n, on P1 (d = 4, r = 0.05, epsilon = 1, delta = 1e-6).
+- E2: paper 002's single-pass zeroth-order algorithm (coupled directions), against n.
+- E5: 001 against 002 at n = 10^5 against d, with x_0 = 1 - 0.8 / sqrt(d) in every coordinate, so
+  Phi = 0.8 at every d.
+The metric is Gamma-bar, the mean over windows of |average of grad F_r over the window's query points|:
+the expectation over the output window of the Goldstein certificate at 2r, exact on P1 (betainc).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "specs" / "examples"
+
+
+@dataclass(frozen=True)
+class Series:
+    experiment: str
+    label: str
+    example: str  # specs/examples/<example>.yaml
+    axis: str  # "n" or "d"
+    grid: tuple
+    private: bool = True
+    fixed_n: int = 100_000  # the rows when the axis is d
+    fixed_d: int = 4  # the dimension when the axis is n
+
+    def point(self, x: int) -> Dict[str, int]:
+        return {"n": x, "d": self.fixed_d} if self.axis == "n" else {"n": self.fixed_n, "d": x}
+
+
+def series_of(experiments: Sequence[str], quick: bool = False) -> List[Series]:
+    """The series of the chosen experiments. ``quick``: tiny grids with the same code paths (tests)."""
+    n1 = (2_000, 4_000) if quick else (10_000, 30_000, 100_000, 300_000, 1_000_000)
+    n2 = (2_000, 4_000) if quick else (10_000, 30_000, 100_000, 300_000)
+    dims = (2, 4) if quick else (2, 4, 8, 16)
+    fixed_n = 4_000 if quick else 100_000
+    table = {
+        "E1": [Series("E1", "001 private", "p1_o2nc_001", "n", n1),
+               Series("E1", "001 non-private twin", "p1_o2nc_001", "n", n1, private=False),
+               Series("E1", "001 naive (App. E)", "p1_o2nc_001_naive", "n", n1)],
+        "E2": [Series("E2", "002 private (coupled)", "p1_o2nc_002", "n", n2)],
+        "E5": [Series("E5", "001 private", "p1_o2nc_001", "d", dims, fixed_n=fixed_n),
+               Series("E5", "002 private (coupled)", "p1_o2nc_002", "d", dims, fixed_n=fixed_n)],
+    }
+    unknown = [e for e in experiments if e not in table]
+    if unknown:
+        raise ValueError(f"reproduce: unknown experiment {unknown[0]!r}; allowed: {', '.join(table)} "
+                         "(E3 and E4 need paper 002's first-order and multi-pass ERM algorithms, not built yet)")
+    return [s for e in experiments for s in table[e]]
+
+
+def spec_dict(series: Series, x: int, seed: int = 0) -> dict:
+    """The spec of one point: the example with n private rows (the split keeps 1/5 for test), dimension d
+    and, on the d axis, x_0 = 1 - 0.8/sqrt(d) (Phi = 0.8 at every d)."""
+    import specs
+
+    point = series.point(x)
+    data = specs.load_spec(EXAMPLES / f"{series.example}.yaml").model_dump(mode="json")
+    data["seed"] = seed
+    source = data["data"]["source"]
+    source.update(rows=point["n"] * 5 // 4, dimension=point["d"], data_seed=seed)
+    if series.axis == "d":
+        source["start"] = 1 - 0.8 / math.sqrt(point["d"])
+    if not series.private:
+        data["mechanism"], data["privacy"] = {"kind": "none"}, None
+    data["name"] = f"{series.example}-{series.axis}{x}"
+    return data
+
+
+def resolve(series: Series, x: int, seed: int = 0):
+    """The resolved spec of a point, planned from its public numbers only (n, d): no rows are needed."""
+    import specs
+    from components.nonsmooth import resolve_o2nc
+
+    point = series.point(x)
+    spec = specs.spec_from_dict(spec_dict(series, x, seed))
+    resolved, _, eps = resolve_o2nc(spec, point["n"], point["d"])
+    return resolved, eps
+
+
+def predicted(resolved, n: int, d: int) -> float:
+    """The theorem's bound (constants 1, its log factors) for n private rows, dimension d and the resolved
+    spec's privacy."""
+    from components import presets
+    from components.nonsmooth import _theory
+
+    eps = float(resolved.privacy.epsilon) if resolved.privacy is not None else math.inf
+    delta = float(resolved.privacy.delta) if resolved.privacy is not None else None
+    mu = presets.gdp_mu(eps, delta) if resolved.privacy is not None else math.inf
+    return _theory(resolved, n, d, eps, mu, delta).predicted
+
+
+@dataclass
+class PointResult:
+    series: Series
+    x: int
+    n: int
+    d: int
+    certificates: List[float]  # Gamma-bar per seed
+    values: List[float]  # F(output) - inf F per seed
+    predicted: float
+    steps: int
+    epsilon: float
+    seconds: float
+    settings: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.certificates))
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.certificates, 90))
+
+
+def run_point(series: Series, x: int, seeds: Sequence[int]) -> PointResult:
+    """One point of a sweep: the kernel on the resolved spec, a run per seed (fresh rows and noise)."""
+    from components.reproduce.kernel import FastStreams, Kernel, KernelPlan, _h
+
+    started = time.perf_counter()
+    resolved, eps = resolve(series, x)
+    plan = KernelPlan.from_spec(resolved)
+    point = series.point(x)
+    result = Kernel(plan).run(FastStreams(plan, seeds, point["n"], resolved.data.source.noise_radius))
+    settings = {"steps": plan.steps, "window": plan.window, "period": plan.period, "start_batch": plan.start_batch,
+                "start_directions": plan.start_directions, "directions": plan.directions,
+                "step_bound": plan.step_bound, "lr": plan.lr, "noise_std": plan.noise_std,
+                "noise_multiplier": float(resolved.mechanism.noise_multiplier) if series.private else 0.0}
+    return PointResult(series, x, point["n"], point["d"], [float(c) for c in result.certificate],
+                       [float(v) for v in _h(result.output)], predicted(resolved, point["n"], point["d"]), plan.steps,
+                       eps, time.perf_counter() - started, settings)
+
+
+@dataclass
+class Match:
+    series: str
+    x: int
+    steps: int
+    query_points: float  # max |privzo - kernel| over every query point's coordinates
+    certificates: float  # max over windows
+    output: float
+    privzo_seconds: float
+    kernel_seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return max(self.query_points, self.certificates, self.output) <= 1e-9
+
+
+def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1) -> Match:
+    """privzo's own loop against the kernel on one point's spec, the same public seed and an injected noise
+    generator: the largest differences of the trajectories (query points), window certificates and outputs."""
+    import torch
+
+    import specs
+    from components import builders
+    from components.reproduce.kernel import Kernel, KernelPlan, PrivzoStreams
+
+    torch.set_num_threads(threads)
+    spec = specs.spec_from_dict(spec_dict(series, x))
+    data = builders.load_data(spec)
+    resolved, _, _ = builders.plan(spec, data)
+    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(noise_seed))
+    optimizer = built.loop.backend.optimizer
+    points = [built.model.x.detach().numpy().copy()]
+    apply = optimizer.apply
+
+    def recorded(update):
+        apply(update)
+        points.append(built.model.x.detach().numpy().copy())
+
+    optimizer.apply = recorded
+    started = time.perf_counter()
+    built.loop.run(resolved.optimizer.steps)
+    optimizer.finalize()
+    privzo_seconds = time.perf_counter() - started
+    plan = KernelPlan.from_spec(resolved)
+    streams = PrivzoStreams(plan, np.asarray(data.private.features, dtype=np.float64), built.loop.sampler,
+                            torch.Generator().manual_seed(noise_seed))
+    started = time.perf_counter()
+    result = Kernel(plan).run(streams, record=True)
+    kernel_seconds = time.perf_counter() - started
+    return Match(series.label, x, plan.steps,
+                 float(np.abs(result.query_points[0] - np.stack(points)).max()),
+                 float(np.abs(result.certificates[0] - np.asarray(optimizer.certificates)).max()),
+                 float(np.abs(result.output[0] - built.model.x.detach().numpy()).max()),
+                 privzo_seconds, kernel_seconds)
+
+
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The slope of log y against log x by least squares."""
+    return float(np.polyfit(np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float)), 1)[0])
+
+
+def local_slopes(xs: Sequence[float], ys: Sequence[float]) -> List[float]:
+    """log-log slopes between consecutive points."""
+    return [math.log(ys[i + 1] / ys[i]) / math.log(xs[i + 1] / xs[i]) for i in range(len(xs) - 1)]

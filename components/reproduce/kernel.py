@@ -1,0 +1,293 @@
+"""A vectorised numpy reference kernel of privzo's nonsmooth runs on P1, for rate sweeps.
+
+One step of privzo's O2NC runs (zo_spider 001/002 with tree aggregation, or 001's zo_naive baseline) costs
+milliseconds of Python and torch dispatch on a problem of dimension 4; the papers' rates need runs of up to
+10^6 rows. This kernel computes the same formulas, the same order of operations where it matters, for R runs
+at once (seeds as a batch dimension), so a sweep takes minutes.
+
+It is evidence about privzo only because it is checked against privzo: ``Kernel.run`` with ``PrivzoStreams``
+reads every random input the way a privzo run does (the public seed's row order, per-example directions and
+query-point fractions; the noise from the generator a test injects), and
+``tests/components/test_reproduce.py`` and the reproduction command compare its query points and window
+certificates with privzo's own loop (estimator, door, mechanism, sampler, optimizer) to 1e-9. Sweeps then
+use ``FastStreams``: the same distributions drawn in batches (fresh rows and noise per seed).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from components.problems.w_linear import load_w_linear, smoothed_gradient
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The numbers a resolved nonsmooth spec runs with (``from_spec``)."""
+
+    algorithm: str  # 001 | 002 | 001_naive
+    dimension: int
+    radius: float
+    steps: int
+    window: int
+    period: int
+    start_batch: int
+    step_batch: int
+    start_directions: int
+    directions: int
+    start_clip: float  # inf: a twin without a mechanism clips nothing
+    difference_clip: float
+    step_bound: float
+    lr: float
+    restart: bool
+    noise_std: float  # the tree's node std (001, 002) or the Gaussian's std (naive); 0 without a mechanism
+    start: float
+    seed: int
+
+    @property
+    def smoothing(self) -> float:
+        return self.radius / math.sqrt(self.dimension)
+
+    @property
+    def windows(self) -> int:
+        return self.steps // self.window
+
+    @classmethod
+    def from_spec(cls, spec) -> "KernelPlan":
+        from components.nonsmooth import node_sensitivity
+
+        est, mech, sampling, opt = spec.estimator, spec.mechanism, spec.sampling, spec.optimizer
+        d = spec.data.source.dimension
+        private = mech.kind != "none"
+        naive = est.kind == "zo_naive"
+        if naive:
+            clip = float(mech.clip) if private else math.inf
+            std = float(mech.noise_multiplier) * 2.0 * clip * math.sqrt(d) if private else 0.0
+            return cls("001_naive", d, float(est.radius), int(opt.steps), int(opt.window), 1, sampling.step_batch,
+                       sampling.step_batch, est.directions, est.directions, clip, clip, float(opt.step_bound),
+                       float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed)
+        std = float(mech.noise_multiplier) * node_sensitivity(spec, d) if private else 0.0
+        return cls(est.variant, d, float(est.radius), int(opt.steps), int(opt.window), sampling.period,
+                   sampling.start_batch, sampling.step_batch, est.start_directions, est.directions,
+                   float(mech.clip) if private else math.inf, float(mech.difference_clip) if private else math.inf,
+                   float(opt.step_bound), float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed)
+
+
+class PrivzoStreams:
+    """Every random input of one privzo run (R = 1), drawn as privzo draws it: the single pass's order from
+    the public seed (``sampler``, the run's own SinglePassSampler), per-example directions from
+    public_seed(seed, STREAM_EXAMPLE_DIRECTION, step) and the slot, the O2NC fractions and output window from
+    the seed, and the noise from ``noise_generator`` (the generator injected into the privzo run)."""
+
+    runs = 1
+
+    def __init__(self, plan: KernelPlan, rows: np.ndarray, sampler, noise_generator: Optional[torch.Generator]):
+        self.plan, self._rows, self._sampler, self._generator = plan, rows, sampler, noise_generator
+
+    def rows(self, step: int, size: int) -> np.ndarray:
+        idx = self._sampler.sample_at(step, step).numpy()
+        return self._rows[idx][None]
+
+    def directions(self, step: int, first: int, count: int, m: int) -> np.ndarray:
+        from components.estimators.evaluate import example_directions
+        from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
+
+        base = public_seed(self.plan.seed, STREAM_EXAMPLE_DIRECTION, step)
+        return np.stack([example_directions(base, i, m, self.plan.dimension).numpy()
+                         for i in range(first, first + count)])[None]
+
+    def fraction(self, t: int) -> np.ndarray:
+        return np.array([np.random.default_rng([self.plan.seed, t]).random()])
+
+    def output_window(self) -> np.ndarray:
+        return np.array([np.random.default_rng(self.plan.seed).integers(1, self.plan.windows + 1)])
+
+    def noise(self) -> np.ndarray:
+        return torch.randn(self.plan.dimension, generator=self._generator, dtype=torch.float64).numpy()[None]
+
+
+class FastStreams:
+    """The same distributions for R = len(seeds) runs at once: rows of P1 fresh per seed (uniform on the
+    sphere of radius ``noise_radius``; i.i.d., so read in order), directions uniform on the sphere of radius
+    sqrt(d), fractions U[0, 1], the output window uniform, standard normal noise."""
+
+    def __init__(self, plan: KernelPlan, seeds: Sequence[int], n: int, noise_radius: float):
+        self.plan = plan
+        self.runs = len(seeds)
+        self._data = np.stack([load_w_linear(plan.dimension, n, noise_radius, 10_000 + s) for s in seeds])
+        self._rng = np.random.default_rng([20_261_124, *seeds, n])
+        self._next = 0
+        self._buffers = {}  # draws are made in blocks: one numpy call per block, not per step
+
+    def _draw(self, key, shape, draw) -> np.ndarray:
+        block, used = self._buffers.get(key, (None, 0))
+        if block is None or used == len(block):
+            count = max(1, 2 ** 16 // max(1, int(np.prod(shape))))
+            block, used = draw((count, *shape)), 0
+        self._buffers[key] = (block, used + 1)
+        return block[used]
+
+    def rows(self, step: int, size: int) -> np.ndarray:
+        start, self._next = self._next, self._next + size
+        if self._next > self._data.shape[1]:
+            raise RuntimeError(f"kernel: the pass needs more than {self._data.shape[1]} rows")
+        return self._data[:, start:self._next]
+
+    def directions(self, step: int, first: int, count: int, m: int) -> np.ndarray:
+        def draw(shape):
+            g = self._rng.standard_normal(shape)
+            return g * (math.sqrt(self.plan.dimension) / np.linalg.norm(g, axis=-1, keepdims=True))
+
+        return self._draw(("directions", count, m), (self.runs, count, m, self.plan.dimension), draw)
+
+    def fraction(self, t: int) -> np.ndarray:
+        return self._draw("fraction", (self.runs,), self._rng.random)
+
+    def output_window(self) -> np.ndarray:
+        return self._rng.integers(1, self.plan.windows + 1, size=self.runs)
+
+    def noise(self) -> np.ndarray:
+        return self._draw("noise", (self.runs, self.plan.dimension), self._rng.standard_normal)
+
+
+def _h(points: np.ndarray) -> np.ndarray:
+    """h over the last axis: d^(-1/2) sum_j min(|x_j - 1|, |x_j + 1|) (= ||x_j| - 1|)."""
+    return np.abs(np.abs(points) - 1).sum(axis=-1) / math.sqrt(points.shape[-1])
+
+
+def _loss(points: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """f(point; xi) for points [R, b, m, d] and rows [R, b, d]: [R, b, m]."""
+    return _h(points) + np.einsum("rbmd,rbd->rbm", points, rows)
+
+
+def _norms(a: np.ndarray) -> np.ndarray:
+    """L2 norms of the rows of [R, d] (one einsum: cheaper than linalg.norm on tiny arrays)."""
+    return np.sqrt(np.einsum("rd,rd->r", a, a))
+
+
+@dataclass
+class KernelResult:
+    certificates: np.ndarray  # [R, windows]: Gamma_k of every window
+    output: np.ndarray  # [R, d]: the output window's average
+    query_points: Optional[np.ndarray]  # [R, steps + 1, d] when recorded
+
+    @property
+    def certificate(self) -> np.ndarray:
+        """Gamma-bar per run: the mean over windows (the expectation over the output window k*)."""
+        return self.certificates.mean(axis=1)
+
+
+class Kernel:
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self._clipped = math.isfinite(plan.start_clip)
+
+    # rows are evaluated about this many points of R x rows x directions x d at a time
+    CHUNK_VALUES = 2 ** 20
+
+    def _estimate(self, step: int, z: np.ndarray, previous: Optional[np.ndarray], streams) -> np.ndarray:
+        """The step's increment, [R, d]: the batch mean of per-example clipped estimates."""
+        p = self.plan
+        start = p.algorithm == "001_naive" or step % p.period == 0
+        size = p.start_batch if start else p.step_batch
+        m = p.start_directions if start else p.directions
+        rows = streams.rows(step, size)
+        chunk = max(1, self.CHUNK_VALUES // (streams.runs * m * p.dimension))
+        total = 0.0
+        for first in range(0, size, chunk):
+            count = min(chunk, size - first)
+            total = total + self._sums(step, start, z, previous, rows[:, first:first + count],
+                                       streams.directions(step, first, count, m))
+        return total / size
+
+    def _sums(self, step, start, z, previous, xi, u) -> np.ndarray:
+        """sum over the rows of xi of their clipped estimates g_i, [R, d]."""
+        p = self.plan
+        m = u.shape[2]
+        lam = p.smoothing
+        shift = lam * u
+        here = z[:, None, None, :]
+        if start:
+            c = (_loss(here + shift, xi) - _loss(here + (-1.0) * shift, xi)) / (2 * lam)
+            clip = p.start_clip
+        else:
+            other = (z + (previous - z))[:, None, None, :]  # z_t + (z_(t-1) - z_t), as privzo forms it
+            if p.algorithm == "001":
+                c = (_loss(here + shift, xi) - _loss(other + shift, xi)) / lam
+                moved = _norms(previous - z)
+                clip = p.difference_clip * np.minimum(moved, 2 * p.step_bound) / p.radius
+            else:
+                c = ((_loss(here + shift, xi) - _loss(here + (-1.0) * shift, xi))
+                     - (_loss(other + shift, xi) - _loss(other + (-1.0) * shift, xi))) / (2 * lam)
+                clip = p.difference_clip
+        scalar = p.algorithm != "002"
+        if scalar and self._clipped:
+            bound = clip[:, None, None] if isinstance(clip, np.ndarray) else clip
+            c = np.clip(c, -bound, bound)
+        g = np.einsum("rbm,rbmd->rbd", c, u) / m
+        if not scalar and self._clipped:
+            norms = np.sqrt(np.einsum("rbd,rbd->rb", g, g))[:, :, None]
+            g = g * np.minimum(clip / np.maximum(norms, 1e-300), 1.0)
+        return g.sum(axis=1)
+
+    def run(self, streams, record: bool = False) -> KernelResult:
+        p = self.plan
+        runs, d, w = streams.runs, p.dimension, p.window
+        x = np.full((runs, d), float(p.start))
+        delta = np.zeros((runs, d))
+        z, previous = x.copy(), None
+        k_star = streams.output_window()
+        out_sum = np.zeros((runs, d))
+        window_points: List[np.ndarray] = []
+        certificates: List[np.ndarray] = []
+        points = [z.copy()] if record else None
+        total = noise_sum = None
+        prefix = {}  # position -> the noise of the chain of that position (Fenwick: chain(b - lowbit b) + xi_b)
+
+        def add_query_point(t: int, point: np.ndarray) -> None:
+            if t > p.windows * w:
+                return
+            k = (t - 1) // w + 1
+            hit = k_star == k
+            if hit.any():
+                out_sum[hit] += point[hit]
+            window_points.append(point.copy())
+            if t % w == 0:
+                grads = smoothed_gradient(np.stack(window_points), p.radius)  # [W, R, d]
+                certificates.append(np.linalg.norm(grads.mean(axis=0), axis=1))
+                window_points.clear()
+
+        add_query_point(1, z)
+        for step in range(p.steps):
+            increment = self._estimate(step, z, previous, streams)
+            if p.algorithm == "001_naive":
+                released = increment + (p.noise_std * streams.noise() / p.start_batch if p.noise_std else 0.0)
+            else:
+                pos = step % p.period + 1
+                total = increment if pos == 1 else total + increment
+                released = total
+                if p.noise_std:
+                    if pos == 1:
+                        prefix = {0: 0.0}
+                    low = pos & -pos
+                    noise_sum = prefix[pos - low] + p.noise_std * streams.noise()
+                    prefix[pos] = noise_sum
+                    released = total + noise_sum
+            t = step + 2
+            if p.restart and (t - 1) % w == 0:
+                moved = np.zeros_like(delta)
+            else:
+                moved = delta - p.lr * released
+            norm = _norms(moved)[:, None]
+            delta = moved * np.where(norm <= p.step_bound, 1.0, p.step_bound / np.maximum(norm, 1e-300))
+            previous = z
+            z = x + streams.fraction(t)[:, None] * delta
+            if record:
+                points.append(z.copy())
+            add_query_point(t, z)
+            x = x + delta
+        return KernelResult(np.stack(certificates, axis=1) if certificates else np.zeros((runs, 0)),
+                            out_sum / w, np.stack(points, axis=1) if record else None)

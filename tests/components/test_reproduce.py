@@ -1,0 +1,35 @@
+"""The rate experiments' kernel is privzo's code: it reproduces privzo's own loop to 1e-9, and a kernel that
+leaves that trajectory is caught (tests/flows/test_reproduce.py runs the command itself)."""
+import dataclasses
+
+import pytest
+
+from components.reproduce import experiments as ex
+from components.reproduce.kernel import KernelPlan
+
+
+@pytest.mark.parametrize("label", ["002 private (coupled)"])
+def test_the_kernel_reproduces_privzos_trajectory_to_1e9(label):
+    # E1's three series are matched by the command's smoke run below; 002 here
+    series = next(s for s in ex.series_of(["E1", "E2"], quick=True) if s.label == label)
+    found = ex.match(series, 1_500)
+    assert found.steps > 2 * 38 and found.ok, found  # more than two tree periods of privzo's loop
+    assert found.query_points <= 1e-9 and found.certificates <= 1e-9 and found.output <= 1e-9
+
+
+def test_a_kernel_off_privzos_trajectory_is_caught(monkeypatch):
+    series = ex.series_of(["E1"], quick=True)[0]
+    honest = KernelPlan.from_spec
+    # a learning rate off by one part in a million: invisible in any rate, caught by the trajectory check
+    monkeypatch.setattr(KernelPlan, "from_spec", classmethod(
+        lambda cls, spec: dataclasses.replace(honest(spec), lr=honest(spec).lr * (1 + 1e-6))))
+    found = ex.match(series, 1_500)
+    assert not found.ok and found.query_points > 1e-9
+
+
+def test_slopes_are_least_squares_and_local():
+    xs, ys = [1e4, 1e5, 1e6], [1.0, 10 ** -0.5, 0.1]
+    assert ex.least_squares_slope(xs, ys) == pytest.approx(-0.5, abs=1e-12)
+    assert ex.local_slopes(xs, ys) == pytest.approx([-0.5, -0.5], abs=1e-12)
+    with pytest.raises(ValueError, match="unknown experiment 'E3'.*first-order"):
+        ex.series_of(["E3"])
