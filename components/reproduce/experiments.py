@@ -163,9 +163,10 @@ class Match:
         return max(self.query_points, self.certificates, self.output) <= 1e-9
 
 
-def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1) -> Match:
-    """privzo's own loop against the kernel on one point's spec, the same public seed and an injected noise
-    generator: the largest differences of the trajectories (query points), window certificates and outputs."""
+def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: Optional[float] = None) -> Match:
+    """privzo's own loop against the kernel on one point's spec (``start``: another x_0), the same public seed
+    and an injected noise generator: the largest differences of the trajectories (query points), window
+    certificates and outputs."""
     import torch
 
     import specs
@@ -173,7 +174,10 @@ def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1) -> Matc
     from components.reproduce.kernel import Kernel, KernelPlan, PrivzoStreams
 
     torch.set_num_threads(threads)
-    spec = specs.spec_from_dict(spec_dict(series, x))
+    data = spec_dict(series, x)
+    if start is not None:
+        data["data"]["source"]["start"] = start
+    spec = specs.spec_from_dict(data)
     data = builders.load_data(spec)
     resolved, _, _ = builders.plan(spec, data)
     built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(noise_seed))

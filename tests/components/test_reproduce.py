@@ -8,11 +8,13 @@ from components.reproduce import experiments as ex
 from components.reproduce.kernel import KernelPlan
 
 
-@pytest.mark.parametrize("label", ["002 private (coupled)"])
-def test_the_kernel_reproduces_privzos_trajectory_to_1e9(label):
-    # E1's three series are matched by the command's smoke run below; 002 here
+@pytest.mark.parametrize("label, start", [("002 private (coupled)", 0.2), ("002 private (coupled)", 0.03),
+                                          ("001 private", 0.98)])
+def test_the_kernel_reproduces_privzos_trajectory_to_1e9(label, start):
+    # E1's three series are matched by the command's smoke run (tests/flows); 002 here, and both from a start
+    # within r of a kink (0, 1), where the kernel evaluates psi point by point rather than by its slope
     series = next(s for s in ex.series_of(["E1", "E2"], quick=True) if s.label == label)
-    found = ex.match(series, 1_500)
+    found = ex.match(series, 1_500, start=start)
     assert found.steps > 2 * 38 and found.ok, found  # more than two tree periods of privzo's loop
     assert found.query_points <= 1e-9 and found.certificates <= 1e-9 and found.output <= 1e-9
 
