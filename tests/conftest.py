@@ -1,9 +1,19 @@
 import copy
 import os
+import shutil
 from pathlib import Path
 
 import pytest
-import torch
+
+# one torch thread for the tests and, by inheritance, their subprocesses (CLI runs, the local stack's flow
+# runs): on the project's busy 2-core machine the tiny models' steps ran ~70x slower on torch's default of
+# one thread per core (threads spinning against each other), and that was most of the suite's time. The
+# bench/ tests set their subprocesses' environment themselves; tests/flows/test_audit.py sets 2 threads to
+# check that the audit (which runs on 1) restores them.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not torch.cuda.is_available():
     # without a GPU, the GPU's Triton kernels (components/estimators/philox.py) run on the CPU through
@@ -67,6 +77,33 @@ def save_to_disk(frame, path: Path, features=None, splits=None) -> Path:
     one = datasets.Dataset.from_pandas(frame, features=features, preserve_index=False)
     (datasets.DatasetDict({name: one for name in splits}) if splits else one).save_to_disk(str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def mlflow_schema(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store, made once: a new store runs MLflow's ~50 Alembic migrations (~3 s here)."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow-schema") / "mlflow.db"
+    cwd = os.getcwd()
+    os.chdir(path.parent)  # its Default experiment's ./mlruns resolves here, never in the repository
+    try:
+        mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
+    finally:
+        os.chdir(cwd)
+    return path
+
+
+def copy_mlflow_store(schema: Path, path: Path) -> str:
+    """A new MLflow store at ``path`` (a copy of ``schema``, what MLflow would create there), as its URI."""
+    shutil.copyfile(schema, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def mlflow_db(mlflow_schema, tmp_path) -> str:
+    """``sqlite:///<tmp_path>/mlflow.db``, already holding MLflow's tables."""
+    return copy_mlflow_store(mlflow_schema, tmp_path / "mlflow.db")
 
 
 @pytest.fixture(scope="session", autouse=True)

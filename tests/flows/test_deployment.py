@@ -19,6 +19,11 @@ POSTGRES = ROOT / "infra" / "postgres" / "test-db.sh"
 PG = "postgresql+psycopg://privzo:privzo@127.0.0.1:5432"
 
 
+# the servers' startup, not what is asserted: one MLflow worker process instead of 4 (each imports MLflow,
+# ~20 s of a 2-core machine), and a Prefect worker that polls for flow runs every second, not every 10
+QUICK = {"MLFLOW_WORKERS": "1", "PREFECT_WORKER_QUERY_SECONDS": "1"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -30,7 +35,8 @@ def local_stack(tmp_path, **env_extra):
     """infra/local-stack.sh up on free ports (down after); yields the environment a user would export."""
     if not (BIN / "prefect").exists():
         pytest.skip("prefect CLI not next to this interpreter")
-    env = dict(os.environ, PRIVZO_PREFECT_PORT=str(_free_port()), PRIVZO_MLFLOW_PORT=str(_free_port()),
+    env = dict(QUICK, **os.environ)
+    env.update(PRIVZO_PREFECT_PORT=str(_free_port()), PRIVZO_MLFLOW_PORT=str(_free_port()),
                PREFECT_HOME=str(tmp_path / "prefect-home"), **env_extra)
     for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PRIVZO_LEDGER_URL"):
         env.pop(name, None)
@@ -211,7 +217,7 @@ def test_the_compose_mlflow_command_answers_the_worker_by_its_service_name(tmp_p
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
     cmd[0] = str(BIN / "mlflow")
     server = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+                              start_new_session=True, env=dict(QUICK, **os.environ))
 
     def status(host):
         request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=1",

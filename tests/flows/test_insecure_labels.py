@@ -103,12 +103,12 @@ def test_a_mechanism_none_cell_has_its_own_column_and_is_marked():
 
 @pytest.mark.e2e
 def test_an_insecure_runs_epsilon_metric_says_it_is_not_a_guarantee(prefect_server, tiny_spec_dict, tmp_path,
-                                                                    monkeypatch):
+                                                                    mlflow_db, monkeypatch):
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
     tiny = _insecure(tiny_spec_dict)
-    tiny["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 2}
+    tiny["tracking"] = {"uri": mlflow_db, "log_every": 2}
     tiny["optimizer"]["steps"] = 4
     result = private_train(spec=tiny)
     run = mlflow.MlflowClient(tiny["tracking"]["uri"]).get_run(result["run_id"])

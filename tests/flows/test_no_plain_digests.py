@@ -32,7 +32,8 @@ def _strings(value):
             yield from _strings(v)
 
 
-def test_no_plain_row_or_set_digest_reaches_any_output(prefect_server, tiny_spec_dict, tmp_path, monkeypatch, capfd):
+def test_no_plain_row_or_set_digest_reaches_any_output(prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch,
+                                                       capfd):
     import specs
     from components import builders
     from flows.private_train import private_train
@@ -40,7 +41,7 @@ def test_no_plain_row_or_set_digest_reaches_any_output(prefect_server, tiny_spec
     monkeypatch.chdir(tmp_path)
     ledger = tmp_path / "ledger.db"
     tiny_spec_dict["optimizer"]["steps"] = 20
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     tiny_spec_dict["checkpoint"] = {"dir": str(tmp_path / "checkpoints"), "keep": True}
     tiny_spec_dict["budget"] = {"dataset": "digits-people", "lifetime_epsilon": 4.0, "ledger": f"sqlite:///{ledger}"}
     result = private_train(spec=tiny_spec_dict)

@@ -1,5 +1,7 @@
 """End to end: the Prefect flow trains, and MLflow holds the run as DESIGN §7 describes."""
+import copy
 import json
+import os
 from pathlib import Path
 
 import dp_accounting
@@ -11,14 +13,29 @@ from dp_accounting import rdp
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def finished_run(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def _one_finished_run(prefect_server, mlflow_schema, tmp_path_factory):
+    """The tiny spec's run, once for the four tests that only read it (each ran it again before)."""
     from flows.private_train import private_train
+    from tests.conftest import TINY, copy_mlflow_store
 
+    tmp_path = tmp_path_factory.mktemp("finished-run")
+    spec = copy.deepcopy(TINY)
+    spec["tracking"]["uri"] = copy_mlflow_store(mlflow_schema, tmp_path / "mlflow.db")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        return private_train(spec=spec), spec["tracking"]["uri"], tmp_path
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture
+def finished_run(_one_finished_run, tiny_spec_dict, monkeypatch):
+    result, uri, tmp_path = _one_finished_run
     monkeypatch.chdir(tmp_path)
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = private_train(spec=tiny_spec_dict)
-    mlflow.set_tracking_uri(tiny_spec_dict["tracking"]["uri"])
+    tiny_spec_dict["tracking"]["uri"] = uri  # the spec of that run, as each test reads it
+    mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient()
     return result, client, client.get_run(result["run_id"]), tmp_path
 
@@ -94,8 +111,8 @@ def test_model_is_registered_with_dp_tags(finished_run, tiny_spec_dict):
 
 
 @pytest.mark.parametrize("trainable", ["example", "lora"])
-def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(prefect_server, tmp_path, monkeypatch,
-                                                                            trainable):
+def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(prefect_server, tmp_path, mlflow_db,
+                                                                             monkeypatch, trainable):
     """The MiniLM example, cut to 2 steps in this process: the registered model takes [b, 2, length] ids;
     with LoRA adapters too (the registered model carries them)."""
     import torch
@@ -109,7 +126,7 @@ def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(pre
     if trainable == "lora":
         spec["model"].update(trainable="lora", lora={"rank": 2})
     spec["execution"] = {"backend": "local"}
-    spec["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 2}
+    spec["tracking"] = {"uri": mlflow_db, "log_every": 2}
     result = private_train(spec=spec)
     assert result["steps"] == 2 and 0.0 <= result["eval/accuracy"] <= 1.0
     model = mlflow.pytorch.load_model(f"models:/{spec['name']}/{result['model_version']}")
@@ -120,11 +137,12 @@ def test_transformer_example_runs_and_registers_a_model_that_reads_token_ids(pre
         assert any(".lora_B." in n for n, _ in model.named_parameters())
 
 
-def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
+                                                            monkeypatch):
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     tiny_spec_dict["privacy"]["insecure_deterministic"] = True
     tiny_spec_dict["optimizer"]["steps"] = 20
     result = private_train(spec=tiny_spec_dict)
@@ -149,13 +167,14 @@ def _fail_queries(monkeypatch, from_call: int, until_call: float):
     monkeypatch.setattr(LocalBackend, "query", failing_query)
 
 
-def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
+                                                         monkeypatch):
     """Retries exhausted: the run is marked FAILED and its dp tags and dp_event.json account for every
     step executed, including those of the attempt that was rolled back to the checkpoint."""
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     tiny_spec_dict["tracking"]["uri"] = uri
     _fail_queries(monkeypatch, 31, float("inf"))  # step 30 fails, and every retry from step 20 too
     with pytest.raises(RuntimeError, match="worker lost"):
@@ -169,14 +188,15 @@ def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_sp
     assert float(run.data.tags["dp.epsilon"]) < tiny_spec_dict["privacy"]["epsilon"]
 
 
-def test_a_failed_chunk_is_retried_from_its_checkpoint(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_a_failed_chunk_is_retried_from_its_checkpoint(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
+                                                       monkeypatch):
     """One lost worker: the chunk restarts from the step-20 checkpoint and the run finishes. The 10
     discarded steps stay charged and come out of the trajectory: 60 private steps in all, as planned and
     calibrated, so the run's epsilon is the planned one, not more."""
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     planned = private_train(spec={**tiny_spec_dict, "tracking": {"uri": f"sqlite:///{tmp_path / 'ref.db'}",
                                                                   "log_every": 20}})
     _fail_queries(monkeypatch, 31, 31)
@@ -193,11 +213,11 @@ def test_a_failed_chunk_is_retried_from_its_checkpoint(prefect_server, tiny_spec
     assert not (tmp_path / ".privzo" / "checkpoints" / "tiny-digits" / result["run_key"]).exists()
 
 
-def test_mezo_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_mezo_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     tiny_spec_dict["tracking"]["uri"] = uri
     tiny_spec_dict["mechanism"] = {"kind": "none"}
     del tiny_spec_dict["privacy"]
@@ -210,11 +230,11 @@ def test_mezo_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_pa
     assert result["epsilon"] == float("inf")
 
 
-def test_pazo_run_with_public_warm_start(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_pazo_run_with_public_warm_start(prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     tiny_spec_dict["tracking"]["uri"] = uri
     tiny_spec_dict["estimator"] = {"kind": "pazo_s", "public_batches": 3, "public_batch_size": 8,
                                    "public_warm_start": {"epochs": 2, "lr": 0.1, "batch_size": 8}}
@@ -227,14 +247,14 @@ def test_pazo_run_with_public_warm_start(prefect_server, tiny_spec_dict, tmp_pat
     assert client.get_metric_history(result["run_id"], "public/warm_start_steps")[0].value > 0
 
 
-def test_run_on_ray_workers(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_run_on_ray_workers(prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
     """execution.backend: ray runs the forward passes on local Ray actors and stops them at the end."""
     import ray
 
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     tiny_spec_dict["tracking"]["uri"] = uri
     tiny_spec_dict["execution"] = {"backend": "ray", "workers": 2}
     tiny_spec_dict["optimizer"]["steps"] = 20
@@ -253,7 +273,7 @@ def test_run_on_ray_workers(prefect_server, tiny_spec_dict, tmp_path, monkeypatc
         ray.shutdown()
 
 
-def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
     """Runs on one dataset compose in the ledger; the run that would overspend is refused before training."""
     import subprocess
     import sys
@@ -263,7 +283,7 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
 
     monkeypatch.chdir(tmp_path)
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     tiny_spec_dict["optimizer"]["steps"] = 20
     tiny_spec_dict["privacy"]["epsilon"] = 1.0
     tiny_spec_dict["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 1.2, "ledger": ledger_url}
@@ -284,7 +304,8 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     assert out.returncode == 0 and "of 1.2 epsilon spent" in out.stdout
 
 
-def test_retraining_starts_from_the_latest_registered_version(prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+def test_retraining_starts_from_the_latest_registered_version(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
+                                                              monkeypatch):
     """optimizer.init: latest_registered. No version yet: the seed initialisation. A MeZO (not private)
     version: a private run refuses it before reserving or writing anything. A DP version: the next run
     starts from it, so replaying the new run's journal from that version gives the new model."""
@@ -299,7 +320,7 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     tiny_spec_dict["tracking"]["uri"] = uri
     tiny_spec_dict["optimizer"]["steps"] = 20
     retrain = copy.deepcopy(tiny_spec_dict)
@@ -369,7 +390,7 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     assert [c.status for c in PrivacyLedger(ledger_url).history("digits-patients")] == ["committed"] * 2
 
 
-def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_server, tiny_spec_dict, tmp_path,
+def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
                                                                   monkeypatch):
     """The user's file grows between scheduled runs. With the hashed split both runs are charged to the
     dataset and each row keeps its part; the permutation split moves rows into public/test and is refused."""
@@ -393,7 +414,7 @@ def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_serve
         "declared_private_rows": 1000,
         "source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))},
         "split": {"kind": "hashed", "public": 0.04, "test": 0.2, "imbalance": [1.0, 0.85]}}
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     tiny_spec_dict["optimizer"]["steps"] = 20
     tiny_spec_dict["privacy"]["epsilon"] = 1.0
     tiny_spec_dict["budget"] = {"dataset": "clinic", "lifetime_epsilon": 5.0, "ledger": ledger_url}
@@ -428,7 +449,7 @@ def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_serve
     assert [c.status for c in ledger.history("clinic-permuted")] == ["committed"]
 
 
-def test_an_image_folder_that_grows_and_is_renamed_keeps_its_ledger(prefect_server, tiny_spec_dict, tmp_path,
+def test_an_image_folder_that_grows_and_is_renamed_keeps_its_ledger(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
                                                                       monkeypatch):
     """Images are known by their decoded pixels: new images arriving and every file renamed between
     scheduled runs keep the earlier runs' private images matched; another size cannot be matched."""
@@ -446,7 +467,7 @@ def test_an_image_folder_that_grows_and_is_renamed_keeps_its_ledger(prefect_serv
     write_digits_images(folder, n=900)
     tiny_spec_dict["data"] = {"declared_private_rows": 1000, "source": {"kind": "images", "path": str(folder), "classes": NAMES, "size": 8},
                               "split": {"kind": "hashed", "public": 0.04, "test": 0.2}}
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     tiny_spec_dict["optimizer"]["steps"] = 10
     tiny_spec_dict["privacy"]["epsilon"] = 1.0
     tiny_spec_dict["budget"] = {"dataset": "scans", "lifetime_epsilon": 5.0, "ledger": ledger_url}
@@ -470,7 +491,7 @@ def test_an_image_folder_that_grows_and_is_renamed_keeps_its_ledger(prefect_serv
 
 
 def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_ledger(
-        prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+        prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
     """sampling.kind fixed_size end to end: the run's event is sampling without replacement, its report
     and guarantee say replace-one, and two runs on one dataset compose exactly in the ledger."""
     from flows.ledger import PrivacyLedger
@@ -478,7 +499,7 @@ def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_l
 
     monkeypatch.chdir(tmp_path)
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     tiny_spec_dict["sampling"] = {"kind": "fixed_size", "batch_size": 40}
     tiny_spec_dict["privacy"].update(neighboring="replace_one", epsilon=1.0)
     tiny_spec_dict["optimizer"]["steps"] = 20
@@ -514,7 +535,7 @@ def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_l
 
 
 def test_full_batch_runs_under_zcdp_report_rho_and_compose_by_adding_it(prefect_server, tiny_spec_dict, tmp_path,
-                                                                         monkeypatch):
+                                                                        mlflow_db, monkeypatch):
     """accountant zcdp end to end: each run states its rho-zCDP in its report, its tags and its registered
     model, and the ledger's total for two runs is the epsilon of the summed rho, not a sum of epsilons."""
     from components.accountants import ZCdpAccountant
@@ -523,7 +544,7 @@ def test_full_batch_runs_under_zcdp_report_rho_and_compose_by_adding_it(prefect_
 
     monkeypatch.chdir(tmp_path)
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    tiny_spec_dict["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tiny_spec_dict["tracking"]["uri"] = mlflow_db
     tiny_spec_dict["sampling"] = {"kind": "full_batch"}
     tiny_spec_dict["privacy"].update(neighboring="replace_one", accountant="zcdp", epsilon=1.0)
     tiny_spec_dict["optimizer"]["steps"] = 10
@@ -580,7 +601,7 @@ def test_the_default_ledger_never_starts_beside_the_one_earlier_privzo_kept_in_t
 
 @pytest.mark.parametrize("name, backend", [("p1_o2nc_001", "local"), ("p1_o2nc_001_naive", "local"),
                                            ("p1_o2nc_002", "ray")])
-def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, monkeypatch, name, backend):
+def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, mlflow_db, monkeypatch, name, backend):
     """The papers' algorithms go the way of every run: the flow, MLflow (params, exact certificate, epsilon,
     DP tags), the registry; 002 on two Ray workers (their per-example directions follow the row's place in
     the batch, so the run is the local one)."""
@@ -592,7 +613,7 @@ def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     spec = specs.load_spec(str(Path(__file__).parents[2] / "specs" / "examples" / f"{name}.yaml")).model_dump(mode="json")
     spec["data"]["source"]["rows"] = 600
-    spec["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec["tracking"]["uri"] = mlflow_db
     spec["execution"] = {"backend": backend, "workers": 2}
     try:
         result = private_train(spec=spec)

@@ -15,10 +15,10 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _spec(tiny_spec_dict, tmp_path, *, private: bool) -> dict:
+def _spec(tiny_spec_dict, tmp_path, *, private: bool, tracking_uri=None) -> dict:
     spec = tiny_spec_dict
     spec["optimizer"]["steps"] = 1200
-    spec["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 50}
+    spec["tracking"] = {"uri": tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 50}
     spec["checkpoint"] = {"dir": str(tmp_path / "checkpoints"), "keep": True}
     if private:
         spec["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0,
@@ -28,9 +28,15 @@ def _spec(tiny_spec_dict, tmp_path, *, private: bool) -> dict:
     return spec
 
 
-def _cli(*args: str, cwd: Path, **kwargs) -> subprocess.Popen:
+def _env(api_url=None) -> dict:
+    """The CLI's environment; with ``api_url`` (the session's prefect_server) its flow runs use that server
+    instead of each starting a temporary one (~8 s here; tests/flows/test_cli.py covers that path)."""
+    return dict(os.environ, PYTHONPATH=str(ROOT), **({"PREFECT_API_URL": api_url} if api_url else {}))
+
+
+def _cli(*args: str, cwd: Path, api_url=None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), **kwargs)
+                            stderr=subprocess.STDOUT, text=True, env=_env(api_url), **kwargs)
 
 
 def _checkpoint(root: Path, name: str):
@@ -43,11 +49,11 @@ def _checkpoint(root: Path, name: str):
         return files[0].parent.name, None
 
 
-def _kill_after(spec: dict, spec_path: Path, tmp_path: Path, step: int) -> str:
-    """Run the spec in a child process and SIGKILL it (with its Prefect server) once a checkpoint at
+def _kill_after(spec: dict, spec_path: Path, tmp_path: Path, step: int, api_url: str) -> str:
+    """Run the spec in a child process and SIGKILL it (with all it started) once a checkpoint at
     ``step`` or later exists; returns the run key."""
     root, name = Path(spec["checkpoint"]["dir"]), spec["name"]
-    proc = _cli("run", str(spec_path), "--no-progress", cwd=tmp_path, start_new_session=True)
+    proc = _cli("run", str(spec_path), "--no-progress", cwd=tmp_path, api_url=api_url, start_new_session=True)
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline:
@@ -71,14 +77,14 @@ def _final(spec: dict, key: str):
 
 
 @pytest.mark.parametrize("private", [True, False], ids=["private-with-budget", "insecure-deterministic"])
-def test_killed_run_resumes_with_one_charge_and_the_same_model(prefect_server, tiny_spec_dict, tmp_path,
+def test_killed_run_resumes_with_one_charge_and_the_same_model(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
                                                                 monkeypatch, private):
     from components.accountants import event_to_json
     from flows.ledger import PrivacyLedger
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    spec = _spec(tiny_spec_dict, tmp_path, private=private)
+    spec = _spec(tiny_spec_dict, tmp_path, private=private, tracking_uri=mlflow_db)
 
     # the uninterrupted run, on its own ledger and checkpoint folder
     reference = yaml.safe_load(yaml.safe_dump(spec))
@@ -90,13 +96,13 @@ def test_killed_run_resumes_with_one_charge_and_the_same_model(prefect_server, t
 
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
-    key = _kill_after(spec, spec_path, tmp_path, step=150)
+    key = _kill_after(spec, spec_path, tmp_path, step=150, api_url=prefect_server)
     killed_at = _checkpoint(Path(spec["checkpoint"]["dir"]), spec["name"])[1]["loop"]["step"]
     if private:  # killed: the reservation still counts the planned run, nothing more
         (charge,) = PrivacyLedger(spec["budget"]["ledger"]).history("digits-patients")
         assert charge.status == "reserved"
 
-    resumed = _cli("run", str(spec_path), "--no-progress", "--resume", "latest", cwd=tmp_path)
+    resumed = _cli("run", str(spec_path), "--no-progress", "--resume", "latest", cwd=tmp_path, api_url=prefect_server)
     out, _ = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, out[-3000:]
     assert f"resuming {spec['name']} from its checkpoint at step {killed_at}" in out
@@ -133,7 +139,7 @@ def test_killed_run_resumes_with_one_charge_and_the_same_model(prefect_server, t
     assert run.info.status == "FINISHED" and run.data.tags["privzo.resumed_from_step"] == str(killed_at)
 
 
-def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, tmp_path):
+def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(prefect_server, tiny_spec_dict, tmp_path):
     spec = _spec(tiny_spec_dict, tmp_path, private=False)
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
@@ -147,7 +153,7 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, 
     CheckpointStore(spec["checkpoint"]["dir"], spec["name"], "k1").save(
         {"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0},
          "directions_version": GENERATOR_VERSION})
-    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k1", cwd=tmp_path)
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k1", cwd=tmp_path, api_url=prefect_server)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: the spec changed since checkpoint" in out
 
@@ -155,7 +161,7 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, 
     done.save({"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0}})
     done.mark_finished()
     assert CheckpointStore.latest_key(spec["checkpoint"]["dir"], spec["name"]) == "k1"  # finished runs are skipped
-    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k2", cwd=tmp_path)
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k2", cwd=tmp_path, api_url=prefect_server)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: run k2 of tiny-digits finished" in out
 
@@ -163,7 +169,7 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(tiny_spec_dict, 
     # its journal would not replay with this generator
     CheckpointStore(spec["checkpoint"]["dir"], spec["name"], "k0").save(
         {"spec_digest": "0" * 64, "fingerprint": "0" * 64, "charge_id": None, "run_id": "r", "loop": {"step": 0}})
-    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k0", cwd=tmp_path)
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", "k0", cwd=tmp_path, api_url=prefect_server)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "written by direction generator v1, this privzo draws v2" in out
 
@@ -201,7 +207,7 @@ def test_spec_digest_ignores_cadence_and_prefetch_but_not_training(tiny_spec_dic
     assert digest(lambda d: d.update(execution={"threads": 1})) != base
 
 
-def test_resume_refuses_directions_drawn_on_another_kind_of_device(prefect_server, tiny_spec_dict, tmp_path,
+def test_resume_refuses_directions_drawn_on_another_kind_of_device(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
                                                                    monkeypatch):
     """A GPU draws other directions than the CPU for the same seeds: a checkpoint written on one is not
     replayed on the other. The refusal comes before anything is reserved or written; the checkpoint stays."""
@@ -209,7 +215,7 @@ def test_resume_refuses_directions_drawn_on_another_kind_of_device(prefect_serve
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    spec = _spec(tiny_spec_dict, tmp_path, private=False)
+    spec = _spec(tiny_spec_dict, tmp_path, private=False, tracking_uri=mlflow_db)
     spec["optimizer"]["steps"] = 40
     key = private_train(spec=spec)["run_key"]
     store = CheckpointStore(spec["checkpoint"]["dir"], spec["name"], key)
@@ -221,7 +227,7 @@ def test_resume_refuses_directions_drawn_on_another_kind_of_device(prefect_serve
 
     store.save({**{k: v for k, v in state.items() if k != "format"}, "directions_stream": "cuda-philox-v1"})
     before = store.path.read_bytes()
-    proc = _cli("run", str(spec_path), "--no-progress", "--resume", key, cwd=tmp_path)
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", key, cwd=tmp_path, api_url=prefect_server)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out[-3000:]
     assert (f"resume: checkpoint {store.path} drew its directions with cuda-philox-v1, this run would draw "
@@ -230,7 +236,7 @@ def test_resume_refuses_directions_drawn_on_another_kind_of_device(prefect_serve
 
     # checkpoints written before streams were recorded came from CPU runs, and resume on the CPU
     store.save({k: v for k, v in state.items() if k not in ("format", "directions_stream")})
-    proc = _cli("run", str(spec_path), "--no-progress", "--resume", key, cwd=tmp_path)
+    proc = _cli("run", str(spec_path), "--no-progress", "--resume", key, cwd=tmp_path, api_url=prefect_server)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
 
@@ -266,14 +272,15 @@ def test_a_kill_mid_chunk_is_charged_up_to_the_chunk_end_and_a_recorded_failure_
     assert "unrecorded_steps" not in state
 
 
-def test_a_run_killed_before_its_first_checkpoint_releases_its_reservation(prefect_server, tiny_spec_dict, tmp_path):
+def test_a_run_killed_before_its_first_checkpoint_releases_its_reservation(prefect_server, tiny_spec_dict, tmp_path,
+                                                                          mlflow_db):
     """Killed after the ledger reserved its run but before the step-0 checkpoint (here in the public warm
     start; every private query comes after that checkpoint), a run made no private query. Its reservation
     would count the planned epsilon for good; the next run under its key (`--resume latest`, or Prefect
     retrying the flow run) releases it and starts over, so the dataset is charged one run."""
     from flows.ledger import PrivacyLedger
 
-    spec = _spec(tiny_spec_dict, tmp_path, private=True)
+    spec = _spec(tiny_spec_dict, tmp_path, private=True, tracking_uri=mlflow_db)
     spec["optimizer"]["steps"] = 60
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
@@ -282,14 +289,14 @@ def test_a_run_killed_before_its_first_checkpoint_releases_its_reservation(prefe
               "from flows.cli import main\nsys.exit(main(sys.argv[1:]))\n")
     with open(tmp_path / "killed.log", "w") as log:
         killed = subprocess.run([sys.executable, "-c", killer, "run", str(spec_path), "--no-progress"], cwd=tmp_path,
-                                stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                                stdout=log, stderr=subprocess.STDOUT, env=_env(prefect_server),
                                 timeout=300, start_new_session=True)
     assert killed.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     ledger = PrivacyLedger(spec["budget"]["ledger"])
     (orphan,) = ledger.history("digits-patients")
     assert orphan.status == "reserved" and ledger.spent("digits-patients") == pytest.approx(orphan.planned_epsilon)
 
-    resumed = _cli("run", str(spec_path), "--no-progress", "--resume", "latest", cwd=tmp_path)
+    resumed = _cli("run", str(spec_path), "--no-progress", "--resume", "latest", cwd=tmp_path, api_url=prefect_server)
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out[-3000:]
     assert f"its ledger reservation {orphan.id} is released, and the run starts from the beginning" in out

@@ -8,7 +8,7 @@ import yaml
 pytestmark = pytest.mark.e2e
 
 
-def test_sweep_logs_children_table_and_plot(prefect_server, tiny_spec_dict, tmp_path):
+def test_sweep_logs_children_table_and_plot(prefect_server, tiny_spec_dict, tmp_path, mlflow_db):
     from flows.sweep import sweep
 
     paths = []
@@ -20,7 +20,7 @@ def test_sweep_logs_children_table_and_plot(prefect_server, tiny_spec_dict, tmp_
         path = tmp_path / f"{kind}.yaml"
         path.write_text(yaml.safe_dump(spec))
         paths.append(str(path))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     out = tmp_path / "docs" / "results.md"
     result = sweep(spec_paths=paths, epsilons=[0.5, 2.0], seeds=[0, 1], tracking_uri=uri, output=str(out))
     assert len(result["cells"]) == 2 * 2 * 2
