@@ -26,6 +26,7 @@ from components.estimators import (
     Directions,
     DpgdZerothEstimator,
     FirstOrderEstimator,
+    FoSpiderEstimator,
     GepEstimator,
     PazoMEstimator,
     ZoNaiveEstimator,
@@ -48,6 +49,7 @@ from components.randomness import (
 )
 from components.runtime import LocalBackend, PrivateLoop
 from specs import RunSpec
+from specs.run import O2NC_KINDS, SPIDER_KINDS
 
 
 def load_data(spec: RunSpec) -> SplitData:
@@ -172,11 +174,14 @@ def accountant(spec: RunSpec) -> Accountant:
 
 def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
     est = spec.estimator
-    if est.kind == "zo_spider":
+    if est.kind in SPIDER_KINDS:
         if spec.mechanism.kind == "tree_aggregation":
             clip, difference_clip = spec.mechanism.clip, spec.mechanism.difference_clip
         else:  # the non-private twin: the preset's clips, which only bound the coefficient of 001's difference
             clip = difference_clip = math.inf
+        if est.kind == "fo_spider":
+            return FoSpiderEstimator(est.radius, dimension, spec.sampling.period, est.perturbations, clip,
+                                     difference_clip, spec.optimizer.step_bound)
         return ZoSpiderEstimator(est.variant, est.radius, dimension, spec.sampling.period, est.start_directions,
                                  est.directions, clip, difference_clip, spec.optimizer.step_bound)
     if est.kind == "zo_naive":
@@ -204,7 +209,7 @@ def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
 def build_directions(spec: RunSpec, params) -> Directions:
     """Random directions of the estimator; radius auto = sqrt(d), or d^(1/4) for PAZO-M (§A.1 of PAZO)."""
     est = spec.estimator
-    if est.kind in ("zo_spider", "zo_naive"):  # their directions are per example (PerExampleSphere)
+    if est.kind in O2NC_KINDS:  # their directions are per example (PerExampleSphere, PerExampleBall)
         return Directions(params, "sphere", None)
     kind = getattr(est, "directions", "gaussian")
     radius = getattr(est, "radius", "auto")
@@ -392,7 +397,7 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         sampling_generator = SecureSource() if source == "secure" else private_generator(
             public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
     sampler = spec_sampler(spec, n_private, sampling_generator)
-    tree = spec.estimator.kind == "zo_spider"
+    tree = spec.estimator.kind in SPIDER_KINDS
     if spec.mechanism.kind == "none":
         mechanism = NoiselessTree(spec.sampling.period) if tree else NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)

@@ -1,4 +1,4 @@
-"""Planning the private nonsmooth runs (O2NC with zo_spider or zo_naive): the theory preset's settings,
+"""Planning the private nonsmooth runs (O2NC with zo_spider, fo_spider or zo_naive): the theory preset's settings,
 the node sensitivity the door checks every release against, the calibrated noise and the learning rate.
 
 Everything here reads public values only: n (public under replace-one, the relation these runs require),
@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from components import presets
 from components.presets import Schedule
+from specs.run import SPIDER_KINDS
 
 
 def assumptions_of(spec) -> Tuple[float, float]:
@@ -38,7 +39,7 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
         return presets.preset_001(n, d, lipschitz, gap, est.radius, mu)
     given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
     delta0 = given or (delta / 2 if delta is not None else 1e-6)
-    return presets.preset_002(n, d, lipschitz, gap, est.radius, epsilon, delta0)
+    return presets.preset_002(n, d, lipschitz, gap, est.radius, epsilon, delta0, first_order=est.kind == "fo_spider")
 
 
 def _manual(spec, d: int) -> Schedule:
@@ -84,6 +85,8 @@ def _filled(spec, schedule: Schedule) -> Dict[str, Dict[str, Any]]:
     if est.kind == "zo_spider":
         fill("estimator", est, "start_directions", schedule.start_directions)
         fill("estimator", est, "directions", schedule.directions)
+    if est.kind == "fo_spider":
+        fill("estimator", est, "perturbations", schedule.directions)
     fill("mechanism", mech, "clip", schedule.start_clip)
     fill("mechanism", mech, "difference_clip", schedule.difference_clip)
     return out
@@ -158,6 +161,6 @@ def _node_std(spec, d: int, sigma: Optional[float]) -> float:
     its batch): sigma x Delta."""
     if sigma is None:
         return 0.0
-    if spec.estimator.kind == "zo_spider":
+    if spec.estimator.kind in SPIDER_KINDS:
         return sigma * node_sensitivity(spec, d)
     return sigma * 2.0 * spec.mechanism.clip * math.sqrt(d) / spec.sampling.step_batch

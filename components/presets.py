@@ -158,12 +158,18 @@ def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, eps
 
 
 def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, epsilon: float,
-               concentration_delta: float) -> Schedule:
+               concentration_delta: float, first_order: bool = False) -> Schedule:
     """Paper 002, Theorem 3.1 with coupled directions (build study §3.3 [DEV]): T = n/2 steps shrunk to fit
     one pass, B1 = Sigma rows at a period start, 1 after; windows of W = alpha / (4D); m_G = d^2 log(8 d B1
     / delta_0) directions per row at a period start, m_D = 4 d log(8 d / delta_0) shared by both points of
     a difference; vector clips at the concentration bounds (c_h = c_s = 1). Privacy rests on the clips, not
-    on the concentration event."""
+    on the concentration event.
+
+    ``first_order``: Theorem 6.1 (study §3.5), the same schedule with gradients at points drawn uniformly
+    from the ball of radius alpha: one per row at a period start (clip L, which an L-Lipschitz loss never
+    exceeds), m_D = log(8 d B2 / delta_0) B2^2 alpha^2 / (D^2 d) independent ones at each point of a
+    difference (Lemma 6.4), clipped at Lemma 6.3's bound sqrt(d) L 2D / alpha + 2 L sqrt(log(8 d B2 /
+    delta_0) / m_D)."""
     if radius > initial_gap / lipschitz:
         raise ValueError(f"estimator.radius: paper 002 needs radius <= initial_gap / lipschitz = "
                          f"{initial_gap / lipschitz:.4g}")
@@ -179,17 +185,25 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
     window = max(1, int(radius / (4 * bound)))
     log_start = math.log(8 * d * period / concentration_delta)
     log_step = math.log(8 * d / concentration_delta)
-    start_directions = math.ceil(d * d * log_start)
-    directions = math.ceil(4 * d * log_step)
-    start_clip = lipschitz * (1 + d * math.sqrt(log_start / start_directions))
-    difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius * 2
+    if first_order:
+        start_directions = 1
+        directions = max(1, math.ceil(log_step * radius ** 2 / (bound ** 2 * d)))
+        start_clip = lipschitz
+        difference_clip = (math.sqrt(d) * lipschitz * 2 * bound / radius
+                           + 2 * lipschitz * math.sqrt(log_step / directions))
+    else:
+        start_directions = math.ceil(d * d * log_start)
+        directions = math.ceil(4 * d * log_step)
+        start_clip = lipschitz * (1 + d * math.sqrt(log_start / start_directions))
+        difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius * 2
     predicted = ((initial_gap * lipschitz ** 2 * math.sqrt(d) / (n * radius)) ** (1 / 3)
                  + (initial_gap * d * lipschitz / (n * radius * epsilon)) ** 0.5
                  + (initial_gap ** 2 * lipschitz ** 3 * d ** 1.5 / (n * n * radius ** 2 * epsilon)) ** 0.2)
-    return Schedule("002", steps=(steps // window) * window, window=window, period=period, start_batch=period,
-                    step_batch=1, step_bound=bound, start_directions=start_directions, directions=directions,
-                    clip_mode="vector", start_clip=start_clip, difference_clip=difference_clip, restart=False,
-                    radius=radius, rows_used=rows, predicted=predicted)
+    return Schedule("002_fo" if first_order else "002", steps=(steps // window) * window, window=window,
+                    period=period, start_batch=period, step_batch=1, step_bound=bound,
+                    start_directions=start_directions, directions=directions, clip_mode="vector",
+                    start_clip=start_clip, difference_clip=difference_clip, restart=False, radius=radius,
+                    rows_used=rows, predicted=predicted)
 
 
 def vector_bounds(schedule: Schedule, d: int) -> tuple:
@@ -210,13 +224,17 @@ def node_sensitivity(schedule: Schedule, d: int, kappa: float = 2.0) -> float:
 
 def second_moment(schedule: Schedule, d: int, lipschitz: float, node_std: float) -> float:
     """G^2, the bound on E|g_t|^2 that sets eta = D / (G sqrt(W)) (001 Lemma 4.8 and Cor. 4.5; 002 Lemma 3.6
-    with the coupled difference; 001's baseline: L^2 (d + 1) + d sigma^2)."""
+    with the coupled difference; 002's first-order oracle, Lemma 6.5; 001's baseline: L^2 (d + 1) + d sigma^2)."""
     j = tree_depth(schedule.period)
     if schedule.algorithm == "001":
         return (3 * (16 * d * lipschitz ** 2 / schedule.start_batch + 64 * d * lipschitz ** 2 / (
             schedule.step_batch * schedule.window)) + 3 * lipschitz ** 2 + 3 * j * d * node_std ** 2)
     if schedule.algorithm == "001_naive":
         return lipschitz ** 2 * (d + 1) + d * node_std ** 2
+    if schedule.algorithm == "002_fo":  # Lemma 6.5
+        return (lipschitz ** 2 + lipschitz ** 2 / schedule.start_batch
+                + lipschitz ** 2 * d * schedule.step_bound ** 2 * schedule.period / (schedule.radius ** 2 * schedule.step_batch)
+                + lipschitz ** 2 * schedule.period / (schedule.directions * schedule.step_batch) + j * d * node_std ** 2)
     return (lipschitz ** 2 + lipschitz ** 2 * d * d / (schedule.start_batch * schedule.start_directions)
             + lipschitz ** 2 * d * schedule.step_bound ** 2 * schedule.period / (schedule.radius ** 2 * schedule.step_batch)
             + j * d * node_std ** 2)

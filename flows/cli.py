@@ -246,9 +246,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--experiment", default="privzo-sweep")
     p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
     p.set_defaults(func=cmd_sweep)
-    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1, E2, E5 of papers 001/002)")
+    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1, E2, E3, E5 of papers 001/002)")
     p.add_argument("suite", choices=["nonsmooth"])
-    p.add_argument("--experiments", nargs="+", default=["E1", "E2", "E5"])
+    p.add_argument("--experiments", nargs="+", default=["E1", "E2", "E3", "E5"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--quick", action="store_true", help="tiny grids through the same code (a smoke run)")
     p.add_argument("--out", default="docs/results/nonsmooth_rates.md",

@@ -1,4 +1,4 @@
-"""``privzo reproduce nonsmooth``: the rate experiments of papers 001 and 002 (build study §6.2: E1, E2, E5),
+"""``privzo reproduce nonsmooth``: the rate experiments of papers 001 and 002 (build study §6.2: E1, E2, E3, E5),
 written to docs/ and logged to MLflow as a parent run with a child run per point.
 
 The sweeps run the vectorised kernel (components/reproduce/kernel.py) on specs resolved by privzo's planner.

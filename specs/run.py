@@ -64,7 +64,7 @@ class RunSpec(Strict):
             values += [self.optimizer.step_bound, self.optimizer.lr, self.optimizer.window, self.optimizer.restart]
         if self.sampling.kind == "single_pass":
             values += [self.sampling.start_batch, self.sampling.period]
-        if self.estimator.kind == "zo_spider":
+        if self.estimator.kind in SPIDER_KINDS:
             values += [self.estimator.start_directions, self.estimator.directions]
         if self.mechanism.kind == "tree_aggregation":
             values += [self.mechanism.difference_clip]
@@ -186,14 +186,14 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     est = spec.estimator
     split = spec.data.split
     problems += nonsmooth_problems(spec)
-    if est.kind not in ZO_SPHERE_KINDS and getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
+    if est.kind not in O2NC_KINDS and getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
         problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
     ex = spec.execution
     if ex.backend == "ray" and ex.device == "cuda" and ex.gpus_per_worker == 0:
         problems.append("execution.device: cuda with backend ray needs gpus_per_worker > 0 (workers draw the "
                         "driver's directions on the same kind of device); set gpus_per_worker or device: cpu")
     if spec.execution.prefetch_directions:
-        if est.kind in ("pazo_p", "pazo_s", "first_order", "gep") + ZO_SPHERE_KINDS:
+        if est.kind in ("pazo_p", "pazo_s", "first_order", "gep") + O2NC_KINDS:
             problems.append(f"execution.prefetch_directions: {est.kind} has no seeded directions to draw ahead; "
                             "remove it (two_point, dpgd_0th and pazo_m use it)")
         elif est.perturbation == "regenerate":
@@ -248,7 +248,8 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     return problems
 
 
-ZO_SPHERE_KINDS = ("zo_spider", "zo_naive")
+SPIDER_KINDS = ("zo_spider", "fo_spider")  # increments released by tree aggregation
+O2NC_KINDS = ("zo_spider", "fo_spider", "zo_naive")  # the nonsmooth oracles, each row read once
 
 
 def nonsmooth_problems(spec: RunSpec) -> List[str]:
@@ -265,28 +266,29 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
             # sensitivity; dp-accounting has no event for amplified tree aggregation
             problems.append(f"sampling.kind: {sampling.kind} can put a row in several leaves of one tree, which "
                             "tree_aggregation does not account for; use sampling.kind: single_pass")
-        if est.kind != "zo_spider":
-            problems.append(f"mechanism.kind: tree_aggregation releases running sums of zo_spider's increments; "
+        if est.kind not in SPIDER_KINDS:
+            problems.append(f"mechanism.kind: tree_aggregation releases running sums of zo_spider's or fo_spider's "
+                            f"increments; "
                             f"estimator.kind {est.kind} is released by gaussian")
         if spec.privacy is not None and spec.privacy.noise == "secure":
             problems.append("privacy.noise: secure is not available with tree_aggregation yet; use fast or auto")
-    if est.kind == "zo_spider" and mech.kind not in ("tree_aggregation", "none"):
-        problems.append(f"mechanism.kind: zo_spider's increments are released by tree_aggregation (or none, a "
+    if est.kind in SPIDER_KINDS and mech.kind not in ("tree_aggregation", "none"):
+        problems.append(f"mechanism.kind: {est.kind}'s increments are released by tree_aggregation (or none, a "
                         f"non-private twin), not {mech.kind}")
     if est.kind == "zo_naive" and mech.kind not in ("gaussian", "none"):
         problems.append(f"mechanism.kind: zo_naive releases one Gaussian vector a step; use gaussian, not {mech.kind}")
-    if (est.kind in ZO_SPHERE_KINDS) != (opt.kind == "o2nc"):
-        problems.append("optimizer.kind: o2nc and the estimators zo_spider and zo_naive go together (the oracles "
+    if (est.kind in O2NC_KINDS) != (opt.kind == "o2nc"):
+        problems.append("optimizer.kind: o2nc and the estimators zo_spider, fo_spider and zo_naive go together (the oracles "
                         "read O2NC's query points; O2NC needs their unbiased smoothed gradients)")
     if sampling.kind == "single_pass":
-        if est.kind not in ZO_SPHERE_KINDS:
-            problems.append(f"sampling.kind: single_pass is for zo_spider and zo_naive, not {est.kind}")
+        if est.kind not in O2NC_KINDS:
+            problems.append(f"sampling.kind: single_pass is for zo_spider, fo_spider and zo_naive, not {est.kind}")
         if spec.privacy is not None and spec.privacy.neighboring != "replace_one":
             problems.append("privacy.neighboring: single_pass batches are a fixed partition of the rows, which an "
                             "added row would shift; set neighboring: replace_one")
         if est.kind == "zo_naive" and sampling.period not in ("auto", 1):
             problems.append("sampling.period: zo_naive has no tree; set period: 1 (or auto)")
-    elif est.kind in ZO_SPHERE_KINDS:
+    elif est.kind in O2NC_KINDS:
         problems.append(f"sampling.kind: {est.kind} reads each row once; use sampling.kind: single_pass")
     if opt.kind == "o2nc":
         autos = [name for name, value in (("optimizer.step_bound", opt.step_bound), ("optimizer.lr", opt.lr),
@@ -313,7 +315,7 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
                                                                   and opt.preset == "theory"):
         problems.append("mechanism.clip: auto is derived by optimizer.preset theory (zo_naive); give a number")
     if spec.assumptions is not None and spec.assumptions.concentration_delta is not None and not (
-            est.kind == "zo_spider" and est.variant == "002"):
+            est.kind in SPIDER_KINDS and est.variant != "001"):
         problems.append("assumptions.concentration_delta: only paper 002's clip levels use it")
     return problems
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import PurePath
-from typing import Annotated, List, Literal, Optional, Union
+from typing import Annotated, ClassVar, List, Literal, Optional, Union
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -490,6 +490,29 @@ class ZoSpiderEstimator(Strict):
                                                  "(001: d; 002: m_D = 4 d log(8 d / delta_0)).")
 
 
+class FoSpiderEstimator(Strict):
+    """Paper 002's first-order oracle (its Algorithm 5, Theorem 6.1) on the same tree, schedule and O2NC as
+    zo_spider variant 002: gradients at points uniform in the ball of radius ``radius`` around the query
+    point, one per row at a period's start, ``perturbations`` independent ones at each point of a
+    difference; per-example vectors clipped in L2 (mechanism.clip, mechanism.difference_clip). Needs a
+    backward pass per point: not forward-only."""
+
+    kind: Literal["fo_spider"]
+    radius: PositiveFloat = Field(..., description="alpha: the ball's radius (the guarantee is Goldstein "
+                                  "stationarity at 2 alpha).")
+    perturbations: Union[PositiveInt, Auto] = Field(
+        "auto", description="Ball points per row at each point of a difference (m = log(8 d / delta_0) alpha^2 "
+        "/ (D^2 d), Lemma 6.4).")
+
+    # what the planner shares with zo_spider's variant 002
+    variant: ClassVar[str] = "002_fo"
+    start_directions: ClassVar[int] = 1
+
+    @property
+    def directions(self):
+        return self.perturbations
+
+
 class ZoNaiveEstimator(Strict):
     """Paper 001's baseline (its Appendix E): with O2NC, one row a step, ``directions`` sphere directions per
     row, each coefficient clipped to mechanism.clip, released with d-dimensional Gaussian noise."""
@@ -501,7 +524,7 @@ class ZoNaiveEstimator(Strict):
 
 EstimatorSpec = Annotated[
     Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator,
-          FirstOrderEstimator, GepEstimator, ZoSpiderEstimator, ZoNaiveEstimator],
+          FirstOrderEstimator, GepEstimator, ZoSpiderEstimator, FoSpiderEstimator, ZoNaiveEstimator],
     Field(discriminator="kind"),
 ]
 

@@ -13,11 +13,12 @@ from components.estimators.queries import (
     Update,
     VectorFiniteDifferences,
 )
-from components.estimators.spider import ZoNaiveEstimator, ZoSpiderEstimator
+from components.estimators.spider import FoSpiderEstimator, ZoNaiveEstimator, ZoSpiderEstimator
 from components.estimators.two_point import DpgdZerothEstimator, TwoPointEstimator
 
 __all__ = [
     "Dense", "Directions", "DpgdZerothEstimator", "EmbeddedGradients", "FiniteDifferences", "FirstOrderEstimator",
+    "FoSpiderEstimator",
     "GepEstimator", "LossValues", "anchor_basis",
     "PazoMEstimator", "PazoPEstimator", "PazoSEstimator", "PerExampleGradients", "Seeded", "TwoPointEstimator",
     "Update", "VectorFiniteDifferences", "ZoNaiveEstimator", "ZoSpiderEstimator", "add_direction_", "perturbed",

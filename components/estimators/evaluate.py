@@ -25,6 +25,7 @@ from components.estimators.queries import (
     EmbeddedGradients,
     FiniteDifferences,
     LossValues,
+    PerExampleBall,
     PerExampleGradients,
     PerExampleSphere,
     Query,
@@ -292,6 +293,61 @@ def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor
     return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
 
 
+def example_ball_points(seed: int, slot: int, count: int, dimension: int) -> torch.Tensor:
+    """[count, dimension] float64 points uniform in the unit ball, the ones of the example in ``slot`` of a
+    step's batch (a direction uniform on the sphere, scaled by U^(1/d)), drawn on the CPU from
+    public_seed(seed, slot) like its sphere directions."""
+    gen = torch.Generator().manual_seed(public_seed(seed, slot))
+    g = torch.randn(count, dimension, generator=gen, dtype=torch.float64)
+    radii = torch.rand(count, generator=gen, dtype=torch.float64) ** (1.0 / dimension)
+    return g * (radii[:, None] / torch.linalg.vector_norm(g, dim=1, keepdim=True))
+
+
+def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+              query: PerExampleBall) -> Tuple[torch.Tensor, ...]:
+    """sum_i clip(g_i) of a PerExampleBall query, one float64 tensor per parameter: per-example gradients at
+    every example's own perturbed points through torch.func (vmap over examples and points of grad of a
+    functional call), a bounded number of points at a time; a non-finite g_i counts as nothing."""
+    wrapped = _LossOf(model, loss)
+    names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
+    keys = [names[id(p)] for p in params]
+    shapes = [p.shape for p in params]
+    sizes = [p.numel() for p in params]
+    dtype, device = params[0].dtype, params[0].device
+    d = sum(sizes)
+    m = query.directions
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    centres = [flat] if query.offset is None else [flat, flat + torch.cat(
+        [t.detach().reshape(-1).to(device=device, dtype=dtype) for t in query.offset])]
+
+    def loss_at(point, xi, yi):
+        weights = {k: t.view(s) for k, t, s in zip(keys, torch.split(point, sizes), shapes)}
+        return functional_call(wrapped, weights, (xi.unsqueeze(0), yi.unsqueeze(0))).sum()
+
+    gradients = vmap(vmap(grad(loss_at), in_dims=(0, None, None)), in_dims=(0, 0, 0))
+    per_point = 4 * d * flat.element_size()  # the point, its gradient and the float64 sum's share
+    points = max(1, min(m, SPHERE_POINT_BYTES // per_point))  # perturbations of one example at a time
+    rows = max(1, SPHERE_POINT_BYTES // (per_point * points))
+    total = torch.zeros(d, dtype=torch.float64, device=device)
+    for start in range(0, len(y), rows):
+        xs, ys = x[start:start + rows], y[start:start + rows]
+        ball = torch.stack([example_ball_points(query.seed, query.first_slot + start + i, m * len(centres), d)
+                            for i in range(len(ys))]).to(device)  # [b, m (x2), d] float64
+        g = torch.zeros(len(ys), d, dtype=torch.float64, device=device)
+        with torch.enable_grad():
+            for c, centre in enumerate(centres):
+                sign = 1.0 if c == 0 else -1.0
+                for lo in range(0, m, points):
+                    step = (query.smoothing * ball[:, c * m + lo:c * m + min(m, lo + points)]).to(dtype)
+                    g += sign * gradients(centre + step, xs, ys).detach().double().sum(dim=1)
+        g /= m
+        if not math.isinf(query.clip):
+            factors = _clip_factors(torch.linalg.vector_norm(g, dim=1), query.clip)
+            g = _finite_rows(g, factors) * factors[:, None]
+        total += g.sum(dim=0)
+    return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
+
+
 def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
                    clip: float):
     """The only thing a backend returns for a query: clipped per-example sums (or clipped-vector
@@ -309,6 +365,8 @@ def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tens
     if isinstance(query, PerExampleSphere):
         if math.isinf(clip):  # no mechanism (a non-private twin): nothing is clipped
             query = dataclasses.replace(query, clip=math.inf)
+        if isinstance(query, PerExampleBall):
+            return ball_sums(model, directions.params, loss, x, y, query)
         return sphere_sums(model, directions.params, loss, x, y, query)
     if isinstance(query, EmbeddedGradients):
         return embedded_gradient_sums(model, directions.params, loss, x, y, query.basis, clip, query.residual_clip)

@@ -143,6 +143,33 @@ class PerExampleSphere:
         return self.clip * math.sqrt(dimension) if self.clip_mode == "scalar" else self.clip
 
 
+BALL_KINDS = ("gradient", "gradient_difference")
+
+
+@dataclass(frozen=True, eq=False)
+class PerExampleBall(PerExampleSphere):
+    """Paper 002's first-order oracle (its Algorithm 5): every example gets its own points y_ij uniform in the
+    unit ball, drawn from public_seed(seed, slot) as for a sphere query, and its loss's gradient is taken at
+    p + ``smoothing`` y_ij (``smoothing`` is the ball's radius alpha). Per example i:
+
+        gradient:            g_i = (1/m) sum_{j <= m} grad f(p + alpha y_ij)                     (a period start)
+        gradient_difference: g_i = (1/m) sum_{j <= m} grad f(p + alpha y_ij)
+                                   - (1/m) sum_{m < j <= 2m} grad f(q + alpha y_ij)                (q = p + offset)
+
+    with m = ``directions``: the two points of a difference get independent perturbations (coupling them
+    does not help a nonsmooth loss, whose gradient jumps across a kink). g_i is clipped in L2 to ``clip``
+    and the backend returns the sum, one float64 tensor per parameter. Not forward-only: it needs a
+    backward pass per perturbed point."""
+
+    def __post_init__(self):
+        if self.kind not in BALL_KINDS:
+            raise ValueError(f"ball query: unknown kind {self.kind!r}; allowed: {', '.join(BALL_KINDS)}")
+        if self.clip_mode != "vector":
+            raise ValueError(f"ball query: clip_mode {self.clip_mode!r}; allowed: vector")
+        if (self.offset is None) != (self.kind == "gradient"):
+            raise ValueError("ball query: a difference needs the offset to the previous point, a gradient none")
+
+
 Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients,
               PerExampleSphere]
 

@@ -17,6 +17,10 @@ each term the papers' (d / 2r)(f(x + r y) - f(x - r y)) y with y on the unit sph
   per row at a start, m_D after, shared by z_t and z_(t-1) in a central difference; the per-example
   vectors clipped in L2 to C_G and C_Delta.
 
+``FoSpiderEstimator`` is paper 002's first-order oracle on the same tree (Algorithm 5): gradients at
+points of the ball of radius r, one per row at a period start, m independent ones at each point of a
+difference.
+
 ``ZoNaiveEstimator`` is paper 001's Appendix E baseline: one row and one direction a step, the central
 estimate clipped per coefficient and released with plain d-dimensional Gaussian noise.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from components.estimators.queries import PerExampleSphere, Update
+from components.estimators.queries import PerExampleBall, PerExampleSphere, Update
 from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
 
 
@@ -76,6 +80,29 @@ class ZoSpiderEstimator:
         offset = None if ctx.step % self.period == 0 else ctx.offset_to_previous()
         released = ctx.release_increment(self.query(ctx.step, ctx.seed, offset))
         return Update(dense=((tuple(released), 1.0),))
+
+
+class FoSpiderEstimator(ZoSpiderEstimator):
+    """Paper 002's first-order oracle (Algorithm 5, Theorem 6.1) with the same tree, schedule and O2NC: at a
+    period's first step each of the start_batch rows gives its gradient at one point uniform in the ball of
+    radius r around z_t (clipped to the Lipschitz bound, which an L-Lipschitz loss never exceeds); after,
+    each row gives the difference of its gradients averaged over m independent ball points around z_t and
+    m around z_(t-1), clipped in L2 to C_Delta."""
+
+    def __init__(self, radius: float, dimension: int, period: int, directions: int, start_clip: float,
+                 difference_clip: float, step_bound: float):
+        super().__init__("002", radius, dimension, period, 1, directions, start_clip, difference_clip, step_bound)
+        self.name = "fo_spider"
+        self.smoothing = self.radius  # ball points are drawn in the unit ball and scaled by r
+
+    def query(self, step: int, seed: int, offset=None) -> PerExampleBall:
+        base = public_seed(seed, STREAM_EXAMPLE_DIRECTION, step)
+        if step % self.period == 0:
+            return PerExampleBall("gradient", 1, base, self.smoothing, "vector", self.start_clip)
+        if offset is None:
+            raise ValueError("fo_spider: a difference step needs the previous query point")
+        return PerExampleBall("gradient_difference", self.directions, base, self.smoothing, "vector",
+                              self.difference_clip, tuple(offset))
 
 
 class ZoNaiveEstimator:

@@ -11,8 +11,10 @@ query points, window certificates and output to 1e-9 (``match``).
 - E1: paper 001's private algorithm, its non-private twin (no mechanism: the schedule of mu = inf) and
   the Appendix E baseline, against n, on P1 (d = 4, r = 0.05, epsilon = 1, delta = 1e-6).
 - E2: paper 002's single-pass zeroth-order algorithm (coupled directions), against n.
+- E3: paper 002's single-pass first-order algorithm (gradients at ball points), against n, beside the
+  zeroth-order one at the same n.
 - E5: 001 against 002 at n = 10^5 against d, with x_0 = 1 - 0.8 / sqrt(d) in every coordinate, so
-  Phi = 0.8 at every d.
+  Phi = 0.8 at every d (002 to d = 8: its cost grows with d^2 directions per start row).
 The metric is Gamma-bar, the mean over windows of |average of grad F_r over the window's query points|:
 the expectation over the output window of the Goldstein certificate at 2r, exact on P1 (betainc).
 """
@@ -48,20 +50,26 @@ def series_of(experiments: Sequence[str], quick: bool = False) -> List[Series]:
     """The series of the chosen experiments. ``quick``: tiny grids with the same code paths (tests)."""
     n1 = (2_000, 4_000) if quick else (10_000, 30_000, 100_000, 300_000, 1_000_000)
     n2 = (2_000, 4_000) if quick else (10_000, 30_000, 100_000, 300_000)
+    n3 = (2_000, 4_000) if quick else (2_000, 5_000, 10_000, 20_000)
     dims = (2, 4) if quick else (2, 4, 8, 16)
+    # 002's start estimate takes m_G = d^2 log(8 d Sigma / delta_0) directions from each of Sigma rows: at d = 16
+    # (m_G = 6,272, Sigma = 170) one seed alone outlasts the command's 15-minute budget on 2 cores
+    dims_002 = (2, 4) if quick else (2, 4, 8)
     fixed_n = 4_000 if quick else 100_000
     table = {
         "E1": [Series("E1", "001 private", "p1_o2nc_001", "n", n1),
                Series("E1", "001 non-private twin", "p1_o2nc_001", "n", n1, private=False),
                Series("E1", "001 naive (App. E)", "p1_o2nc_001_naive", "n", n1)],
         "E2": [Series("E2", "002 private (coupled)", "p1_o2nc_002", "n", n2)],
+        "E3": [Series("E3", "002 first-order", "p1_o2nc_002_fo", "n", n3),
+               Series("E3", "002 zeroth-order (coupled), same n", "p1_o2nc_002", "n", n3)],
         "E5": [Series("E5", "001 private", "p1_o2nc_001", "d", dims, fixed_n=fixed_n),
-               Series("E5", "002 private (coupled)", "p1_o2nc_002", "d", dims, fixed_n=fixed_n)],
+               Series("E5", "002 private (coupled)", "p1_o2nc_002", "d", dims_002, fixed_n=fixed_n)],
     }
     unknown = [e for e in experiments if e not in table]
     if unknown:
         raise ValueError(f"reproduce: unknown experiment {unknown[0]!r}; allowed: {', '.join(table)} "
-                         "(E3 and E4 need paper 002's first-order and multi-pass ERM algorithms, not built yet)")
+                         "(E4 needs paper 002's multi-pass ERM algorithm, not built yet)")
     return [s for e in experiments for s in table[e]]
 
 

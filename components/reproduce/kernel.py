@@ -28,7 +28,7 @@ from components.problems.w_linear import load_w_linear, smoothed_gradient
 class KernelPlan:
     """The numbers a resolved nonsmooth spec runs with (``from_spec``)."""
 
-    algorithm: str  # 001 | 002 | 001_naive
+    algorithm: str  # 001 | 002 | 002_fo | 001_naive
     dimension: int
     radius: float
     steps: int
@@ -48,8 +48,13 @@ class KernelPlan:
     seed: int
 
     @property
+    def first_order(self) -> bool:
+        return self.algorithm == "002_fo"
+
+    @property
     def smoothing(self) -> float:
-        return self.radius / math.sqrt(self.dimension)
+        """lambda: sphere directions have norm sqrt(d); ball points lie in the unit ball, scaled by r."""
+        return self.radius if self.first_order else self.radius / math.sqrt(self.dimension)
 
     @property
     def windows(self) -> int:
@@ -99,6 +104,14 @@ class PrivzoStreams:
         return np.stack([example_directions(base, i, m, self.plan.dimension).numpy()
                          for i in range(first, first + count)])[None]
 
+    def ball_points(self, step: int, first: int, count: int, m: int) -> np.ndarray:
+        from components.estimators.evaluate import example_ball_points
+        from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
+
+        base = public_seed(self.plan.seed, STREAM_EXAMPLE_DIRECTION, step)
+        return np.stack([example_ball_points(base, i, m, self.plan.dimension).numpy()
+                         for i in range(first, first + count)])[None]
+
     def fraction(self, t: int) -> np.ndarray:
         return np.array([np.random.default_rng([self.plan.seed, t]).random()])
 
@@ -143,6 +156,16 @@ class FastStreams:
 
         return self._draw(("directions", count, m), (self.runs, count, m, self.plan.dimension), draw)
 
+    def ball_points(self, step: int, first: int, count: int, m: int) -> np.ndarray:
+        d = self.plan.dimension
+
+        def draw(shape):
+            g = self._rng.standard_normal(shape)
+            radii = self._rng.random(shape[:-1]) ** (1.0 / d)
+            return g * (radii / np.linalg.norm(g, axis=-1))[..., None]
+
+        return self._draw(("ball", count, m), (self.runs, count, m, d), draw)
+
     def fraction(self, t: int) -> np.ndarray:
         return self._draw("fraction", (self.runs,), self._rng.random)
 
@@ -168,13 +191,18 @@ def _h_central(a: np.ndarray, shift: np.ndarray, reach: float) -> np.ndarray:
     far = ~near
     out = 0.0
     if far.any():
-        slope = np.sign(np.abs(a[:, far]) - 1) * np.sign(a[:, far])
+        slope = _slope(a[:, far])
         out = 2.0 * np.einsum("rbmd,rd->rbm", shift[..., far], slope)
     if near.any():
         centre = a[:, None, None, near]
         out = out + (np.abs(np.abs(centre + shift[..., near]) - 1)
                      - np.abs(np.abs(centre - shift[..., near]) - 1)).sum(axis=-1)
     return out / math.sqrt(a.shape[-1])
+
+
+def _slope(points: np.ndarray) -> np.ndarray:
+    """psi'(x) elementwise: +1 on (-1, 0) and (1, inf), -1 on (-inf, -1) and (0, 1)."""
+    return np.sign(np.abs(points) - 1) * np.sign(points)
 
 
 def _loss(points: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -211,6 +239,8 @@ class Kernel:
         """The step's increment, [R, d]: the batch mean of per-example clipped estimates."""
         p = self.plan
         start = p.algorithm == "001_naive" or step % p.period == 0
+        if p.first_order:
+            return self._fo_estimate(step, start, z, previous, streams)
         size = p.start_batch if start else p.step_batch
         m = p.start_directions if start else p.directions
         rows = streams.rows(step, size)
@@ -221,6 +251,42 @@ class Kernel:
             total = total + self._sums(step, start, z, previous, rows[:, first:first + count],
                                        streams.directions(step, first, count, m))
         return total / size
+
+    def _fo_estimate(self, step: int, start: bool, z: np.ndarray, previous: Optional[np.ndarray], streams) -> np.ndarray:
+        """002's first-order increment, [R, d]. On P1 grad f(x; xi) = d^(-1/2) psi'(x) + xi, and psi' is
+        constant between its kinks: a coordinate further than r from every kink at both points (in every
+        run) has the same gradient at every ball point, so its difference is exactly 0 (its start estimate
+        exactly d^(-1/2) psi'(z_j) + xi_j); ball points are drawn only when some coordinate is near a kink."""
+        p = self.plan
+        size = p.start_batch if start else p.step_batch
+        rows = streams.rows(step, size)
+        centres = [z] if start else [z, z + (previous - z)]
+        m = 1 if start else p.directions
+        near = np.zeros(p.dimension, dtype=bool)
+        for centre in centres:
+            near |= np.any(np.abs(np.abs(np.abs(centre) - 0.5) - 0.5) <= p.radius * (1 + 1e-9), axis=0)
+        scale = 1.0 / math.sqrt(p.dimension)
+        if start:
+            g = np.broadcast_to(scale * _slope(z)[:, None, :], rows.shape).copy()
+        else:
+            g = np.zeros((streams.runs, size, p.dimension))
+        if near.any():
+            chunk = max(1, self.CHUNK_VALUES // (streams.runs * m * len(centres) * p.dimension))
+            for first in range(0, size, chunk):
+                count = min(chunk, size - first)
+                y = p.radius * streams.ball_points(step, first, count, m * len(centres))  # [R, b, m (x2), d]
+                part = 0.0
+                for c, centre in enumerate(centres):
+                    points = centre[:, None, None, near] + y[:, :, c * m:(c + 1) * m, near]
+                    part = part + (1.0 if c == 0 else -1.0) * _slope(points).sum(axis=2)
+                g[:, first:first + count, near] = scale * part / m
+        if start:
+            g = g + rows
+        if self._clipped:
+            clip = p.start_clip if start else p.difference_clip
+            norms = np.sqrt(np.einsum("rbd,rbd->rb", g, g))[:, :, None]
+            g = g * np.minimum(clip / np.maximum(norms, 1e-300), 1.0)
+        return g.sum(axis=1) / size
 
     def _sums(self, step, start, z, previous, xi, u) -> np.ndarray:
         """sum over the rows of xi of their clipped estimates g_i, [R, d]."""
@@ -244,7 +310,7 @@ class Kernel:
                 # the rows' linear terms cancel between the two central differences
                 c = (_h_central(z, shift, reach) - _h_central(z + (previous - z), shift, reach)) / (2 * lam)
                 clip = p.difference_clip
-        scalar = p.algorithm != "002"
+        scalar = p.algorithm not in ("002", "002_fo")
         if scalar and self._clipped:
             bound = clip[:, None, None] if isinstance(clip, np.ndarray) else clip
             c = np.clip(c, -bound, bound)

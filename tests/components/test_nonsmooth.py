@@ -7,8 +7,8 @@ from torch import nn
 
 import specs
 from components import builders, presets
-from components.estimators.evaluate import sphere_sums
-from components.estimators.queries import PerExampleSphere
+from components.estimators.evaluate import ball_sums, sphere_sums
+from components.estimators.queries import PerExampleBall, PerExampleSphere
 from components.models import per_example_loss
 from components.problems import WLinear, smoothed_gradient
 from components.runtime.loop import PrivacyBudgetError
@@ -25,7 +25,14 @@ def _queries(d, offset):
     return [PerExampleSphere("central", d, 11, 0.05 / math.sqrt(d), "scalar", 0.7),
             PerExampleSphere("one_sided_difference", d, 12, 0.05 / math.sqrt(d), "scalar", 0.3, offset),
             PerExampleSphere("central", 9, 13, 0.05 / math.sqrt(d), "vector", 0.5),
-            PerExampleSphere("central_difference", 9, 14, 0.05 / math.sqrt(d), "vector", 0.2, offset)]
+            PerExampleSphere("central_difference", 9, 14, 0.05 / math.sqrt(d), "vector", 0.2, offset),
+            PerExampleBall("gradient", 1, 15, 0.05, "vector", 0.6),
+            PerExampleBall("gradient_difference", 7, 16, 0.05, "vector", 0.1, offset)]
+
+
+def _sums(model, params, x, y, query):
+    evaluate = ball_sums if isinstance(query, PerExampleBall) else sphere_sums
+    return torch.cat([t.flatten() for t in evaluate(model, params, per_example_loss, x, y, query)])
 
 
 @pytest.mark.parametrize("problem", ["w_linear", "mlp"])
@@ -46,8 +53,7 @@ def test_each_oracles_release_moves_at_most_its_sensitivity_on_neighbouring_data
             x2, y2 = x.clone(), y.clone()
             i = int(torch.randint(0, 6, (1,), generator=gen))
             x2[i], y2[i] = make(1)[0][0] * 10, make(1)[1][0]  # replace one row by a far one
-            a = torch.cat([t.flatten() for t in sphere_sums(model, params, per_example_loss, x, y, query)])
-            b = torch.cat([t.flatten() for t in sphere_sums(model, params, per_example_loss, x2, y2, query)])
+            a, b = _sums(model, params, x, y, query), _sums(model, params, x2, y2, query)
             assert float((a - b).norm()) <= 2 * query.vector_bound(d) * (1 + 1e-12)
 
 
@@ -68,6 +74,28 @@ def test_the_lipschitz_clip_never_binds_on_p1_and_the_estimate_is_unbiased():
     assert float((a / 400 - exact).norm()) < 4 * lipschitz * 4 / math.sqrt(400)
 
 
+def test_the_first_order_oracle_never_clips_on_p1_and_estimates_the_smoothed_gradient():
+    """002's start estimate: one gradient per row at a point of the alpha-ball, clipped to L (P1's rows have
+    |grad f| <= 1 + r_xi = L: never binds); the batch mean estimates grad F_alpha. A difference averages m
+    independent ball points at each end: at two points on one side of every kink it is exactly 0."""
+    model = WLinear(torch.tensor([0.3, -0.5, 1.02, 0.0], dtype=torch.float64))
+    rows = torch.randn(400, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    rows = 0.5 * rows / rows.norm(dim=1, keepdim=True)
+    y = torch.zeros(400, dtype=torch.long)
+    params = list(model.parameters())
+    r, lipschitz = 0.05, 1.5
+    a = ball_sums(model, params, per_example_loss, rows, y, PerExampleBall("gradient", 1, 3, r, "vector", lipschitz))[0]
+    b = ball_sums(model, params, per_example_loss, rows, y, PerExampleBall("gradient", 1, 3, r, "vector", math.inf))[0]
+    assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    exact = torch.from_numpy(smoothed_gradient(model.x.detach().numpy(), r))
+    assert float((a / 400 - exact).norm()) < 4 * lipschitz / math.sqrt(400)
+    far = WLinear(torch.tensor([0.3, -0.5, 1.2, 0.6], dtype=torch.float64))  # every coordinate > r from a kink
+    offset = (torch.full((4,), 0.01, dtype=torch.float64),)
+    diff = ball_sums(far, list(far.parameters()), per_example_loss, rows[:5], y[:5],
+                     PerExampleBall("gradient_difference", 50, 4, r, "vector", math.inf, offset))[0]
+    assert float(diff.abs().max()) == 0.0
+
+
 def _resolved(name, rows=600, **changes):
     spec = specs.load_spec(f"{EXAMPLES}/{name}.yaml")
     data = spec.model_dump(mode="json")
@@ -80,7 +108,7 @@ def _resolved(name, rows=600, **changes):
     return resolved, loaded, eps
 
 
-@pytest.mark.parametrize("name", ["p1_o2nc_001", "p1_o2nc_001_naive", "p1_o2nc_002"])
+@pytest.mark.parametrize("name", ["p1_o2nc_001", "p1_o2nc_001_naive", "p1_o2nc_002", "p1_o2nc_002_fo"])
 def test_a_single_pass_reads_every_row_at_most_once_and_burns_a_period_cut_short(name):
     resolved, data, eps = _resolved(name)
     assert eps <= 1.0
@@ -152,3 +180,9 @@ def test_the_preset_matches_the_build_studys_worked_example():
     assert presets.node_sensitivity(s, 4) * math.sqrt(7) / mu == pytest.approx(2.92, abs=0.01)
     t = presets.preset_002(100_000, 4, 1.5, 1.6, 0.05, 1.0, 5e-7)
     assert (t.period, t.window, t.start_directions, t.directions) == (148, 55, 368, 288)
+    # the first-order oracle (Theorem 6.1): the same schedule, m = log(8d/delta_0) alpha^2 / (D^2 d) ball points
+    # at each point of a difference; the reference code's 1206 and 10308 at n = 2000 and 10^4 (study §3.5)
+    for n, steps, period, m, clip in ((2000, 1000, 15, 1206, 0.7326), (10_000, 4994, 38, 10308, 0.2505)):
+        f = presets.preset_002(n, 4, 1.5, 1.6, 0.05, 1.0, 5e-7, first_order=True)
+        assert (f.steps, f.period, f.start_directions, f.directions) == (steps, period, 1, m)
+        assert (f.start_clip, round(f.difference_clip, 4)) == (1.5, clip)

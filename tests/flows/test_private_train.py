@@ -600,10 +600,10 @@ def test_the_default_ledger_never_starts_beside_the_one_earlier_privzo_kept_in_t
 
 
 @pytest.mark.parametrize("name, backend", [("p1_o2nc_001", "local"), ("p1_o2nc_001_naive", "local"),
-                                           ("p1_o2nc_002", "ray")])
+                                           ("p1_o2nc_002", "ray"), ("p1_o2nc_002_fo", "ray")])
 def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, mlflow_db, monkeypatch, name, backend):
     """The papers' algorithms go the way of every run: the flow, MLflow (params, exact certificate, epsilon,
-    DP tags), the registry; 002 on two Ray workers (their per-example directions follow the row's place in
+    DP tags), the registry; 002 (zero- and first-order) on two Ray workers (their per-example points follow the row's place in
     the batch, so the run is the local one)."""
     import ray
 
