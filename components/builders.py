@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from components import models
-from components.accountants import Accountant, OncePerRowTracker, PrivacyTracker, TreeTracker
+from components.accountants import Accountant, OncePerRowTracker, PrivacyTracker, ScheduledTracker, TreeTracker
 from components.data import (
     build_sampler,
     SplitData,
@@ -36,7 +36,7 @@ from components.estimators import (
     TwoPointEstimator,
 )
 from components.estimators.public import PublicOracle, warm_start
-from components.mechanisms import GaussianMechanism, NoMechanism, tree_event
+from components.mechanisms import GaussianMechanism, NoMechanism, ScheduledGaussian, scheduled_event, tree_event
 from components.mechanisms.tree import NoiselessTree, TreeAggregation
 from components.optimizers import Adam, O2nc, Sgd
 from components.randomness import (
@@ -179,10 +179,14 @@ def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
             clip, difference_clip = spec.mechanism.clip, spec.mechanism.difference_clip
         else:  # the non-private twin: the preset's clips, which only bound the coefficient of 001's difference
             clip = difference_clip = math.inf
+        if spec.mechanism.kind == "scheduled_gaussian":
+            clip, difference_clip = spec.mechanism.clip, spec.mechanism.difference_clip
+        from components.nonsmooth import spider_period
+
         if est.kind == "fo_spider":
-            return FoSpiderEstimator(est.radius, dimension, spec.sampling.period, est.perturbations, clip,
-                                     difference_clip, spec.optimizer.step_bound)
-        return ZoSpiderEstimator(est.variant, est.radius, dimension, spec.sampling.period, est.start_directions,
+            return FoSpiderEstimator(est.radius, dimension, spider_period(spec), est.perturbations, clip,
+                                     difference_clip, spec.optimizer.step_bound, est.start_perturbations)
+        return ZoSpiderEstimator(est.variant, est.radius, dimension, spider_period(spec), est.start_directions,
                                  est.directions, clip, difference_clip, spec.optimizer.step_bound)
     if est.kind == "zo_naive":
         clip = spec.mechanism.clip if spec.mechanism.kind == "gaussian" else math.inf
@@ -247,6 +251,11 @@ def planned_event(spec: RunSpec, n_private: Optional[int], sigma: float):
         if spec.mechanism.kind == "tree_aggregation":
             return tree_event(sigma, spec.sampling.period)
         return dp_accounting.GaussianDpEvent(sigma)
+    if spec.mechanism.kind == "scheduled_gaussian":  # restarts and differences, every row in every step
+        mech, steps = spec.mechanism, spec.planned_steps(n_private)
+        starts = -(-steps // spec.estimator.period)
+        return scheduled_event(sigma, sigma * mech.difference_noise_multiplier / mech.noise_multiplier, starts,
+                               steps - starts)
     step = spec_sampler(spec, n_private).wrap(dp_accounting.GaussianDpEvent(sigma))
     return dp_accounting.SelfComposedDpEvent(step, spec.planned_steps(n_private))
 
@@ -399,8 +408,18 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
     sampler = spec_sampler(spec, n_private, sampling_generator)
     tree = spec.estimator.kind in SPIDER_KINDS
     if spec.mechanism.kind == "none":
-        mechanism = NoiselessTree(spec.sampling.period) if tree else NoMechanism(estimator.queries_per_step)
+        # a spider oracle's twin: the running sums restarted every period, with no noise and no clip
+        mechanism = NoiselessTree(estimator.period) if tree else NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)
+    elif spec.mechanism.kind == "scheduled_gaussian":
+        mech, rows = spec.mechanism, spec.public_rows(n_private)
+        # replace-one over a full batch: one row moves a batch mean by twice its clip over the rows
+        mechanism = ScheduledGaussian(estimator.period, (float(mech.noise_multiplier), float(mech.difference_noise_multiplier)),
+                                      (2.0 * mech.clip / rows, 2.0 * mech.difference_clip / rows), noise_generator)
+        if seeded:
+            mechanism.noise_source = "seeded"
+        tracker = ScheduledTracker(accountant(spec), mechanism.multipliers, estimator.period, float(spec.privacy.delta))
+        tracker.is_start = lambda: mechanism.at_boundary
     elif tree:
         from components.nonsmooth import node_sensitivity
 

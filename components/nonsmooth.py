@@ -30,9 +30,26 @@ def assumptions_of(spec) -> Tuple[float, float]:
     return lipschitz, gap
 
 
+def multi_pass(spec) -> bool:
+    """Paper 002's multi-pass full-batch algorithm (a spider oracle over full batches)."""
+    return spec.estimator.kind in SPIDER_KINDS and spec.sampling.kind == "full_batch"
+
+
+def spider_period(spec) -> int:
+    """Steps between restarts of a spider oracle's running sum: the tree's period, or the multi-pass Sigma."""
+    return spec.estimator.period if multi_pass(spec) else spec.sampling.period
+
+
 def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[float]) -> Schedule:
     est = spec.estimator
     lipschitz, gap = assumptions_of(spec)
+    if multi_pass(spec):
+        if delta is None or not math.isfinite(epsilon):
+            raise ValueError("optimizer.preset: theory of paper 002's multi-pass algorithm sets its directions from "
+                             "the privacy noise; a run without privacy gives its settings (preset: manual)")
+        given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
+        return presets.preset_002_multi_pass(n, d, lipschitz, gap, est.radius, spec.optimizer.target_stationarity,
+                                             epsilon, delta, given or delta / 2, first_order=est.kind == "fo_spider")
     if est.kind == "zo_naive":
         return presets.preset_001_naive(n, d, lipschitz, gap, est.radius, mu)
     if est.variant == "001":
@@ -42,11 +59,22 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
     return presets.preset_002(n, d, lipschitz, gap, est.radius, epsilon, delta0, first_order=est.kind == "fo_spider")
 
 
-def _manual(spec, d: int) -> Schedule:
+def _manual(spec, d: int, n: int) -> Schedule:
     """The spec's own settings as a Schedule (preset manual: nothing is auto)."""
     est, opt, sampling, mech = spec.estimator, spec.optimizer, spec.sampling, spec.mechanism
     naive = est.kind == "zo_naive"
     clip = getattr(mech, "clip", math.inf)
+    if multi_pass(spec):
+        rows = n
+        ratio = 1.0
+        if mech.kind == "scheduled_gaussian":  # the stds' ratio: multipliers times the clips they scale
+            ratio = mech.difference_noise_multiplier * mech.difference_clip / (mech.noise_multiplier * mech.clip)
+        return Schedule(est.variant, steps=opt.steps, window=opt.window, period=est.period, start_batch=rows,
+                        step_batch=rows, step_bound=opt.step_bound, start_directions=est.start_directions,
+                        directions=est.directions, clip_mode="vector", start_clip=clip,
+                        difference_clip=getattr(mech, "difference_clip", math.inf), restart=opt.restart,
+                        radius=est.radius, rows_used=rows, predicted=math.nan, difference_noise_ratio=ratio,
+                        multi_pass=True)
     return Schedule("001_naive" if naive else est.variant, steps=opt.steps, window=opt.window,
                     period=1 if naive else sampling.period, start_batch=sampling.start_batch,
                     step_batch=sampling.step_batch, step_bound=opt.step_bound,
@@ -80,12 +108,16 @@ def _filled(spec, schedule: Schedule) -> Dict[str, Dict[str, Any]]:
     fill("optimizer", opt, "window", schedule.window)
     fill("optimizer", opt, "restart", schedule.restart)
     fill("optimizer", opt, "steps", schedule.steps)
-    fill("sampling", sampling, "start_batch", schedule.start_batch)
-    fill("sampling", sampling, "period", schedule.period)
+    if multi_pass(spec) and est.period in ("auto", None):  # None: the spec left it out
+        out["estimator"]["period"] = schedule.period
+    else:
+        fill("sampling", sampling, "start_batch", schedule.start_batch)
+        fill("sampling", sampling, "period", schedule.period)
     if est.kind == "zo_spider":
         fill("estimator", est, "start_directions", schedule.start_directions)
         fill("estimator", est, "directions", schedule.directions)
     if est.kind == "fo_spider":
+        fill("estimator", est, "start_perturbations", schedule.start_directions)
         fill("estimator", est, "perturbations", schedule.directions)
     fill("mechanism", mech, "clip", schedule.start_clip)
     fill("mechanism", mech, "difference_clip", schedule.difference_clip)
@@ -108,18 +140,27 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
     mu = presets.gdp_mu(epsilon, delta) if private else math.inf
     opt = spec.optimizer
     schedule = _theory(spec, n, d, epsilon, mu, delta) if opt.preset == "theory" else None
-    if schedule is not None and opt.target_stationarity is not None and schedule.predicted > opt.target_stationarity:
+    if (schedule is not None and opt.target_stationarity is not None and not multi_pass(spec)
+            and schedule.predicted > opt.target_stationarity):
         need = presets.rows_for_target(lambda rows: _theory(spec, rows, d, epsilon, mu, delta).predicted
                                        if _fits(spec, rows, d, epsilon, mu, delta) else math.inf,
                                        opt.target_stationarity, n)
         raise ValueError(f"optimizer.target_stationarity: {opt.target_stationarity:g} needs about {need} private rows "
                          f"by the theorem; {n} reach {schedule.predicted:.3g}")
     filled = _filled(spec, schedule) if schedule is not None else {}
+    scheduled = spec.mechanism.kind == "scheduled_gaussian"
+    if scheduled and spec.mechanism.difference_noise_multiplier == "auto":
+        # z_2 / z_1 from the paper's ratio of stds; planned at z_1 = 1 below, then scaled with the calibrated z_1
+        clips = (filled["mechanism"].get("clip", spec.mechanism.clip),
+                 filled["mechanism"].get("difference_clip", spec.mechanism.difference_clip))
+        from components.mechanisms.scheduled import noise_ratio
+
+        filled["mechanism"]["difference_noise_multiplier"] = noise_ratio(*clips, schedule.difference_noise_ratio)
     # every setting but the noise and eta, which are derived from the others next
     placeholder = {**filled, "optimizer": {**filled.get("optimizer", {}), **({"lr": 1.0} if opt.lr == "auto" else {})}}
     partial = spec.resolved(n_private=n_private, noise_multiplier=1.0 if private else None, filled=placeholder)
     sampler = builders.spec_sampler(partial, n)
-    need_rows = sampler.rows_for(partial.optimizer.steps)
+    need_rows = sampler.rows_for(partial.optimizer.steps) if hasattr(sampler, "rows_for") else n
     if need_rows > n:
         raise ValueError(f"optimizer.steps: {partial.optimizer.steps} steps of this schedule read {need_rows} rows, "
                          f"more than the {n} private rows (each is read once)")
@@ -134,9 +175,12 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
         sigma = float(sigma)
     lr = opt.lr
     if lr == "auto":
-        resolved_schedule = _manual(partial, d)
+        resolved_schedule = _manual(partial, d, n)
         lipschitz, _ = assumptions_of(spec)
-        lr = presets.learning_rate(resolved_schedule, d, lipschitz, _node_std(partial, d, sigma))
+        lr = presets.learning_rate(resolved_schedule, d, lipschitz, _node_std(partial, d, sigma, n))
+    if scheduled and spec.mechanism.difference_noise_multiplier == "auto":
+        ratio = filled["mechanism"]["difference_noise_multiplier"]
+        filled = {**filled, "mechanism": {**filled["mechanism"], "difference_noise_multiplier": sigma * ratio}}
     final = spec.resolved(n_private=n_private, noise_multiplier=sigma,
                           filled={**filled, "optimizer": {**filled.get("optimizer", {}), "lr": float(lr)}})
     if not private:
@@ -156,11 +200,13 @@ def _fits(spec, rows, d, epsilon, mu, delta) -> bool:
         return False
 
 
-def _node_std(spec, d: int, sigma: Optional[float]) -> float:
+def _node_std(spec, d: int, sigma: Optional[float], n: int) -> float:
     """The std of the noise on a released gradient estimate (a tree node, or the baseline's Gaussian over
     its batch): sigma x Delta."""
     if sigma is None:
         return 0.0
+    if spec.mechanism.kind == "scheduled_gaussian":  # a restart's std; a difference's follows the ratio
+        return sigma * 2.0 * spec.mechanism.clip / n
     if spec.estimator.kind in SPIDER_KINDS:
         return sigma * node_sensitivity(spec, d)
     return sigma * 2.0 * spec.mechanism.clip * math.sqrt(d) / spec.sampling.step_batch

@@ -60,6 +60,10 @@ class Schedule:
     radius: float
     rows_used: int
     predicted: float  # the theorem's bound on E |Goldstein subgradient| at 2r, its constants and logs 1
+    # multi-pass (002's Theorem 4.1): the paper's ratio of the difference releases' noise std to the
+    # start releases' (sigma_2 / sigma_1); one scale is calibrated on the run's event
+    difference_noise_ratio: float = 1.0
+    multi_pass: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -206,6 +210,49 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
                     rows_used=rows, predicted=predicted)
 
 
+def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, target: float,
+                          epsilon: float, delta: float, concentration_delta: float,
+                          first_order: bool = False) -> Schedule:
+    """Paper 002, Theorem 4.1 (build study §3.4): full-batch ERM, every row in every step, for a target
+    beta of the empirical Goldstein certificate: T = Phi L^2 / (alpha^2 beta^3) steps of bound D = alpha^2
+    beta^2 / L^2, restarts every Sigma = alpha / (D sqrt(d)) steps, windows of W = alpha / D, the noise of
+    a restart's release and of a difference's in the paper's ratio sigma_2 / sigma_1 = D sqrt(d Sigma) /
+    alpha (one scale calibrated on the run's event), m = L^2 d Sigma / (n sigma_1^2) + L^2 d / (n
+    sigma_2^2) directions per row at both (the paper's sigmas; d times fewer ball points first-order,
+    study §3.5). Clips: first-order L at a restart (never binds) and Lemma 6.3's sqrt(d) L 2D / alpha + 2 L
+    sqrt(log(8 d n / delta_0) / m) on a difference; zeroth-order (coupled directions [DEV]) L (1 + d sqrt(
+    log(8 d n / delta_0) / m)) and 2 sqrt(d) L 2D / alpha. ``predicted`` is the privacy excess at this fixed
+    schedule, L sqrt(D T log(1/delta)) d^(3/4) / (n epsilon sqrt(alpha)): exponent -1 in n."""
+    if not 0 < target:
+        raise ValueError("optimizer.target_stationarity: paper 002's multi-pass preset needs a target beta > 0")
+    steps = math.ceil(initial_gap * lipschitz ** 2 / (radius ** 2 * target ** 3))
+    bound = radius ** 2 * target ** 2 / lipschitz ** 2
+    period = max(1, math.ceil(radius / (bound * math.sqrt(d))))
+    window = max(1, int(radius / bound))
+    if window > steps:
+        raise ValueError(f"optimizer.target_stationarity: {target:g} gives {steps} steps, fewer than one window of "
+                         f"{window}")
+    log_delta = math.log(1 / delta)
+    sigma_1 = lipschitz * math.sqrt(steps * log_delta / period) / (n * epsilon)
+    sigma_2 = lipschitz * bound * math.sqrt(steps * d * log_delta) / (radius * n * epsilon)
+    scale = 1 if first_order else d
+    directions = max(1, math.ceil(lipschitz ** 2 * scale * period / (n * sigma_1 ** 2)
+                                  + lipschitz ** 2 * scale / (n * sigma_2 ** 2)))
+    log_n = math.log(8 * d * n / concentration_delta)
+    if first_order:
+        start_clip = lipschitz
+        difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius + 2 * lipschitz * math.sqrt(log_n / directions)
+    else:
+        start_clip = lipschitz * (1 + d * math.sqrt(log_n / directions))
+        difference_clip = 2 * math.sqrt(d) * lipschitz * 2 * bound / radius
+    predicted = lipschitz * math.sqrt(bound * steps * log_delta) * d ** 0.75 / (n * epsilon * math.sqrt(radius))
+    return Schedule("002_fo" if first_order else "002", steps=(steps // window) * window, window=window,
+                    period=period, start_batch=n, step_batch=n, step_bound=bound, start_directions=directions,
+                    directions=directions, clip_mode="vector", start_clip=start_clip, difference_clip=difference_clip,
+                    restart=False, radius=radius, rows_used=n, predicted=predicted,
+                    difference_noise_ratio=sigma_2 / sigma_1, multi_pass=True)
+
+
 def vector_bounds(schedule: Schedule, d: int) -> tuple:
     """Per-example L2 bounds of (start estimate, difference estimate at the largest move 2D)."""
     scale = math.sqrt(d) if schedule.clip_mode == "scalar" else 1.0
@@ -231,6 +278,10 @@ def second_moment(schedule: Schedule, d: int, lipschitz: float, node_std: float)
             schedule.step_batch * schedule.window)) + 3 * lipschitz ** 2 + 3 * j * d * node_std ** 2)
     if schedule.algorithm == "001_naive":
         return lipschitz ** 2 * (d + 1) + d * node_std ** 2
+    if schedule.multi_pass:  # Lemma 4.4, node_std the restart's std (a difference's in the paper's ratio)
+        spread = 1.0 if schedule.algorithm == "002_fo" else d * d
+        return (lipschitz ** 2 + lipschitz ** 2 * spread * schedule.period / (schedule.directions * schedule.start_batch)
+                + d * node_std ** 2 + d * schedule.period * (schedule.difference_noise_ratio * node_std) ** 2)
     if schedule.algorithm == "002_fo":  # Lemma 6.5
         return (lipschitz ** 2 + lipschitz ** 2 / schedule.start_batch
                 + lipschitz ** 2 * d * schedule.step_bound ** 2 * schedule.period / (schedule.radius ** 2 * schedule.step_batch)

@@ -17,6 +17,8 @@ from typing import Optional
 
 import torch
 
+from components.mechanisms.scheduled import starts_in
+
 FORMAT = 1
 FILE = "checkpoint.pt"
 INTENT = "intent.json"  # written before a chunk's first private query: what a kill during it may have spent
@@ -108,7 +110,11 @@ class CheckpointStore:
         bound = int(intent["privacy_steps"]) + int(intent["until"]) - int(intent["from_step"])
         if bound <= loop["privacy_steps"]:
             return state
-        return {**state, "loop": {**loop, "privacy_steps": bound}, "unrecorded_steps": bound - loop["privacy_steps"]}
+        charged = {**loop, "privacy_steps": bound}
+        if "privacy_starts" in loop:  # two release classes: the chunk's restarts, by their step numbers
+            charged["privacy_starts"] = int(intent["privacy_starts"]) + starts_in(
+                int(intent["period"]), int(intent["from_step"]), int(intent["until"]))
+        return {**state, "loop": charged, "unrecorded_steps": bound - loop["privacy_steps"]}
 
     def _write_json(self, name: str, value: dict) -> None:
         tmp = self.dir / f".{name}.{os.getpid()}.tmp"
@@ -190,7 +196,10 @@ class Checkpointer:
     def begin(self, loop, until: int) -> None:
         """Before a chunk's first private query: a process killed before the chunk's checkpoint is charged
         every step up to ``until`` on resume."""
-        self.store.write_intent({"from_step": loop.step, "privacy_steps": loop.tracker.steps, "until": until})
+        intent = {"from_step": loop.step, "privacy_steps": loop.tracker.steps, "until": until}
+        if hasattr(loop.tracker, "starts"):
+            intent.update(privacy_starts=loop.tracker.starts, period=loop.tracker.period)
+        self.store.write_intent(intent)
 
     def rewind(self, loop) -> int:
         """Back to the last checkpoint after a failed attempt; the steps the attempt spent stay charged

@@ -47,8 +47,15 @@ def cmd_calibrate(args) -> int:
         opt, sampling = resolved.optimizer, resolved.sampling
         print(f"o2nc ({opt.preset}):             {opt.steps} steps, windows of {opt.window}, step bound D = "
               f"{opt.step_bound:.6g}, lr = {opt.lr:.6g}, restart {opt.restart}")
-        print(f"single pass:              {sampling.start_batch} rows at the start of each period of {sampling.period} "
-              f"steps, {sampling.step_batch} at the others")
+        if sampling.kind == "single_pass":
+            print(f"single pass:              {sampling.start_batch} rows at the start of each period of "
+                  f"{sampling.period} steps, {sampling.step_batch} at the others")
+        else:
+            mech = resolved.mechanism
+            print(f"full batch, multi-pass:   every row in every step, a restart every {resolved.estimator.period} "
+                  f"steps" + (f" (noise multipliers {float(mech.noise_multiplier):.6g} at a restart, "
+                              f"{float(mech.difference_noise_multiplier):.6g} for a difference)"
+                              if mech.kind == "scheduled_gaussian" else ""))
     if resolved.privacy is None:
         print(f"mechanism none: no noise, not private ({resolved.optimizer.steps} steps)")
         return 0
@@ -246,9 +253,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--experiment", default="privzo-sweep")
     p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
     p.set_defaults(func=cmd_sweep)
-    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1, E2, E3, E5 of papers 001/002)")
+    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1 to E5 of papers 001/002)")
     p.add_argument("suite", choices=["nonsmooth"])
-    p.add_argument("--experiments", nargs="+", default=["E1", "E2", "E3", "E5"])
+    p.add_argument("--experiments", nargs="+", default=["E1", "E2", "E3", "E4", "E5"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--quick", action="store_true", help="tiny grids through the same code (a smoke run)")
     p.add_argument("--out", default="docs/results/nonsmooth_rates.md",

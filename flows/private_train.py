@@ -536,9 +536,10 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
     metrics: Dict[str, float] = {}
     status = "FAILED"
     try:
-        # a tree run checkpoints only between periods: the un-noised running sum and the live node noise
-        # exist only inside a period and are never written
-        period = getattr(built.loop.sampler, "period", 1) if resolved.mechanism.kind == "tree_aggregation" else 1
+        # a run of running sums (a tree, 002's multi-pass releases, their twins) checkpoints only between
+        # periods: the un-noised running sum and the live node noise exist only inside a period and are
+        # never written, and a rewind restarts the sum at a period's first step
+        period = getattr(built.loop.mechanism, "period", 1)
         while built.loop.step < trajectory_end(resolved, built.loop):
             step = built.loop.step
             until = min((step // every + 1) * every, (step // log_every + 1) * log_every)

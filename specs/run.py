@@ -66,8 +66,12 @@ class RunSpec(Strict):
             values += [self.sampling.start_batch, self.sampling.period]
         if self.estimator.kind in SPIDER_KINDS:
             values += [self.estimator.start_directions, self.estimator.directions]
-        if self.mechanism.kind == "tree_aggregation":
+            if self.sampling.kind == "full_batch":
+                values += [self.estimator.period]
+        if self.mechanism.kind in ("tree_aggregation", "scheduled_gaussian"):
             values += [self.mechanism.difference_clip]
+        if self.mechanism.kind == "scheduled_gaussian":
+            values += [self.mechanism.difference_noise_multiplier]
         return "auto" not in values
 
     @property
@@ -272,9 +276,29 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
                             f"estimator.kind {est.kind} is released by gaussian")
         if spec.privacy is not None and spec.privacy.noise == "secure":
             problems.append("privacy.noise: secure is not available with tree_aggregation yet; use fast or auto")
-    if est.kind in SPIDER_KINDS and mech.kind not in ("tree_aggregation", "none"):
+    multi_pass = est.kind in SPIDER_KINDS and sampling.kind == "full_batch"
+    if est.kind in SPIDER_KINDS and not multi_pass and mech.kind not in ("tree_aggregation", "none"):
         problems.append(f"mechanism.kind: {est.kind}'s increments are released by tree_aggregation (or none, a "
                         f"non-private twin), not {mech.kind}")
+    if multi_pass and mech.kind not in ("scheduled_gaussian", "none"):
+        problems.append(f"mechanism.kind: {est.kind} over full batches (paper 002's multi-pass algorithm) releases "
+                        f"by scheduled_gaussian (or none, a non-private twin), not {mech.kind}")
+    if mech.kind == "scheduled_gaussian" and not multi_pass:
+        problems.append("mechanism.kind: scheduled_gaussian is paper 002's multi-pass release; it needs estimator "
+                        "zo_spider (variant 002) or fo_spider with sampling.kind: full_batch")
+    if mech.kind == "scheduled_gaussian" and (mech.noise_multiplier == "auto") != (
+            mech.difference_noise_multiplier == "auto"):
+        problems.append("mechanism.difference_noise_multiplier: give both multipliers, or neither (auto: the paper's "
+                        "ratio, one scale calibrated)")
+    if multi_pass and getattr(est, "variant", None) == "001":
+        problems.append("estimator.variant: the multi-pass algorithm (sampling.kind full_batch) is paper 002's; "
+                        "use variant: \"002\"")
+    if getattr(est, "period", None) is not None and not multi_pass:
+        problems.append("estimator.period: only for the multi-pass algorithm (sampling.kind: full_batch); a single "
+                        "pass takes sampling.period")
+    if multi_pass and opt.kind == "o2nc" and opt.preset == "theory" and opt.target_stationarity is None:
+        problems.append("optimizer.target_stationarity: paper 002's multi-pass preset is planned for a target "
+                        "beta (Theorem 4.1); give one, e.g. 0.5")
     if est.kind == "zo_naive" and mech.kind not in ("gaussian", "none"):
         problems.append(f"mechanism.kind: zo_naive releases one Gaussian vector a step; use gaussian, not {mech.kind}")
     if (est.kind in O2NC_KINDS) != (opt.kind == "o2nc"):
@@ -288,8 +312,9 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
                             "added row would shift; set neighboring: replace_one")
         if est.kind == "zo_naive" and sampling.period not in ("auto", 1):
             problems.append("sampling.period: zo_naive has no tree; set period: 1 (or auto)")
-    elif est.kind in O2NC_KINDS:
-        problems.append(f"sampling.kind: {est.kind} reads each row once; use sampling.kind: single_pass")
+    elif est.kind in O2NC_KINDS and not multi_pass:
+        problems.append(f"sampling.kind: {est.kind} reads each row once; use sampling.kind: single_pass"
+                        + (" (or full_batch: paper 002's multi-pass algorithm)" if est.kind in SPIDER_KINDS else ""))
     if opt.kind == "o2nc":
         autos = [name for name, value in (("optimizer.step_bound", opt.step_bound), ("optimizer.lr", opt.lr),
                                           ("optimizer.window", opt.window), ("optimizer.steps", opt.steps),
@@ -298,6 +323,7 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
                                           ("sampling.period", getattr(sampling, "period", None)),
                                           ("estimator.start_directions", getattr(est, "start_directions", None)),
                                           ("estimator.directions", getattr(est, "directions", None)),
+                                          ("estimator.period", getattr(est, "period", None)),
                                           ("mechanism.clip", getattr(mech, "clip", None)),
                                           ("mechanism.difference_clip", getattr(mech, "difference_clip", None)))
                  if value == "auto"]

@@ -488,6 +488,9 @@ class ZoSpiderEstimator(Strict):
                                                        "(001: d; 002: m_G = d^2 log(8 d B1 / delta_0)).")
     directions: Union[PositiveInt, Auto] = Field("auto", description="Directions per row of a difference "
                                                  "(001: d; 002: m_D = 4 d log(8 d / delta_0)).")
+    period: Union[PositiveInt, Auto, None] = Field(
+        None, description="variant 002 with sampling.kind full_batch (the multi-pass algorithm): steps between "
+        "restarts, Sigma (auto: Theorem 4.1). A single pass takes sampling.period.")
 
 
 class FoSpiderEstimator(Strict):
@@ -501,16 +504,24 @@ class FoSpiderEstimator(Strict):
     radius: PositiveFloat = Field(..., description="alpha: the ball's radius (the guarantee is Goldstein "
                                   "stationarity at 2 alpha).")
     perturbations: Union[PositiveInt, Auto] = Field(
-        "auto", description="Ball points per row at each point of a difference (m = log(8 d / delta_0) alpha^2 "
-        "/ (D^2 d), Lemma 6.4).")
+        "auto", description="Ball points per row at each point of a difference (single pass: m = log(8 d / "
+        "delta_0) alpha^2 / (D^2 d), Lemma 6.4; multi-pass: L^2 Sigma / (n sigma_1^2) + L^2 / (n sigma_2^2)).")
+    start_perturbations: Union[PositiveInt, Auto] = Field(
+        "auto", description="Ball points per row at a restart (single pass: 1; multi-pass: as perturbations).")
+    period: Union[PositiveInt, Auto, None] = Field(
+        None, description="With sampling.kind full_batch (the multi-pass algorithm): steps between restarts, "
+        "Sigma (auto: Theorem 4.1). A single pass takes sampling.period.")
 
     # what the planner shares with zo_spider's variant 002
     variant: ClassVar[str] = "002_fo"
-    start_directions: ClassVar[int] = 1
 
     @property
     def directions(self):
         return self.perturbations
+
+    @property
+    def start_directions(self):
+        return self.start_perturbations
 
 
 class ZoNaiveEstimator(Strict):
@@ -554,13 +565,31 @@ class TreeAggregationMechanism(Strict):
         "r), L sqrt(d); 002: the vector clip C_Delta of a difference.")
     noise_multiplier: Union[PositiveFloat, Auto] = "auto"
 
+class ScheduledGaussianMechanism(Strict):
+    """Paper 002's multi-pass full-batch algorithm (its Algorithm 4): every step releases its increment (the
+    mean over all rows of per-example clipped estimates) with fresh Gaussian noise, added to the previous
+    released sum, restarted every estimator.period steps. Restarts and differences are two Gaussian classes
+    (multiplier = std / Delta, Delta = 2 clip / n), their stds in the paper's ratio; the run is accounted
+    exactly as their composition."""
+
+    kind: Literal["scheduled_gaussian"]
+    clip: Union[PositiveFloat, Auto] = Field("auto", description="Per-example L2 bound at a restart, C_G.")
+    difference_clip: Union[PositiveFloat, Auto] = Field("auto", description="Per-example L2 bound of a "
+                                                        "difference, C_Delta.")
+    noise_multiplier: Union[PositiveFloat, Auto] = Field("auto", description="A restart's std / Delta (auto: "
+                                                         "calibrated on the run's event).")
+    difference_noise_multiplier: Union[PositiveFloat, Auto] = Field(
+        "auto", description="A difference's std / Delta (auto: the paper's ratio of stds to the restart's).")
+
+
 class NoMechanism(Strict):
     """No clipping and no noise: a non-private run (MeZO with two_point). Labelled not private everywhere."""
 
     kind: Literal["none"]
 
 
-MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism, TreeAggregationMechanism], Field(discriminator="kind")]
+MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism, TreeAggregationMechanism, ScheduledGaussianMechanism],
+                          Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------- privacy

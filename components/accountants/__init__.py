@@ -3,6 +3,7 @@ from components.accountants.accounting import (
     Accountant,
     OncePerRowTracker,
     PrivacyTracker,
+    ScheduledTracker,
     TreeTracker,
     ZCdpAccountant,
     describe_event,
@@ -10,4 +11,4 @@ from components.accountants.accounting import (
     event_to_json,
 )
 
-__all__ = ["Accountant", "OncePerRowTracker", "PrivacyTracker", "TreeTracker", "ZCdpAccountant", "describe_event", "event_from_json", "event_to_json"]
+__all__ = ["Accountant", "OncePerRowTracker", "PrivacyTracker", "ScheduledTracker", "TreeTracker", "ZCdpAccountant", "describe_event", "event_from_json", "event_to_json"]

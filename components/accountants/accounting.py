@@ -99,6 +99,25 @@ def _event_rho(event: dp_accounting.DpEvent) -> Optional[float]:
     return None
 
 
+def gaussian_equivalent(event: dp_accounting.DpEvent) -> Optional[dp_accounting.GaussianDpEvent]:
+    """A composition made of Gaussian releases only, as the one Gaussian it equals exactly: multipliers
+    z_i composed add as 1 / z^2 = sum 1 / z_i^2 (mu-GDP composes exactly: Dong, Roth and Su 2022). None
+    when some part is not a plain Gaussian."""
+    def inverse_square(e) -> Optional[float]:
+        if isinstance(e, dp_accounting.GaussianDpEvent):
+            return 1.0 / e.noise_multiplier ** 2
+        if isinstance(e, dp_accounting.SelfComposedDpEvent):
+            inner = inverse_square(e.event)
+            return None if inner is None else e.count * inner
+        if isinstance(e, dp_accounting.ComposedDpEvent):
+            parts = [inverse_square(p) for p in e.events]
+            return None if any(p is None for p in parts) else sum(parts)
+        return None
+
+    total = inverse_square(event)
+    return None if not total else dp_accounting.GaussianDpEvent(total ** -0.5)
+
+
 class Accountant:
     """Factory of fresh dp-accounting accountants of one kind and neighbouring relation."""
 
@@ -143,6 +162,9 @@ class Accountant:
         if isinstance(event, dp_accounting.SelfComposedDpEvent):
             return dp_accounting.SelfComposedDpEvent(self.native(event.event), event.count)
         if isinstance(event, dp_accounting.ComposedDpEvent):
+            collapsed = gaussian_equivalent(event)
+            if collapsed is not None:  # exact, and one PLD instead of a composition of many
+                return self.native(collapsed)
             return dp_accounting.ComposedDpEvent([self.native(e) for e in event.events])
         if isinstance(event, (dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent)):
             return event
@@ -168,6 +190,15 @@ class Accountant:
         """Smallest noise multiplier whose event meets (epsilon, delta), via dp-accounting's
         ``calibrate_dp_mechanism`` with a fresh accountant per probe. The search returns the upper end of
         its bracket, so the result never gives less privacy than asked; it is re-checked here."""
+        bracket = None
+        unit = gaussian_equivalent(make_event(1.0))
+        if unit is not None and unit.noise_multiplier > 0:
+            # a composition of Gaussians scales with sigma: start the search where the equivalent Gaussian is
+            # near the target (far below it, a PLD of a nearly noiseless Gaussian takes minutes to build)
+            from statistics import NormalDist
+
+            mu = max(NormalDist().inv_cdf(1 - delta / 2) / max(epsilon, 1e-9), 1e-3) ** -1
+            bracket = dp_accounting.LowerEndpointAndGuess(0.0, 1.0 / (mu * unit.noise_multiplier))
         sigma = float(
             dp_accounting.calibrate_dp_mechanism(
                 self.fresh,
@@ -176,6 +207,7 @@ class Accountant:
                 lambda sigma: self.native(make_event(sigma)) if sigma > 0 else dp_accounting.NonPrivateDpEvent(),
                 epsilon,
                 delta,
+                bracket_interval=bracket,
             )
         )
         achieved = self.epsilon(make_event(sigma), delta)
@@ -254,6 +286,30 @@ class TreeTracker(PrivacyTracker):
 
     def align(self) -> None:
         self.steps = -(-self.steps // self.period) * self.period
+
+
+class ScheduledTracker(PrivacyTracker):
+    """Full-batch steps of two release classes (paper 002's multi-pass algorithm): a restart every ``period``
+    steps and differences between. Each executed step is counted in its class as it is recorded (a step
+    discarded by a retry stays charged, in its own class); the event is their exact composition."""
+
+    def __init__(self, accountant: Accountant, multipliers, period: int, delta: float):
+        super().__init__(accountant, dp_accounting.GaussianDpEvent(multipliers[0]), delta)
+        self.multipliers = tuple(float(z) for z in multipliers)
+        self.period = int(period)
+        self.starts = 0
+        self.is_start = lambda: True  # the loop's builder points this at the mechanism's position
+
+    def record_step(self) -> None:
+        self.starts += bool(self.is_start())
+        super().record_step()
+
+    def event(self) -> dp_accounting.DpEvent:
+        from components.mechanisms.scheduled import scheduled_event
+
+        if self.steps == 0:
+            return dp_accounting.NoOpDpEvent()
+        return scheduled_event(*self.multipliers, self.starts, self.steps - self.starts)
 
 
 class OncePerRowTracker(PrivacyTracker):

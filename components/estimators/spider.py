@@ -90,15 +90,16 @@ class FoSpiderEstimator(ZoSpiderEstimator):
     m around z_(t-1), clipped in L2 to C_Delta."""
 
     def __init__(self, radius: float, dimension: int, period: int, directions: int, start_clip: float,
-                 difference_clip: float, step_bound: float):
-        super().__init__("002", radius, dimension, period, 1, directions, start_clip, difference_clip, step_bound)
+                 difference_clip: float, step_bound: float, start_directions: int = 1):
+        super().__init__("002", radius, dimension, period, start_directions, directions, start_clip, difference_clip,
+                         step_bound)
         self.name = "fo_spider"
         self.smoothing = self.radius  # ball points are drawn in the unit ball and scaled by r
 
     def query(self, step: int, seed: int, offset=None) -> PerExampleBall:
         base = public_seed(seed, STREAM_EXAMPLE_DIRECTION, step)
         if step % self.period == 0:
-            return PerExampleBall("gradient", 1, base, self.smoothing, "vector", self.start_clip)
+            return PerExampleBall("gradient", self.start_directions, base, self.smoothing, "vector", self.start_clip)
         if offset is None:
             raise ValueError("fo_spider: a difference step needs the previous query point")
         return PerExampleBall("gradient_difference", self.directions, base, self.smoothing, "vector",

@@ -13,6 +13,9 @@ query points, window certificates and output to 1e-9 (``match``).
 - E2: paper 002's single-pass zeroth-order algorithm (coupled directions), against n.
 - E3: paper 002's single-pass first-order algorithm (gradients at ball points), against n, beside the
   zeroth-order one at the same n.
+- E4: paper 002's multi-pass full-batch algorithm (first-order; zeroth-order at the two smallest n) on a
+  schedule fixed for beta = 0.5, d = 2, alpha = 0.3: the empirical certificate's privacy excess over the
+  non-private twin against n.
 - E5: 001 against 002 at n = 10^5 against d, with x_0 = 1 - 0.8 / sqrt(d) in every coordinate, so
   Phi = 0.8 at every d (002 to d = 8: its cost grows with d^2 directions per start row).
 The metric is Gamma-bar, the mean over windows of |average of grad F_r over the window's query points|:
@@ -20,6 +23,7 @@ the expectation over the output window of the Goldstein certificate at 2r, exact
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,6 +45,9 @@ class Series:
     private: bool = True
     fixed_n: int = 100_000  # the rows when the axis is d
     fixed_d: int = 4  # the dimension when the axis is n
+    # "population": Gamma-bar on F; "empirical excess": on the rows' empirical objective, the private run's
+    # minus its non-private twin's (the same schedule without noise or clips, on the same rows)
+    metric: str = "population"
 
     def point(self, x: int) -> Dict[str, int]:
         return {"n": x, "d": self.fixed_d} if self.axis == "n" else {"n": self.fixed_n, "d": x}
@@ -51,6 +58,7 @@ def series_of(experiments: Sequence[str], quick: bool = False) -> List[Series]:
     n1 = (2_000, 4_000) if quick else (10_000, 30_000, 100_000, 300_000, 1_000_000)
     n2 = (2_000, 4_000) if quick else (10_000, 30_000, 100_000, 300_000)
     n3 = (2_000, 4_000) if quick else (2_000, 5_000, 10_000, 20_000)
+    n4 = (125, 250) if quick else (125, 250, 500, 1_000)  # 2,000: 3 min more (n m ball points a step)
     dims = (2, 4) if quick else (2, 4, 8, 16)
     # 002's start estimate takes m_G = d^2 log(8 d Sigma / delta_0) directions from each of Sigma rows: at d = 16
     # (m_G = 6,272, Sigma = 170) one seed alone outlasts the command's 15-minute budget on 2 cores
@@ -63,13 +71,17 @@ def series_of(experiments: Sequence[str], quick: bool = False) -> List[Series]:
         "E2": [Series("E2", "002 private (coupled)", "p1_o2nc_002", "n", n2)],
         "E3": [Series("E3", "002 first-order", "p1_o2nc_002_fo", "n", n3),
                Series("E3", "002 zeroth-order (coupled), same n", "p1_o2nc_002", "n", n3)],
+        "E4": [Series("E4", "002 multi-pass first-order", "p1_o2nc_002_fo_multipass", "n", n4, fixed_d=2,
+                      metric="empirical excess"),
+               Series("E4", "002 multi-pass zeroth-order", "p1_o2nc_002_multipass", "n", n4[:2], fixed_d=2,
+                      metric="empirical excess")],
         "E5": [Series("E5", "001 private", "p1_o2nc_001", "d", dims, fixed_n=fixed_n),
                Series("E5", "002 private (coupled)", "p1_o2nc_002", "d", dims_002, fixed_n=fixed_n)],
     }
     unknown = [e for e in experiments if e not in table]
     if unknown:
-        raise ValueError(f"reproduce: unknown experiment {unknown[0]!r}; allowed: {', '.join(table)} "
-                         "(E4 needs paper 002's multi-pass ERM algorithm, not built yet)")
+        raise ValueError(f"reproduce: unknown experiment {unknown[0]!r}; allowed: {', '.join(table)} (the study's "
+                         "E6-E9 are paper 003's algorithms, not built yet)")
     return [s for e in experiments for s in table[e]]
 
 
@@ -143,14 +155,20 @@ def run_point(series: Series, x: int, seeds: Sequence[int]) -> PointResult:
 
     started = time.perf_counter()
     resolved, eps = resolve(series, x)
-    plan = KernelPlan.from_spec(resolved)
     point = series.point(x)
+    plan = KernelPlan.from_spec(resolved, point["n"])
     result = Kernel(plan).run(FastStreams(plan, seeds, point["n"], resolved.data.source.noise_radius))
+    certificates = result.certificate
+    if series.metric == "empirical excess":
+        twin = dataclasses.replace(plan, start_clip=math.inf, difference_clip=math.inf, noise_std=0.0,
+                                   difference_noise_std=0.0)
+        reference = Kernel(twin).run(FastStreams(twin, seeds, point["n"], resolved.data.source.noise_radius))
+        certificates = result.empirical_certificates.mean(axis=1) - reference.empirical_certificates.mean(axis=1)
     settings = {"steps": plan.steps, "window": plan.window, "period": plan.period, "start_batch": plan.start_batch,
                 "start_directions": plan.start_directions, "directions": plan.directions,
                 "step_bound": plan.step_bound, "lr": plan.lr, "noise_std": plan.noise_std,
                 "noise_multiplier": float(resolved.mechanism.noise_multiplier) if series.private else 0.0}
-    return PointResult(series, x, point["n"], point["d"], [float(c) for c in result.certificate],
+    return PointResult(series, x, point["n"], point["d"], [float(c) for c in certificates],
                        [float(v) for v in _h(result.output)], predicted(resolved, point["n"], point["d"]), plan.steps,
                        eps, time.perf_counter() - started, settings)
 
@@ -202,7 +220,7 @@ def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: 
     built.loop.run(resolved.optimizer.steps)
     optimizer.finalize()
     privzo_seconds = time.perf_counter() - started
-    plan = KernelPlan.from_spec(resolved)
+    plan = KernelPlan.from_spec(resolved, len(data.private))
     streams = PrivzoStreams(plan, np.asarray(data.private.features, dtype=np.float64), built.loop.sampler,
                             torch.Generator().manual_seed(noise_seed))
     started = time.perf_counter()

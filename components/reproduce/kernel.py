@@ -46,6 +46,10 @@ class KernelPlan:
     noise_std: float  # the tree's node std (001, 002) or the Gaussian's std (naive); 0 without a mechanism
     start: float
     seed: int
+    # 002's multi-pass algorithm: every row in every step, a restart every ``period`` steps; a restart's
+    # release carries noise_std, a difference's difference_noise_std
+    multi_pass: bool = False
+    difference_noise_std: float = 0.0
 
     @property
     def first_order(self) -> bool:
@@ -61,7 +65,8 @@ class KernelPlan:
         return self.steps // self.window
 
     @classmethod
-    def from_spec(cls, spec) -> "KernelPlan":
+    def from_spec(cls, spec, n: Optional[int] = None) -> "KernelPlan":
+        """``n``: the private rows, which a multi-pass plan's noise (2 clip / n per release) needs."""
         from components.nonsmooth import node_sensitivity
 
         est, mech, sampling, opt = spec.estimator, spec.mechanism, spec.sampling, spec.optimizer
@@ -74,6 +79,15 @@ class KernelPlan:
             return cls("001_naive", d, float(est.radius), int(opt.steps), int(opt.window), 1, sampling.step_batch,
                        sampling.step_batch, est.directions, est.directions, clip, clip, float(opt.step_bound),
                        float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed)
+        if sampling.kind == "full_batch":  # 002's multi-pass algorithm (scheduled_gaussian, or its twin)
+            n = spec.public_rows(n)
+            stds = ((float(mech.noise_multiplier) * 2.0 * float(mech.clip) / n,
+                     float(mech.difference_noise_multiplier) * 2.0 * float(mech.difference_clip) / n)
+                    if private else (0.0, 0.0))
+            return cls(est.variant, d, float(est.radius), int(opt.steps), int(opt.window), int(est.period), n, n,
+                       int(est.start_directions), int(est.directions), float(mech.clip) if private else math.inf,
+                       float(mech.difference_clip) if private else math.inf, float(opt.step_bound), float(opt.lr),
+                       bool(opt.restart), stds[0], spec.data.source.start, spec.seed, True, stds[1])
         std = float(mech.noise_multiplier) * node_sensitivity(spec, d) if private else 0.0
         return cls(est.variant, d, float(est.radius), int(opt.steps), int(opt.window), sampling.period,
                    sampling.start_batch, sampling.step_batch, est.start_directions, est.directions,
@@ -93,8 +107,12 @@ class PrivzoStreams:
         self.plan, self._rows, self._sampler, self._generator = plan, rows, sampler, noise_generator
 
     def rows(self, step: int, size: int) -> np.ndarray:
-        idx = self._sampler.sample_at(step, step).numpy()
+        sample_at = getattr(self._sampler, "sample_at", None)
+        idx = (self._sampler.sample() if sample_at is None else sample_at(step, step)).numpy()
         return self._rows[idx][None]
+
+    def row_mean(self) -> np.ndarray:
+        return self._rows.mean(axis=0)[None]
 
     def directions(self, step: int, first: int, count: int, m: int) -> np.ndarray:
         from components.estimators.evaluate import example_directions
@@ -143,7 +161,13 @@ class FastStreams:
         self._buffers[key] = (block, used + 1)
         return block[used]
 
+    def row_mean(self) -> np.ndarray:
+        """[R, d]: the mean of each run's rows (xi-bar, the linear term of P1's empirical objective)."""
+        return self._data.mean(axis=1)
+
     def rows(self, step: int, size: int) -> np.ndarray:
+        if self.plan.multi_pass:  # every row in every step
+            return self._data
         start, self._next = self._next, self._next + size
         if self._next > self._data.shape[1]:
             raise RuntimeError(f"kernel: the pass needs more than {self._data.shape[1]} rows")
@@ -220,6 +244,8 @@ class KernelResult:
     certificates: np.ndarray  # [R, windows]: Gamma_k of every window
     output: np.ndarray  # [R, d]: the output window's average
     query_points: Optional[np.ndarray]  # [R, steps + 1, d] when recorded
+    # [R, windows]: the same on the rows' empirical objective h + <xi-bar, x> (002's multi-pass guarantee)
+    empirical_certificates: Optional[np.ndarray] = None
 
     @property
     def certificate(self) -> np.ndarray:
@@ -261,13 +287,13 @@ class Kernel:
         size = p.start_batch if start else p.step_batch
         rows = streams.rows(step, size)
         centres = [z] if start else [z, z + (previous - z)]
-        m = 1 if start else p.directions
+        m = p.start_directions if start else p.directions
         near = np.zeros(p.dimension, dtype=bool)
         for centre in centres:
             near |= np.any(np.abs(np.abs(np.abs(centre) - 0.5) - 0.5) <= p.radius * (1 + 1e-9), axis=0)
         scale = 1.0 / math.sqrt(p.dimension)
         if start:
-            g = np.broadcast_to(scale * _slope(z)[:, None, :], rows.shape).copy()
+            g = np.broadcast_to(scale * _slope(z)[:, None, :], rows.shape[:2] + (p.dimension,)).copy()
         else:
             g = np.zeros((streams.runs, size, p.dimension))
         if near.any():
@@ -330,6 +356,8 @@ class Kernel:
         out_sum = np.zeros((runs, d))
         window_points: List[np.ndarray] = []
         certificates: List[np.ndarray] = []
+        empirical: List[np.ndarray] = []
+        row_mean = streams.row_mean() if p.multi_pass else None
         points = [z.copy()] if record else None
         total = noise_sum = None
         prefix = {}  # position -> the noise of the chain of that position (Fenwick: chain(b - lowbit b) + xi_b)
@@ -345,6 +373,8 @@ class Kernel:
             if t % w == 0:
                 grads = smoothed_gradient(np.stack(window_points), p.radius)  # [W, R, d]
                 certificates.append(np.linalg.norm(grads.mean(axis=0), axis=1))
+                if row_mean is not None:
+                    empirical.append(np.linalg.norm(grads.mean(axis=0) + row_mean, axis=1))
                 window_points.clear()
 
         add_query_point(1, z)
@@ -352,6 +382,12 @@ class Kernel:
             increment = self._estimate(step, z, previous, streams)
             if p.algorithm == "001_naive":
                 released = increment + (p.noise_std * streams.noise() / p.start_batch if p.noise_std else 0.0)
+            elif p.multi_pass:  # each step a fresh Gaussian on its increment, added to the previous release
+                restart = step % p.period == 0
+                std = p.noise_std if restart else p.difference_noise_std
+                noisy = increment + (std * streams.noise() if std else 0.0)
+                total = noisy if restart else total + noisy
+                released = total
             else:
                 pos = step % p.period + 1
                 total = increment if pos == 1 else total + increment
@@ -377,4 +413,5 @@ class Kernel:
             add_query_point(t, z)
             x = x + delta
         return KernelResult(np.stack(certificates, axis=1) if certificates else np.zeros((runs, 0)),
-                            out_sum / w, np.stack(points, axis=1) if record else None)
+                            out_sum / w, np.stack(points, axis=1) if record else None,
+                            np.stack(empirical, axis=1) if empirical else None)

@@ -196,6 +196,8 @@ class PrivateLoop:
             "journal": [(e.step, e.seed, e.coefficient) for e in self.journal],
             "released": [(step, tuple(values)) for step, values in self.released],
             "privacy_steps": self.tracker.steps,
+            # a tracker of two release classes (ScheduledTracker) also counts the restarts among them
+            **({"privacy_starts": self.tracker.starts} if hasattr(self.tracker, "starts") else {}),
         }
 
     @torch.no_grad()
@@ -215,6 +217,8 @@ class PrivateLoop:
         self.released = [(int(step), tuple(values)) for step, values in state["released"]]
         if restore_privacy_steps:
             self.tracker.steps = int(state["privacy_steps"])
+            if hasattr(self.tracker, "starts"):
+                self.tracker.starts = int(state["privacy_starts"])
         # a tree run goes back to a period boundary: a fresh tree, and the aborted period's rows stay used
         reset = getattr(self.mechanism, "reset", None)
         if reset is not None:

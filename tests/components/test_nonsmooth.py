@@ -186,3 +186,48 @@ def test_the_preset_matches_the_build_studys_worked_example():
         f = presets.preset_002(n, 4, 1.5, 1.6, 0.05, 1.0, 5e-7, first_order=True)
         assert (f.steps, f.period, f.start_directions, f.directions) == (steps, period, 1, m)
         assert (f.start_clip, round(f.difference_clip, 4)) == (1.5, clip)
+
+
+@pytest.mark.parametrize("name", ["p1_o2nc_002_multipass", "p1_o2nc_002_fo_multipass"])
+def test_the_multi_pass_run_is_accounted_as_its_restarts_and_differences(name):
+    """002's multi-pass algorithm: every row in every step; ceil(T / Sigma) restart releases and the rest
+    differences, two Gaussian classes whose stds keep the paper's ratio D sqrt(d Sigma) / alpha; the run's
+    executed event is the planned one, and its PLD epsilon is the analytic Gaussian curve of the composition
+    (mu^2 = P / z_1^2 + (T - P) / z_2^2, the replace-one multiplier being std over 2 clip / n)."""
+    import dp_accounting
+    from statistics import NormalDist
+
+    resolved, data, eps = _resolved(name, rows=300)
+    est, mech, opt = resolved.estimator, resolved.mechanism, resolved.optimizer
+    n = len(data.private)
+    assert est.period == math.ceil(0.3 / (opt.step_bound * math.sqrt(2))) and opt.window == int(0.3 / opt.step_bound)
+    z1, z2 = float(mech.noise_multiplier), float(mech.difference_noise_multiplier)
+    stds = (z1 * 2 * mech.clip / n, z2 * 2 * mech.difference_clip / n)
+    assert stds[1] / stds[0] == pytest.approx(opt.step_bound * math.sqrt(2 * est.period) / 0.3, rel=1e-9)
+    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(0))
+    built.loop.run(opt.steps)
+    starts = -(-opt.steps // est.period)
+    assert (built.loop.tracker.starts, built.loop.tracker.steps) == (starts, opt.steps)
+    executed = built.loop.tracker.event()
+    assert executed == builders.planned_event(resolved, n, z1)
+    mu = math.sqrt(starts / z1 ** 2 + (opt.steps - starts) / z2 ** 2)
+    cdf = NormalDist().cdf
+    delta = cdf(-eps / mu + mu / 2) - math.exp(eps) * cdf(-eps / mu - mu / 2)
+    assert delta == pytest.approx(float(resolved.privacy.delta), rel=1e-3)
+    assert eps <= 1.0 and built.loop.tracker.epsilon() == pytest.approx(eps, rel=1e-9)
+    # the release door checks each step's queries against its own class's sensitivity
+    assert built.loop.mechanism.sensitivities == pytest.approx((2 * mech.clip / n, 2 * mech.difference_clip / n))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"sampling": {"kind": "single_pass"}}, "scheduled_gaussian is paper 002's multi-pass release"),
+    ({"mechanism": {"kind": "tree_aggregation"}}, "several leaves of one tree"),
+    ({"optimizer": {"kind": "o2nc", "preset": "theory"}}, "planned for a target beta"),
+    ({"mechanism": {"kind": "scheduled_gaussian", "noise_multiplier": 3.0}}, "give both multipliers"),
+])
+def test_multi_pass_spec_rules_refuse_in_one_line(changes, message):
+    data = specs.load_spec(f"{EXAMPLES}/p1_o2nc_002_multipass.yaml").model_dump(mode="json")
+    for section, values in changes.items():
+        data[section] = values
+    with pytest.raises(ValueError, match=message):
+        specs.spec_from_dict(data)

@@ -9,13 +9,14 @@ from components.reproduce.kernel import KernelPlan
 
 
 @pytest.mark.parametrize("label, start", [("002 private (coupled)", 0.2), ("002 private (coupled)", 0.03),
-                                          ("001 private", 0.98), ("002 first-order", 0.2), ("002 first-order", 0.03)])
+                                          ("001 private", 0.98), ("002 first-order", 0.2), ("002 first-order", 0.03),
+                                          ("002 multi-pass first-order", None), ("002 multi-pass zeroth-order", None)])
 def test_the_kernel_reproduces_privzos_trajectory_to_1e9(label, start):
     # E1's three series are matched by the command's smoke run (tests/flows); 002 here, and both from a start
     # within r of a kink (0, 1), where the kernel evaluates psi point by point rather than by its slope
-    series = next(s for s in ex.series_of(["E1", "E2", "E3"], quick=True) if s.label == label)
-    found = ex.match(series, 1_500, start=start)
-    assert found.steps > 2 * 38 and found.ok, found  # more than two tree periods of privzo's loop
+    series = next(s for s in ex.series_of(["E1", "E2", "E3", "E4"], quick=True) if s.label == label)
+    found = ex.match(series, 125 if series.experiment == "E4" else 1_500, start=start)
+    assert found.steps > 2 * 38 and found.ok, found  # more than two periods of privzo's loop
     assert found.query_points <= 1e-9 and found.certificates <= 1e-9 and found.output <= 1e-9
 
 
@@ -24,7 +25,7 @@ def test_a_kernel_off_privzos_trajectory_is_caught(monkeypatch):
     honest = KernelPlan.from_spec
     # a learning rate off by one part in a million: invisible in any rate, caught by the trajectory check
     monkeypatch.setattr(KernelPlan, "from_spec", classmethod(
-        lambda cls, spec: dataclasses.replace(honest(spec), lr=honest(spec).lr * (1 + 1e-6))))
+        lambda cls, spec, n=None: dataclasses.replace(honest(spec, n), lr=honest(spec, n).lr * (1 + 1e-6))))
     found = ex.match(series, 1_500)
     assert not found.ok and found.query_points > 1e-9
 
@@ -33,5 +34,5 @@ def test_slopes_are_least_squares_and_local():
     xs, ys = [1e4, 1e5, 1e6], [1.0, 10 ** -0.5, 0.1]
     assert ex.least_squares_slope(xs, ys) == pytest.approx(-0.5, abs=1e-12)
     assert ex.local_slopes(xs, ys) == pytest.approx([-0.5, -0.5], abs=1e-12)
-    with pytest.raises(ValueError, match="unknown experiment 'E4'.*multi-pass ERM"):
-        ex.series_of(["E4"])
+    with pytest.raises(ValueError, match="unknown experiment 'E6'.*paper 003"):
+        ex.series_of(["E6"])
