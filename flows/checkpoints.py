@@ -216,6 +216,7 @@ class Checkpointer:
         """Keep the last trajectory but the privacy steps spent now, so a later resume of a failed run
         still counts the steps it discarded."""
         if self.last is not None:
-            self.last = {**self.last, "privacy_steps": loop.tracker.steps}
+            self.last = {**self.last, "privacy_steps": loop.tracker.steps,
+                         **({"privacy_starts": loop.tracker.starts} if hasattr(loop.tracker, "starts") else {})}
             self.store.save({**self.binding, "loop": self.last})
             self.store.clear_intent()  # the count is exact now

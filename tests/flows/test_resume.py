@@ -272,6 +272,33 @@ def test_a_kill_mid_chunk_is_charged_up_to_the_chunk_end_and_a_recorded_failure_
     assert "unrecorded_steps" not in state
 
 
+def test_a_multi_pass_kill_is_charged_its_chunks_restarts_and_differences(tmp_path):
+    """002's multi-pass runs count restarts apart from differences (two noise classes): a kill mid-chunk
+    charges the chunk's steps in their own classes (restarts at steps 0 mod period), a recorded failure its
+    exact counts."""
+    from flows.checkpoints import Checkpointer, CheckpointStore
+
+    class Loop:
+        def __init__(self):
+            self.step = 22
+            self.tracker = type("T", (), {"steps": 22, "starts": 1, "period": 22})()
+
+        def state_dict(self):
+            return {"step": self.step, "privacy_steps": self.tracker.steps, "privacy_starts": self.tracker.starts}
+
+    store = CheckpointStore(str(tmp_path), "run", "key")
+    loop = Loop()
+    checkpointer = Checkpointer(store, {"charge_id": None})
+    checkpointer.save(loop)
+    checkpointer.begin(loop, until=66)  # killed somewhere in steps 22..65: restarts at 22 and 44
+    state = store.load()
+    assert (state["loop"]["privacy_steps"], state["loop"]["privacy_starts"]) == (22 + 44, 1 + 2)
+    loop.step, loop.tracker.steps, loop.tracker.starts = 30, 30, 2  # failed at step 30: counted exactly
+    checkpointer.record_spent(loop)
+    state = store.load()
+    assert (state["loop"]["step"], state["loop"]["privacy_steps"], state["loop"]["privacy_starts"]) == (22, 30, 2)
+
+
 def test_a_run_killed_before_its_first_checkpoint_releases_its_reservation(prefect_server, tiny_spec_dict, tmp_path,
                                                                           mlflow_db):
     """Killed after the ledger reserved its run but before the step-0 checkpoint (here in the public warm
