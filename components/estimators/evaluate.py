@@ -240,21 +240,15 @@ def example_directions(seed: int, slot: int, count: int, dimension: int) -> torc
 SPHERE_POINT_BYTES = 64 * 2**20
 
 
-def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
-                query: PerExampleSphere) -> Tuple[torch.Tensor, ...]:
-    """sum_i clip(g_i) of a PerExampleSphere query, one float64 tensor per parameter. Each example's loss
-    is evaluated at its own perturbed points through torch.func (vmap over examples and directions of a
-    functional call), so no model copy is made; clipping follows the query's mode, a non-finite
-    coefficient counting as 0 in scalar mode and a non-finite g_i as nothing in vector mode."""
+def _flat_loss(model: nn.Module, params, loss, query: PerExampleSphere):
+    """What a per-example query evaluates on: the parameters flattened (p), the query's other point
+    (p + offset, or None), and one example's loss at a flat point (a functional call, no model copy)."""
     wrapped = _LossOf(model, loss)
     names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
     keys = [names[id(p)] for p in params]
     shapes = [p.shape for p in params]
     sizes = [p.numel() for p in params]
     dtype, device = params[0].dtype, params[0].device
-    d = sum(sizes)
-    m = query.directions
-    lam = query.smoothing
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     other = None if query.offset is None else flat + torch.cat(
         [t.detach().reshape(-1).to(device=device, dtype=dtype) for t in query.offset])
@@ -263,6 +257,20 @@ def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor
         weights = {k: t.view(s) for k, t, s in zip(keys, torch.split(point, sizes), shapes)}
         return functional_call(wrapped, weights, (xi.unsqueeze(0), yi.unsqueeze(0))).sum()
 
+    return flat, other, loss_at, sizes, shapes
+
+
+def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                query: PerExampleSphere) -> Tuple[torch.Tensor, ...]:
+    """sum_i clip(g_i) of a PerExampleSphere query, one float64 tensor per parameter. Each example's loss
+    is evaluated at its own perturbed points through torch.func (vmap over examples and directions of a
+    functional call), so no model copy is made; clipping follows the query's mode, a non-finite
+    coefficient counting as 0 in scalar mode and a non-finite g_i as nothing in vector mode."""
+    flat, other, loss_at, sizes, shapes = _flat_loss(model, params, loss, query)
+    dtype, device = flat.dtype, flat.device
+    d = sum(sizes)
+    m = query.directions
+    lam = query.smoothing
     values = vmap(vmap(loss_at, in_dims=(0, None, None)), in_dims=(0, 0, 0))
     total = torch.zeros(d, dtype=torch.float64, device=device)
     points = 4 if query.kind == "central_difference" else 2
@@ -308,22 +316,11 @@ def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
     """sum_i clip(g_i) of a PerExampleBall query, one float64 tensor per parameter: per-example gradients at
     every example's own perturbed points through torch.func (vmap over examples and points of grad of a
     functional call), a bounded number of points at a time; a non-finite g_i counts as nothing."""
-    wrapped = _LossOf(model, loss)
-    names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
-    keys = [names[id(p)] for p in params]
-    shapes = [p.shape for p in params]
-    sizes = [p.numel() for p in params]
-    dtype, device = params[0].dtype, params[0].device
+    flat, other, loss_at, sizes, shapes = _flat_loss(model, params, loss, query)
+    dtype, device = flat.dtype, flat.device
     d = sum(sizes)
     m = query.directions
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    centres = [flat] if query.offset is None else [flat, flat + torch.cat(
-        [t.detach().reshape(-1).to(device=device, dtype=dtype) for t in query.offset])]
-
-    def loss_at(point, xi, yi):
-        weights = {k: t.view(s) for k, t, s in zip(keys, torch.split(point, sizes), shapes)}
-        return functional_call(wrapped, weights, (xi.unsqueeze(0), yi.unsqueeze(0))).sum()
-
+    centres = [flat] if other is None else [flat, other]
     gradients = vmap(vmap(grad(loss_at), in_dims=(0, None, None)), in_dims=(0, 0, 0))
     per_point = 4 * d * flat.element_size()  # the point, its gradient and the float64 sum's share
     points = max(1, min(m, SPHERE_POINT_BYTES // per_point))  # perturbations of one example at a time
