@@ -535,6 +535,15 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
     chunk = train_chunk.with_options(retries=resolved.checkpoint.retries)
     metrics: Dict[str, float] = {}
     status = "FAILED"
+
+    def evaluate_and_log() -> Dict[str, float]:
+        """The model's metrics now, with the privacy spent so far, logged at the current step."""
+        out = evaluate(built, data)
+        if epsilon_metric(resolved):
+            out[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
+        log_metrics(uri, run_id, out, built.loop.step)
+        return out
+
     try:
         # a run of running sums (a tree, 002's multi-pass releases, their twins) checkpoints only between
         # periods: the un-noised running sum and the live node noise exist only inside a period and are
@@ -547,22 +556,13 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
             chunk(resolved, built, until, checkpointer, bar)  # a retry inside may end the run earlier
             if built.loop.step // log_every > step // log_every or built.loop.step >= trajectory_end(resolved,
                                                                                                       built.loop):
-                metrics = evaluate(built, data)
-                if epsilon_metric(resolved):
-                    metrics[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
-                log_metrics(uri, run_id, metrics, built.loop.step)
+                metrics = evaluate_and_log()
         finalize = getattr(built.loop.backend.optimizer, "finalize", None)
         if finalize is not None:  # O2NC: the output is the average of the window drawn from the seed
             finalize()
-            metrics = evaluate(built, data)
-            if epsilon_metric(resolved):
-                metrics[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
-            log_metrics(uri, run_id, metrics, built.loop.step)
+            metrics = evaluate_and_log()
         if not metrics:  # resumed from a checkpoint that already held every step: evaluate what it holds
-            metrics = evaluate(built, data)
-            if epsilon_metric(resolved):
-                metrics[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
-            log_metrics(uri, run_id, metrics, built.loop.step)
+            metrics = evaluate_and_log()
         status = "FINISHED"
     finally:
         # whatever happened, record what was spent: the steps executed are the privacy cost
