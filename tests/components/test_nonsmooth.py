@@ -57,12 +57,16 @@ def test_each_oracles_release_moves_at_most_its_sensitivity_on_neighbouring_data
             assert float((a - b).norm()) <= 2 * query.vector_bound(d) * (1 + 1e-12)
 
 
-def test_the_lipschitz_clip_never_binds_on_p1_and_the_estimate_is_unbiased():
+def _p1_batch():
+    """P1 at a point with a coordinate on a kink and one near it, and 400 rows on the sphere of radius 0.5."""
     model = WLinear(torch.tensor([0.3, -0.5, 1.02, 0.0], dtype=torch.float64))
     rows = torch.randn(400, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     rows = 0.5 * rows / rows.norm(dim=1, keepdim=True)
-    y = torch.zeros(400, dtype=torch.long)
-    params = list(model.parameters())
+    return model, list(model.parameters()), rows, torch.zeros(400, dtype=torch.long)
+
+
+def test_the_lipschitz_clip_never_binds_on_p1_and_the_estimate_is_unbiased():
+    model, params, rows, y = _p1_batch()
     r, lipschitz = 0.05, 1.5
     clipped = PerExampleSphere("central", 4, 3, r / 2, "scalar", lipschitz * 2)
     free = PerExampleSphere("central", 4, 3, r / 2, "scalar", math.inf)
@@ -78,11 +82,7 @@ def test_the_first_order_oracle_never_clips_on_p1_and_estimates_the_smoothed_gra
     """002's start estimate: one gradient per row at a point of the alpha-ball, clipped to L (P1's rows have
     |grad f| <= 1 + r_xi = L: never binds); the batch mean estimates grad F_alpha. A difference averages m
     independent ball points at each end: at two points on one side of every kink it is exactly 0."""
-    model = WLinear(torch.tensor([0.3, -0.5, 1.02, 0.0], dtype=torch.float64))
-    rows = torch.randn(400, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    rows = 0.5 * rows / rows.norm(dim=1, keepdim=True)
-    y = torch.zeros(400, dtype=torch.long)
-    params = list(model.parameters())
+    model, params, rows, y = _p1_batch()
     r, lipschitz = 0.05, 1.5
     a = ball_sums(model, params, per_example_loss, rows, y, PerExampleBall("gradient", 1, 3, r, "vector", lipschitz))[0]
     b = ball_sums(model, params, per_example_loss, rows, y, PerExampleBall("gradient", 1, 3, r, "vector", math.inf))[0]
