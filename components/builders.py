@@ -183,11 +183,12 @@ def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
             clip, difference_clip = spec.mechanism.clip, spec.mechanism.difference_clip
         from components.nonsmooth import spider_period
 
+        keyed = spec.sampling.kind == "poisson"  # add/remove: an added row may shift no other row's directions
         if est.kind == "fo_spider":
             return FoSpiderEstimator(est.radius, dimension, spider_period(spec), est.perturbations, clip,
-                                     difference_clip, spec.optimizer.step_bound, est.start_perturbations)
+                                     difference_clip, spec.optimizer.step_bound, est.start_perturbations, keyed)
         return ZoSpiderEstimator(est.variant, est.radius, dimension, spider_period(spec), est.start_directions,
-                                 est.directions, clip, difference_clip, spec.optimizer.step_bound)
+                                 est.directions, clip, difference_clip, spec.optimizer.step_bound, keyed)
     if est.kind == "zo_naive":
         clip = spec.mechanism.clip if spec.mechanism.kind == "gaussian" else math.inf
         return ZoNaiveEstimator(est.radius, dimension, est.directions, clip)
@@ -251,11 +252,11 @@ def planned_event(spec: RunSpec, n_private: Optional[int], sigma: float):
         if spec.mechanism.kind == "tree_aggregation":
             return tree_event(sigma, spec.sampling.period)
         return dp_accounting.GaussianDpEvent(sigma)
-    if spec.mechanism.kind == "scheduled_gaussian":  # restarts and differences, every row in every step
+    if spec.mechanism.kind == "scheduled_gaussian":  # restarts and differences, each release on one batch
         mech, steps = spec.mechanism, spec.planned_steps(n_private)
         starts = -(-steps // spec.estimator.period)
         return scheduled_event(sigma, sigma * mech.difference_noise_multiplier / mech.noise_multiplier, starts,
-                               steps - starts)
+                               steps - starts, spec_sampler(spec, n_private).wrap)
     step = spec_sampler(spec, n_private).wrap(dp_accounting.GaussianDpEvent(sigma))
     return dp_accounting.SelfComposedDpEvent(step, spec.planned_steps(n_private))
 
@@ -412,13 +413,15 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         mechanism = NoiselessTree(estimator.period) if tree else NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)
     elif spec.mechanism.kind == "scheduled_gaussian":
-        mech, rows = spec.mechanism, spec.public_rows(n_private)
-        # replace-one over a full batch: one row moves a batch mean by twice its clip over the rows
+        from components.nonsmooth import neighbour_factor, scheduled_sensitivities
+
+        mech = spec.mechanism
         mechanism = ScheduledGaussian(estimator.period, (float(mech.noise_multiplier), float(mech.difference_noise_multiplier)),
-                                      (2.0 * mech.clip / rows, 2.0 * mech.difference_clip / rows), noise_generator)
+                                      scheduled_sensitivities(spec, n_private), noise_generator, neighbour_factor(spec))
         if seeded:
             mechanism.noise_source = "seeded"
-        tracker = ScheduledTracker(accountant(spec), mechanism.multipliers, estimator.period, float(spec.privacy.delta))
+        tracker = ScheduledTracker(accountant(spec), mechanism.multipliers, estimator.period, float(spec.privacy.delta),
+                                   sampler.wrap)
         tracker.is_start = lambda: mechanism.at_boundary
     elif tree:
         from components.nonsmooth import node_sensitivity

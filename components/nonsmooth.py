@@ -1,8 +1,8 @@
 """Planning the private nonsmooth runs (O2NC with zo_spider, fo_spider or zo_naive): the theory preset's settings,
 the node sensitivity the door checks every release against, the calibrated noise and the learning rate.
 
-Everything here reads public values only: n (public under replace-one, the relation these runs require),
-the model's dimension, the spec's assumptions and the privacy target. The noise is calibrated by
+Everything here reads public values only: n (public under replace-one; a Poisson multi-pass run, under
+add/remove, plans from its declared row count), the model's dimension, the spec's assumptions and the privacy target. The noise is calibrated by
 dp-accounting on the run's own event (the tree's J node releases, or 001's baseline's one Gaussian per
 row), never taken from the papers' conversions.
 """
@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from components import presets
 from components.presets import Schedule
-from specs.run import SPIDER_KINDS
+from specs.run import MULTI_PASS_SAMPLING, SPIDER_KINDS
 
 
 def assumptions_of(spec) -> Tuple[float, float]:
@@ -31,8 +31,24 @@ def assumptions_of(spec) -> Tuple[float, float]:
 
 
 def multi_pass(spec) -> bool:
-    """Paper 002's multi-pass full-batch algorithm (a spider oracle over full batches)."""
-    return spec.estimator.kind in SPIDER_KINDS and spec.sampling.kind == "full_batch"
+    """Paper 002's multi-pass algorithm: a spider oracle over full batches, or over Poisson batches (its
+    footnote 2)."""
+    return spec.estimator.kind in SPIDER_KINDS and spec.sampling.kind in MULTI_PASS_SAMPLING
+
+
+def neighbour_factor(spec) -> float:
+    """How many per-example bounds one neighbouring dataset moves a batch sum by: 2 replace-one, 1 add/remove."""
+    return 2.0 if spec.privacy.neighboring == "replace_one" else 1.0
+
+
+def scheduled_sensitivities(spec, n_private: Optional[int]) -> Tuple[float, float]:
+    """(Delta_1, Delta_2) of a resolved scheduled_gaussian spec: the most one row moves a restart's and a
+    difference's release, its clip over the batch normaliser (n rows of a full batch, the expected b of a
+    Poisson batch), twice that under replace-one."""
+    mech = spec.mechanism
+    factor = neighbour_factor(spec)
+    rows = spec.batch_size(n_private)
+    return factor * float(mech.clip) / rows, factor * float(mech.difference_clip) / rows
 
 
 def spider_period(spec) -> int:
@@ -48,8 +64,10 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
             raise ValueError("optimizer.preset: theory of paper 002's multi-pass algorithm sets its directions from "
                              "the privacy noise; a run without privacy gives its settings (preset: manual)")
         given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
+        batch = spec.sampling.expected_batch_size if spec.sampling.kind == "poisson" else None
         return presets.preset_002_multi_pass(n, d, lipschitz, gap, est.radius, spec.optimizer.target_stationarity,
-                                             epsilon, delta, given or delta / 2, first_order=est.kind == "fo_spider")
+                                             epsilon, delta, given or delta / 2, first_order=est.kind == "fo_spider",
+                                             batch=batch)
     if est.kind == "zo_naive":
         return presets.preset_001_naive(n, d, lipschitz, gap, est.radius, mu)
     if est.variant == "001":
@@ -65,7 +83,7 @@ def _manual(spec, d: int, n: int) -> Schedule:
     naive = est.kind == "zo_naive"
     clip = getattr(mech, "clip", math.inf)
     if multi_pass(spec):
-        rows = n
+        rows = sampling.expected_batch_size if sampling.kind == "poisson" else n
         ratio = 1.0
         if mech.kind == "scheduled_gaussian":  # the stds' ratio: multipliers times the clips they scale
             ratio = mech.difference_noise_multiplier * mech.difference_clip / (mech.noise_multiplier * mech.clip)
@@ -73,7 +91,7 @@ def _manual(spec, d: int, n: int) -> Schedule:
                         step_batch=rows, step_bound=opt.step_bound, start_directions=est.start_directions,
                         directions=est.directions, clip_mode="vector", start_clip=clip,
                         difference_clip=getattr(mech, "difference_clip", math.inf), restart=opt.restart,
-                        radius=est.radius, rows_used=rows, predicted=math.nan, difference_noise_ratio=ratio,
+                        radius=est.radius, rows_used=n, predicted=math.nan, difference_noise_ratio=ratio,
                         multi_pass=True)
     return Schedule("001_naive" if naive else est.variant, steps=opt.steps, window=opt.window,
                     period=1 if naive else sampling.period, start_batch=sampling.start_batch,
@@ -125,8 +143,8 @@ def _filled(spec, schedule: Schedule) -> Dict[str, Dict[str, Any]]:
 
 
 def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
-    """(resolved spec, sampling rate 1.0, planned epsilon) of an O2NC run; refuses in one line a spec whose
-    rows cannot carry its schedule or reach its target."""
+    """(resolved spec, sampling rate, planned epsilon) of an O2NC run; refuses in one line a spec whose
+    rows cannot carry its schedule or reach its target. The rate is 1 but for a Poisson multi-pass run."""
     from components import builders
 
     source = spec.data.source
@@ -183,13 +201,14 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
         filled = {**filled, "mechanism": {**filled["mechanism"], "difference_noise_multiplier": sigma * ratio}}
     final = spec.resolved(n_private=n_private, noise_multiplier=sigma,
                           filled={**filled, "optimizer": {**filled.get("optimizer", {}), "lr": float(lr)}})
+    rate = builders.spec_sampler(final, n).rate if spec.sampling.kind == "poisson" else 1.0
     if not private:
-        return final, 1.0, math.inf
+        return final, rate, math.inf
     eps = builders.accountant(final).epsilon(builders.planned_event(final, n, sigma), float(final.privacy.delta))
     if eps > epsilon * (1 + 1e-9):
         raise ValueError(f"mechanism.noise_multiplier: {sigma} gives epsilon {eps:.4g} > privacy.epsilon {epsilon}; "
                          "use noise_multiplier: auto or raise it")
-    return final, 1.0, eps
+    return final, rate, eps
 
 
 def _fits(spec, rows, d, epsilon, mu, delta) -> bool:
@@ -206,7 +225,7 @@ def _node_std(spec, d: int, sigma: Optional[float], n: int) -> float:
     if sigma is None:
         return 0.0
     if spec.mechanism.kind == "scheduled_gaussian":  # a restart's std; a difference's follows the ratio
-        return sigma * 2.0 * spec.mechanism.clip / n
+        return sigma * scheduled_sensitivities(spec, n)[0]
     if spec.estimator.kind in SPIDER_KINDS:
         return sigma * node_sensitivity(spec, d)
     return sigma * 2.0 * spec.mechanism.clip * math.sqrt(d) / spec.sampling.step_batch

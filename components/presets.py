@@ -212,7 +212,7 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
 
 def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, target: float,
                           epsilon: float, delta: float, concentration_delta: float,
-                          first_order: bool = False) -> Schedule:
+                          first_order: bool = False, batch: Optional[int] = None) -> Schedule:
     """Paper 002, Theorem 4.1 (build study §3.4): full-batch ERM, every row in every step, for a target
     beta of the empirical Goldstein certificate: T = Phi L^2 / (alpha^2 beta^3) steps of bound D = alpha^2
     beta^2 / L^2, restarts every Sigma = alpha / (D sqrt(d)) steps, windows of W = alpha / D, the noise of
@@ -222,7 +222,12 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
     study §3.5). Clips: first-order L at a restart (never binds) and Lemma 6.3's sqrt(d) L 2D / alpha + 2 L
     sqrt(log(8 d n / delta_0) / m) on a difference; zeroth-order (coupled directions [DEV]) L (1 + d sqrt(
     log(8 d n / delta_0) / m)) and 2 sqrt(d) L 2D / alpha. ``predicted`` is the privacy excess at this fixed
-    schedule, L sqrt(D T log(1/delta)) d^(3/4) / (n epsilon sqrt(alpha)): exponent -1 in n."""
+    schedule, L sqrt(D T log(1/delta)) d^(3/4) / (n epsilon sqrt(alpha)): exponent -1 in n.
+
+    ``batch``: the footnote-2 variant's expected Poisson batch b (default n, the full batch). The paper gives
+    it no preset; Theorem 4.1's T, D, Sigma and W are kept, the batch mean's variance terms take b for n (m
+    from L^2 d Sigma / (b sigma_1^2) + L^2 d / (b sigma_2^2)), and the noise is calibrated on the subsampled
+    event as for a full batch (the sigmas here only set m and the stds' ratio)."""
     if not 0 < target:
         raise ValueError("optimizer.target_stationarity: paper 002's multi-pass preset needs a target beta > 0")
     steps = math.ceil(initial_gap * lipschitz ** 2 / (radius ** 2 * target ** 3))
@@ -236,8 +241,11 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
     sigma_1 = lipschitz * math.sqrt(steps * log_delta / period) / (n * epsilon)
     sigma_2 = lipschitz * bound * math.sqrt(steps * d * log_delta) / (radius * n * epsilon)
     scale = 1 if first_order else d
-    directions = max(1, math.ceil(lipschitz ** 2 * scale * period / (n * sigma_1 ** 2)
-                                  + lipschitz ** 2 * scale / (n * sigma_2 ** 2)))
+    rows = n if batch is None else int(batch)
+    if not 0 < rows <= n:
+        raise ValueError(f"sampling.expected_batch_size: {rows} must be between 1 and the {n} rows")
+    directions = max(1, math.ceil(lipschitz ** 2 * scale * period / (rows * sigma_1 ** 2)
+                                  + lipschitz ** 2 * scale / (rows * sigma_2 ** 2)))
     log_n = math.log(8 * d * n / concentration_delta)
     if first_order:
         start_clip = lipschitz
@@ -247,7 +255,7 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
         difference_clip = 2 * math.sqrt(d) * lipschitz * 2 * bound / radius
     predicted = lipschitz * math.sqrt(bound * steps * log_delta) * d ** 0.75 / (n * epsilon * math.sqrt(radius))
     return Schedule("002_fo" if first_order else "002", steps=(steps // window) * window, window=window,
-                    period=period, start_batch=n, step_batch=n, step_bound=bound, start_directions=directions,
+                    period=period, start_batch=rows, step_batch=rows, step_bound=bound, start_directions=directions,
                     directions=directions, clip_mode="vector", start_clip=start_clip, difference_clip=difference_clip,
                     restart=False, radius=radius, rows_used=n, predicted=predicted,
                     difference_noise_ratio=sigma_2 / sigma_1, multi_pass=True)

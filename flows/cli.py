@@ -52,8 +52,10 @@ def cmd_calibrate(args) -> int:
                   f"{sampling.period} steps, {sampling.step_batch} at the others")
         else:
             mech = resolved.mechanism
-            print(f"full batch, multi-pass:   every row in every step, a restart every {resolved.estimator.period} "
-                  f"steps" + (f" (noise multipliers {float(mech.noise_multiplier):.6g} at a restart, "
+            rows = ("every row in every step" if sampling.kind == "full_batch" else
+                    f"a Poisson batch of {sampling.expected_batch_size} rows expected each step")
+            print(f"{sampling.kind.replace('_', ' ')}, multi-pass:".ljust(26) + f"{rows}, a restart every "
+                  f"{resolved.estimator.period} steps" + (f" (noise multipliers {float(mech.noise_multiplier):.6g} at a restart, "
                               f"{float(mech.difference_noise_multiplier):.6g} for a difference)"
                               if mech.kind == "scheduled_gaussian" else ""))
     if resolved.privacy is None:

@@ -107,11 +107,15 @@ def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_ste
 
 def _single_pass_sentence(spec) -> Optional[str]:
     if spec.mechanism.kind == "scheduled_gaussian":
-        return ("Every row is in every step. A restart every {period} steps releases the mean of all rows' clipped "
-                "estimates with Gaussian noise (multiplier {z1:.6g}); every other step adds the mean of their clipped "
-                "differences with its own Gaussian noise (multiplier {z2:.6g}) to the previous release, so the run's "
-                "DpEvent (dp_event.json) is the composition of its restarts' and differences' Gaussian releases."
-                ).format(period=spec.estimator.period, z1=float(spec.mechanism.noise_multiplier),
+        full = spec.sampling.kind == "full_batch"
+        return ("{rows} A restart every {period} steps releases the mean of {its} rows' clipped estimates with Gaussian "
+                "noise (multiplier {z1:.6g}); every other step adds the mean of their clipped differences with its own "
+                "Gaussian noise (multiplier {z2:.6g}) to the previous release, so the run's DpEvent (dp_event.json) is "
+                "the composition of its restarts' and differences' {kind} releases."
+                ).format(rows="Every row is in every step." if full else
+                         "Every step reads a fresh Poisson batch and normalises by its expected size.",
+                         its="all" if full else "the batch's", kind="Gaussian" if full else "Poisson-subsampled Gaussian",
+                         period=spec.estimator.period, z1=float(spec.mechanism.noise_multiplier),
                          z2=float(spec.mechanism.difference_noise_multiplier))
     if spec.sampling.kind != "single_pass":
         return None

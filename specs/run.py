@@ -66,7 +66,7 @@ class RunSpec(Strict):
             values += [self.sampling.start_batch, self.sampling.period]
         if self.estimator.kind in SPIDER_KINDS:
             values += [self.estimator.start_directions, self.estimator.directions]
-            if self.sampling.kind == "full_batch":
+            if self.sampling.kind in MULTI_PASS_SAMPLING:
                 values += [self.estimator.period]
         if self.mechanism.kind in ("tree_aggregation", "scheduled_gaussian"):
             values += [self.mechanism.difference_clip]
@@ -253,7 +253,9 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
 
 
 SPIDER_KINDS = ("zo_spider", "fo_spider")  # increments released by tree aggregation
-O2NC_KINDS = ("zo_spider", "fo_spider", "zo_naive")  # the nonsmooth oracles, each row read once
+O2NC_KINDS = ("zo_spider", "fo_spider", "zo_naive")  # the nonsmooth oracles (O2NC's query points)
+# paper 002's multi-pass algorithm: every row in every step, or a Poisson batch a step (its footnote 2)
+MULTI_PASS_SAMPLING = ("full_batch", "poisson")
 
 
 def nonsmooth_problems(spec: RunSpec) -> List[str]:
@@ -276,25 +278,26 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
                             f"estimator.kind {est.kind} is released by gaussian")
         if spec.privacy is not None and spec.privacy.noise == "secure":
             problems.append("privacy.noise: secure is not available with tree_aggregation yet; use fast or auto")
-    multi_pass = est.kind in SPIDER_KINDS and sampling.kind == "full_batch"
+    multi_pass = est.kind in SPIDER_KINDS and sampling.kind in MULTI_PASS_SAMPLING
     if est.kind in SPIDER_KINDS and not multi_pass and mech.kind not in ("tree_aggregation", "none"):
         problems.append(f"mechanism.kind: {est.kind}'s increments are released by tree_aggregation (or none, a "
                         f"non-private twin), not {mech.kind}")
     if multi_pass and mech.kind not in ("scheduled_gaussian", "none"):
-        problems.append(f"mechanism.kind: {est.kind} over full batches (paper 002's multi-pass algorithm) releases "
-                        f"by scheduled_gaussian (or none, a non-private twin), not {mech.kind}")
+        problems.append(f"mechanism.kind: {est.kind} over {sampling.kind} batches (paper 002's multi-pass algorithm) "
+                        f"releases by scheduled_gaussian (or none, a non-private twin), not {mech.kind}")
     if mech.kind == "scheduled_gaussian" and not multi_pass:
         problems.append("mechanism.kind: scheduled_gaussian is paper 002's multi-pass release; it needs estimator "
-                        "zo_spider (variant 002) or fo_spider with sampling.kind: full_batch")
+                        "zo_spider (variant 002) or fo_spider with sampling.kind: full_batch (or poisson, its "
+                        "footnote 2)")
     if mech.kind == "scheduled_gaussian" and (mech.noise_multiplier == "auto") != (
             mech.difference_noise_multiplier == "auto"):
         problems.append("mechanism.difference_noise_multiplier: give both multipliers, or neither (auto: the paper's "
                         "ratio, one scale calibrated)")
     if multi_pass and getattr(est, "variant", None) == "001":
-        problems.append("estimator.variant: the multi-pass algorithm (sampling.kind full_batch) is paper 002's; "
+        problems.append(f"estimator.variant: the multi-pass algorithm (sampling.kind {sampling.kind}) is paper 002's; "
                         "use variant: \"002\"")
     if getattr(est, "period", None) is not None and not multi_pass:
-        problems.append("estimator.period: only for the multi-pass algorithm (sampling.kind: full_batch); a single "
+        problems.append("estimator.period: only for the multi-pass algorithm (sampling.kind: full_batch or poisson); a single "
                         "pass takes sampling.period")
     if multi_pass and opt.kind == "o2nc" and opt.preset == "theory" and opt.target_stationarity is None:
         problems.append("optimizer.target_stationarity: paper 002's multi-pass preset is planned for a target "
@@ -314,7 +317,8 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
             problems.append("sampling.period: zo_naive has no tree; set period: 1 (or auto)")
     elif est.kind in O2NC_KINDS and not multi_pass:
         problems.append(f"sampling.kind: {est.kind} reads each row once; use sampling.kind: single_pass"
-                        + (" (or full_batch: paper 002's multi-pass algorithm)" if est.kind in SPIDER_KINDS else ""))
+                        + (" (or full_batch or poisson: paper 002's multi-pass algorithm)" if est.kind in SPIDER_KINDS
+                           else ""))
     if opt.kind == "o2nc":
         autos = [name for name, value in (("optimizer.step_bound", opt.step_bound), ("optimizer.lr", opt.lr),
                                           ("optimizer.window", opt.window), ("optimizer.steps", opt.steps),

@@ -489,8 +489,8 @@ class ZoSpiderEstimator(Strict):
     directions: Union[PositiveInt, Auto] = Field("auto", description="Directions per row of a difference "
                                                  "(001: d; 002: m_D = 4 d log(8 d / delta_0)).")
     period: Union[PositiveInt, Auto, None] = Field(
-        None, description="variant 002 with sampling.kind full_batch (the multi-pass algorithm): steps between "
-        "restarts, Sigma (auto: Theorem 4.1). A single pass takes sampling.period.")
+        None, description="variant 002 with sampling.kind full_batch or poisson (the multi-pass algorithm): steps "
+        "between restarts, Sigma (auto: Theorem 4.1). A single pass takes sampling.period.")
 
 
 class FoSpiderEstimator(Strict):
@@ -505,12 +505,13 @@ class FoSpiderEstimator(Strict):
                                   "stationarity at 2 alpha).")
     perturbations: Union[PositiveInt, Auto] = Field(
         "auto", description="Ball points per row at each point of a difference (single pass: m = log(8 d / "
-        "delta_0) alpha^2 / (D^2 d), Lemma 6.4; multi-pass: L^2 Sigma / (n sigma_1^2) + L^2 / (n sigma_2^2)).")
+        "delta_0) alpha^2 / (D^2 d), Lemma 6.4; multi-pass: L^2 Sigma / (b sigma_1^2) + L^2 / (b sigma_2^2), b "
+        "the batch).")
     start_perturbations: Union[PositiveInt, Auto] = Field(
         "auto", description="Ball points per row at a restart (single pass: 1; multi-pass: as perturbations).")
     period: Union[PositiveInt, Auto, None] = Field(
-        None, description="With sampling.kind full_batch (the multi-pass algorithm): steps between restarts, "
-        "Sigma (auto: Theorem 4.1). A single pass takes sampling.period.")
+        None, description="With sampling.kind full_batch or poisson (the multi-pass algorithm): steps between "
+        "restarts, Sigma (auto: Theorem 4.1). A single pass takes sampling.period.")
 
     # what the planner shares with zo_spider's variant 002
     variant: ClassVar[str] = "002_fo"
@@ -570,7 +571,9 @@ class ScheduledGaussianMechanism(Strict):
     mean over all rows of per-example clipped estimates) with fresh Gaussian noise, added to the previous
     released sum, restarted every estimator.period steps. Restarts and differences are two Gaussian classes
     (multiplier = std / Delta, Delta = 2 clip / n), their stds in the paper's ratio; the run is accounted
-    exactly as their composition."""
+    exactly as their composition. With sampling.kind poisson (the paper's footnote 2, add/remove) each step
+    reads a Poisson batch normalised by its expected size b, Delta = clip / b, and each release is accounted
+    as a Poisson-subsampled Gaussian."""
 
     kind: Literal["scheduled_gaussian"]
     clip: Union[PositiveFloat, Auto] = Field("auto", description="Per-example L2 bound at a restart, C_G.")

@@ -291,10 +291,13 @@ class TreeTracker(PrivacyTracker):
 class ScheduledTracker(PrivacyTracker):
     """Full-batch steps of two release classes (paper 002's multi-pass algorithm): a restart every ``period``
     steps and differences between. Each executed step is counted in its class as it is recorded (a step
-    discarded by a retry stays charged, in its own class); the event is their exact composition."""
+    discarded by a retry stays charged, in its own class); the event is their exact composition, each
+    release wrapped by ``wrap``, the sampler's event of one batch (Poisson-subsampled in footnote 2's variant)."""
 
-    def __init__(self, accountant: Accountant, multipliers, period: int, delta: float):
-        super().__init__(accountant, dp_accounting.GaussianDpEvent(multipliers[0]), delta)
+    def __init__(self, accountant: Accountant, multipliers, period: int, delta: float,
+                 wrap: Callable[[dp_accounting.DpEvent], dp_accounting.DpEvent] = lambda event: event):
+        super().__init__(accountant, wrap(dp_accounting.GaussianDpEvent(multipliers[0])), delta)
+        self.wrap = wrap
         self.multipliers = tuple(float(z) for z in multipliers)
         self.period = int(period)
         self.starts = 0
@@ -309,7 +312,7 @@ class ScheduledTracker(PrivacyTracker):
 
         if self.steps == 0:
             return dp_accounting.NoOpDpEvent()
-        return scheduled_event(*self.multipliers, self.starts, self.steps - self.starts)
+        return scheduled_event(*self.multipliers, self.starts, self.steps - self.starts, self.wrap)
 
 
 class OncePerRowTracker(PrivacyTracker):

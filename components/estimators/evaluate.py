@@ -13,8 +13,9 @@ and the loop stops on the non-finite release.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 from torch import nn
@@ -236,6 +237,22 @@ def example_directions(seed: int, slot: int, count: int, dimension: int) -> torc
     return g * (math.sqrt(dimension) / torch.linalg.vector_norm(g, dim=1, keepdim=True))
 
 
+def example_slots(query: PerExampleSphere, x: torch.Tensor, y: torch.Tensor) -> List[int]:
+    """What each example's directions are drawn from: its place in the step's batch, or (``keyed_by_row``)
+    a digest of its own features and label, keyed by the query's public seed. The digests stay here: they
+    only seed directions, are never returned, logged or sent."""
+    if not query.keyed_by_row:
+        return list(range(query.first_slot, query.first_slot + len(y)))
+    if len(y) == 0:
+        return []
+    key = query.seed.to_bytes(8, "little")
+    # the raw bytes of each row (any dtype, bfloat16 included)
+    xs = x.detach().cpu().contiguous().reshape(len(y), -1).view(torch.uint8).numpy()
+    ys = y.detach().cpu().contiguous().reshape(len(y), -1).view(torch.uint8).numpy()
+    return [int.from_bytes(hashlib.blake2b(xs[i].tobytes() + ys[i].tobytes(), digest_size=8, key=key,
+                                           person=b"privzo-row").digest(), "little") >> 1 for i in range(len(y))]
+
+
 # a sphere query evaluates its points for about this many bytes of them at a time
 SPHERE_POINT_BYTES = 64 * 2**20
 
@@ -275,10 +292,11 @@ def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor
     total = torch.zeros(d, dtype=torch.float64, device=device)
     points = 4 if query.kind == "central_difference" else 2
     chunk = max(1, SPHERE_POINT_BYTES // max(1, points * m * d * flat.element_size()))
+    slots = example_slots(query, x, y)
     for start in range(0, len(y), chunk):
         xs, ys = x[start:start + chunk], y[start:start + chunk]
-        u = torch.stack([example_directions(query.seed, query.first_slot + start + i, m, d)
-                         for i in range(len(ys))]).to(device)  # [b, m, d] float64
+        u = torch.stack([example_directions(query.seed, slot, m, d)
+                         for slot in slots[start:start + chunk]]).to(device)  # [b, m, d] float64
         step = (lam * u).to(dtype)
 
         def at(base, sign=1.0):
@@ -326,10 +344,11 @@ def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
     points = max(1, min(m, SPHERE_POINT_BYTES // per_point))  # perturbations of one example at a time
     rows = max(1, SPHERE_POINT_BYTES // (per_point * points))
     total = torch.zeros(d, dtype=torch.float64, device=device)
+    slots = example_slots(query, x, y)
     for start in range(0, len(y), rows):
         xs, ys = x[start:start + rows], y[start:start + rows]
-        ball = torch.stack([example_ball_points(query.seed, query.first_slot + start + i, m * len(centres), d)
-                            for i in range(len(ys))]).to(device)  # [b, m (x2), d] float64
+        ball = torch.stack([example_ball_points(query.seed, slot, m * len(centres), d)
+                            for slot in slots[start:start + rows]]).to(device)  # [b, m (x2), d] float64
         g = torch.zeros(len(ys), d, dtype=torch.float64, device=device)
         with torch.enable_grad():
             for c, centre in enumerate(centres):

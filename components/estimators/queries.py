@@ -106,7 +106,10 @@ class PerExampleSphere:
     """The nonsmooth algorithms' oracles (papers 001 and 002): every example gets its own ``directions``
     directions u_ij on the sphere of radius sqrt(d), drawn from public_seed(seed, slot) where slot is the
     example's place in the step's batch (``first_slot`` onward: a worker holding part of the batch draws
-    the same directions as one process holding all of it). Per example i, with lambda = ``smoothing``, p the
+    the same directions as one process holding all of it). With ``keyed_by_row`` the slot is instead a
+    keyed digest of the example's own content, so its directions do not depend on which rows share its
+    batch: under add/remove neighbours (Poisson batches) an added row must move no other row's term, which
+    places in the batch would (every later row shifts). Per example i, with lambda = ``smoothing``, p the
     parameters and q = p + ``offset`` (the previous query point):
 
         central:              c_ij = (f(p + lambda u) - f(p - lambda u)) / (2 lambda)        (001 GRAD, 002 start)
@@ -125,6 +128,7 @@ class PerExampleSphere:
     clip: float
     offset: Optional[Tuple[torch.Tensor, ...]] = None
     first_slot: int = 0
+    keyed_by_row: bool = False
 
     def __post_init__(self):
         if self.kind not in SPHERE_KINDS:

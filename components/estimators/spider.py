@@ -37,7 +37,8 @@ class ZoSpiderEstimator:
     queries_per_step = 1  # one d-dimensional increment a step
 
     def __init__(self, variant: str, radius: float, dimension: int, period: int, start_directions: int,
-                 directions: int, start_clip: float, difference_clip: float, step_bound: float):
+                 directions: int, start_clip: float, difference_clip: float, step_bound: float,
+                 keyed_by_row: bool = False):
         if variant not in ("001", "002"):
             raise ValueError(f"estimator.variant: {variant!r}; allowed: 001, 002")
         if not (radius > 0 and start_clip > 0 and difference_clip > 0 and step_bound > 0):
@@ -54,6 +55,8 @@ class ZoSpiderEstimator:
         self.difference_clip = float(difference_clip)
         self.step_bound = float(step_bound)
         self.clip_mode = "scalar" if variant == "001" else "vector"
+        # Poisson batches under add/remove: a row's directions from its content, not its place in the batch
+        self.keyed_by_row = bool(keyed_by_row)
 
     def direction_seeds(self, step: int, seed: int):
         return ()  # per-example directions, drawn where the rows are
@@ -64,7 +67,7 @@ class ZoSpiderEstimator:
         base = public_seed(seed, STREAM_EXAMPLE_DIRECTION, step)
         if step % self.period == 0:
             return PerExampleSphere("central", self.start_directions, base, self.smoothing, self.clip_mode,
-                                    self.start_clip)
+                                    self.start_clip, keyed_by_row=self.keyed_by_row)
         if offset is None:
             raise ValueError("zo_spider: a difference step needs the previous query point")
         if self.variant == "001":
@@ -72,9 +75,9 @@ class ZoSpiderEstimator:
             # the clip follows the move, never past the a-priori 2D the noise was calibrated for
             clip = self.difference_clip * min(moved, 2 * self.step_bound) / self.radius
             return PerExampleSphere("one_sided_difference", self.directions, base, self.smoothing, "scalar",
-                                    clip, tuple(offset))
+                                    clip, tuple(offset), keyed_by_row=self.keyed_by_row)
         return PerExampleSphere("central_difference", self.directions, base, self.smoothing, "vector",
-                                self.difference_clip, tuple(offset))
+                                self.difference_clip, tuple(offset), keyed_by_row=self.keyed_by_row)
 
     def step(self, ctx) -> Update:
         offset = None if ctx.step % self.period == 0 else ctx.offset_to_previous()
@@ -90,20 +93,21 @@ class FoSpiderEstimator(ZoSpiderEstimator):
     m around z_(t-1), clipped in L2 to C_Delta."""
 
     def __init__(self, radius: float, dimension: int, period: int, directions: int, start_clip: float,
-                 difference_clip: float, step_bound: float, start_directions: int = 1):
+                 difference_clip: float, step_bound: float, start_directions: int = 1, keyed_by_row: bool = False):
         super().__init__("002", radius, dimension, period, start_directions, directions, start_clip, difference_clip,
-                         step_bound)
+                         step_bound, keyed_by_row)
         self.name = "fo_spider"
         self.smoothing = self.radius  # ball points are drawn in the unit ball and scaled by r
 
     def query(self, step: int, seed: int, offset=None) -> PerExampleBall:
         base = public_seed(seed, STREAM_EXAMPLE_DIRECTION, step)
         if step % self.period == 0:
-            return PerExampleBall("gradient", self.start_directions, base, self.smoothing, "vector", self.start_clip)
+            return PerExampleBall("gradient", self.start_directions, base, self.smoothing, "vector", self.start_clip,
+                                  keyed_by_row=self.keyed_by_row)
         if offset is None:
             raise ValueError("fo_spider: a difference step needs the previous query point")
         return PerExampleBall("gradient_difference", self.directions, base, self.smoothing, "vector",
-                              self.difference_clip, tuple(offset))
+                              self.difference_clip, tuple(offset), keyed_by_row=self.keyed_by_row)
 
 
 class ZoNaiveEstimator:

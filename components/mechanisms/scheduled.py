@@ -1,5 +1,6 @@
 """Noisy running sums restarted every period, each step a fresh Gaussian release: paper 002's multi-pass
-full-batch ERM algorithm (its Algorithm 4, Theorem 4.1; build study §3.4).
+full-batch ERM algorithm (its Algorithm 4, Theorem 4.1; build study §3.4) and its Poisson-subsampled variant
+(the paper's footnote 2).
 
 Step p = 1..period of a period releases
     g_1 = v_1 + N(0, std_1^2 I)            (a restart: the batch mean of per-example clipped estimates)
@@ -9,23 +10,29 @@ the noise accumulates within a period. Every row is in every step (full batch), 
 S differences is exactly the composition of P Gaussian mechanisms of multiplier std_1 / Delta_1 and S of
 std_2 / Delta_2, Delta = 2 x (per-example clip) / n under replace-one: ``scheduled_event``. The two
 multipliers keep the paper's ratio of stds; one scale is calibrated on that event.
+
+The footnote's variant draws a Poisson batch of rate q every step and normalises by its expected size b = qN
+(public): under add/remove one row moves a release by at most (per-example clip) / b, and each release is a
+Poisson-subsampled Gaussian, so every part of the composition is wrapped in the sampler's event.
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import dp_accounting
 import torch
 
 
-def scheduled_event(start_multiplier: float, difference_multiplier: float, starts: int,
-                    differences: int) -> dp_accounting.DpEvent:
+def scheduled_event(start_multiplier: float, difference_multiplier: float, starts: int, differences: int,
+                    wrap: Callable[[dp_accounting.DpEvent], dp_accounting.DpEvent] = lambda event: event
+                    ) -> dp_accounting.DpEvent:
     """``starts`` Gaussian releases of ``start_multiplier`` composed with ``differences`` of
-    ``difference_multiplier``."""
+    ``difference_multiplier``, each on one batch: ``wrap`` is the sampler's (identity for a full batch,
+    PoissonSampledDpEvent for Poisson)."""
     if not (start_multiplier > 0 and difference_multiplier > 0):
         raise ValueError("scheduled gaussian: noise multipliers must be > 0")
-    parts = [dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), count)
+    parts = [dp_accounting.SelfComposedDpEvent(wrap(dp_accounting.GaussianDpEvent(z)), count)
              for z, count in ((start_multiplier, starts), (difference_multiplier, differences)) if count > 0]
     if not parts:
         return dp_accounting.NoOpDpEvent()
@@ -39,23 +46,28 @@ def starts_in(period: int, first: int, until: int) -> int:
 
 class ScheduledGaussian:
     """The mechanism of the module docstring. ``add(increment)`` takes step p's batch-normalised increment
-    and returns the released g_p; ``sensitivity`` is the L2 sensitivity of the next release (the door checks
-    a query's per-example bound against it). Between periods nothing is held (``at_boundary``): the run
-    checkpoints there, as a tree run does."""
+    and returns the released g_p; ``sensitivity`` is the L2 sensitivity of the next release, and
+    ``neighbour_factor`` times the per-example bound over the batch it is (2 under replace-one, 1 under
+    add/remove): the door checks a query's per-example bound against it. Between periods nothing is held
+    (``at_boundary``): the run checkpoints there, as a tree run does."""
 
     private = True
     clip = 1.0  # the queries carry their own clips, checked at the door against ``sensitivity``
     noise_source = "fast"
 
     def __init__(self, period: int, multipliers: Sequence[float], sensitivities: Sequence[float],
-                 generator: torch.Generator):
+                 generator: torch.Generator, neighbour_factor: float = 2.0):
         if period < 1:
             raise ValueError(f"scheduled gaussian: period {period} must be >= 1")
         if not all(z > 0 for z in multipliers) or not all(s > 0 for s in sensitivities):
             raise ValueError("scheduled gaussian: noise multipliers and sensitivities must be > 0")
         if not isinstance(generator, torch.Generator):
             raise ValueError("privacy.noise: secure is not available with scheduled_gaussian yet; use fast")
+        if neighbour_factor not in (1.0, 2.0):
+            raise ValueError(f"scheduled gaussian: neighbour factor {neighbour_factor} is 2 (replace-one) or 1 "
+                             "(add/remove)")
         self.period = int(period)
+        self.neighbour_factor = float(neighbour_factor)
         self.multipliers = tuple(float(z) for z in multipliers)
         self.sensitivities = tuple(float(s) for s in sensitivities)
         self.stds = tuple(z * s for z, s in zip(self.multipliers, self.sensitivities))

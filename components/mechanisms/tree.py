@@ -103,6 +103,7 @@ class TreeAggregation:
     # against ``sensitivity``), so this only needs to be finite
     clip = 1.0
     noise_source = "fast"
+    neighbour_factor = 2.0  # a single pass's batches partition the rows: replace-one only
 
     def __init__(self, period: int, noise_multiplier: float, sensitivity: float, generator: torch.Generator):
         tree_depth(period)

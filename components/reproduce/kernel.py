@@ -79,6 +79,9 @@ class KernelPlan:
             return cls("001_naive", d, float(est.radius), int(opt.steps), int(opt.window), 1, sampling.step_batch,
                        sampling.step_batch, est.directions, est.directions, clip, clip, float(opt.step_bound),
                        float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed)
+        if sampling.kind == "poisson":  # its batches come from a private generator, which no kernel replays
+            raise ValueError("reproduction kernel: a Poisson multi-pass run's batches are secret; the kernel replays "
+                             "full batches and single passes")
         if sampling.kind == "full_batch":  # 002's multi-pass algorithm (scheduled_gaussian, or its twin)
             n = spec.public_rows(n)
             stds = ((float(mech.noise_multiplier) * 2.0 * float(mech.clip) / n,

@@ -111,8 +111,8 @@ class StepContext:
                                      f"declared {loop.estimator.queries_per_step}")
         mechanism = loop.mechanism
         if mechanism.private:
-            # replace-one: one row moves a batch mean by at most twice its bound over the batch
-            self._check_bound(query, mechanism.sensitivity * self.batch_normaliser / 2.0)
+            # one row moves a batch mean by at most its bound over the batch, twice that under replace-one
+            self._check_bound(query, mechanism.sensitivity * self.batch_normaliser / mechanism.neighbour_factor)
         sums = loop.backend.query(query, self._indices, mechanism.clip)
         if self.used == 0:
             loop.tracker.record_step()  # before the release exists

@@ -1,4 +1,5 @@
 """The private nonsmooth algorithms (papers 001 and 002): oracles, door, sampler, presets and spec rules."""
+import dataclasses
 import math
 
 import pytest
@@ -47,14 +48,26 @@ def test_each_oracles_release_moves_at_most_its_sensitivity_on_neighbouring_data
     params = list(model.parameters())
     d = sum(p.numel() for p in params)
     offset = tuple(0.01 * torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params)
+    exceeded = []  # the slot-keyed queries whose sum one removed row moved by more than one bound
     for query in _queries(d, offset):
+        keyed = dataclasses.replace(query, keyed_by_row=True)
+        shifted = 0.0
         for _ in range(10):
             x, y = make(6)
             x2, y2 = x.clone(), y.clone()
-            i = int(torch.randint(0, 6, (1,), generator=gen))
+            i = int(torch.randint(0, 5, (1,), generator=gen))
             x2[i], y2[i] = make(1)[0][0] * 10, make(1)[1][0]  # replace one row by a far one
             a, b = _sums(model, params, x, y, query), _sums(model, params, x2, y2, query)
             assert float((a - b).norm()) <= 2 * query.vector_bound(d) * (1 + 1e-12)
+            # add/remove (Poisson batches): one row less moves the sum by one bound when directions follow
+            # the rows; by their place in the batch, the rows after it change theirs
+            kept = torch.arange(6) != i
+            a, c = _sums(model, params, x, y, keyed), _sums(model, params, x[kept], y[kept], keyed)
+            assert float((a - c).norm()) <= query.vector_bound(d) * (1 + 1e-12)
+            shifted = max(shifted, float((_sums(model, params, x, y, query)
+                                          - _sums(model, params, x[kept], y[kept], query)).norm()))
+        exceeded.append(shifted > query.vector_bound(d))
+    assert any(exceeded)
 
 
 def _p1_batch():
@@ -219,8 +232,47 @@ def test_the_multi_pass_run_is_accounted_as_its_restarts_and_differences(name):
     assert built.loop.mechanism.sensitivities == pytest.approx((2 * mech.clip / n, 2 * mech.difference_clip / n))
 
 
+def test_the_poisson_multi_pass_run_is_accounted_as_subsampled_restarts_and_differences():
+    """002's footnote 2: a Poisson batch a step, normalised by its expected size b, add/remove neighbours (one
+    row moves a release by clip / b). Each restart and each difference is a Poisson-subsampled Gaussian of
+    its own multiplier, the stds in the paper's ratio; the executed event is the composition of what ran,
+    a whole run's is the planned one, and its RDP epsilon is what dp-accounting gives that composition."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    resolved, data, eps = _resolved("p1_o2nc_002_poisson", rows=300, data={"declared_private_rows": 240},
+                                    sampling={"kind": "poisson", "expected_batch_size": 30})
+    est, mech, opt = resolved.estimator, resolved.mechanism, resolved.optimizer
+    assert eps <= 1.0 and resolved.privacy.neighboring == "add_remove"
+    z1, z2 = float(mech.noise_multiplier), float(mech.difference_noise_multiplier)
+    stds = (z1 * mech.clip / 30, z2 * mech.difference_clip / 30)
+    assert stds[1] / stds[0] == pytest.approx(opt.step_bound * math.sqrt(2 * est.period) / 0.3, rel=1e-9)
+    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(0),
+                                sampling_generator=torch.Generator().manual_seed(1))
+    assert built.loop.mechanism.sensitivities == pytest.approx((mech.clip / 30, mech.difference_clip / 30))
+    steps = 2 * est.period + 3
+    built.loop.run(steps)
+    assert (built.loop.tracker.starts, built.loop.tracker.steps) == (3, steps)
+
+    def subsampled(z, count):
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(30 / 240, dp_accounting.GaussianDpEvent(z)), count)
+
+    def parts(event):
+        return [(e.count, e.event.sampling_probability, pytest.approx(e.event.event.noise_multiplier, rel=1e-12))
+                for e in event.events]
+
+    assert built.loop.tracker.event() == dp_accounting.ComposedDpEvent([subsampled(z1, 3), subsampled(z2, steps - 3)])
+    starts = -(-opt.steps // est.period)
+    planned = dp_accounting.ComposedDpEvent([subsampled(z1, starts), subsampled(z2, opt.steps - starts)])
+    assert parts(planned) == parts(builders.planned_event(resolved, 240, z1))
+    by_hand = rdp.RdpAccountant().compose(planned).get_epsilon(float(resolved.privacy.delta))
+    assert eps == pytest.approx(by_hand, rel=1e-9)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"sampling": {"kind": "single_pass"}}, "scheduled_gaussian is paper 002's multi-pass release"),
+    ({"sampling": {"kind": "poisson", "expected_batch_size": 50}}, "replace_one is not accounted for poisson"),
     ({"mechanism": {"kind": "tree_aggregation"}}, "several leaves of one tree"),
     ({"optimizer": {"kind": "o2nc", "preset": "theory"}}, "planned for a target beta"),
     ({"mechanism": {"kind": "scheduled_gaussian", "noise_multiplier": 3.0}}, "give both multipliers"),

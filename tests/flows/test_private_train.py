@@ -601,11 +601,12 @@ def test_the_default_ledger_never_starts_beside_the_one_earlier_privzo_kept_in_t
 
 @pytest.mark.parametrize("name, backend", [("p1_o2nc_001", "local"), ("p1_o2nc_001_naive", "local"),
                                            ("p1_o2nc_002", "ray"), ("p1_o2nc_002_fo", "ray"),
-                                           ("p1_o2nc_002_multipass", "local"), ("p1_o2nc_002_fo_multipass", "local")])
+                                           ("p1_o2nc_002_multipass", "local"), ("p1_o2nc_002_fo_multipass", "local"),
+                                           ("p1_o2nc_002_poisson", "ray")])
 def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, mlflow_db, monkeypatch, name, backend):
     """The papers' algorithms go the way of every run: the flow, MLflow (params, exact certificate, epsilon,
-    DP tags), the registry; 002 (zero- and first-order) on two Ray workers (their per-example points follow the row's place in
-    the batch, so the run is the local one)."""
+    DP tags), the registry; 002 (zero- and first-order, and the Poisson multi-pass variant) on two Ray workers (their
+    per-example points follow the row's place in the batch, so the run is the local one)."""
     import ray
 
     import specs
@@ -613,7 +614,10 @@ def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, mlflow
 
     monkeypatch.chdir(tmp_path)
     spec = specs.load_spec(str(Path(__file__).parents[2] / "specs" / "examples" / f"{name}.yaml")).model_dump(mode="json")
-    spec["data"]["source"]["rows"] = 300 if "multipass" in name else 600  # a multi-pass step reads every row
+    spec["data"]["source"]["rows"] = 600 if name in ("p1_o2nc_001", "p1_o2nc_001_naive", "p1_o2nc_002", "p1_o2nc_002_fo") \
+        else 300  # a multi-pass step reads every row (or a Poisson batch of them)
+    if "poisson" in name:
+        spec["data"]["declared_private_rows"], spec["sampling"]["expected_batch_size"] = 240, 30
     spec["tracking"]["uri"] = mlflow_db
     spec["execution"] = {"backend": backend, "workers": 2}
     try:
@@ -622,10 +626,12 @@ def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, mlflow
         ray.shutdown()
     run = mlflow.MlflowClient(spec["tracking"]["uri"]).get_run(result["run_id"])
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-    assert float(tags["dp.epsilon"]) <= 1.0 and tags["dp.neighboring"] == "replace_one"
+    assert float(tags["dp.epsilon"]) <= 1.0
+    assert tags["dp.neighboring"] == ("add_remove" if "poisson" in name else "replace_one")
     assert params["optimizer.kind"] == "o2nc" and params["optimizer.lr"] != "auto"
     assert 0 < metrics["eval/goldstein_certificate"] <= 1.0 + 1e-9  # |mean of unit-ish gradients| on P1
     assert metrics["eval/excess_risk"] >= 0 and result["model_version"] == "1"
     report = mlflow.MlflowClient(spec["tracking"]["uri"]).download_artifacts(result["run_id"], "privacy_report.md",
                                                                             str(tmp_path))
-    assert ("every row is in every step" if "multipass" in name else "single pass") in Path(report).read_text().lower()
+    expected = {"multipass": "every row is in every step", "poisson": "a fresh poisson batch"}
+    assert next((v for k, v in expected.items() if k in name), "single pass") in Path(report).read_text().lower()
