@@ -188,7 +188,8 @@ def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
             return FoSpiderEstimator(est.radius, dimension, spider_period(spec), est.perturbations, clip,
                                      difference_clip, spec.optimizer.step_bound, est.start_perturbations, keyed)
         return ZoSpiderEstimator(est.variant, est.radius, dimension, spider_period(spec), est.start_directions,
-                                 est.directions, clip, difference_clip, spec.optimizer.step_bound, keyed)
+                                 est.directions, clip, difference_clip, spec.optimizer.step_bound, keyed,
+                                 est.coupling == "coupled")
     if est.kind == "zo_naive":
         clip = spec.mechanism.clip if spec.mechanism.kind == "gaussian" else math.inf
         return ZoNaiveEstimator(est.radius, dimension, est.directions, clip)

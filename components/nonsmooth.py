@@ -51,6 +51,12 @@ def scheduled_sensitivities(spec, n_private: Optional[int]) -> Tuple[float, floa
     return factor * float(mech.clip) / rows, factor * float(mech.difference_clip) / rows
 
 
+def coupled_directions(spec) -> bool:
+    """zo_spider variant 002 with ``coupling: coupled``: a difference's two points share their directions (the
+    build study's deviation [DEV]); the paper's are independent."""
+    return spec.estimator.kind == "zo_spider" and spec.estimator.coupling == "coupled"
+
+
 def spider_period(spec) -> int:
     """Steps between restarts of a spider oracle's running sum: the tree's period, or the multi-pass Sigma."""
     return spec.estimator.period if multi_pass(spec) else spec.sampling.period
@@ -67,14 +73,15 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
         batch = spec.sampling.expected_batch_size if spec.sampling.kind == "poisson" else None
         return presets.preset_002_multi_pass(n, d, lipschitz, gap, est.radius, spec.optimizer.target_stationarity,
                                              epsilon, delta, given or delta / 2, first_order=est.kind == "fo_spider",
-                                             batch=batch)
+                                             batch=batch, coupled=coupled_directions(spec))
     if est.kind == "zo_naive":
         return presets.preset_001_naive(n, d, lipschitz, gap, est.radius, mu)
     if est.variant == "001":
         return presets.preset_001(n, d, lipschitz, gap, est.radius, mu)
     given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
     delta0 = given or (delta / 2 if delta is not None else 1e-6)
-    return presets.preset_002(n, d, lipschitz, gap, est.radius, epsilon, delta0, first_order=est.kind == "fo_spider")
+    return presets.preset_002(n, d, lipschitz, gap, est.radius, epsilon, delta0, first_order=est.kind == "fo_spider",
+                              coupled=coupled_directions(spec))
 
 
 def _manual(spec, d: int, n: int) -> Schedule:
@@ -92,14 +99,15 @@ def _manual(spec, d: int, n: int) -> Schedule:
                         directions=est.directions, clip_mode="vector", start_clip=clip,
                         difference_clip=getattr(mech, "difference_clip", math.inf), restart=opt.restart,
                         radius=est.radius, rows_used=n, predicted=math.nan, difference_noise_ratio=ratio,
-                        multi_pass=True)
+                        multi_pass=True, coupled=coupled_directions(spec))
     return Schedule("001_naive" if naive else est.variant, steps=opt.steps, window=opt.window,
                     period=1 if naive else sampling.period, start_batch=sampling.start_batch,
                     step_batch=sampling.step_batch, step_bound=opt.step_bound,
                     start_directions=est.directions if naive else est.start_directions, directions=est.directions,
                     clip_mode="scalar" if naive or est.variant == "001" else "vector", start_clip=clip,
                     difference_clip=clip if naive else getattr(mech, "difference_clip", math.inf),
-                    restart=opt.restart, radius=est.radius, rows_used=0, predicted=math.nan)
+                    restart=opt.restart, radius=est.radius, rows_used=0, predicted=math.nan,
+                    coupled=coupled_directions(spec))
 
 
 def node_sensitivity(spec, d: int) -> float:

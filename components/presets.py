@@ -64,6 +64,8 @@ class Schedule:
     # start releases' (sigma_2 / sigma_1); one scale is calibrated on the run's event
     difference_noise_ratio: float = 1.0
     multi_pass: bool = False
+    # 002 zeroth-order: a difference's two points on the same directions (the build study's [DEV]) or not
+    coupled: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -162,12 +164,15 @@ def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, eps
 
 
 def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, epsilon: float,
-               concentration_delta: float, first_order: bool = False) -> Schedule:
-    """Paper 002, Theorem 3.1 with coupled directions (build study §3.3 [DEV]): T = n/2 steps shrunk to fit
-    one pass, B1 = Sigma rows at a period start, 1 after; windows of W = alpha / (4D); m_G = d^2 log(8 d B1
-    / delta_0) directions per row at a period start, m_D = 4 d log(8 d / delta_0) shared by both points of
-    a difference; vector clips at the concentration bounds (c_h = c_s = 1). Privacy rests on the clips, not
-    on the concentration event.
+               concentration_delta: float, first_order: bool = False, coupled: bool = True) -> Schedule:
+    """Paper 002, Theorem 3.1 (build study §3.3): T = n/2 steps shrunk to fit one pass, B1 = Sigma rows at a
+    period start, 1 after; windows of W = alpha / (4D); vector clips at the concentration bounds (c_h = c_s
+    = 1). Privacy rests on the clips, not on the concentration event. Directions per row: the paper's
+    (Lemma 3.5) m = log(8 d B2 / delta_0)(d^2 B1^2 + d alpha^2 B2^2 / D^2) everywhere, the two points of a
+    difference on independent ones, C_G = L (1 + d sqrt(log(8 d B1 / delta_0) / m)), C_Delta = sqrt(d) L 2D
+    / alpha + 2 L d sqrt(log(8 d B2 / delta_0) / m); or (``coupled``, the study's deviation [DEV]) m_G = d^2
+    log(8 d B1 / delta_0) at a period start and m_D = 4 d log(8 d / delta_0) shared by both points of a
+    difference, C_Delta = 2 sqrt(d) L 2D / alpha.
 
     ``first_order``: Theorem 6.1 (study §3.5), the same schedule with gradients at points drawn uniformly
     from the ball of radius alpha: one per row at a period start (clip L, which an L-Lipschitz loss never
@@ -195,11 +200,16 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
         start_clip = lipschitz
         difference_clip = (math.sqrt(d) * lipschitz * 2 * bound / radius
                            + 2 * lipschitz * math.sqrt(log_step / directions))
-    else:
+    elif coupled:
         start_directions = math.ceil(d * d * log_start)
         directions = math.ceil(4 * d * log_step)
         start_clip = lipschitz * (1 + d * math.sqrt(log_start / start_directions))
         difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius * 2
+    else:
+        start_directions = directions = math.ceil(log_step * (d * d * period ** 2 + d * radius ** 2 / bound ** 2))
+        start_clip = lipschitz * (1 + d * math.sqrt(log_start / directions))
+        difference_clip = (math.sqrt(d) * lipschitz * 2 * bound / radius
+                           + 2 * lipschitz * d * math.sqrt(log_step / directions))
     predicted = ((initial_gap * lipschitz ** 2 * math.sqrt(d) / (n * radius)) ** (1 / 3)
                  + (initial_gap * d * lipschitz / (n * radius * epsilon)) ** 0.5
                  + (initial_gap ** 2 * lipschitz ** 3 * d ** 1.5 / (n * n * radius ** 2 * epsilon)) ** 0.2)
@@ -207,12 +217,12 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
                     period=period, start_batch=period, step_batch=1, step_bound=bound,
                     start_directions=start_directions, directions=directions, clip_mode="vector",
                     start_clip=start_clip, difference_clip=difference_clip, restart=False, radius=radius,
-                    rows_used=rows, predicted=predicted)
+                    rows_used=rows, predicted=predicted, coupled=coupled and not first_order)
 
 
 def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, target: float,
                           epsilon: float, delta: float, concentration_delta: float,
-                          first_order: bool = False, batch: Optional[int] = None) -> Schedule:
+                          first_order: bool = False, batch: Optional[int] = None, coupled: bool = True) -> Schedule:
     """Paper 002, Theorem 4.1 (build study §3.4): full-batch ERM, every row in every step, for a target
     beta of the empirical Goldstein certificate: T = Phi L^2 / (alpha^2 beta^3) steps of bound D = alpha^2
     beta^2 / L^2, restarts every Sigma = alpha / (D sqrt(d)) steps, windows of W = alpha / D, the noise of
@@ -220,8 +230,9 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
     alpha (one scale calibrated on the run's event), m = L^2 d Sigma / (n sigma_1^2) + L^2 d / (n
     sigma_2^2) directions per row at both (the paper's sigmas; d times fewer ball points first-order,
     study §3.5). Clips: first-order L at a restart (never binds) and Lemma 6.3's sqrt(d) L 2D / alpha + 2 L
-    sqrt(log(8 d n / delta_0) / m) on a difference; zeroth-order (coupled directions [DEV]) L (1 + d sqrt(
-    log(8 d n / delta_0) / m)) and 2 sqrt(d) L 2D / alpha. ``predicted`` is the privacy excess at this fixed
+    sqrt(log(8 d n / delta_0) / m) on a difference; zeroth-order L (1 + d sqrt(log(8 d n / delta_0) / m)) and,
+    a difference's points on independent directions (the paper's), sqrt(d) L 2D / alpha + 2 L d sqrt(log(8
+    d n / delta_0) / m), or on the same ones (``coupled``, the study's deviation [DEV]) 2 sqrt(d) L 2D / alpha. ``predicted`` is the privacy excess at this fixed
     schedule, L sqrt(D T log(1/delta)) d^(3/4) / (n epsilon sqrt(alpha)): exponent -1 in n.
 
     ``batch``: the footnote-2 variant's expected Poisson batch b (default n, the full batch). The paper gives
@@ -252,13 +263,14 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
         difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius + 2 * lipschitz * math.sqrt(log_n / directions)
     else:
         start_clip = lipschitz * (1 + d * math.sqrt(log_n / directions))
-        difference_clip = 2 * math.sqrt(d) * lipschitz * 2 * bound / radius
+        difference_clip = (2 * math.sqrt(d) * lipschitz * 2 * bound / radius if coupled else
+                           math.sqrt(d) * lipschitz * 2 * bound / radius + 2 * lipschitz * d * math.sqrt(log_n / directions))
     predicted = lipschitz * math.sqrt(bound * steps * log_delta) * d ** 0.75 / (n * epsilon * math.sqrt(radius))
     return Schedule("002_fo" if first_order else "002", steps=(steps // window) * window, window=window,
                     period=period, start_batch=rows, step_batch=rows, step_bound=bound, start_directions=directions,
                     directions=directions, clip_mode="vector", start_clip=start_clip, difference_clip=difference_clip,
                     restart=False, radius=radius, rows_used=n, predicted=predicted,
-                    difference_noise_ratio=sigma_2 / sigma_1, multi_pass=True)
+                    difference_noise_ratio=sigma_2 / sigma_1, multi_pass=True, coupled=coupled and not first_order)
 
 
 def vector_bounds(schedule: Schedule, d: int) -> tuple:
@@ -294,9 +306,11 @@ def second_moment(schedule: Schedule, d: int, lipschitz: float, node_std: float)
         return (lipschitz ** 2 + lipschitz ** 2 / schedule.start_batch
                 + lipschitz ** 2 * d * schedule.step_bound ** 2 * schedule.period / (schedule.radius ** 2 * schedule.step_batch)
                 + lipschitz ** 2 * schedule.period / (schedule.directions * schedule.step_batch) + j * d * node_std ** 2)
+    independent = 0.0 if schedule.coupled else (  # the paper's directions: their own variance in a difference
+        lipschitz ** 2 * d * d * schedule.period / (schedule.directions * schedule.step_batch))
     return (lipschitz ** 2 + lipschitz ** 2 * d * d / (schedule.start_batch * schedule.start_directions)
             + lipschitz ** 2 * d * schedule.step_bound ** 2 * schedule.period / (schedule.radius ** 2 * schedule.step_batch)
-            + j * d * node_std ** 2)
+            + j * d * node_std ** 2 + independent)
 
 
 def learning_rate(schedule: Schedule, d: int, lipschitz: float, node_std: float) -> float:

@@ -47,6 +47,11 @@ def cmd_calibrate(args) -> int:
         opt, sampling = resolved.optimizer, resolved.sampling
         print(f"o2nc ({opt.preset}):             {opt.steps} steps, windows of {opt.window}, step bound D = "
               f"{opt.step_bound:.6g}, lr = {opt.lr:.6g}, restart {opt.restart}")
+        est = resolved.estimator
+        if est.kind == "zo_spider" and est.variant == "002":
+            print(f"directions:               {est.start_directions} per row at a start, {est.directions} at each "
+                  + ("point of a difference, shared by both (coupled: the build study's deviation [DEV])"
+                     if est.coupling == "coupled" else "of a difference's two points, independent (paper 002)"))
         if sampling.kind == "single_pass":
             print(f"single pass:              {sampling.start_batch} rows at the start of each period of "
                   f"{sampling.period} steps, {sampling.step_batch} at the others")

@@ -477,20 +477,43 @@ class ZoSpiderEstimator(Strict):
     ``step_batch`` fresh rows. Every row gets its own directions on the sphere of radius sqrt(d), lambda =
     radius / sqrt(d). variant 001 (paper 001, Algorithms 1-2 and 4): d directions per row, central
     estimate, coupled one-sided difference, every coefficient clipped. variant 002 (paper 002, Algorithm
-    3, directions coupled between the two points of a difference [DEV], as the build study proposes:
-    the paper's independent ones need 1e5-1e8 per row): the per-example vectors clipped in L2."""
+    3): the per-example vectors clipped in L2, a difference's two points on independent directions as the
+    paper has it, or (``coupling: coupled``) on the same ones, the build study's deviation [DEV]: the
+    paper's m = log(8 d B / delta_0)(d^2 B1^2 + d alpha^2 B2^2 / D^2) directions per row is 1e5-1e8, the
+    coupled difference's concentration needs m_D = 4 d log(8 d / delta_0)."""
 
     kind: Literal["zo_spider"]
     variant: Literal["001", "002"]
+    coupling: Literal["independent", "coupled"] = Field(
+        "independent", description="variant 002: the directions of a difference's two points, independent (the "
+        "paper's m directions per row) or coupled (the same m_D at both: the build study's deviation [DEV], "
+        "feasible where the paper's m is not). Variant 001's difference is coupled by its paper (the default "
+        "there).")
     radius: PositiveFloat = Field(..., description="r: the smoothing radius (the guarantee is Goldstein "
                                   "stationarity at 2r).")
     start_directions: Union[PositiveInt, Auto] = Field("auto", description="Directions per row at a period's start "
-                                                       "(001: d; 002: m_G = d^2 log(8 d B1 / delta_0)).")
+                                                       "(001: d; 002: the paper's m, or coupled m_G = d^2 log(8 d "
+                                                       "B1 / delta_0)).")
     directions: Union[PositiveInt, Auto] = Field("auto", description="Directions per row of a difference "
-                                                 "(001: d; 002: m_D = 4 d log(8 d / delta_0)).")
+                                                 "(001: d; 002: the paper's m at each point, or coupled m_D = "
+                                                 "4 d log(8 d / delta_0) shared by both).")
     period: Union[PositiveInt, Auto, None] = Field(
         None, description="variant 002 with sampling.kind full_batch or poisson (the multi-pass algorithm): steps "
         "between restarts, Sigma (auto: Theorem 4.1). A single pass takes sampling.period.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _coupling_of_001(cls, data):
+        if isinstance(data, dict) and data.get("variant") == "001" and "coupling" not in data:
+            return {**data, "coupling": "coupled"}  # paper 001's one-sided difference shares its directions
+        return data
+
+    @model_validator(mode="after")
+    def _coupling_fits_variant(self):
+        if self.variant == "001" and self.coupling != "coupled":
+            raise ValueError("coupling: paper 001's difference evaluates both points on the same directions; "
+                             "independent directions are paper 002's (variant: \"002\")")
+        return self
 
 
 class FoSpiderEstimator(Strict):

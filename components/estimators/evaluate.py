@@ -290,25 +290,32 @@ def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor
     lam = query.smoothing
     values = vmap(vmap(loss_at, in_dims=(0, None, None)), in_dims=(0, 0, 0))
     total = torch.zeros(d, dtype=torch.float64, device=device)
-    points = 4 if query.kind == "central_difference" else 2
+    independent = query.kind == "independent_difference"
+    drawn = 2 * m if independent else m  # an independent difference has m more directions at its other point
+    points = 2 if query.kind in ("central", "one_sided_difference") else 4
     chunk = max(1, SPHERE_POINT_BYTES // max(1, points * m * d * flat.element_size()))
     slots = example_slots(query, x, y)
     for start in range(0, len(y), chunk):
         xs, ys = x[start:start + chunk], y[start:start + chunk]
-        u = torch.stack([example_directions(query.seed, slot, m, d)
-                         for slot in slots[start:start + chunk]]).to(device)  # [b, m, d] float64
-        step = (lam * u).to(dtype)
+        u = torch.stack([example_directions(query.seed, slot, drawn, d)
+                         for slot in slots[start:start + chunk]]).to(device)  # [b, m (x2), d] float64
+        scaled = (lam * u).to(dtype)
 
-        def at(base, sign=1.0):
-            return values(base + sign * step, xs, ys).double()
+        def at(base, sign=1.0, half=slice(0, m)):
+            return values(base + sign * scaled[:, half], xs, ys).double()
 
         with torch.inference_mode():
             if query.kind == "central":
                 c = (at(flat) - at(flat, -1.0)) / (2 * lam)
             elif query.kind == "one_sided_difference":
                 c = (at(flat) - at(other)) / lam
-            else:
+            elif query.kind == "central_difference":
                 c = ((at(flat) - at(flat, -1.0)) - (at(other) - at(other, -1.0))) / (2 * lam)
+            else:  # the central estimate at q on the second m directions, entering with a minus sign
+                second = slice(m, 2 * m)
+                c = torch.cat([at(flat) - at(flat, -1.0), at(other, 1.0, second) - at(other, -1.0, second)],
+                              dim=1) / (2 * lam)
+                c[:, m:] *= -1.0
         if query.clip_mode == "scalar" and not math.isinf(query.clip):
             c = torch.nan_to_num(c, nan=0.0).clamp(-query.clip, query.clip)
         g = torch.einsum("bm,bmd->bd", c, u) / m

@@ -98,7 +98,7 @@ class EmbeddedGradients:
         return 1
 
 
-SPHERE_KINDS = ("central", "one_sided_difference", "central_difference")
+SPHERE_KINDS = ("central", "one_sided_difference", "central_difference", "independent_difference")
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +116,9 @@ class PerExampleSphere:
         one_sided_difference: c_ij = (f(p + lambda u) - f(q + lambda u)) / lambda            (001 DIFF)
         central_difference:   c_ij = central at p - central at q, same u                     (002 coupled difference)
 
-    and g_i = (1/m) sum_j c_ij u_ij. ``clip_mode`` scalar clamps every c_ij to +-clip (so |g_i| <= clip
+    and g_i = (1/m) sum_j c_ij u_ij; or, for independent_difference (002's difference as its paper has it),
+    g_i = (1/m) sum_j central_ij(p) u_ij - (1/m) sum_j central_ij(q) u_i(m+j): 2m directions per example,
+    the first m at p and the others at q. ``clip_mode`` scalar clamps every c_ij to +-clip (so |g_i| <= clip
     sqrt(d)); vector clips g_i to L2 norm clip. The backend returns the sum of the g_i, one tensor per
     parameter, float64: a d-dimensional release."""
 

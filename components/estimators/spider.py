@@ -13,9 +13,9 @@ each term the papers' (d / 2r)(f(x + r y) - f(x - r y)) y with y on the unit sph
   the coupled one-sided difference (f(z_t + lambda u) - f(z_(t-1) + lambda u)) / lambda after; every
   coefficient clipped to +-C_s at a start and +-C_s |z_t - z_(t-1)| / r after (C_s = L sqrt(d): the
   Lipschitz bound, so the clip never binds on an L-Lipschitz loss and privacy never rests on it).
-- variant 002 (paper 002, Algorithm 3 with the build study's coupled directions [DEV]): m_G directions
-  per row at a start, m_D after, shared by z_t and z_(t-1) in a central difference; the per-example
-  vectors clipped in L2 to C_G and C_Delta.
+- variant 002 (paper 002, Algorithm 3): m directions per row at a start; after, central estimates at z_t
+  and z_(t-1) on independent directions (the paper's) or on the same m_D (coupled: the build study's
+  deviation [DEV]); the per-example vectors clipped in L2 to C_G and C_Delta.
 
 ``FoSpiderEstimator`` is paper 002's first-order oracle on the same tree (Algorithm 5): gradients at
 points of the ball of radius r, one per row at a period start, m independent ones at each point of a
@@ -38,7 +38,7 @@ class ZoSpiderEstimator:
 
     def __init__(self, variant: str, radius: float, dimension: int, period: int, start_directions: int,
                  directions: int, start_clip: float, difference_clip: float, step_bound: float,
-                 keyed_by_row: bool = False):
+                 keyed_by_row: bool = False, coupled: bool = True):
         if variant not in ("001", "002"):
             raise ValueError(f"estimator.variant: {variant!r}; allowed: 001, 002")
         if not (radius > 0 and start_clip > 0 and difference_clip > 0 and step_bound > 0):
@@ -57,6 +57,8 @@ class ZoSpiderEstimator:
         self.clip_mode = "scalar" if variant == "001" else "vector"
         # Poisson batches under add/remove: a row's directions from its content, not its place in the batch
         self.keyed_by_row = bool(keyed_by_row)
+        # 002: a difference's two points on the same directions (the build study's [DEV]) or on independent ones
+        self.coupled = bool(coupled)
 
     def direction_seeds(self, step: int, seed: int):
         return ()  # per-example directions, drawn where the rows are
@@ -76,8 +78,9 @@ class ZoSpiderEstimator:
             clip = self.difference_clip * min(moved, 2 * self.step_bound) / self.radius
             return PerExampleSphere("one_sided_difference", self.directions, base, self.smoothing, "scalar",
                                     clip, tuple(offset), keyed_by_row=self.keyed_by_row)
-        return PerExampleSphere("central_difference", self.directions, base, self.smoothing, "vector",
-                                self.difference_clip, tuple(offset), keyed_by_row=self.keyed_by_row)
+        return PerExampleSphere("central_difference" if self.coupled else "independent_difference", self.directions,
+                                base, self.smoothing, "vector", self.difference_clip, tuple(offset),
+                                keyed_by_row=self.keyed_by_row)
 
     def step(self, ctx) -> Update:
         offset = None if ctx.step % self.period == 0 else ctx.offset_to_previous()

@@ -50,6 +50,8 @@ class KernelPlan:
     # release carries noise_std, a difference's difference_noise_std
     multi_pass: bool = False
     difference_noise_std: float = 0.0
+    # 002 zeroth-order: a difference's two points on the same m directions (the study's [DEV]) or on 2m
+    coupled: bool = True
 
     @property
     def first_order(self) -> bool:
@@ -67,7 +69,7 @@ class KernelPlan:
     @classmethod
     def from_spec(cls, spec, n: Optional[int] = None) -> "KernelPlan":
         """``n``: the private rows, which a multi-pass plan's noise (2 clip / n per release) needs."""
-        from components.nonsmooth import node_sensitivity
+        from components.nonsmooth import coupled_directions, node_sensitivity
 
         est, mech, sampling, opt = spec.estimator, spec.mechanism, spec.sampling, spec.optimizer
         d = spec.data.source.dimension
@@ -90,12 +92,14 @@ class KernelPlan:
             return cls(est.variant, d, float(est.radius), int(opt.steps), int(opt.window), int(est.period), n, n,
                        int(est.start_directions), int(est.directions), float(mech.clip) if private else math.inf,
                        float(mech.difference_clip) if private else math.inf, float(opt.step_bound), float(opt.lr),
-                       bool(opt.restart), stds[0], spec.data.source.start, spec.seed, True, stds[1])
+                       bool(opt.restart), stds[0], spec.data.source.start, spec.seed, True, stds[1],
+                       coupled_directions(spec))
         std = float(mech.noise_multiplier) * node_sensitivity(spec, d) if private else 0.0
         return cls(est.variant, d, float(est.radius), int(opt.steps), int(opt.window), sampling.period,
                    sampling.start_batch, sampling.step_batch, est.start_directions, est.directions,
                    float(mech.clip) if private else math.inf, float(mech.difference_clip) if private else math.inf,
-                   float(opt.step_bound), float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed)
+                   float(opt.step_bound), float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed,
+                   coupled=est.variant == "001" or coupled_directions(spec))
 
 
 class PrivzoStreams:
@@ -272,13 +276,14 @@ class Kernel:
             return self._fo_estimate(step, start, z, previous, streams)
         size = p.start_batch if start else p.step_batch
         m = p.start_directions if start else p.directions
+        drawn = m if start or p.coupled else 2 * m  # an independent difference: m more at its other point
         rows = streams.rows(step, size)
-        chunk = max(1, self.CHUNK_VALUES // (streams.runs * m * p.dimension))
+        chunk = max(1, self.CHUNK_VALUES // (streams.runs * drawn * p.dimension))
         total = 0.0
         for first in range(0, size, chunk):
             count = min(chunk, size - first)
             total = total + self._sums(step, start, z, previous, rows[:, first:first + count],
-                                       streams.directions(step, first, count, m))
+                                       streams.directions(step, first, count, drawn))
         return total / size
 
     def _fo_estimate(self, step: int, start: bool, z: np.ndarray, previous: Optional[np.ndarray], streams) -> np.ndarray:
@@ -320,7 +325,7 @@ class Kernel:
     def _sums(self, step, start, z, previous, xi, u) -> np.ndarray:
         """sum over the rows of xi of their clipped estimates g_i, [R, d]."""
         p = self.plan
-        m = u.shape[2]
+        m = u.shape[2] if start or p.coupled else u.shape[2] // 2
         lam = p.smoothing
         shift = lam * u
         here = z[:, None, None, :]
@@ -335,9 +340,16 @@ class Kernel:
                 c = (_loss(here + shift, xi) - _loss(other + shift, xi)) / lam
                 moved = _norms(previous - z)
                 clip = p.difference_clip * np.minimum(moved, 2 * p.step_bound) / p.radius
-            else:
+            elif p.coupled:
                 # the rows' linear terms cancel between the two central differences
                 c = (_h_central(z, shift, reach) - _h_central(z + (previous - z), shift, reach)) / (2 * lam)
+                clip = p.difference_clip
+            else:  # central estimates at z_t on the first m directions and at z_(t-1) on the other m
+                mine, theirs = shift[:, :, :m], shift[:, :, m:]
+                c = np.concatenate([
+                    _h_central(z, mine, reach) + 2.0 * np.einsum("rbmd,rbd->rbm", mine, xi),
+                    -(_h_central(z + (previous - z), theirs, reach) + 2.0 * np.einsum("rbmd,rbd->rbm", theirs, xi))],
+                    axis=2) / (2 * lam)
                 clip = p.difference_clip
         scalar = p.algorithm not in ("002", "002_fo")
         if scalar and self._clipped:

@@ -27,6 +27,7 @@ def _queries(d, offset):
             PerExampleSphere("one_sided_difference", d, 12, 0.05 / math.sqrt(d), "scalar", 0.3, offset),
             PerExampleSphere("central", 9, 13, 0.05 / math.sqrt(d), "vector", 0.5),
             PerExampleSphere("central_difference", 9, 14, 0.05 / math.sqrt(d), "vector", 0.2, offset),
+            PerExampleSphere("independent_difference", 9, 17, 0.05 / math.sqrt(d), "vector", 0.2, offset),
             PerExampleBall("gradient", 1, 15, 0.05, "vector", 0.6),
             PerExampleBall("gradient_difference", 7, 16, 0.05, "vector", 0.1, offset)]
 
@@ -169,6 +170,7 @@ def test_the_twin_without_noise_and_the_private_run_share_the_schedule():
     ({"mechanism": {"kind": "gaussian", "clip": 1.0}}, "released by tree_aggregation"),
     ({"optimizer": {"kind": "o2nc", "preset": "manual"}}, "preset: manual takes every setting"),
     ({"privacy": {"epsilon": 1.0, "delta": 1e-6, "neighboring": "replace_one", "noise": "secure"}}, "secure"),
+    ({"estimator": {"coupling": "independent"}}, "paper 001's difference evaluates both points on the same"),
 ])
 def test_spec_rules_refuse_in_one_line(changes, message):
     data = specs.load_spec(f"{EXAMPLES}/p1_o2nc_001.yaml").model_dump(mode="json")
@@ -191,8 +193,12 @@ def test_the_preset_matches_the_build_studys_worked_example():
     s = presets.preset_001(10_000, 4, 1.5, 1.6, 0.05, mu)
     assert (s.window, s.steps // s.window, presets.tree_depth(s.period)) == (92, 54, 7)
     assert presets.node_sensitivity(s, 4) * math.sqrt(7) / mu == pytest.approx(2.92, abs=0.01)
-    t = presets.preset_002(100_000, 4, 1.5, 1.6, 0.05, 1.0, 5e-7)
+    t = presets.preset_002(100_000, 4, 1.5, 1.6, 0.05, 1.0, 5e-7, coupled=True)
     assert (t.period, t.window, t.start_directions, t.directions) == (148, 55, 368, 288)
+    # the paper's independent directions (Lemma 3.5): the study's m = 9.9e6 per row, and 5.8e5 at n = 10^4
+    paper = presets.preset_002(100_000, 4, 1.5, 1.6, 0.05, 1.0, 5e-7, coupled=False)
+    assert (paper.start_directions, paper.directions, paper.coupled) == (9_852_548, 9_852_548, False)
+    assert presets.preset_002(10_000, 4, 1.5, 1.6, 0.05, 1.0, 5e-7, coupled=False).directions == 580_204
     # the first-order oracle (Theorem 6.1): the same schedule, m = log(8d/delta_0) alpha^2 / (D^2 d) ball points
     # at each point of a difference; the reference code's 1206 and 10308 at n = 2000 and 10^4 (study §3.5)
     for n, steps, period, m, clip in ((2000, 1000, 15, 1206, 0.7326), (10_000, 4994, 38, 10308, 0.2505)):
