@@ -77,12 +77,13 @@ def markdown(points: List[ex.PointResult], slopes: List[Dict[str, Any]], matches
         own = [p for p in points if p.series.experiment == experiment]
         axis = own[0].series.axis
         lines += ["", f"## {experiment}", "",
-                  f"| series | n | d | steps | window | period | z | median Γ̄ | p90 Γ̄ | bound | F(out) median | s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  f"| series | n | d | steps | window | period | z | seeds | median Γ̄ | p90 Γ̄ | bound | F(out) median | s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in own:
             lines.append(f"| {p.series.label} | {p.n} | {p.d} | {p.steps} | {p.settings['window']} | "
-                         f"{p.settings['period']} | {_fmt(p.settings['noise_multiplier'])} | {p.median:.4f} | "
-                         f"{p.p90:.4f} | {_fmt(p.predicted)} | {float(np.median(p.values)):.4f} | {p.seconds:.0f} |")
+                         f"{p.settings['period']} | {_fmt(p.settings['noise_multiplier'])} | {len(p.certificates)} | "
+                         f"{p.median:.4f} | {p.p90:.4f} | {_fmt(p.predicted)} | {float(np.median(p.values)):.4f} | "
+                         f"{p.seconds:.0f} |")
         lines += ["", f"Slopes of log Γ̄ against log {axis} (least squares on medians; the bound's on the same points):", "",
                   "| series | points | measured | bound | difference | within ±0.15 | local measured | local bound |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -160,7 +161,7 @@ def _sweep(series, seeds, client, experiment_id: str, parent_id: str, logger) ->
     points = []
     for s in series:
         for x in s.grid:
-            p = ex.run_point(s, x, seeds)
+            p = ex.run_point(s, x, s.seeds(seeds))
             logger.info("%s %s %s=%d: median %.4f (bound %.4g), %d steps, %.0f s", s.experiment, s.label,
                         s.axis, x, p.median, p.predicted, p.steps, p.seconds)
             points.append(p)
