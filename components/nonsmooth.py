@@ -73,7 +73,8 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
         batch = spec.sampling.expected_batch_size if spec.sampling.kind == "poisson" else None
         return presets.preset_002_multi_pass(n, d, lipschitz, gap, est.radius, spec.optimizer.target_stationarity,
                                              epsilon, delta, given or delta / 2, first_order=est.kind == "fo_spider",
-                                             batch=batch, coupled=coupled_directions(spec))
+                                             batch=batch, coupled=coupled_directions(spec),
+                                             constants=spec.optimizer.constants)
     if est.kind == "zo_naive":
         return presets.preset_001_naive(n, d, lipschitz, gap, est.radius, mu)
     if est.variant == "001":
@@ -81,7 +82,7 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
     given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
     delta0 = given or (delta / 2 if delta is not None else 1e-6)
     return presets.preset_002(n, d, lipschitz, gap, est.radius, epsilon, delta0, first_order=est.kind == "fo_spider",
-                              coupled=coupled_directions(spec))
+                              coupled=coupled_directions(spec), constants=spec.optimizer.constants)
 
 
 def _manual(spec, d: int, n: int) -> Schedule:
@@ -165,7 +166,7 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
     epsilon = float(spec.privacy.epsilon) if spec.privacy is not None else math.inf
     mu = presets.gdp_mu(epsilon, delta) if private else math.inf
     opt = spec.optimizer
-    schedule = _theory(spec, n, d, epsilon, mu, delta) if opt.preset == "theory" else None
+    schedule = _theory(spec, n, d, epsilon, mu, delta) if opt.preset != "manual" else None
     if (schedule is not None and opt.target_stationarity is not None and not multi_pass(spec)
             and schedule.predicted > opt.target_stationarity):
         need = presets.rows_for_target(lambda rows: _theory(spec, rows, d, epsilon, mu, delta).predicted

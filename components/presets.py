@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 
 def gdp_mu(epsilon: float, delta: float) -> float:
@@ -141,20 +141,26 @@ def preset_001_naive(n: int, d: int, lipschitz: float, initial_gap: float, radiu
                     difference_clip=clip, restart=True, radius=radius, rows_used=k * t, predicted=predicted)
 
 
-def _002_step_bound(steps: int, d: int, lipschitz: float, gap: float, radius: float, epsilon: float) -> float:
-    return min((gap ** 2 * radius / (lipschitz ** 2 * steps ** 2)) ** (1 / 3),
+# the constants the theorems hide, 1 under preset theory (theory_shape sets them: build study §3.3-3.5)
+DEFAULT_CONSTANTS = {"c_D": 1.0, "c_Sigma": 1.0, "c_T": 1.0, "c_h": 1.0, "c_s": 1.0}
+
+
+def _002_step_bound(steps: int, d: int, lipschitz: float, gap: float, radius: float, epsilon: float,
+                    c_d: float = 1.0) -> float:
+    return c_d * min((gap ** 2 * radius / (lipschitz ** 2 * steps ** 2)) ** (1 / 3),
                (gap * radius * epsilon / (d * lipschitz * steps)) ** 0.5,
                (gap ** 3 * radius ** 2 * epsilon / (d ** 1.5 * lipschitz ** 3 * steps ** 3)) ** 0.2,
                (gap ** 2 * radius / (lipschitz ** 2 * steps ** 2 * math.sqrt(d))) ** (1 / 3))
 
 
-def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, epsilon: float):
+def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, epsilon: float, c_d: float = 1.0,
+                c_sigma: float = 1.0):
     steps = n // 2
     for _ in range(60):  # shrink T until the single pass fits in n rows
         if steps < 1:
             return None
-        bound = _002_step_bound(steps, d, lipschitz, gap, radius, epsilon)
-        period = math.ceil((radius / (epsilon * bound)) ** (2 / 3) + radius / (bound * math.sqrt(d)))
+        bound = _002_step_bound(steps, d, lipschitz, gap, radius, epsilon, c_d)
+        period = max(1, math.ceil(c_sigma * ((radius / (epsilon * bound)) ** (2 / 3) + radius / (bound * math.sqrt(d)))))
         periods = math.ceil(steps / period)
         rows = periods * period + (steps - periods)
         if rows <= n:
@@ -164,7 +170,8 @@ def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, eps
 
 
 def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, epsilon: float,
-               concentration_delta: float, first_order: bool = False, coupled: bool = True) -> Schedule:
+               concentration_delta: float, first_order: bool = False, coupled: bool = True,
+               constants: Optional[Mapping[str, float]] = None) -> Schedule:
     """Paper 002, Theorem 3.1 (build study §3.3): T = n/2 steps shrunk to fit one pass, B1 = Sigma rows at a
     period start, 1 after; windows of W = alpha / (4D); vector clips at the concentration bounds (c_h = c_s
     = 1). Privacy rests on the clips, not on the concentration event. Directions per row: the paper's
@@ -173,6 +180,9 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
     / alpha + 2 L d sqrt(log(8 d B2 / delta_0) / m); or (``coupled``, the study's deviation [DEV]) m_G = d^2
     log(8 d B1 / delta_0) at a period start and m_D = 4 d log(8 d / delta_0) shared by both points of a
     difference, C_Delta = 2 sqrt(d) L 2D / alpha.
+
+    ``constants`` (preset theory_shape): c_D and c_Sigma scale D and Sigma, c_h the concentration terms of the
+    clips (and the coupled m_G, m_D by c_h^2), c_s the smoothness term of C_Delta; each 1 by default.
 
     ``first_order``: Theorem 6.1 (study §3.5), the same schedule with gradients at points drawn uniformly
     from the ball of radius alpha: one per row at a period start (clip L, which an L-Lipschitz loss never
@@ -183,14 +193,16 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
         raise ValueError(f"estimator.radius: paper 002 needs radius <= initial_gap / lipschitz = "
                          f"{initial_gap / lipschitz:.4g}")
 
+    c = {**DEFAULT_CONSTANTS, **(constants or {})}
+
     def fits(rows):
-        layout = _002_layout(rows, d, lipschitz, initial_gap, radius, epsilon)
+        layout = _002_layout(rows, d, lipschitz, initial_gap, radius, epsilon, c["c_D"], c["c_Sigma"])
         return layout is not None and max(1, int(radius / (4 * layout[1]))) <= layout[0]
 
     if not fits(n):
         raise ValueError(f"optimizer.preset theory: {n} private rows are too few for paper 002's schedule "
                          f"({_needed_rows(fits, n)} rows)")
-    steps, bound, period, rows = _002_layout(n, d, lipschitz, initial_gap, radius, epsilon)
+    steps, bound, period, rows = _002_layout(n, d, lipschitz, initial_gap, radius, epsilon, c["c_D"], c["c_Sigma"])
     window = max(1, int(radius / (4 * bound)))
     log_start = math.log(8 * d * period / concentration_delta)
     log_step = math.log(8 * d / concentration_delta)
@@ -198,18 +210,18 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
         start_directions = 1
         directions = max(1, math.ceil(log_step * radius ** 2 / (bound ** 2 * d)))
         start_clip = lipschitz
-        difference_clip = (math.sqrt(d) * lipschitz * 2 * bound / radius
-                           + 2 * lipschitz * math.sqrt(log_step / directions))
+        difference_clip = (c["c_s"] * math.sqrt(d) * lipschitz * 2 * bound / radius
+                           + 2 * c["c_h"] * lipschitz * math.sqrt(log_step / directions))
     elif coupled:
-        start_directions = math.ceil(d * d * log_start)
-        directions = math.ceil(4 * d * log_step)
-        start_clip = lipschitz * (1 + d * math.sqrt(log_start / start_directions))
-        difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius * 2
+        start_directions = math.ceil(c["c_h"] ** 2 * d * d * log_start)
+        directions = math.ceil(c["c_h"] ** 2 * 4 * d * log_step)
+        start_clip = lipschitz * (1 + c["c_h"] * d * math.sqrt(log_start / start_directions))
+        difference_clip = c["c_s"] * math.sqrt(d) * lipschitz * 2 * bound / radius * 2
     else:
         start_directions = directions = math.ceil(log_step * (d * d * period ** 2 + d * radius ** 2 / bound ** 2))
-        start_clip = lipschitz * (1 + d * math.sqrt(log_start / directions))
-        difference_clip = (math.sqrt(d) * lipschitz * 2 * bound / radius
-                           + 2 * lipschitz * d * math.sqrt(log_step / directions))
+        start_clip = lipschitz * (1 + c["c_h"] * d * math.sqrt(log_start / directions))
+        difference_clip = (c["c_s"] * math.sqrt(d) * lipschitz * 2 * bound / radius
+                           + 2 * c["c_h"] * lipschitz * d * math.sqrt(log_step / directions))
     predicted = ((initial_gap * lipschitz ** 2 * math.sqrt(d) / (n * radius)) ** (1 / 3)
                  + (initial_gap * d * lipschitz / (n * radius * epsilon)) ** 0.5
                  + (initial_gap ** 2 * lipschitz ** 3 * d ** 1.5 / (n * n * radius ** 2 * epsilon)) ** 0.2)
@@ -222,7 +234,8 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
 
 def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, target: float,
                           epsilon: float, delta: float, concentration_delta: float,
-                          first_order: bool = False, batch: Optional[int] = None, coupled: bool = True) -> Schedule:
+                          first_order: bool = False, batch: Optional[int] = None, coupled: bool = True,
+                          constants: Optional[Mapping[str, float]] = None) -> Schedule:
     """Paper 002, Theorem 4.1 (build study §3.4): full-batch ERM, every row in every step, for a target
     beta of the empirical Goldstein certificate: T = Phi L^2 / (alpha^2 beta^3) steps of bound D = alpha^2
     beta^2 / L^2, restarts every Sigma = alpha / (D sqrt(d)) steps, windows of W = alpha / D, the noise of
@@ -238,11 +251,15 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
     ``batch``: the footnote-2 variant's expected Poisson batch b (default n, the full batch). The paper gives
     it no preset; Theorem 4.1's T, D, Sigma and W are kept, the batch mean's variance terms take b for n (m
     from L^2 d Sigma / (b sigma_1^2) + L^2 d / (b sigma_2^2)), and the noise is calibrated on the subsampled
-    event as for a full batch (the sigmas here only set m and the stds' ratio)."""
+    event as for a full batch (the sigmas here only set m and the stds' ratio).
+
+    ``constants`` (preset theory_shape): c_T and c_D scale T and D, c_h and c_s the clips' terms as in
+    ``preset_002``; each 1 by default."""
+    c = {**DEFAULT_CONSTANTS, **(constants or {})}
     if not 0 < target:
         raise ValueError("optimizer.target_stationarity: paper 002's multi-pass preset needs a target beta > 0")
-    steps = math.ceil(initial_gap * lipschitz ** 2 / (radius ** 2 * target ** 3))
-    bound = radius ** 2 * target ** 2 / lipschitz ** 2
+    steps = math.ceil(c["c_T"] * initial_gap * lipschitz ** 2 / (radius ** 2 * target ** 3))
+    bound = c["c_D"] * radius ** 2 * target ** 2 / lipschitz ** 2
     period = max(1, math.ceil(radius / (bound * math.sqrt(d))))
     window = max(1, int(radius / bound))
     if window > steps:
@@ -258,13 +275,13 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
     directions = max(1, math.ceil(lipschitz ** 2 * scale * period / (rows * sigma_1 ** 2)
                                   + lipschitz ** 2 * scale / (rows * sigma_2 ** 2)))
     log_n = math.log(8 * d * n / concentration_delta)
+    smooth = c["c_s"] * math.sqrt(d) * lipschitz * 2 * bound / radius
     if first_order:
         start_clip = lipschitz
-        difference_clip = math.sqrt(d) * lipschitz * 2 * bound / radius + 2 * lipschitz * math.sqrt(log_n / directions)
+        difference_clip = smooth + 2 * c["c_h"] * lipschitz * math.sqrt(log_n / directions)
     else:
-        start_clip = lipschitz * (1 + d * math.sqrt(log_n / directions))
-        difference_clip = (2 * math.sqrt(d) * lipschitz * 2 * bound / radius if coupled else
-                           math.sqrt(d) * lipschitz * 2 * bound / radius + 2 * lipschitz * d * math.sqrt(log_n / directions))
+        start_clip = lipschitz * (1 + c["c_h"] * d * math.sqrt(log_n / directions))
+        difference_clip = 2 * smooth if coupled else smooth + 2 * c["c_h"] * lipschitz * d * math.sqrt(log_n / directions)
     predicted = lipschitz * math.sqrt(bound * steps * log_delta) * d ** 0.75 / (n * epsilon * math.sqrt(radius))
     return Schedule("002_fo" if first_order else "002", steps=(steps // window) * window, window=window,
                     period=period, start_batch=rows, step_batch=rows, step_bound=bound, start_directions=directions,

@@ -142,7 +142,7 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     """Rules that involve more than one field; each message names its fields and the fix."""
     problems: List[str] = []
     opt = spec.optimizer
-    theory = opt.kind == "o2nc" and opt.preset == "theory"
+    theory = opt.kind == "o2nc" and opt.preset != "manual"
     if opt.steps == "auto" and opt.epochs is None and not theory:
         problems.append("optimizer: give epochs or steps (steps: auto needs epochs)")
     if opt.kind == "o2nc" and opt.epochs is not None:
@@ -299,7 +299,7 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
     if getattr(est, "period", None) is not None and not multi_pass:
         problems.append("estimator.period: only for the multi-pass algorithm (sampling.kind: full_batch or poisson); a single "
                         "pass takes sampling.period")
-    if multi_pass and opt.kind == "o2nc" and opt.preset == "theory" and opt.target_stationarity is None:
+    if multi_pass and opt.kind == "o2nc" and opt.preset != "manual" and opt.target_stationarity is None:
         problems.append("optimizer.target_stationarity: paper 002's multi-pass preset is planned for a target "
                         "beta (Theorem 4.1); give one, e.g. 0.5")
     if est.kind == "zo_naive" and mech.kind not in ("gaussian", "none"):
@@ -336,13 +336,20 @@ def nonsmooth_problems(spec: RunSpec) -> List[str]:
                             "or use preset: theory)")
         if opt.preset == "manual" and opt.target_stationarity is not None:
             problems.append("optimizer.target_stationarity: checked against the theorem by preset: theory only")
-        if opt.preset == "theory" and source.kind != "synthetic":
+        paper_002 = est.kind in SPIDER_KINDS and getattr(est, "variant", None) != "001"
+        allowed = (("c_T", "c_D", "c_h", "c_s") if multi_pass else ("c_D", "c_Sigma", "c_h", "c_s")) if paper_002 else ()
+        stray = [c for c in opt.constants if c not in allowed]
+        if stray:
+            problems.append(f"optimizer.constants: {stray[0]} is not a constant of "
+                            + (f"this algorithm's preset; allowed: {', '.join(allowed)}" if allowed else
+                               "paper 001's presets, which hide none (theory_shape equals theory there)"))
+        if opt.preset != "manual" and source.kind != "synthetic":
             a = spec.assumptions
             if a is None or a.lipschitz == "auto" or a.initial_gap == "auto":
                 problems.append("assumptions: preset theory needs lipschitz and initial_gap (a synthetic source knows "
                                 "its own); give them, or use preset: manual")
     if mech.kind == "gaussian" and mech.clip == "auto" and not (est.kind == "zo_naive" and opt.kind == "o2nc"
-                                                                  and opt.preset == "theory"):
+                                                                  and opt.preset != "manual"):
         problems.append("mechanism.clip: auto is derived by optimizer.preset theory (zo_naive); give a number")
     if spec.assumptions is not None and spec.assumptions.concentration_delta is not None and not (
             est.kind in SPIDER_KINDS and est.variant != "001"):

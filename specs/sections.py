@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import PurePath
-from typing import Annotated, ClassVar, List, Literal, Optional, Union
+from typing import Annotated, ClassVar, Dict, List, Literal, Optional, Union
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -745,15 +745,25 @@ class AdamOptimizer(_Schedule):
         return value
 
 
+# the constants paper 002's theorems hide (build study §3.3-3.5), which preset theory_shape exposes
+O2NC_CONSTANTS = ("c_D", "c_Sigma", "c_T", "c_h", "c_s")
+
+
 class O2ncOptimizer(_Schedule):
     """O2NC (online-to-nonconvex conversion), as papers 001 and 002 run it: projected online gradient descent
     on the ball of radius D picks each move, the oracle is queried a public random fraction along it, and
     the output is the average of the query points of a window drawn from the seed (what the theorems
     bound). preset theory derives every auto below from the theorems (n, d, the assumptions, the radius
-    and the privacy target); manual takes them as given."""
+    and the privacy target); theory_shape does the same with the constants the theorems hide (each 1
+    under theory) set in ``constants``; manual takes them as given."""
 
     kind: Literal["o2nc"]
-    preset: Literal["theory", "manual"] = "theory"
+    preset: Literal["theory", "theory_shape", "manual"] = "theory"
+    constants: Dict[str, PositiveFloat] = Field(
+        {}, description="preset theory_shape: the theorems' hidden constants, each 1 unless given. Paper 002: "
+        "c_D (scales D), c_Sigma (Sigma, single pass), c_T (T, multi-pass), c_h (the concentration clips' "
+        "constant) and c_s (the smoothness constant in C_Delta). Privacy never rests on them: the noise is "
+        "calibrated on the clips they set.")
     step_bound: Union[PositiveFloat, Auto] = Field("auto", description="D: the largest move a step.")
     lr: Union[PositiveFloat, Auto] = Field("auto", description="eta = D / (G sqrt(W)).")
     window: Union[PositiveInt, Auto] = Field("auto", description="W: query points averaged into a candidate "
@@ -762,6 +772,16 @@ class O2ncOptimizer(_Schedule):
     target_stationarity: Optional[PositiveFloat] = Field(
         None, description="With preset theory: refuse a spec whose n cannot reach this bound on the Goldstein "
         "subgradient norm at 2r by the theorem, naming the n it would need.")
+
+    @model_validator(mode="after")
+    def _constants_are_known(self):
+        unknown = sorted(set(self.constants) - set(O2NC_CONSTANTS))
+        if unknown:
+            raise ValueError(f"constants: unknown {unknown[0]!r}; allowed: {', '.join(O2NC_CONSTANTS)}")
+        if self.constants and self.preset != "theory_shape":
+            raise ValueError(f"constants: only with preset theory_shape (preset {self.preset} "
+                             + ("takes the theorems' constants as 1)" if self.preset == "theory" else "derives nothing)"))
+        return self
 
 
 OptimizerSpec = Annotated[Union[SgdOptimizer, AdamOptimizer, O2ncOptimizer], Field(discriminator="kind")]

@@ -207,6 +207,40 @@ def test_the_preset_matches_the_build_studys_worked_example():
         assert (f.start_clip, round(f.difference_clip, 4)) == (1.5, clip)
 
 
+def test_theory_shape_sets_the_constants_the_theorems_hide():
+    """preset theory_shape with no constants is preset theory; c_D and c_Sigma scale D and Sigma (T is then
+    refitted to the pass), c_h and c_s the clips; the noise is calibrated on the clips they set."""
+    theory, _, _ = _resolved("p1_o2nc_002", rows=2_500)
+    same, _, _ = _resolved("p1_o2nc_002", rows=2_500, optimizer={"preset": "theory_shape"})
+    assert same.model_dump(exclude={"optimizer": {"preset"}}) == theory.model_dump(exclude={"optimizer": {"preset"}})
+    shaped, _, eps = _resolved("p1_o2nc_002", rows=2_500, optimizer={"preset": "theory_shape", "constants": {
+        "c_D": 2.0, "c_Sigma": 0.5, "c_s": 0.5}})
+    steps, d = shaped.optimizer.steps, 4
+    bound = presets._002_step_bound(theory.optimizer.steps, d, 1.5, 1.6, 0.05, 1.0)
+    assert theory.optimizer.step_bound == pytest.approx(bound)
+    assert shaped.optimizer.step_bound > 1.5 * theory.optimizer.step_bound
+    assert shaped.mechanism.difference_clip == pytest.approx(
+        0.5 * math.sqrt(d) * 1.5 * 2 * shaped.optimizer.step_bound / 0.05 * 2)
+    assert shaped.sampling.period < theory.sampling.period and eps <= 1.0 * (1 + 1e-9)
+    multi, _, _ = _resolved("p1_o2nc_002_multipass", rows=300, optimizer={"preset": "theory_shape", "constants": {
+        "c_T": 0.5}})
+    assert multi.optimizer.steps < 300  # T = c_T Phi L^2 / (alpha^2 beta^3), cut to whole windows
+
+
+@pytest.mark.parametrize("example, optimizer, message", [
+    ("p1_o2nc_002", {"preset": "theory", "constants": {"c_D": 2.0}}, "only with preset theory_shape"),
+    ("p1_o2nc_002", {"preset": "theory_shape", "constants": {"c_x": 2.0}}, "unknown 'c_x'"),
+    ("p1_o2nc_002", {"preset": "theory_shape", "constants": {"c_T": 2.0}}, "allowed: c_D, c_Sigma, c_h, c_s"),
+    ("p1_o2nc_002_multipass", {"preset": "theory_shape", "constants": {"c_Sigma": 2.0}}, "allowed: c_T, c_D"),
+    ("p1_o2nc_001", {"preset": "theory_shape", "constants": {"c_D": 2.0}}, "paper 001's presets, which hide none"),
+])
+def test_theory_shape_refuses_constants_its_preset_does_not_have(example, optimizer, message):
+    data = specs.load_spec(f"{EXAMPLES}/{example}.yaml").model_dump(mode="json")
+    data["optimizer"] = {**data["optimizer"], **optimizer}
+    with pytest.raises(ValueError, match=message):
+        specs.spec_from_dict(data)
+
+
 @pytest.mark.parametrize("name", ["p1_o2nc_002_multipass", "p1_o2nc_002_fo_multipass"])
 def test_the_multi_pass_run_is_accounted_as_its_restarts_and_differences(name):
     """002's multi-pass algorithm: every row in every step; ceil(T / Sigma) restart releases and the rest
