@@ -174,6 +174,13 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
                                        opt.target_stationarity, n)
         raise ValueError(f"optimizer.target_stationarity: {opt.target_stationarity:g} needs about {need} private rows "
                          f"by the theorem; {n} reach {schedule.predicted:.3g}")
+    if schedule is not None and multi_pass(spec) and private:
+        lipschitz, gap = assumptions_of(spec)
+        need = presets.multi_pass_rows_needed(d, lipschitz, gap, spec.estimator.radius, opt.target_stationarity,
+                                              epsilon)
+        if n < need:
+            raise ValueError(f"optimizer.target_stationarity: {opt.target_stationarity:g} needs about {need} private "
+                             f"rows by Theorem 4.1; {n} are too few (or raise the target)")
     filled = _filled(spec, schedule) if schedule is not None else {}
     scheduled = spec.mechanism.kind == "scheduled_gaussian"
     if scheduled and spec.mechanism.difference_noise_multiplier == "auto":

@@ -335,6 +335,13 @@ def learning_rate(schedule: Schedule, d: int, lipschitz: float, node_std: float)
     return schedule.step_bound / math.sqrt(second_moment(schedule, d, lipschitz, node_std) * schedule.window)
 
 
+def multi_pass_rows_needed(d: int, lipschitz: float, initial_gap: float, radius: float, target: float,
+                           epsilon: float) -> int:
+    """Theorem 4.1's n for a target beta of the empirical certificate, constants and logs 1 (build study
+    §3.4): sqrt(Phi) L d^(3/4) / (epsilon alpha^(1/2) beta^(3/2))."""
+    return math.ceil(math.sqrt(initial_gap) * lipschitz * d ** 0.75 / (epsilon * math.sqrt(radius) * target ** 1.5))
+
+
 def rows_for_target(predict: Callable[[int], float], target: float, start: int) -> Optional[int]:
     """The smallest n whose predicted stationarity is at most ``target``."""
     return _needed_rows(lambda rows: predict(rows) <= target, max(2, start))

@@ -185,6 +185,12 @@ def test_too_few_rows_or_an_unreachable_target_names_the_rows_needed():
         _resolved("p1_o2nc_001", rows=10)
     with pytest.raises(ValueError, match=r"target_stationarity: 0.1 needs about \d+ private rows"):
         _resolved("p1_o2nc_001", rows=2000, optimizer={"target_stationarity": 0.1})
+    # the multi-pass algorithm plans its schedule for the target; Theorem 4.1 then needs sqrt(Phi) L d^(3/4) /
+    # (epsilon alpha^(1/2) beta^(3/2)) rows: 17 at beta = 0.5 on the example, 132 at beta = 0.125
+    assert presets.multi_pass_rows_needed(2, 1.5, 1.6, 0.3, 0.125, 1.0) == 132
+    with pytest.raises(ValueError, match=r"target_stationarity: 0.125 needs about 132 private rows by Theorem 4.1; "
+                                         r"100 are too few"):
+        _resolved("p1_o2nc_002_fo_multipass", rows=125, optimizer={"target_stationarity": 0.125})
 
 
 def test_the_preset_matches_the_build_studys_worked_example():
