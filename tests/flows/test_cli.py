@@ -1,4 +1,5 @@
-"""The privzo command line, run as a user would (subprocesses in a scratch directory)."""
+"""The privzo command line, run as a user would (subprocesses in a scratch directory; refusals that stop
+before anything starts are called in this process)."""
 import json
 import os
 import subprocess
@@ -17,6 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 def _privzo(args, cwd, timeout=300, **env_extra):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **env_extra)
     return subprocess.run(PRIVZO + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _in_process(args, cwd, monkeypatch, capsys, **env):
+    """(exit code, stderr) of ``privzo args`` called in this process: for refusals, whose entry point (exit
+    code, one stderr line) the subprocess tests cover; a new interpreter costs ~9 s of imports each."""
+    from flows import cli
+
+    monkeypatch.chdir(cwd)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = cli.main(args)
+    return code, capsys.readouterr().err
 
 
 def _write(tmp_path, data, name="spec.yaml"):
@@ -93,14 +106,14 @@ def test_calibrate_rejects_a_batch_larger_than_the_private_rows(tmp_path, tiny_s
     assert len(lines) == 1 and "sampling.expected_batch_size: 5000" in lines[0]
 
 
-def test_sweep_refuses_a_budgeted_or_registered_start_spec_and_creates_nothing(tmp_path):
+def test_sweep_refuses_a_budgeted_or_registered_start_spec_and_creates_nothing(tmp_path, monkeypatch, capsys):
     """A sweep cell is charged to no ledger and starts from the seed: the nightly retraining spec, which
     promises both, is refused in one line before Prefect, MLflow or a ledger is touched."""
-    proc = _privzo(["sweep", str(EXAMPLES / "digits_retrain.yaml"), "--epsilons", "1", "--seeds", "0",
-                    "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=tmp_path)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "digits-retrain" in lines[0] and "budget" in lines[0], proc.stderr
+    code, err = _in_process(["sweep", str(EXAMPLES / "digits_retrain.yaml"), "--epsilons", "1", "--seeds", "0",
+                             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "digits-retrain" in lines[0] and "budget" in lines[0], err
     assert list(tmp_path.iterdir()) == []
     import specs
     from flows.sweep import refusal
@@ -120,12 +133,12 @@ def test_sweep_refuses_a_budgeted_or_registered_start_spec_and_creates_nothing(t
     (["--out", "/etc/passwd/table.md"], "--out: cannot write /etc/passwd/table.md (/etc/passwd is a file)"),
     (["--out", "."], "--out: . is a folder"),
 ])
-def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path, args, message):
-    proc = _privzo(["sweep", str(EXAMPLES / "digits_dpzero.yaml"), "--tracking-uri",
-                    f"sqlite:///{tmp_path / 'mlflow.db'}", *args], cwd=tmp_path)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path, monkeypatch, capsys, args, message):
+    code, err = _in_process(["sweep", str(EXAMPLES / "digits_dpzero.yaml"), "--tracking-uri",
+                             f"sqlite:///{tmp_path / 'mlflow.db'}", *args], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
     assert list(tmp_path.iterdir()) == []  # no Prefect, no MLflow database
 
 
@@ -134,14 +147,15 @@ def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path
     ("sqlite:///missing/l.db", "budget: no ledger at sqlite:///missing/l.db"),
     ("notaurl", "--ledger: 'notaurl' is not a database URL"),
 ])
-def test_budget_reads_a_ledger_without_creating_one(tmp_path, ledger, message):
+def test_budget_reads_a_ledger_without_creating_one(tmp_path, monkeypatch, capsys, ledger, message):
     home = tmp_path / "home"
     home.mkdir()
-    proc = _privzo(["budget", "show", "patients", *(["--ledger", ledger] if ledger else [])], cwd=tmp_path,
-                   HOME=str(home))
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message.format(home=home) in lines[0], proc.stderr
+    monkeypatch.delenv("PRIVZO_LEDGER_URL", raising=False)
+    code, err = _in_process(["budget", "show", "patients", *(["--ledger", ledger] if ledger else [])], tmp_path,
+                            monkeypatch, capsys, HOME=str(home))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message.format(home=home) in lines[0], err
     assert list(tmp_path.iterdir()) == [home] and list(home.iterdir()) == []
 
 
@@ -153,15 +167,16 @@ def test_budget_reads_a_ledger_without_creating_one(tmp_path, ledger, message):
     (lambda d: None, ["--resume", "nosuch"], "resume: no checkpoint .privzo/checkpoints/tiny-digits/nosuch"),
     (lambda d: None, ["--resume", "latest"], "resume: no checkpoint of tiny-digits under .privzo/checkpoints"),
 ])
-def test_run_refuses_what_does_not_fit_before_prefect_starts(tmp_path, tiny_spec_dict, mutate, args, message):
+def test_run_refuses_what_does_not_fit_before_prefect_starts(tmp_path, monkeypatch, capsys, tiny_spec_dict, mutate,
+                                                             args, message):
     """Mistakes only the data, the model or the checkpoint folder reveal: one line, exit 2, nothing created
     (before, each came after a Prefect server start and its task tracebacks)."""
     mutate(tiny_spec_dict)
     spec = _write(tmp_path, tiny_spec_dict)
-    proc = _privzo(["run", "--no-progress", *args, str(spec)], tmp_path, timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+    code, err = _in_process(["run", "--no-progress", *args, str(spec)], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
 
