@@ -11,6 +11,11 @@ import yaml
 
 from tests.conftest import EXAMPLES
 
+# imported here, outside any test's output capture: Prefect binds its log handlers to the streams it finds
+# when first imported, and a capsys stream is closed after its test (the in-process refusals below)
+import flows.private_train  # noqa: E402,F401
+import flows.sweep  # noqa: E402,F401
+
 PRIVZO = [sys.executable, "-m", "flows.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
