@@ -2,9 +2,10 @@
 the node sensitivity the door checks every release against, the calibrated noise and the learning rate.
 
 Everything here reads public values only: n (public under replace-one; a Poisson multi-pass run, under
-add/remove, plans from its declared row count), the model's dimension, the spec's assumptions and the privacy target. The noise is calibrated by
-dp-accounting on the run's own event (the tree's J node releases, or 001's baseline's one Gaussian per
-row), never taken from the papers' conversions.
+add/remove, plans from its declared row count), the model's dimension, the spec's assumptions and the
+privacy target. The noise is calibrated by dp-accounting on the run's own event (the tree's J node releases,
+002's multi-pass restarts and differences, or 001's baseline's one Gaussian per row), never taken from the
+papers' conversions.
 """
 from __future__ import annotations
 
