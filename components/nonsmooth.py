@@ -71,10 +71,9 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
             raise ValueError("optimizer.preset: theory of paper 002's multi-pass algorithm sets its directions from "
                              "the privacy noise; a run without privacy gives its settings (preset: manual)")
         given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
-        batch = spec.sampling.expected_batch_size if spec.sampling.kind == "poisson" else None
         return presets.preset_002_multi_pass(n, d, lipschitz, gap, est.radius, spec.optimizer.target_stationarity,
                                              epsilon, delta, given or delta / 2, first_order=est.kind == "fo_spider",
-                                             batch=batch, coupled=coupled_directions(spec),
+                                             batch=spec.batch_size(n), coupled=coupled_directions(spec),
                                              constants=spec.optimizer.constants)
     if est.kind == "zo_naive":
         return presets.preset_001_naive(n, d, lipschitz, gap, est.radius, mu)
@@ -92,7 +91,7 @@ def _manual(spec, d: int, n: int) -> Schedule:
     naive = est.kind == "zo_naive"
     clip = getattr(mech, "clip", math.inf)
     if multi_pass(spec):
-        rows = sampling.expected_batch_size if sampling.kind == "poisson" else n
+        rows = spec.batch_size(n)  # n, or a Poisson batch's expected size
         ratio = 1.0
         if mech.kind == "scheduled_gaussian":  # the stds' ratio: multipliers times the clips they scale
             ratio = mech.difference_noise_multiplier * mech.difference_clip / (mech.noise_multiplier * mech.clip)
