@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from components import models
-from components.accountants import Accountant, OncePerRowTracker, PrivacyTracker, ScheduledTracker, TreeTracker
+from components.accountants import (Accountant, FilterTracker, OncePerRowTracker, PrivacyTracker, ScheduledTracker,
+                                   TreeTracker)
 from components.data import (
     build_sampler,
     SplitData,
@@ -49,7 +50,7 @@ from components.randomness import (
 )
 from components.runtime import LocalBackend, PrivateLoop
 from specs import RunSpec
-from specs.run import O2NC_KINDS, SPIDER_KINDS
+from specs.run import KL_KINDS, O2NC_KINDS, SPIDER_KINDS
 
 
 def load_data(spec: RunSpec) -> SplitData:
@@ -85,7 +86,12 @@ def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = 
         from components.data.sources import Table
         from components.problems import load_w_linear
 
-        rows = load_w_linear(source.dimension, source.rows, source.noise_radius, source.data_seed)
+        if source.problem == "w_linear":
+            rows = load_w_linear(source.dimension, source.rows, source.noise_radius, source.data_seed)
+        else:  # paper 003's problems
+            from components.problems.kl import kl_rows
+
+            rows = kl_rows(source.problem, source.dimension, source.rows, source.data_seed)
         return Table(source.name, rows, np.zeros(len(rows), dtype=np.int64), 1, None,
                      layout=f"synthetic:{source.problem}:{source.dimension}:{source.noise_radius}:{source.data_seed}"), "none"
     if source.kind == "text":
@@ -152,7 +158,14 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
         from components.problems import WLinear
 
         source = spec.data.source
-        return WLinear(torch.full((source.dimension,), float(source.start), dtype=torch.float64))
+        start = torch.full((source.dimension,), float(source.start), dtype=torch.float64)
+        if source.problem != "w_linear":
+            from components.kl import synthetic_rows
+            from components.problems.kl import KlObjective
+
+            # its exact evaluation reads the simulated rows, a public function of the spec (every row is private)
+            return KlObjective(source.problem, start, synthetic_rows(spec))
+        return WLinear(start)
     model = _meta_model(spec, n_features, n_classes).to_empty(device="cpu")
     models.initialise_(model, gen)
     return model
@@ -190,6 +203,10 @@ def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
         return ZoSpiderEstimator(est.variant, est.radius, dimension, spider_period(spec), est.start_directions,
                                  est.directions, clip, difference_clip, spec.optimizer.step_bound, keyed,
                                  est.coupling == "coupled")
+    if est.kind == "full_gradient":
+        from components.estimators.full_gradient import FullGradientEstimator
+
+        return FullGradientEstimator(adaptive=spec.optimizer.kind == "adaptive_noisy_gd")
     if est.kind == "zo_naive":
         clip = spec.mechanism.clip if spec.mechanism.kind == "gaussian" else math.inf
         return ZoNaiveEstimator(est.radius, dimension, est.directions, clip)
@@ -246,9 +263,14 @@ def spec_sampler(spec: RunSpec, n_private: Optional[int] = None, generator: Opti
 
 def planned_event(spec: RunSpec, n_private: Optional[int], sigma: float):
     """The whole planned run: the sampler's event of Gaussian(sigma), composed over the planned steps. A
-    single pass: with a tree, a row's J node releases (the tree's event); with a Gaussian, its one release."""
+    single pass: with a tree, a row's J node releases (the tree's event); with a Gaussian, its one release.
+    Paper 003's runs: their plan, or their filter's budget (sigma: the one Gaussian it equals)."""
     import dp_accounting
 
+    if spec.optimizer.kind in KL_KINDS:
+        from components import kl
+
+        return kl.planned_event(spec, spec.public_rows(n_private), sigma)
     if spec.sampling.kind == "single_pass":
         if spec.mechanism.kind == "tree_aggregation":
             return tree_event(sigma, spec.sampling.period)
@@ -278,6 +300,10 @@ def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None, dimension: O
         from components.nonsmooth import resolve_o2nc
 
         return resolve_o2nc(spec, n_private, dimension)
+    if spec.optimizer.kind in KL_KINDS:
+        from components.kl import resolve_kl
+
+        return resolve_kl(spec, n_private, dimension)
     rate = spec_sampler(spec, n_private).rate  # also checks the batch size against the rows
     if spec.mechanism.kind == "none":
         return spec.resolved(n_private=n_private, noise_multiplier=None), rate, math.inf
@@ -293,7 +319,8 @@ def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None, dimension: O
 
 def plan(spec: RunSpec, data: SplitData):
     """resolve_privacy for a spec and its loaded data (O2NC's presets need the model's dimension)."""
-    dimension = model_dimension(spec, data.n_features, data.n_classes) if spec.optimizer.kind == "o2nc" else None
+    planned = spec.optimizer.kind == "o2nc" or spec.optimizer.kind in KL_KINDS
+    dimension = model_dimension(spec, data.n_features, data.n_classes) if planned else None
     return resolve_privacy(spec, len(data.private), dimension)
 
 
@@ -311,8 +338,19 @@ def device_for(spec: RunSpec) -> torch.device:
     return torch.device(wanted)
 
 
-def build_optimizer(spec: RunSpec, directions: Directions, model: Optional[torch.nn.Module] = None):
+def build_optimizer(spec: RunSpec, directions: Directions, model: Optional[torch.nn.Module] = None,
+                    n_private: Optional[int] = None):
     opt = spec.optimizer
+    if opt.kind in KL_KINDS:
+        from components import kl
+        from components.optimizers.kl import AdaptiveNoisyGd, KlSpider, ProximalPoint
+
+        plan = kl.plan_for(spec, spec.public_rows(n_private), directions.dim, float(spec.mechanism.noise_multiplier))
+        if opt.kind == "kl_spider":
+            return KlSpider(directions, plan)
+        if opt.kind == "proximal_point":
+            return ProximalPoint(directions, plan)
+        return AdaptiveNoisyGd(directions, plan, opt.select)
     if opt.kind == "o2nc":
         oracle = None
         if getattr(model, "objective", None) == "w_linear":
@@ -346,7 +384,7 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     params = models.trainable_parameters(model)
     directions = build_directions(spec, params)
     estimator = build_estimator(spec, directions.dim)
-    optimizer = build_optimizer(spec, directions, model)
+    optimizer = build_optimizer(spec, directions, model, len(data.private))
     rows = data.private if with_private_rows else data.private.__class__(
         data.private.features[:0], data.private.labels[:0], [])
     x = torch.as_tensor(rows.features, device=device)
@@ -409,7 +447,21 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
             public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
     sampler = spec_sampler(spec, n_private, sampling_generator)
     tree = spec.estimator.kind in SPIDER_KINDS
-    if spec.mechanism.kind == "none":
+    if spec.optimizer.kind in KL_KINDS:  # a privacy filter over the plan (paper 003)
+        from components import kl
+        from components.mechanisms.full_batch import FullBatchGaussian
+
+        plan = parts.optimizer.plan
+        mechanism = FullBatchGaussian(float(spec.mechanism.clip), spec.public_rows(n_private),
+                                      float(spec.mechanism.noise_multiplier), noise_generator)
+        if seeded:
+            mechanism.noise_source = "seeded"
+        budget = plan.budget + plan.selection_rho if isinstance(plan, kl.AdaptivePlan) else kl.rho_of(
+            float(spec.mechanism.noise_multiplier))
+        tracker = FilterTracker(accountant(spec), kl.charged_event(spec, plan), budget, float(spec.privacy.delta),
+                                threshold=plan.threshold if isinstance(plan, kl.AdaptivePlan) else None,
+                                step_cost_bound=kl.step_cost_bound(plan))
+    elif spec.mechanism.kind == "none":
         # a spider oracle's twin: the running sums restarted every period, with no noise and no clip
         mechanism = NoiselessTree(estimator.period) if tree else NoMechanism(estimator.queries_per_step)
         tracker = PrivacyTracker(accountant(spec), mechanism.step_event(), 0.0)

@@ -111,6 +111,9 @@ class CheckpointStore:
         if bound <= loop["privacy_steps"]:
             return state
         charged = {**loop, "privacy_steps": bound}
+        if "privacy_spent" in intent:  # a privacy filter: every step of the chunk at its most
+            charged["privacy_spent"] = float(intent["privacy_spent"]) + float(intent["step_cost_bound"]) * (
+                int(intent["until"]) - int(intent["from_step"]))
         if "privacy_starts" in loop:  # two release classes: the chunk's restarts, by their step numbers
             charged["privacy_starts"] = int(intent["privacy_starts"]) + starts_in(
                 int(intent["period"]), int(intent["from_step"]), int(intent["until"]))
@@ -199,6 +202,8 @@ class Checkpointer:
         intent = {"from_step": loop.step, "privacy_steps": loop.tracker.steps, "until": until}
         if hasattr(loop.tracker, "starts"):
             intent.update(privacy_starts=loop.tracker.starts, period=loop.tracker.period)
+        if hasattr(loop.tracker, "spent"):
+            intent.update(privacy_spent=loop.tracker.spent, step_cost_bound=loop.tracker.step_cost_bound)
         self.store.write_intent(intent)
 
     def rewind(self, loop) -> int:
@@ -217,6 +222,7 @@ class Checkpointer:
         still counts the steps it discarded."""
         if self.last is not None:
             self.last = {**self.last, "privacy_steps": loop.tracker.steps,
-                         **({"privacy_starts": loop.tracker.starts} if hasattr(loop.tracker, "starts") else {})}
+                         **({"privacy_starts": loop.tracker.starts} if hasattr(loop.tracker, "starts") else {}),
+                         **({"privacy_spent": loop.tracker.spent} if hasattr(loop.tracker, "spent") else {})}
             self.store.save({**self.binding, "loop": self.last})
             self.store.clear_intent()  # the count is exact now

@@ -143,6 +143,8 @@ def trajectory_end(spec: specs.RunSpec, loop) -> int:
     """The step a run stops at. A private run may spend ``optimizer.steps`` private steps in all (its
     noise was calibrated for that many): steps discarded by a retry or charged to a killed process
     shorten its trajectory instead of raising its epsilon."""
+    if loop.finished:  # paper 003's optimizers stop on their own (phases done, the filter's budget spent)
+        return loop.step
     if not spec.private:
         return spec.optimizer.steps
     return loop.step + max(0, spec.optimizer.steps - loop.tracker.steps)

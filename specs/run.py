@@ -62,6 +62,8 @@ class RunSpec(Strict):
             values += [self.privacy.delta, self.mechanism.noise_multiplier, self.mechanism.clip]
         if self.optimizer.kind == "o2nc":
             values += [self.optimizer.step_bound, self.optimizer.lr, self.optimizer.window, self.optimizer.restart]
+        if self.optimizer.kind == "adaptive_noisy_gd":
+            values += [self.optimizer.lr]
         if self.sampling.kind == "single_pass":
             values += [self.sampling.start_batch, self.sampling.period]
         if self.estimator.kind in SPIDER_KINDS:
@@ -142,11 +144,14 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     """Rules that involve more than one field; each message names its fields and the fix."""
     problems: List[str] = []
     opt = spec.optimizer
-    theory = opt.kind == "o2nc" and opt.preset != "manual"
+    theory = (opt.kind == "o2nc" and opt.preset != "manual") or opt.kind in KL_KINDS
     if opt.steps == "auto" and opt.epochs is None and not theory:
         problems.append("optimizer: give epochs or steps (steps: auto needs epochs)")
     if opt.kind == "o2nc" and opt.epochs is not None:
         problems.append("optimizer.epochs: o2nc runs a single pass; give steps, or steps: auto with preset: theory")
+    if opt.kind in KL_KINDS and opt.epochs is not None:
+        problems.append(f"optimizer.epochs: {opt.kind} plans its own releases from the theorem; remove epochs "
+                        "(steps: auto)")
     if opt.steps != "auto" and opt.epochs is not None:
         problems.append("optimizer: give one of epochs or steps, not both")
     if spec.mechanism.kind == "none" and spec.privacy is not None:
@@ -190,6 +195,7 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     est = spec.estimator
     split = spec.data.split
     problems += nonsmooth_problems(spec)
+    problems += kl_problems(spec)
     if est.kind not in O2NC_KINDS and getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
         problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
     ex = spec.execution
@@ -216,6 +222,9 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if split.kind in ("fraction", "hashed"):
         if split.imbalance is not None and split.public == 0.0:
             problems.append("data.split.imbalance: needs a public fraction > 0")
+        if split.test == 0 and spec.data.source.kind != "synthetic":
+            problems.append("data.split.test: 0 leaves nothing to evaluate on; only a synthetic source (exact "
+                            "evaluation) may hold no test rows")
         if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
             problems.append("data.split: public and test fractions leave no private rows")
     source = spec.data.source
@@ -256,6 +265,66 @@ SPIDER_KINDS = ("zo_spider", "fo_spider")  # increments released by tree aggrega
 O2NC_KINDS = ("zo_spider", "fo_spider", "zo_naive")  # the nonsmooth oracles (O2NC's query points)
 # paper 002's multi-pass algorithm: every row in every step, or a Poisson batch a step (its footnote 2)
 MULTI_PASS_SAMPLING = ("full_batch", "poisson")
+
+
+KL_KINDS = ("kl_spider", "proximal_point", "adaptive_noisy_gd")  # paper 003's optimizers
+KL_PROBLEMS = ("mean_pl", "quartic_balanced", "pl_sine", "abs_three_halves", "logistic_nonconvex")
+# what each optimizer's preset reads of the assumptions (a synthetic KL problem knows its own)
+KL_ASSUMPTIONS = {"kl_spider": ("lipschitz", "smoothness", "initial_gap", "kl"),
+                  "proximal_point": ("lipschitz", "weak_convexity", "initial_gap", "kl"),
+                  "adaptive_noisy_gd": ("lipschitz", "smoothness")}
+
+
+def kl_problems(spec: RunSpec) -> List[str]:
+    """The rules of paper 003's algorithms (full-batch first order under replace-one, zCDP-style accounting)."""
+    problems: List[str] = []
+    est, mech, sampling, opt = spec.estimator, spec.mechanism, spec.sampling, spec.optimizer
+    source = spec.data.source
+    kl_opt = opt.kind in KL_KINDS
+    if (est.kind == "full_gradient") != kl_opt:
+        problems.append("estimator.kind: full_gradient and the optimizers kl_spider, proximal_point and "
+                        "adaptive_noisy_gd go together (they plan its releases)")
+    if not kl_opt:
+        if mech.kind in ("planned_gaussian", "adaptive_gaussian"):
+            problems.append(f"mechanism.kind: {mech.kind} releases paper 003's optimizers (kl_spider, "
+                            "proximal_point, adaptive_noisy_gd); use gaussian")
+        if source.kind == "synthetic" and source.problem in KL_PROBLEMS and opt.kind == "o2nc":
+            problems.append(f"data.source.problem: {source.problem} is paper 003's; o2nc's presets know w_linear only")
+        return problems
+    if sampling.kind != "full_batch":
+        problems.append(f"sampling.kind: {opt.kind} reads every private row every step; use full_batch")
+    wanted = "adaptive_gaussian" if opt.kind == "adaptive_noisy_gd" else "planned_gaussian"
+    if mech.kind not in (wanted, "none"):
+        problems.append(f"mechanism.kind: {opt.kind} releases by {wanted} (or none, a non-private twin), not {mech.kind}")
+    if source.kind == "synthetic" and source.problem not in KL_PROBLEMS:
+        problems.append(f"data.source.problem: {opt.kind} needs a smooth or weakly convex problem; use one of "
+                        f"{', '.join(KL_PROBLEMS)}")
+    if spec.privacy is not None and spec.privacy.noise == "secure":
+        problems.append(f"privacy.noise: secure is not available with {opt.kind} yet; use fast or auto")
+    accountant = spec.privacy.accountant if spec.privacy is not None else None
+    if accountant == "pld" and mech.kind == "adaptive_gaussian" and (
+            mech.filter == "zcdp" or getattr(opt, "select", "last") == "exponential"):
+        why = "the zcdp filter" if mech.filter == "zcdp" else "the exponential-mechanism selection"
+        problems.append(f"privacy.accountant: pld has no form for {why} (a zCDP event); use rdp or zcdp")
+    if source.kind != "synthetic" or source.problem not in KL_PROBLEMS:
+        given = spec.assumptions
+        missing = [name for name in KL_ASSUMPTIONS[opt.kind]
+                   if given is None or getattr(given, name) in ("auto", None)]
+        if missing:
+            problems.append(f"assumptions.{missing[0]}: {opt.kind}'s preset needs "
+                            f"{', '.join(KL_ASSUMPTIONS[opt.kind])} (a synthetic KL problem knows its own)")
+    kl = spec.assumptions.kl if spec.assumptions is not None else None
+    if kl is not None and opt.kind == "kl_spider" and not 1.0 <= kl.kappa <= 2.0:
+        problems.append(f"assumptions.kl.kappa: kl_spider is for kappa in [1, 2], not {kl.kappa:g}; use "
+                        "proximal_point for kappa >= 2")
+    if kl is not None and opt.kind == "proximal_point" and kl.kappa < 2.0:
+        problems.append(f"assumptions.kl.kappa: proximal_point is for kappa >= 2, not {kl.kappa:g}; use kl_spider")
+    if source.kind == "synthetic" and source.problem in KL_PROBLEMS:
+        split = spec.data.split
+        if split.kind != "fraction" or split.public != 0 or split.test != 0:
+            problems.append("data.split: a KL problem's risk is over every simulated row (its closed-form "
+                            "minimiser); use {kind: fraction, public: 0, test: 0}")
+    return problems
 
 
 def nonsmooth_problems(spec: RunSpec) -> List[str]:

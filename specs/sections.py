@@ -166,7 +166,12 @@ class SyntheticSource(Strict):
     reads no row."""
 
     kind: Literal["synthetic"]
-    problem: Literal["w_linear"] = "w_linear"
+    problem: Literal["w_linear", "mean_pl", "quartic_balanced", "pl_sine", "abs_three_halves",
+                     "logistic_nonconvex"] = Field(
+        "w_linear", description="w_linear (P1, papers 001/002); the KL problems of paper 003 (build study "
+        "§6.1): mean_pl (kappa 2), quartic_balanced (kappa 4/3), pl_sine (kappa 2, nonconvex), abs_three_halves "
+        "(kappa 3), logistic_nonconvex (no KL: stationary points). Their risk is empirical, over every simulated "
+        "row: use data.split test 0 and public 0.")
     dimension: PositiveInt = Field(4, le=4096, description="d: the problem's dimension (= the model's parameters).")
     rows: int = Field(..., ge=10, le=10_000_000, description="Rows simulated (before the split).")
     noise_radius: float = Field(0.5, ge=0.0, le=1.0, description="r_xi: the rows' norm.")
@@ -195,7 +200,8 @@ class _Fractions(Strict):
     public: float = Field(0.0, ge=0.0, lt=1.0, description="Share of the training rows used as public data, "
                           "without noise: a simulation of public data, or for data any row of which may be public "
                           "(otherwise use the column or source split).")
-    test: Probability = 0.2
+    test: float = Field(0.2, ge=0.0, lt=1.0, description="Share of all rows held out for evaluation (0 only for "
+                        "a synthetic source, whose evaluation is exact).")
     imbalance: Optional[List[Annotated[float, Field(gt=0.0, le=1.0)]]] = None
 
     @property
@@ -557,9 +563,18 @@ class ZoNaiveEstimator(Strict):
     directions: PositiveInt = 1
 
 
+class FullGradientEstimator(Strict):
+    """Paper 003's first-order oracle (kl_spider, proximal_point, adaptive_noisy_gd): the mean over every
+    private row of per-example gradients clipped in L2 to mechanism.clip (L0), or of per-example gradient
+    differences between two iterates clipped to the optimizer's schedule (kl_spider). Not forward-only."""
+
+    kind: Literal["full_gradient"]
+
+
 EstimatorSpec = Annotated[
     Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator,
-          FirstOrderEstimator, GepEstimator, ZoSpiderEstimator, FoSpiderEstimator, ZoNaiveEstimator],
+          FirstOrderEstimator, GepEstimator, ZoSpiderEstimator, FoSpiderEstimator, ZoNaiveEstimator,
+          FullGradientEstimator],
     Field(discriminator="kind"),
 ]
 
@@ -608,13 +623,43 @@ class ScheduledGaussianMechanism(Strict):
         "auto", description="A difference's std / Delta (auto: the paper's ratio of stds to the restart's).")
 
 
+class PlannedGaussianMechanism(Strict):
+    """Paper 003's fixed-plan releases (kl_spider, proximal_point): every release a Gaussian of the std the
+    preset's schedule gives it, all stds scaled by one factor so that the planned releases compose to
+    exactly one Gaussian of multiplier noise_multiplier (rho = 1 / (2 noise_multiplier^2) in zCDP). The run
+    is charged that plan whether or not it stops early, and can never release past it."""
+
+    kind: Literal["planned_gaussian"]
+    clip: Union[PositiveFloat, Auto] = Field("auto", description="C0, the per-example gradient clip (auto: "
+                                             "assumptions.lipschitz, L0). A difference's clip comes from the plan.")
+    noise_multiplier: Union[PositiveFloat, Auto] = Field(
+        "auto", description="The multiplier of the one Gaussian the whole plan equals (auto: calibrated on the "
+        "privacy target).")
+
+
+class AdaptiveGaussianMechanism(Strict):
+    """Paper 003's adaptive noisy GD (its Algorithm 3): each step releases a noisy norm of the clipped mean
+    gradient, then the gradient with noise set from that released norm; a privacy filter adds each
+    release's exact cost and stops the run before the budget can be passed. The run is charged the filter's
+    budget (plus the exponential-mechanism selection with optimizer.select exponential)."""
+
+    kind: Literal["adaptive_gaussian"]
+    clip: Union[PositiveFloat, Auto] = Field("auto", description="C0 (auto: assumptions.lipschitz, L0).")
+    filter: Literal["gdp", "zcdp"] = Field(
+        "gdp", description="gdp: the filter of Smith and Thakurta (charged as one Gaussian); zcdp: Whitehouse et "
+        "al.'s (charged as a zCDP event; accountant rdp or zcdp).")
+    noise_multiplier: Union[PositiveFloat, Auto] = Field(
+        "auto", description="The multiplier of the one Gaussian the whole budget equals (auto: calibrated).")
+
+
 class NoMechanism(Strict):
     """No clipping and no noise: a non-private run (MeZO with two_point). Labelled not private everywhere."""
 
     kind: Literal["none"]
 
 
-MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism, TreeAggregationMechanism, ScheduledGaussianMechanism],
+MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism, TreeAggregationMechanism, ScheduledGaussianMechanism,
+                                PlannedGaussianMechanism, AdaptiveGaussianMechanism],
                           Field(discriminator="kind")]
 
 
@@ -784,7 +829,66 @@ class O2ncOptimizer(_Schedule):
         return self
 
 
-OptimizerSpec = Annotated[Union[SgdOptimizer, AdamOptimizer, O2ncOptimizer], Field(discriminator="kind")]
+# the constants paper 003's presets hide: KL-Spider's phase count (64) and noise floor (32), PPM's outer steps (32)
+KL_CONSTANTS = {"kl_spider": ("c_K", "c_floor"), "proximal_point": ("c_T",), "adaptive_noisy_gd": ()}
+
+
+class _KlPreset(_Schedule):
+    preset: Literal["theory", "theory_shape"] = "theory"
+    constants: Dict[str, PositiveFloat] = Field(
+        {}, description="preset theory_shape: the paper's constants, each 1 unless given (kl_spider: c_K, "
+        "c_floor; proximal_point: c_T). Privacy never rests on them: the noise is calibrated on the plan.")
+
+    @model_validator(mode="after")
+    def _constants_are_known(self):
+        allowed = KL_CONSTANTS[self.kind]
+        unknown = sorted(set(self.constants) - set(allowed))
+        if unknown:
+            raise ValueError(f"constants: unknown {unknown[0]!r}; allowed: {', '.join(allowed) or 'none'}")
+        if self.constants and self.preset != "theory_shape":
+            raise ValueError("constants: only with preset theory_shape (preset theory takes the paper's)")
+        return self
+
+
+class KlSpiderOptimizer(_KlPreset):
+    """Paper 003's KL-Spider (Algorithm 1, kappa in [1, 2], smooth losses): phases of shrinking target excess
+    risk, each a noisy full gradient then noisy gradient differences, normalised steps of a fixed length, and
+    a phase ends early once the estimated gradient is small. Every setting follows from n, d, the privacy
+    target and the assumptions (preset theory: the paper's constants 64 and 32; theory_shape: 1 each)."""
+
+    kind: Literal["kl_spider"]
+
+
+class ProximalPointOptimizer(_KlPreset):
+    """Paper 003's private proximal point method (Algorithm 2, kappa >= 2, weakly convex losses): each outer
+    step solves F(w) + L~1 |w - w_prev|^2 with projected noisy GD (Algorithm 4: steps 1 / (L~1 s), a ball of
+    radius L0 / (2 L~1), the s-weighted average)."""
+
+    kind: Literal["proximal_point"]
+    log_factor: bool = Field(True, description="Keep Theorem 9's log^2(2 / beta') in the inner steps (theory_shape "
+                             "may drop it: n^2 rho / d inner steps).")
+
+
+class AdaptiveNoisyGdOptimizer(_Schedule):
+    """Paper 003's adaptive noisy GD (Algorithm 3): step 1 / (2 L1), each step's noise proportional to a
+    privately estimated gradient norm, run until the privacy filter's budget is spent; needs no KL
+    parameter. select: last outputs w_T (Theorem 4); exponential picks an iterate by the exponential
+    mechanism on its clipped gradient norm (Theorem 5, stationary points), charged as its own event."""
+
+    kind: Literal["adaptive_noisy_gd"]
+    select: Literal["last", "exponential"] = "last"
+    lr: Union[PositiveFloat, Auto] = Field("auto", description="eta (auto: 1 / (2 L1)).")
+
+
+OptimizerSpec = Annotated[Union[SgdOptimizer, AdamOptimizer, O2ncOptimizer, KlSpiderOptimizer, ProximalPointOptimizer,
+                                AdaptiveNoisyGdOptimizer], Field(discriminator="kind")]
+
+
+class KlSpec(Strict):
+    """(gamma, kappa)-KL*: F(w) - F* <= gamma^kappa |grad F(w)|^kappa on the ball (kappa = 2: PL)."""
+
+    gamma: PositiveFloat
+    kappa: float = Field(..., ge=1.0, le=8.0)
 
 
 class AssumptionsSpec(Strict):
@@ -796,6 +900,14 @@ class AssumptionsSpec(Strict):
     concentration_delta: Optional[Probability] = Field(
         None, description="delta_0 of paper 002's clip levels (default: privacy.delta / 2); privacy rests on the "
         "clips, not on it.")
+    smoothness: Union[PositiveFloat, Auto] = Field("auto", description="L1: grad f is L1-Lipschitz (paper 003).")
+    weak_convexity: Union[PositiveFloat, Auto] = Field("auto", description="L~1: f + L~1 |w|^2 / 2 is convex "
+                                                       "(paper 003's proximal point).")
+    kl: Optional[KlSpec] = Field(None, description="(gamma, kappa) of the KL* condition (paper 003).")
+    radius: Union[PositiveFloat, Auto] = Field("auto", description="B: the ball around the start on which the "
+                                               "assumptions hold (a synthetic source's default: 1).")
+    failure_probability: Probability = Field(0.1, description="beta of paper 003's theorems (sets thresholds "
+                                             "and logs; privacy does not depend on it).")
 
 
 # ---------------------------------------------------------------- execution and tracking

@@ -1,7 +1,9 @@
 """Privacy accountants (rdp, pld, zcdp) over dp-accounting DpEvents, noise calibration and DpEvent (de)serialisation."""
 from components.accountants.accounting import (
     Accountant,
+    FilterTracker,
     OncePerRowTracker,
+    PrivacyFilterError,
     PrivacyTracker,
     ScheduledTracker,
     TreeTracker,
@@ -11,4 +13,4 @@ from components.accountants.accounting import (
     event_to_json,
 )
 
-__all__ = ["Accountant", "OncePerRowTracker", "PrivacyTracker", "ScheduledTracker", "TreeTracker", "ZCdpAccountant", "describe_event", "event_from_json", "event_to_json"]
+__all__ = ["Accountant", "FilterTracker", "PrivacyFilterError", "OncePerRowTracker", "PrivacyTracker", "ScheduledTracker", "TreeTracker", "ZCdpAccountant", "describe_event", "event_from_json", "event_to_json"]

@@ -315,6 +315,45 @@ class ScheduledTracker(PrivacyTracker):
         return scheduled_event(*self.multipliers, self.starts, self.steps - self.starts, self.wrap)
 
 
+class PrivacyFilterError(RuntimeError):
+    """A release would take the realised spend past the run's budget: it is refused before it exists."""
+
+
+class FilterTracker(PrivacyTracker):
+    """A privacy filter (paper 003's runs): every release's exact zCDP cost is charged before it exists and
+    refused past ``budget``; while the realised spend is at most ``threshold`` another step may start (its
+    releases cost at most budget - threshold). The costs may depend on earlier releases (adaptive noise,
+    early stops), and rho-zCDP / mu-GDP filters make the whole run ``charged`` (Whitehouse et al. 2022;
+    Smith and Thakurta 2022): the run is charged that, the plan or the budget, whatever it executed. The
+    realised spend is shown, never reported as the guarantee."""
+
+    def __init__(self, accountant: Accountant, charged: dp_accounting.DpEvent, budget: float, delta: float,
+                 threshold: Optional[float] = None, step_cost_bound: float = 0.0):
+        super().__init__(accountant, charged, delta)
+        self.budget = float(budget)
+        self.threshold = self.budget if threshold is None else float(threshold)
+        self.step_cost_bound = float(step_cost_bound)
+        self.spent = 0.0
+
+    def charge(self, cost: float) -> None:
+        if not (cost >= 0 and math.isfinite(cost)):
+            raise PrivacyFilterError(f"privacy filter: a release of cost {cost} cannot be accounted")
+        if self.spent + cost > self.budget * (1 + 1e-12):
+            raise PrivacyFilterError(f"privacy filter: a release of zCDP cost {cost:.4g} would take the spend "
+                                     f"{self.spent:.6g} past the budget {self.budget:.6g}; refused")
+        self.spent += cost
+
+    def open(self) -> bool:
+        """Whether another step may start."""
+        return self.spent <= self.threshold * (1 + 1e-12)
+
+    def affords(self, cost: float) -> bool:
+        return self.spent + cost <= self.budget * (1 + 1e-12)
+
+    def event(self) -> dp_accounting.DpEvent:
+        return dp_accounting.NoOpDpEvent() if self.steps == 0 else self.step_event
+
+
 class OncePerRowTracker(PrivacyTracker):
     """A single pass with one Gaussian release per step: every row is in exactly one release, so the run's
     event is that one Gaussian however many steps ran (parallel composition over disjoint batches)."""

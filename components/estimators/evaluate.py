@@ -27,6 +27,7 @@ from components.estimators.queries import (
     FiniteDifferences,
     LossValues,
     PerExampleBall,
+    PerExampleGradientAt,
     PerExampleGradients,
     PerExampleSphere,
     Query,
@@ -371,6 +372,29 @@ def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
     return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
 
 
+def exact_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                        query: PerExampleGradientAt) -> Tuple[torch.Tensor, ...]:
+    """sum_i clip(g_i) of a PerExampleGradientAt query, one float64 tensor per parameter (per-example gradients
+    through torch.func, a bounded number of rows at a time; a non-finite g_i counts as nothing)."""
+    flat, other, loss_at, sizes, shapes = _flat_loss(model, params, loss, query)
+    d = sum(sizes)
+    gradients = vmap(grad(loss_at), in_dims=(None, 0, 0))
+    rows = max(1, SPHERE_POINT_BYTES // (4 * d * flat.element_size()))
+    total = torch.zeros(d, dtype=torch.float64, device=flat.device)
+    for start in range(0, len(y), rows):
+        xs, ys = x[start:start + rows], y[start:start + rows]
+        with torch.enable_grad():
+            if query.kind == "gradient":
+                g = gradients(flat if other is None else other, xs, ys).detach().double()
+            else:
+                g = (gradients(flat, xs, ys).detach().double() - gradients(other, xs, ys).detach().double())
+        if not math.isinf(query.clip):
+            factors = _clip_factors(torch.linalg.vector_norm(g, dim=1), query.clip)
+            g = _finite_rows(g, factors) * factors[:, None]
+        total += g.sum(dim=0)
+    return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
+
+
 def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
                    clip: float):
     """The only thing a backend returns for a query: clipped per-example sums (or clipped-vector
@@ -390,6 +414,8 @@ def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tens
             query = dataclasses.replace(query, clip=math.inf)
         if isinstance(query, PerExampleBall):
             return ball_sums(model, directions.params, loss, x, y, query)
+        if isinstance(query, PerExampleGradientAt):
+            return exact_gradient_sums(model, directions.params, loss, x, y, query)
         return sphere_sums(model, directions.params, loss, x, y, query)
     if isinstance(query, EmbeddedGradients):
         return embedded_gradient_sums(model, directions.params, loss, x, y, query.basis, clip, query.residual_clip)

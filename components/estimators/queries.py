@@ -176,6 +176,32 @@ class PerExampleBall(PerExampleSphere):
             raise ValueError("ball query: a difference needs the offset to the previous point, a gradient none")
 
 
+EXACT_KINDS = ("gradient", "gradient_difference")
+
+
+@dataclass(frozen=True, eq=False)
+class PerExampleGradientAt(PerExampleSphere):
+    """Paper 003's full-batch first-order oracle: per example i, with p the parameters,
+
+        gradient:            g_i = grad f(p + offset; x_i)    (offset None: at p)
+        gradient_difference: g_i = grad f(p; x_i) - grad f(p + offset; x_i)
+
+    clipped in L2 to ``clip``; the backend returns the sum, one float64 tensor per parameter. No random
+    points: ``directions`` is 1 and ``smoothing`` 0. Not forward-only."""
+
+    def __post_init__(self):
+        if self.kind not in EXACT_KINDS:
+            raise ValueError(f"gradient query: unknown kind {self.kind!r}; allowed: {', '.join(EXACT_KINDS)}")
+        if self.clip_mode != "vector":
+            raise ValueError(f"gradient query: clip_mode {self.clip_mode!r}; allowed: vector")
+        if self.kind == "gradient_difference" and self.offset is None:
+            raise ValueError("gradient query: a difference needs the offset to the other point")
+
+    @classmethod
+    def at(cls, kind: str, clip: float, offset=None) -> "PerExampleGradientAt":
+        return cls(kind, 1, 0, 0.0, "vector", float(clip), None if offset is None else tuple(offset))
+
+
 Query = Union[FiniteDifferences, LossValues, VectorFiniteDifferences, PerExampleGradients, EmbeddedGradients,
               PerExampleSphere]
 
@@ -189,3 +215,5 @@ class Update:
 
     terms: Tuple[Tuple[int, float], ...] = ()
     dense: Tuple[Tuple[Tuple[torch.Tensor, ...], float], ...] = ()
+    # public values an optimizer reads beside the update (paper 003's selected iterate)
+    info: Tuple[Tuple[str, float], ...] = ()

@@ -99,6 +99,10 @@ def per_example_loss(model: nn.Module, features: torch.Tensor, labels: torch.Ten
 @torch.inference_mode()
 def evaluate(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, batch_size: int = 4096) -> dict:
     """Accuracy and mean loss on a split that is not private training data (test or public)."""
+    exact = getattr(model, "exact_metrics", None)
+    if exact is not None:
+        # paper 003's problems: exact risk over the simulated rows (a public function of the spec)
+        return exact()
     if len(labels) == 0:
         return {"accuracy": float("nan"), "loss": float("nan")}
     if getattr(model, "objective", None):

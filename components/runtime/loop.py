@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
@@ -121,6 +122,59 @@ class StepContext:
         params = loop.backend.directions.params
         return self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
 
+    def request(self):
+        """The optimizer's next release (paper 003's optimizers plan their own): a public function of its
+        state and of the privacy filter's public spend."""
+        return self._loop.backend.optimizer.request(self._loop.tracker)
+
+    def release_full_batch(self, request):
+        """Paper 003's door: the mean over every private row of per-example vectors clipped at the request's
+        clip, plus Gaussian noise of the request's std; with ``norm_std`` first a noisy norm of that mean,
+        from which the request sets the vector's std (adaptive GD). Each release's exact cost is charged to
+        the privacy filter before it exists. Returns (released norm or None, released vector)."""
+        loop = self._loop
+        mechanism, tracker = loop.mechanism, loop.tracker
+        releases = 2 if request.norm_std is not None else 1
+        if self.used + releases > loop.estimator.queries_per_step:
+            raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + releases} noisy queries in step "
+                                     f"{self.step}, declared {loop.estimator.queries_per_step}")
+        query = request.query()
+        sums = loop.backend.query(query, self._indices, mechanism.clip)
+        if self.used == 0:
+            tracker.record_step()
+        norm, std = None, request.std
+        if request.norm_std is not None:
+            tracker.charge(mechanism.cost(query.clip, request.norm_std))
+            norm = mechanism.norm(sums, request.norm_std)
+            self.used += 1
+            std = request.std_for(norm)
+        tracker.charge(mechanism.cost(query.clip, std))
+        released = mechanism.vector(sums, std)
+        self.used += 1
+        del sums
+        params = loop.backend.directions.params
+        return norm, self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
+
+    def release_selection(self, request) -> int:
+        """Paper 003's Theorem 5: the index of one of ``request.offsets`` (iterates relative to the parameters)
+        drawn by the exponential mechanism on the norm of the clipped mean gradient there; the scores stay here."""
+        loop = self._loop
+        mechanism, tracker = loop.mechanism, loop.tracker
+        if self.used + 1 > loop.estimator.queries_per_step:
+            raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + 1} noisy queries in step {self.step}, "
+                                     f"declared {loop.estimator.queries_per_step}")
+        scores = []
+        for offset in request.offsets:
+            sums = loop.backend.query(request.query(offset), self._indices, mechanism.clip)
+            scores.append(math.sqrt(sum(float(t.pow(2).sum()) for t in mechanism.mean(sums))))
+        if self.used == 0:
+            tracker.record_step()
+        tracker.charge(request.cost)
+        self.used += 1
+        index = mechanism.select(scores, request.scale)
+        del scores
+        return index
+
     def offset_to_previous(self):
         """z_(t-1) - z_t: the previous query point relative to this one (O2NC's public geometry)."""
         offset = self._loop.backend.optimizer.offset_to_previous()
@@ -154,8 +208,14 @@ class PrivateLoop:
     journal: List[JournalEntry] = field(default_factory=list)
     released: List[Tuple[int, Tuple[float, ...]]] = field(default_factory=list)
 
+    @property
+    def finished(self) -> bool:
+        """An optimizer that stops on its own (paper 003's: phases done, or the filter's budget spent) says so."""
+        done = getattr(self.backend.optimizer, "done", None)
+        return done is not None and bool(done(self.tracker))
+
     def run(self, until: int, on_step: Optional[Callable[[int], None]] = None) -> None:
-        while self.step < until:
+        while self.step < until and not self.finished:
             sample_at = getattr(self.sampler, "sample_at", None)
             # a single pass reads fresh rows for every step ever executed (discarded ones included)
             indices = self.sampler.sample() if sample_at is None else sample_at(self.step, self.tracker.steps)
@@ -198,6 +258,8 @@ class PrivateLoop:
             "privacy_steps": self.tracker.steps,
             # a tracker of two release classes (ScheduledTracker) also counts the restarts among them
             **({"privacy_starts": self.tracker.starts} if hasattr(self.tracker, "starts") else {}),
+            # a privacy filter's realised spend (public: a function of the plan and of released values)
+            **({"privacy_spent": self.tracker.spent} if hasattr(self.tracker, "spent") else {}),
         }
 
     @torch.no_grad()
@@ -219,6 +281,8 @@ class PrivateLoop:
             self.tracker.steps = int(state["privacy_steps"])
             if hasattr(self.tracker, "starts"):
                 self.tracker.starts = int(state["privacy_starts"])
+            if hasattr(self.tracker, "spent"):
+                self.tracker.spent = float(state["privacy_spent"])
         # a tree run goes back to a period boundary: a fresh tree, and the aborted period's rows stay used
         reset = getattr(self.mechanism, "reset", None)
         if reset is not None:

@@ -1,0 +1,26 @@
+"""Paper 003's oracle: full-batch clipped gradients, gradient differences and the selection, in the order the
+optimizer plans them (``ctx.request``); it only turns a request into releases through the door."""
+from __future__ import annotations
+
+from components.estimators.queries import Update
+
+
+class FullGradientEstimator:
+    uses_public = False
+
+    def __init__(self, adaptive: bool = False):
+        self.name = "full_gradient"
+        # adaptive noisy GD releases a norm then a vector each step; the others one vector
+        self.queries_per_step = 2 if adaptive else 1
+
+    def direction_seeds(self, step: int, seed: int):
+        return ()
+
+    def step(self, ctx) -> Update:
+        request = ctx.request()
+        if request is None:
+            raise ValueError(f"{self.name}: step {ctx.step} has nothing left to release (the optimizer is done)")
+        if request.kind == "select":
+            return Update(info=(("selected", float(ctx.release_selection(request))),))
+        _, released = ctx.release_full_batch(request)
+        return Update(dense=((tuple(released), 1.0),))
