@@ -50,6 +50,12 @@ class Request:
         return max(norm / self.divisor, self.floor)
 
 
+def _cost(rows: int, clip: float, std: float) -> float:
+    """zCDP cost of a Gaussian release of std ``std`` on a full-batch mean of vectors clipped at ``clip``
+    (replace-one: one row moves it by 2 clip / rows); the door charges the same."""
+    return (2.0 * clip / rows) ** 2 / (2.0 * std ** 2)
+
+
 def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
 
@@ -95,14 +101,21 @@ class KlSpider(_Iterate):
         self.early_stops = 0  # phases ended by the gradient test (public: a function of releases)
 
     def request(self, tracker=None) -> Request:
-        plan, k = self.plan, self.phase
+        clip, std = self._next()
         if self.t == 0:
-            return Request("gradient", plan.start_clip, plan.start_std)
-        return Request("difference", plan.difference_clips[k], plan.difference_stds[k],
-                       self.relative(self.previous))
+            return Request("gradient", clip, std)
+        return Request("difference", clip, std, self.relative(self.previous))
 
     def done(self, tracker=None) -> bool:
-        return self.phase >= self.plan.phases
+        # a retried run re-spent some releases: it ends where the filter cannot pay for the next one
+        return self.phase >= self.plan.phases or (tracker is not None and not tracker.affords(
+            _cost(self.plan.rows, *self._next())))
+
+    def _next(self) -> Tuple[float, float]:
+        """(clip, std) of the next release."""
+        if self.t == 0:
+            return self.plan.start_clip, self.plan.start_std
+        return self.plan.difference_clips[self.phase], self.plan.difference_stds[self.phase]
 
     @torch.no_grad()
     def apply(self, update: Update) -> None:
@@ -145,7 +158,8 @@ class ProximalPoint(_Iterate):
         return Request("gradient", self.plan.clip, self.plan.std)
 
     def done(self, tracker=None) -> bool:
-        return self.outer >= self.plan.outer
+        return self.outer >= self.plan.outer or (tracker is not None and not tracker.affords(
+            _cost(self.plan.rows, self.plan.clip, self.plan.std)))
 
     @torch.no_grad()
     def apply(self, update: Update) -> None:
