@@ -140,20 +140,30 @@ def cmd_sweep(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from components.reproduce.experiments import EXAMPLES, series_of
-    from flows.reproduce import reproduce_nonsmooth
 
-    series_of(args.experiments, args.quick)  # an unknown experiment is refused before Prefect starts
+    kl = args.suite == "kl"
+    experiments = args.experiments or (["E6", "E7", "E8", "E9"] if kl else ["E1", "E2", "E3", "E4", "E5"])
+    if kl:
+        from components.reproduce.kl_kernel import series_of as kl_series
+
+        kl_series(experiments, args.quick)  # an unknown experiment is refused before Prefect starts
+    else:
+        series_of(experiments, args.quick)
     if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
         raise specs.SpecError("--seeds: distinct integers >= 0")
     uri = args.tracking_uri or specs.load_spec(EXAMPLES / "p1_o2nc_001.yaml").tracking.uri
-    command = "privzo reproduce nonsmooth " + " ".join(
-        ["--experiments", *args.experiments, "--seeds", *map(str, args.seeds)] + (["--quick"] if args.quick else []))
-    result = reproduce_nonsmooth(experiments=args.experiments, seeds=args.seeds, quick=args.quick, output=args.out,
-                                 tracking_uri=uri, experiment=args.experiment, command=command)
+    command = f"privzo reproduce {args.suite} " + " ".join(
+        ["--experiments", *experiments, "--seeds", *map(str, args.seeds)] + (["--quick"] if args.quick else []))
+    out = args.out or f"docs/results/{'kl' if kl else 'nonsmooth'}_rates.md"
+    if kl:
+        from flows.reproduce import reproduce_kl as run
+    else:
+        from flows.reproduce import reproduce_nonsmooth as run
+    result = run(experiments=experiments, seeds=args.seeds, quick=args.quick, output=out, tracking_uri=uri,
+                 experiment=args.experiment, command=command)
     print()
     print(result["table"], end="")
-    print(f"MLflow parent run {result['parent_run_id']} ({result['seconds']:.0f} s)"
-          + (f"; written to {args.out}" if args.out else ""))
+    print(f"MLflow parent run {result['parent_run_id']} ({result['seconds']:.0f} s); written to {out}")
     return 0
 
 
@@ -260,13 +270,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--experiment", default="privzo-sweep")
     p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
     p.set_defaults(func=cmd_sweep)
-    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1 to E5 of papers 001/002)")
-    p.add_argument("suite", choices=["nonsmooth"])
-    p.add_argument("--experiments", nargs="+", default=["E1", "E2", "E3", "E4", "E5"])
+    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1 to E5 of papers 001/002; kl: E6 "
+                       "to E9 of paper 003)")
+    p.add_argument("suite", choices=["nonsmooth", "kl"])
+    p.add_argument("--experiments", nargs="+", default=None, help="default: all of the suite's")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--quick", action="store_true", help="tiny grids through the same code (a smoke run)")
-    p.add_argument("--out", default="docs/results/nonsmooth_rates.md",
-                   help="the markdown table (the CSV and one PNG per experiment are written beside it)")
+    p.add_argument("--out", default=None, help="the markdown table (the CSV and one PNG per experiment are written "
+                   "beside it; default docs/results/<suite>_rates.md)")
     p.add_argument("--tracking-uri", default=None, help="default: the example specs' tracking.uri")
     p.add_argument("--experiment", default="privzo-reproduce", help="MLflow experiment")
     p.set_defaults(func=cmd_reproduce)

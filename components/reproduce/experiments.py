@@ -94,7 +94,7 @@ def series_of(experiments: Sequence[str], quick: bool = False) -> List[Series]:
     unknown = [e for e in experiments if e not in table]
     if unknown:
         raise ValueError(f"reproduce: unknown experiment {unknown[0]!r}; allowed: {', '.join(table)} (the study's "
-                         "E6-E9 are paper 003's algorithms, not built yet)")
+                         "E6-E9, paper 003's, are privzo reproduce kl)")
     return [s for e in experiments for s in table[e]]
 
 
