@@ -458,7 +458,8 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
             mechanism.noise_source = "seeded"
         budget = plan.budget + plan.selection_rho if isinstance(plan, kl.AdaptivePlan) else kl.rho_of(
             float(spec.mechanism.noise_multiplier))
-        tracker = FilterTracker(accountant(spec), kl.charged_event(spec, plan), budget, float(spec.privacy.delta),
+        tracker = FilterTracker(accountant(spec), kl.charged_event(spec, float(spec.mechanism.noise_multiplier)),
+                                budget, float(spec.privacy.delta),
                                 threshold=plan.threshold if isinstance(plan, kl.AdaptivePlan) else None,
                                 step_cost_bound=kl.step_cost_bound(plan))
     elif spec.mechanism.kind == "none":

@@ -27,6 +27,7 @@ from typing import Optional, Tuple
 
 import dp_accounting
 
+from components.accountants.accounting import _event_rho
 from specs.run import KL_KINDS, KL_PROBLEMS
 
 
@@ -273,19 +274,27 @@ def plan_for(spec, n: int, d: int, multiplier: float):
     return plan_adaptive(n, d, rho, a, clip, lr, opt.select)
 
 
-def charged_event(spec, plan) -> dp_accounting.DpEvent:
-    """What a run is charged (and reserves) whatever it executes: the whole plan, or the filter's budget."""
-    if isinstance(plan, AdaptivePlan):
-        if spec.mechanism.filter == "zcdp":
-            run = dp_accounting.ZCDpEvent(plan.budget)
-        else:
-            run = dp_accounting.GaussianDpEvent(1.0 / math.sqrt(2 * plan.budget))
-        if plan.selection_rho:
-            return dp_accounting.ComposedDpEvent([run, dp_accounting.ZCDpEvent(plan.selection_rho)])
-        return run
+def plan_event(plan) -> dp_accounting.DpEvent:
+    """A fixed plan's releases as the composition they are: its full gradients, then each phase's differences
+    (KL-Spider), or the inner steps (PPM), each class a Gaussian of its multiplier std / Delta."""
     parts = [dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), count)
              for count, z in plan.multipliers() if count > 0]
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
+
+
+def charged_event(spec, multiplier: float) -> dp_accounting.DpEvent:
+    """What a run is charged (and reserves) whatever it executes: a fixed plan is scaled to compose to exactly
+    the Gaussian of this multiplier, and its early stops and retries are kept inside it by the filter (Smith
+    and Thakurta's mu-GDP filter), so that Gaussian; adaptive GD, its filter's budget as one Gaussian (gdp) or
+    a zCDP event (zcdp), plus the selection's zCDP with select exponential (a third of rho)."""
+    rho = rho_of(multiplier)
+    if spec.optimizer.kind != "adaptive_noisy_gd":
+        return dp_accounting.GaussianDpEvent(multiplier)
+    select = spec.optimizer.select == "exponential"
+    budget = rho * (2 / 3 if select else 1.0)
+    run = dp_accounting.ZCDpEvent(budget) if spec.mechanism.filter == "zcdp" else \
+        dp_accounting.GaussianDpEvent(1.0 / math.sqrt(2 * budget))
+    return dp_accounting.ComposedDpEvent([run, dp_accounting.ZCDpEvent(rho / 3)]) if select else run
 
 
 def step_cost_bound(plan) -> float:
@@ -296,10 +305,8 @@ def step_cost_bound(plan) -> float:
 
 
 def planned_event(spec, n: int, multiplier: float) -> dp_accounting.DpEvent:
-    d = spec.data.source.dimension if spec.data.source.kind == "synthetic" else None
-    if d is None:
-        raise ValueError("paper 003's plan needs the model's dimension")
-    return charged_event(spec, plan_for(spec, n, d, multiplier))
+    """The event a resolved run reserves and is charged (``n`` is not needed: the plan is scaled to it)."""
+    return charged_event(spec, multiplier)
 
 
 def resolve_kl(spec, n_private: Optional[int], dimension: Optional[int]):
@@ -329,7 +336,7 @@ def resolve_kl(spec, n_private: Optional[int], dimension: Optional[int]):
     accountant = builders.accountant(partial)
     z = spec.mechanism.noise_multiplier
     if z == "auto":
-        z = accountant.calibrate(lambda m: _shape_event(partial, m), epsilon, float(delta))
+        z = accountant.calibrate(lambda m: charged_event(partial, m), epsilon, float(delta))
     z = float(z)
     plan = plan_for(partial, n, d, z)
     steps = plan.max_steps if isinstance(plan, AdaptivePlan) else plan.releases
@@ -338,23 +345,15 @@ def resolve_kl(spec, n_private: Optional[int], dimension: Optional[int]):
                          "leave steps auto")
     filled["optimizer"]["steps"] = steps
     final = spec.resolved(n_private=n_private, noise_multiplier=z, filled=filled)
-    eps = accountant.epsilon(charged_event(final, plan), float(final.privacy.delta))
+    if not isinstance(plan, AdaptivePlan):  # the plan composes to its charge: checked, not assumed
+        planned = _event_rho(plan_event(plan))
+        if not math.isclose(planned, rho_of(z), rel_tol=1e-9):
+            raise ArithmeticError(f"{spec.optimizer.kind}: the plan costs rho {planned}, not the {rho_of(z)} charged")
+    eps = accountant.epsilon(charged_event(final, z), float(final.privacy.delta))
     if eps > epsilon * (1 + 1e-9):
         raise ValueError(f"mechanism.noise_multiplier: {z} gives epsilon {eps:.4g} > privacy.epsilon {epsilon}; "
                          "use noise_multiplier: auto or raise it")
     return final, 1.0, eps
-
-
-def _shape_event(spec, multiplier: float) -> dp_accounting.DpEvent:
-    """The charged event's form at a budget, without a plan (calibration probes many budgets)."""
-    rho = rho_of(multiplier)
-    if spec.optimizer.kind == "adaptive_noisy_gd":
-        select = spec.optimizer.select == "exponential"
-        budget = rho * (2 / 3 if select else 1.0)
-        run = dp_accounting.ZCDpEvent(budget) if spec.mechanism.filter == "zcdp" else \
-            dp_accounting.GaussianDpEvent(1.0 / math.sqrt(2 * budget))
-        return dp_accounting.ComposedDpEvent([run, dp_accounting.ZCDpEvent(rho / 3)]) if select else run
-    return dp_accounting.GaussianDpEvent(multiplier)
 
 
 def is_kl(spec) -> bool:

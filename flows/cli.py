@@ -36,6 +36,31 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _print_kl_plan(resolved, n: int, dimension: int) -> None:
+    """Paper 003's plan: what the preset derived, and what the run is charged whatever it executes."""
+    from components import kl
+
+    plan = kl.plan_for(resolved, n, dimension, float(resolved.mechanism.noise_multiplier))
+    rho = kl.rho_of(float(resolved.mechanism.noise_multiplier))
+    if isinstance(plan, kl.KlSpiderPlan):
+        print(f"kl_spider ({resolved.optimizer.preset}): {plan.phases} phases, at most {plan.releases} "
+              f"releases ({plan.phases} full gradients, {plan.releases - plan.phases} differences), up to "
+              f"{max(plan.lengths)} steps a phase; target floor {plan.floor:.4g} (the predicted excess risk)")
+        print(f"noise:                    the paper's stds x {plan.noise_scale:.6g} (its printed stds cost "
+              f"{plan.noise_scale ** 2:.4g} rho): the plan costs exactly rho = {rho:.6g}, charged whether or not "
+              "phases stop early")
+    elif isinstance(plan, kl.ProximalPlan):
+        print(f"proximal_point ({resolved.optimizer.preset}): {plan.outer} outer steps x {plan.inner - 1} "
+              f"inner noisy GD steps = {plan.releases} releases, projection radius {plan.radius:.4g}; predicted "
+              f"excess {plan.predicted:.4g}")
+        print(f"noise:                    std {plan.std:.6g} a release: the plan costs exactly rho = {rho:.6g}")
+    else:
+        print(f"adaptive_noisy_gd:        eta {plan.lr:.6g}, at most {plan.max_steps} steps; a step starts while the "
+              f"realised spend is <= {plan.threshold:.6g} of the filter's {plan.budget:.6g}"
+              + (f"; the selection takes {plan.selection_rho:.6g}" if plan.selection_rho else ""))
+        print(f"charged:                  the filter's budget, rho = {rho:.6g}, whatever the run spends")
+
+
 def cmd_calibrate(args) -> int:
     spec = specs.load_spec(args.spec)
     from components import builders
@@ -63,6 +88,8 @@ def cmd_calibrate(args) -> int:
                   f"{resolved.estimator.period} steps" + (f" (noise multipliers {float(mech.noise_multiplier):.6g} at a restart, "
                               f"{float(mech.difference_noise_multiplier):.6g} for a difference)"
                               if mech.kind == "scheduled_gaussian" else ""))
+    if resolved.optimizer.kind in ("kl_spider", "proximal_point", "adaptive_noisy_gd"):
+        _print_kl_plan(resolved, n, builders.model_dimension(resolved, data.n_features, data.n_classes))
     if resolved.privacy is None:
         print(f"mechanism none: no noise, not private ({resolved.optimizer.steps} steps)")
         return 0

@@ -109,7 +109,7 @@ def csv_text(points: List[ex.PointResult]) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(points: List[ex.PointResult], experiment: str, ylabel: Optional[str] = None) -> bytes:
+def plot(points: List[ex.PointResult], experiment: str, ylabel: Optional[str] = None, metric: str = "Γ̄") -> bytes:
     """Medians with their seed range, and each bound scaled by one fitted constant (geometric mean of
     median/bound), its local slopes written beside its segments (a series without a bound: its medians)."""
     import matplotlib
@@ -127,7 +127,7 @@ def plot(points: List[ex.PointResult], experiment: str, ylabel: Optional[str] = 
         hi = np.array([max(p.certificates) for p in ps])
         bound = np.array([p.predicted for p in ps])
         colour = f"C{i}"
-        ax.plot(xs, med, "o-", color=colour, label=f"{series.label}: median Γ̄")
+        ax.plot(xs, med, "o-", color=colour, label=f"{series.label}: median {metric}")
         ax.fill_between(xs, lo, hi, color=colour, alpha=0.15)
         positive = (med > 0) & np.isfinite(bound)
         if not positive.any():
@@ -320,7 +320,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
                  output: Optional[str] = "docs/results/kl_rates.md", tracking_uri: Optional[str] = None,
                  experiment: str = "privzo-reproduce", command: str = "privzo reproduce kl") -> Dict[str, Any]:
     """Paper 003's rate experiments: the kernel on privzo's plans, privzo's own loop against it at the first
-    point of every algorithm's series (the DP-GD baselines are privzo's DP-GD planned the same way)."""
+    point of every series (the DP-GD baselines: privzo's first_order + gaussian + sgd run)."""
     from components.reproduce import kl_kernel as kk
 
     started = time.perf_counter()
@@ -337,7 +337,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
                                                  Param("reproduce.quick", str(quick).lower())])
     try:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            pending = pool.submit(_kl_match_all, [(s, s.grid[0]) for s in series if s.matched])
+            pending = pool.submit(_kl_match_all, [(s, s.grid[0]) for s in series])
             points = []
             for s in series:
                 for x in s.grid:
@@ -360,8 +360,8 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
         slopes = kl_slope_rows(points)
         seconds = time.perf_counter() - started
         text = kl_markdown(points, slopes, matches, seeds, seconds, command)
-        plots = {f"{e}.png": plot(points, e, ylabel="excess empirical risk" if e != "E9" else "|∇F(w_out; S)|")
-                 for e in experiments}
+        plots = {f"{e}.png": plot(points, e, ylabel="excess empirical risk" if e != "E9" else "|∇F(w_out; S)|",
+                                  metric="excess" if e != "E9" else "|∇F|") for e in experiments}
         log_text_artifacts(client, parent.info.run_id, {"kl_rates.md": text, "kl_rates.csv": kl_csv(points)})
         with tempfile.TemporaryDirectory() as tmp:
             for name, png in plots.items():

@@ -55,9 +55,6 @@ class KlSeries:
     def seeds(self, seeds: Sequence[int]) -> List[int]:
         return list(seeds[:self.max_seeds] if self.max_seeds else seeds)
 
-    @property
-    def matched(self) -> bool:
-        return self.dp_gd_steps is None
 
 
 def series_of(experiments: Sequence[str], quick: bool = False) -> List[KlSeries]:
@@ -131,6 +128,22 @@ def spec_dict(series: KlSeries, n: int, seed: int = 0) -> dict:
     if radius is not None:
         data["assumptions"] = {**(data.get("assumptions") or {}), "radius": radius}
     data["name"] = f"{series.example}-{series.problem}-n{n}"
+    return data
+
+
+def dp_gd_spec(series: KlSeries, n: int, seed: int = 0) -> dict:
+    """privzo's full-batch DP-GD on the same problem and budget: first_order + gaussian (clip L0, multiplier
+    sqrt(T / (2 rho)): T releases cost rho) + sgd at eta = 1 / (2 L1) for T steps."""
+    import specs
+    from components import kl
+
+    data = spec_dict(series, n, seed)
+    a = kl.kl_assumptions(specs.spec_from_dict(data))
+    steps = series.dp_gd_steps
+    data["estimator"] = {"kind": "first_order"}
+    data["mechanism"] = {"kind": "gaussian", "clip": a.lipschitz, "noise_multiplier": math.sqrt(steps / (2 * series.rho))}
+    data["optimizer"] = {"kind": "sgd", "lr": 1 / (2 * a.smoothness), "steps": steps}
+    data["name"] = f"dp-gd-{series.problem}-n{n}-t{steps}"
     return data
 
 
@@ -349,14 +362,19 @@ def noise_is_single(noise) -> bool:
     return isinstance(noise, TorchNoise)
 
 
-def dp_gd(rows: Rows, w0: np.ndarray, noise, steps: int, rho: float, clip: float, lr: float) -> KernelResult:
-    """Full-batch DP-GD: T Gaussian releases of the clipped mean gradient, each rho / T."""
+def dp_gd(rows: Rows, w0: np.ndarray, noise, steps: int, rho: float, clip: float, lr: float,
+          record: bool = False) -> KernelResult:
+    """Full-batch DP-GD: T Gaussian releases of the clipped gradient sum (std z 2C, z = sqrt(T / (2 rho)):
+    each costs rho / T), the step lr times the released sum over n."""
     S, d, n = w0.shape[0], rows.d, rows.n
-    std = math.sqrt(steps / (2 * rho)) * 2 * clip / n
+    std = math.sqrt(steps / (2 * rho)) * 2 * clip
     w = w0.copy()
+    trajectory = [w[0].copy()] if record else None
     for _ in range(steps):
-        w = w - lr * (rows.clipped_sum(w, clip) / n + std * noise.normal((d,)))
-    return KernelResult(w, np.full(S, steps))
+        w = w - lr * ((rows.clipped_sum(w, clip) + std * noise.normal((d,))) / n)
+        if record:
+            trajectory.append(w[0].copy())
+    return KernelResult(w, np.full(S, steps), trajectory)
 
 
 # ------------------------------------------------------------------ a point of a sweep
@@ -427,7 +445,7 @@ def run(series: KlSeries, plan, rows: Rows, w0: np.ndarray, noise, resolved, rec
 
     if series.dp_gd_steps is not None:
         a = kl.kl_assumptions(resolved)
-        return dp_gd(rows, w0, noise, series.dp_gd_steps, series.rho, a.lipschitz, 1 / (2 * a.smoothness))
+        return dp_gd(rows, w0, noise, series.dp_gd_steps, series.rho, a.lipschitz, 1 / (2 * a.smoothness), record)
     if isinstance(plan, kl.KlSpiderPlan):
         return kl_spider(plan, rows, w0, noise, record)
     if isinstance(plan, kl.ProximalPlan):
@@ -443,7 +461,7 @@ def run_point(series: KlSeries, n: int, seeds: Sequence[int]) -> KlPoint:
     result = run(series, plan, rows, w0, SeedNoise(seeds), resolved)
     values = rows.metric(result.output, series.metric)
     steps = float(np.median(result.releases))
-    settings = {"releases (median)": steps, "noise_multiplier": float(resolved.mechanism.noise_multiplier)}
+    settings = {"releases_median": steps, "noise_multiplier": float(resolved.mechanism.noise_multiplier)}
     for name in ("phases", "outer", "inner", "max_steps", "floor"):
         if hasattr(plan, name) and series.dp_gd_steps is None:
             settings[name] = getattr(plan, name)
@@ -478,7 +496,7 @@ def match(series: KlSeries, n: int, noise_seed: int = 7, threads: int = 1) -> Kl
     from components import builders
 
     torch.set_num_threads(threads)
-    spec = specs.spec_from_dict(spec_dict(series, n))
+    spec = specs.spec_from_dict(spec_dict(series, n) if series.dp_gd_steps is None else dp_gd_spec(series, n))
     data = builders.load_data(spec)
     resolved, _, _ = builders.plan(spec, data)
     built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(noise_seed))
@@ -488,7 +506,7 @@ def match(series: KlSeries, n: int, noise_seed: int = 7, threads: int = 1) -> Kl
 
     def recorded(update):
         apply(update)
-        if not dict(update.info):  # the selection's move is the output, compared below
+        if not dict(getattr(update, "info", ())):  # the selection's move is the output, compared below
             points.append(built.model.x.detach().numpy().copy())
 
     optimizer.apply = recorded
@@ -500,7 +518,7 @@ def match(series: KlSeries, n: int, noise_seed: int = 7, threads: int = 1) -> Kl
     privzo_seconds = time.perf_counter() - started
     rows = Rows(series.problem, np.asarray(data.private.features, dtype=np.float64)[None], series.dimension)
     started = time.perf_counter()
-    result = run(series, optimizer.plan, rows, points[0][None].copy(),
+    result = run(series, getattr(optimizer, "plan", None), rows, points[0][None].copy(),
                  TorchNoise(torch.Generator().manual_seed(noise_seed)), resolved, record=True)
     kernel_seconds = time.perf_counter() - started
     kernel_points = np.stack(result.trajectory)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import specs
 from components import builders, kl
 from components.accountants import Accountant, FilterTracker, PrivacyFilterError
-from components.accountants.accounting import _event_rho
+from components.accountants.accounting import _event_rho, gaussian_equivalent
 from components.estimators.evaluate import exact_gradient_sums
 from components.estimators.queries import PerExampleGradientAt
 from components.mechanisms.full_batch import FullBatchGaussian
@@ -67,8 +67,10 @@ def test_kl_spider_planned_event_has_rho_exactly(n, d, kappa, gamma, lipschitz, 
     except ValueError as err:  # too few rows for the preset: refused in one line, naming n
         assert str(err).startswith("data: n = ")
         return
-    event = kl.charged_event(None, plan)
+    event = kl.plan_event(plan)
     assert _event_rho(event) == pytest.approx(rho, rel=1e-12)
+    # the run is charged the one Gaussian its releases compose to (mu^2 adds over Gaussians)
+    assert gaussian_equivalent(event).noise_multiplier == pytest.approx(1 / math.sqrt(2 * rho), rel=1e-12)
     assert Accountant("zcdp", "replace_one").rho(event) == pytest.approx(rho, rel=1e-12)
     assert plan.releases == plan.phases + sum(t - 1 for t in plan.lengths)  # no dead difference after a phase
     # the paper's printed stds (one factor c = 1) cost 2 rho (C0 / L0)^2 for the full gradients and
@@ -91,7 +93,7 @@ def test_proximal_point_planned_event_has_rho_exactly(n, d, kappa, rho, weak):
         return
     (count, z), = plan.multipliers()
     assert count == plan.outer * (plan.inner - 1)
-    assert _event_rho(kl.charged_event(None, plan)) == pytest.approx(rho, rel=1e-12)
+    assert _event_rho(kl.plan_event(plan)) == pytest.approx(rho, rel=1e-12)
 
 
 def test_zcdp_accountant_matches_the_closed_forms():
@@ -142,7 +144,7 @@ def test_adaptive_spend_never_passes_rho(problem, rows, d, multiplier, clip, sta
     assert spent <= rho * (1 + 1e-12)
     assert loop.tracker.spent == pytest.approx(spent, rel=1e-12)
     charged = loop.tracker.event()
-    assert charged == kl.charged_event(resolved, plan)
+    assert charged == kl.charged_event(resolved, multiplier)
     assert _event_rho(charged) == pytest.approx(rho, rel=1e-12)
     assert eps <= resolved.privacy.epsilon
 
@@ -224,3 +226,26 @@ def test_a_killed_chunk_is_charged_at_its_most_on_resume(tmp_path):
     assert saved["privacy_spent"] == pytest.approx(5 * bound + 20 * bound, rel=1e-12)
     assert saved["privacy_steps"] == 25
     store.unlock()
+
+
+@pytest.mark.parametrize("name, rows", [("q1_kl_spider", 600), ("q4_proximal_point", 120),
+                                        ("q5_adaptive_select", 4000)])
+def test_a_run_resumed_from_its_checkpoint_continues_its_plan(name, rows):
+    """Every paper 003 state is public and checkpointed anywhere: a new process loading a mid-run checkpoint
+    continues the same plan (same phase, inner step or iterates, and the filter's spend), draws with the
+    same generator what the run would have drawn, and ends where the uninterrupted run ends."""
+    resolved, whole, _ = _built(_spec(name, rows), seed=5)
+    whole.loop.run(resolved.optimizer.steps)
+    middle = whole.loop.step // 2
+    assert middle >= 1
+    _, first, _ = _built(_spec(name, rows), seed=5)
+    first.loop.run(middle)
+    state = first.loop.state_dict()
+    _, second, _ = _built(_spec(name, rows), seed=99)
+    second.loop.load_state_dict(state, restore_privacy_steps=True)
+    second.loop.mechanism.use_generator(first.loop.mechanism._generator)  # the noise the run would have drawn
+    assert second.loop.tracker.spent == first.loop.tracker.spent and second.loop.step == middle
+    second.loop.run(resolved.optimizer.steps)
+    assert second.loop.finished and second.loop.step == whole.loop.step
+    assert torch.allclose(second.model.x, whole.model.x, rtol=0, atol=1e-12)
+    assert second.loop.tracker.spent == pytest.approx(whole.loop.tracker.spent, rel=1e-12)

@@ -37,5 +37,31 @@ def test_slopes_are_least_squares_and_local():
     xs, ys = [1e4, 1e5, 1e6], [1.0, 10 ** -0.5, 0.1]
     assert ex.least_squares_slope(xs, ys) == pytest.approx(-0.5, abs=1e-12)
     assert ex.local_slopes(xs, ys) == pytest.approx([-0.5, -0.5], abs=1e-12)
-    with pytest.raises(ValueError, match="unknown experiment 'E6'.*paper 003"):
+    with pytest.raises(ValueError, match="unknown experiment 'E6'.*privzo reproduce kl"):
         ex.series_of(["E6"])
+
+
+@pytest.mark.parametrize("experiment, label, rows", [("E6", "KL-Spider Q1 (mean_pl)", 1000),
+                                                     ("E6", "adaptive noisy GD (mean_pl)", 1000),
+                                                     ("E7", "PPM Q4 (abs_three_halves)", 100),
+                                                     ("E9", "adaptive noisy GD + selection Q5", 4000)])
+def test_the_kl_kernel_reproduces_privzos_loop_to_1e9(experiment, label, rows):
+    """Paper 003's kernel against privzo's own loop (the door, the filter, the optimizer; E9 with the
+    selection's Gumbel draws): every iterate and the output to 1e-9."""
+    from components.reproduce import kl_kernel as kk
+
+    series = next(s for s in kk.series_of([experiment], quick=True) if s.label == label)
+    found = kk.match(series, rows)
+    assert found.ok and found.steps >= 4, found
+
+
+def test_a_kl_kernel_off_privzos_plan_is_caught(monkeypatch):
+    from components.reproduce import kl_kernel as kk
+
+    series = kk.series_of(["E7"], quick=True)[1]
+    honest = kk.proximal_point
+    # an inner step off by one part in a million: caught by the trajectory check
+    monkeypatch.setattr(kk, "proximal_point", lambda plan, *a, **k: honest(
+        dataclasses.replace(plan, weak_convexity=plan.weak_convexity * (1 + 1e-6)), *a, **k))
+    found = kk.match(series, 100)
+    assert not found.ok and found.iterates > 1e-9
