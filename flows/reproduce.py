@@ -156,6 +156,44 @@ def plot(points: List[ex.PointResult], experiment: str, ylabel: Optional[str] = 
     return buf.getvalue()
 
 
+def _parent_run(suite: str, experiments, seeds, quick: bool, tracking_uri: Optional[str], experiment: str):
+    """The reproduction's MLflow parent run, its settings as params."""
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    exp = mlflow.set_experiment(experiment)
+    client = mlflow.MlflowClient()
+    parent = client.create_run(exp.experiment_id, run_name=f"reproduce-{suite}-{'-'.join(experiments)}",
+                               tags={"privzo.kind": "reproduction"})
+    client.log_batch(parent.info.run_id, params=[Param("reproduce.experiments", ",".join(experiments)),
+                                                 Param("reproduce.seeds", ",".join(map(str, seeds))),
+                                                 Param("reproduce.quick", str(quick).lower())])
+    return client, exp, parent
+
+
+def _publish(client, run_id: str, stem: str, text: str, csv: str, plots: Dict[str, bytes], seconds: float, matches,
+             output: Optional[str]) -> None:
+    """The table, CSV and plots to the parent run (then to ``output`` and beside it), and the verdict: a
+    kernel that left privzo's trajectory anywhere makes the sweep no evidence about privzo."""
+    log_text_artifacts(client, run_id, {f"{stem}.md": text, f"{stem}.csv": csv})
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, png in plots.items():
+            Path(tmp, name).write_bytes(png)
+            client.log_artifact(run_id, str(Path(tmp, name)), artifact_path="plots")
+    client.log_batch(run_id, metrics=[Metric("reproduce/seconds", seconds, 0, 0)] + [
+        Metric(f"reproduce/match_{i}_max_difference", m.difference, 0, 0) for i, m in enumerate(matches)])
+    if output:  # after the MLflow copies: a local write that fails loses nothing
+        out = Path(output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        out.with_suffix(".csv").write_text(csv)
+        for name, png in plots.items():
+            (out.parent / f"{out.stem}_{name}").write_bytes(png)
+    bad = [m for m in matches if not m.ok]
+    if bad:
+        raise RuntimeError(f"reproduce: the kernel left privzo's trajectory on {bad[0].series} at {bad[0].x} "
+                           f"(max difference {bad[0].difference:.3g} > 1e-9); the sweep is not evidence about privzo")
+
+
 def _match_all(pairs) -> List[ex.Match]:
     return [ex.match(series, x) for series, x in pairs]
 
@@ -189,15 +227,7 @@ def reproduce_nonsmooth(experiments: List[str], seeds: List[int], quick: bool = 
     started = time.perf_counter()
     series = ex.series_of(experiments, quick)  # refuses an unknown experiment before anything starts
     logger = get_run_logger()
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    exp = mlflow.set_experiment(experiment)
-    client = mlflow.MlflowClient()
-    parent = client.create_run(exp.experiment_id, run_name=f"reproduce-nonsmooth-{'-'.join(experiments)}",
-                               tags={"privzo.kind": "reproduction"})
-    client.log_batch(parent.info.run_id, params=[Param("reproduce.experiments", ",".join(experiments)),
-                                                 Param("reproduce.seeds", ",".join(map(str, seeds))),
-                                                 Param("reproduce.quick", str(quick).lower())])
+    client, exp, parent = _parent_run("nonsmooth", experiments, seeds, quick, tracking_uri, experiment)
     try:
         # privzo's own runs go to a second process (spawned: no forked torch state) beside the sweeps
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -208,26 +238,7 @@ def reproduce_nonsmooth(experiments: List[str], seeds: List[int], quick: bool = 
         seconds = time.perf_counter() - started
         text = markdown(points, slopes, matches, seeds, seconds, command)
         plots = {f"{e}.png": plot(points, e) for e in experiments}
-        log_text_artifacts(client, parent.info.run_id, {"nonsmooth_rates.md": text, "nonsmooth_rates.csv": csv_text(points)})
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, png in plots.items():
-                Path(tmp, name).write_bytes(png)
-                client.log_artifact(parent.info.run_id, str(Path(tmp, name)), artifact_path="plots")
-        client.log_batch(parent.info.run_id, metrics=[Metric("reproduce/seconds", seconds, 0, 0)] + [
-            Metric(f"reproduce/match_{i}_max_difference", max(m.query_points, m.certificates, m.output), 0, 0)
-            for i, m in enumerate(matches)])
-        if output:  # after the MLflow copies: a local write that fails loses nothing
-            out = Path(output)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-            out.with_suffix(".csv").write_text(csv_text(points))
-            for name, png in plots.items():
-                (out.parent / f"{out.stem}_{name}").write_bytes(png)
-        bad = [m for m in matches if not m.ok]
-        if bad:
-            raise RuntimeError(f"reproduce: the kernel left privzo's trajectory on {bad[0].series} at {bad[0].x} "
-                               f"(max difference {max(bad[0].query_points, bad[0].certificates, bad[0].output):.3g} > 1e-9); "
-                               "the sweep is not evidence about privzo")
+        _publish(client, parent.info.run_id, "nonsmooth_rates", text, csv_text(points), plots, seconds, matches, output)
     except BaseException:
         client.set_terminated(parent.info.run_id, "FAILED")
         raise
@@ -326,15 +337,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
     started = time.perf_counter()
     series = kk.series_of(experiments, quick)
     logger = get_run_logger()
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    exp = mlflow.set_experiment(experiment)
-    client = mlflow.MlflowClient()
-    parent = client.create_run(exp.experiment_id, run_name=f"reproduce-kl-{'-'.join(experiments)}",
-                               tags={"privzo.kind": "reproduction"})
-    client.log_batch(parent.info.run_id, params=[Param("reproduce.experiments", ",".join(experiments)),
-                                                 Param("reproduce.seeds", ",".join(map(str, seeds))),
-                                                 Param("reproduce.quick", str(quick).lower())])
+    client, exp, parent = _parent_run("kl", experiments, seeds, quick, tracking_uri, experiment)
     try:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             pending = pool.submit(_kl_match_all, [(s, s.grid[0]) for s in series])
@@ -362,26 +365,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
         text = kl_markdown(points, slopes, matches, seeds, seconds, command)
         plots = {f"{e}.png": plot(points, e, ylabel="excess empirical risk" if e != "E9" else "|∇F(w_out; S)|",
                                   metric="excess" if e != "E9" else "|∇F|") for e in experiments}
-        log_text_artifacts(client, parent.info.run_id, {"kl_rates.md": text, "kl_rates.csv": kl_csv(points)})
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, png in plots.items():
-                Path(tmp, name).write_bytes(png)
-                client.log_artifact(parent.info.run_id, str(Path(tmp, name)), artifact_path="plots")
-        client.log_batch(parent.info.run_id, metrics=[Metric("reproduce/seconds", seconds, 0, 0)] + [
-            Metric(f"reproduce/match_{i}_max_difference", max(m.iterates, m.output), 0, 0)
-            for i, m in enumerate(matches)])
-        if output:
-            out = Path(output)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-            out.with_suffix(".csv").write_text(kl_csv(points))
-            for name, png in plots.items():
-                (out.parent / f"{out.stem}_{name}").write_bytes(png)
-        bad = [m for m in matches if not m.ok]
-        if bad:
-            raise RuntimeError(f"reproduce: the kernel left privzo's trajectory on {bad[0].series} at {bad[0].x} "
-                               f"(max difference {max(bad[0].iterates, bad[0].output):.3g} > 1e-9); the sweep is not "
-                               "evidence about privzo")
+        _publish(client, parent.info.run_id, "kl_rates", text, kl_csv(points), plots, seconds, matches, output)
     except BaseException:
         client.set_terminated(parent.info.run_id, "FAILED")
         raise

@@ -200,8 +200,12 @@ class Match:
     kernel_seconds: float
 
     @property
+    def difference(self) -> float:
+        return max(self.query_points, self.certificates, self.output)
+
+    @property
     def ok(self) -> bool:
-        return max(self.query_points, self.certificates, self.output) <= 1e-9
+        return self.difference <= 1e-9
 
 
 def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: Optional[float] = None) -> Match:
@@ -214,27 +218,11 @@ def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: 
     from components import builders
     from components.reproduce.kernel import Kernel, KernelPlan, PrivzoStreams
 
-    torch.set_num_threads(threads)
     data = spec_dict(series, x)
     if start is not None:
         data["data"]["source"]["start"] = start
-    spec = specs.spec_from_dict(data)
-    data = builders.load_data(spec)
-    resolved, _, _ = builders.plan(spec, data)
-    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(noise_seed))
+    resolved, data, built, points, privzo_seconds = privzo_trajectory(specs.spec_from_dict(data), noise_seed, threads)
     optimizer = built.loop.backend.optimizer
-    points = [built.model.x.detach().numpy().copy()]
-    apply = optimizer.apply
-
-    def recorded(update):
-        apply(update)
-        points.append(built.model.x.detach().numpy().copy())
-
-    optimizer.apply = recorded
-    started = time.perf_counter()
-    built.loop.run(resolved.optimizer.steps)
-    optimizer.finalize()
-    privzo_seconds = time.perf_counter() - started
     plan = KernelPlan.from_spec(resolved, len(data.private))
     streams = PrivzoStreams(plan, np.asarray(data.private.features, dtype=np.float64), built.loop.sampler,
                             torch.Generator().manual_seed(noise_seed))
@@ -246,6 +234,36 @@ def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: 
                  float(np.abs(result.certificates[0] - np.asarray(optimizer.certificates)).max()),
                  float(np.abs(result.output[0] - built.model.x.detach().numpy()).max()),
                  privzo_seconds, kernel_seconds)
+
+
+def privzo_trajectory(spec, noise_seed: int, threads: int = 1):
+    """privzo's own loop on ``spec`` (resolved by its planner) with an injected noise generator: (resolved spec,
+    its data, the built loop, the parameters after every update, seconds). An update that carries only
+    public information (paper 003's selection) moves the parameters to the output: it is not a step."""
+    import torch
+
+    from components import builders
+
+    torch.set_num_threads(threads)
+    data = builders.load_data(spec)
+    resolved, _, _ = builders.plan(spec, data)
+    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(noise_seed))
+    optimizer = built.loop.backend.optimizer
+    points = [built.model.x.detach().numpy().copy()]
+    apply = optimizer.apply
+
+    def recorded(update):
+        apply(update)
+        if not dict(getattr(update, "info", ())):
+            points.append(built.model.x.detach().numpy().copy())
+
+    optimizer.apply = recorded
+    started = time.perf_counter()
+    built.loop.run(resolved.optimizer.steps)
+    finalize = getattr(optimizer, "finalize", None)
+    if finalize is not None:
+        finalize()
+    return resolved, data, built, points, time.perf_counter() - started
 
 
 def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:

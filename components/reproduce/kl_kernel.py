@@ -485,37 +485,26 @@ class KlMatch:
     kernel_seconds: float
 
     @property
+    def difference(self) -> float:
+        return max(self.iterates, self.output)
+
+    @property
     def ok(self) -> bool:
-        return max(self.iterates, self.output) <= 1e-9
+        return self.difference <= 1e-9
 
 
 def match(series: KlSeries, n: int, noise_seed: int = 7, threads: int = 1) -> KlMatch:
+    """privzo's own loop on one point's spec (an injected noise generator) against the kernel on the same rows
+    and the same generator: the largest differences of the iterates, release by release, and of the output
+    (a different number of releases is an infinite difference)."""
     import torch
 
     import specs
-    from components import builders
+    from components.reproduce.experiments import privzo_trajectory
 
-    torch.set_num_threads(threads)
     spec = specs.spec_from_dict(spec_dict(series, n) if series.dp_gd_steps is None else dp_gd_spec(series, n))
-    data = builders.load_data(spec)
-    resolved, _, _ = builders.plan(spec, data)
-    built = builders.build_loop(resolved, data, noise_generator=torch.Generator().manual_seed(noise_seed))
+    resolved, data, built, points, privzo_seconds = privzo_trajectory(spec, noise_seed, threads)
     optimizer = built.loop.backend.optimizer
-    points = [built.model.x.detach().numpy().copy()]
-    apply = optimizer.apply
-
-    def recorded(update):
-        apply(update)
-        if not dict(getattr(update, "info", ())):  # the selection's move is the output, compared below
-            points.append(built.model.x.detach().numpy().copy())
-
-    optimizer.apply = recorded
-    started = time.perf_counter()
-    built.loop.run(resolved.optimizer.steps)
-    finalize = getattr(optimizer, "finalize", None)
-    if finalize is not None:
-        finalize()
-    privzo_seconds = time.perf_counter() - started
     rows = Rows(series.problem, np.asarray(data.private.features, dtype=np.float64)[None], series.dimension)
     started = time.perf_counter()
     result = run(series, getattr(optimizer, "plan", None), rows, points[0][None].copy(),
