@@ -211,7 +211,7 @@ class PrivateLoop:
     @property
     def finished(self) -> bool:
         """An optimizer that stops on its own (paper 003's: phases done, or the filter's budget spent) says so."""
-        done = getattr(self.backend.optimizer, "done", None)
+        done = getattr(getattr(self.backend, "optimizer", None), "done", None)
         return done is not None and bool(done(self.tracker))
 
     def run(self, until: int, on_step: Optional[Callable[[int], None]] = None) -> None:
