@@ -316,9 +316,6 @@ def resolve_kl(spec, n_private: Optional[int], dimension: Optional[int]):
     d = dimension if dimension is not None else (source.dimension if source.kind == "synthetic" else None)
     if d is None:
         raise ValueError(f"optimizer.kind: {spec.optimizer.kind} needs the model's dimension to plan (pass the data)")
-    if spec.mechanism.kind == "none":
-        raise ValueError(f"mechanism.kind: {spec.optimizer.kind}'s schedule is planned from its privacy budget; "
-                         "a run without privacy has none")
     from components import builders
 
     n = spec.public_rows(n_private)

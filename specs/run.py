@@ -294,8 +294,9 @@ def kl_problems(spec: RunSpec) -> List[str]:
     if sampling.kind != "full_batch":
         problems.append(f"sampling.kind: {opt.kind} reads every private row every step; use full_batch")
     wanted = "adaptive_gaussian" if opt.kind == "adaptive_noisy_gd" else "planned_gaussian"
-    if mech.kind not in (wanted, "none"):
-        problems.append(f"mechanism.kind: {opt.kind} releases by {wanted} (or none, a non-private twin), not {mech.kind}")
+    if mech.kind != wanted:
+        problems.append(f"mechanism.kind: {opt.kind} releases by {wanted} (its schedule is planned from the privacy "
+                        f"budget), not {mech.kind}")
     if source.kind == "synthetic" and source.problem not in KL_PROBLEMS:
         problems.append(f"data.source.problem: {opt.kind} needs a smooth or weakly convex problem; use one of "
                         f"{', '.join(KL_PROBLEMS)}")
