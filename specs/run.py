@@ -117,8 +117,35 @@ class RunSpec(Strict):
         return self.public_rows(n_private)
 
     def delta_for(self, n_private: Optional[int] = None) -> float:
-        """delta auto = 1 / N, N = public_rows(n_private)."""
+        """delta auto = 1 / N, N = public_rows(n_private); an explicit delta above 1/N is refused (delta_problem)."""
+        problem = self.delta_problem(n_private)
+        if problem:
+            raise ValueError(problem)
         return 1.0 / self.public_rows(n_private) if self.privacy.delta == "auto" else float(self.privacy.delta)
+
+    def delta_problem(self, n_private: Optional[int] = None) -> Optional[str]:
+        """Why an explicit delta above 1/N (N = public_rows(n_private)) is refused, unless
+        privacy.allow_large_delta: a mechanism that publishes one random row whole is (0, 1/N)-DP, so such a
+        delta promises nothing of any one row. 1/N itself, delta auto, is accepted."""
+        if self.privacy is None or self.privacy.delta == "auto" or self.privacy.allow_large_delta:
+            return None
+        rows = self.public_rows(n_private)
+        delta = float(self.privacy.delta)
+        if delta <= 1.0 / rows:
+            return None
+        who = "data.declared_private_rows" if self.data.declared_private_rows is not None else "the private rows"
+        smaller = 10.0 ** (math.floor(math.log10(1.0 / rows)) - 1)
+        return (f"privacy.delta: {delta!r} is above 1/N = 1/{rows} = {1.0 / rows:.6g} (N: {who}): not a meaningful "
+                f"guarantee (publishing one random row whole meets it); use delta: auto (1/N) or smaller, e.g. "
+                f"{smaller:g}, or set privacy.allow_large_delta: true to run anyway (the run is labelled)")
+
+    def large_delta(self, n_private: Optional[int] = None) -> bool:
+        """Whether the run's delta is above 1/N (N = public_rows(n_private)), which only
+        privacy.allow_large_delta lets run: its guarantee must say so wherever it is recorded. A resolved
+        spec's delta is a number (auto became exactly 1/N, which is not above it)."""
+        if self.privacy is None or self.privacy.delta == "auto" or not self.privacy.allow_large_delta:
+            return False
+        return float(self.privacy.delta) > 1.0 / self.public_rows(n_private)
 
     def resolved(self, *, n_private: Optional[int] = None, noise_multiplier: Optional[float],
                  filled: Optional[Dict[str, Dict[str, Any]]] = None) -> "RunSpec":
@@ -159,6 +186,13 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if spec.mechanism.kind != "none" and spec.privacy is None:
         problems.append("privacy: required key is missing (epsilon, delta, accountant, neighboring)")
         return problems
+    if spec.privacy is not None and spec.privacy.allow_large_delta and spec.privacy.delta == "auto":
+        problems.append("privacy.allow_large_delta: delta auto is 1/N, never above it; remove allow_large_delta")
+    if spec.privacy is not None and spec.data.declared_private_rows is not None:
+        # N is public here, so the spec alone is refused; otherwise (replace_one) when its rows are counted
+        problem = spec.delta_problem()
+        if problem:
+            problems.append(problem)
     if spec.budget is not None and not (spec.privacy and not spec.privacy.insecure_deterministic):
         problems.append("budget: only private runs are charged to a dataset's budget; remove budget")
     if spec.budget is not None and spec.privacy is not None and spec.privacy.epsilon > spec.budget.lifetime_epsilon:

@@ -666,7 +666,10 @@ MechanismSpec = Annotated[Union[GaussianMechanism, NoMechanism, TreeAggregationM
 # ---------------------------------------------------------------- privacy
 class PrivacySpec(Strict):
     epsilon: PositiveFloat = Field(..., description="Target DP epsilon of the whole run.")
-    delta: Union[Probability, Auto] = Field("auto", description="'auto' = 1 / number of private rows.")
+    delta: Union[Probability, Auto] = Field(
+        "auto", description="'auto' = 1/N, N the private rows (data.declared_private_rows where given). 1/N is the "
+        "largest accepted: a mechanism that publishes one random row whole meets a delta above it, so it promises "
+        "nothing of any one row (see allow_large_delta). Smaller is stronger, e.g. 1e-6.")
     accountant: Literal["rdp", "pld", "zcdp"] = Field(
         "rdp",
         description="rdp or pld for any sampling; zcdp (reports rho-zCDP as well) for sampling.kind full_batch "
@@ -677,6 +680,11 @@ class PrivacySpec(Strict):
         False,
         description="Draw DP noise and batch selection from a generator seeded by `seed`. Makes runs "
         "repeatable and NOT private; the run is labelled not private everywhere it is recorded.",
+    )
+    allow_large_delta: bool = Field(
+        False,
+        description="Run with a delta above 1/N anyway (refused otherwise). Such a guarantee is met by publishing "
+        "one random row whole; the run is labelled so wherever its guarantee is recorded.",
     )
     noise: Literal["auto", "secure", "fast"] = Field(
         "auto",

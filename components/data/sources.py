@@ -3,12 +3,14 @@ CSV, Parquet or JSON Lines files."""
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
+
+from components.data_check import (HF_DATASETS_MISSING, HF_INDEX, NOT_SAVED_TO_DISK, csv_header, file_kind,
+                                   first_line, hf_split_of, missing_column, name_problems)
 
 
 @dataclass(frozen=True)
@@ -106,9 +108,6 @@ def _unique_rows(table: Table) -> Table:
     return replace(table, features=table.features[keep], labels=table.labels[keep], public_flags=flags)
 
 
-SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-
-
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
               tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None,
@@ -126,19 +125,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     import pandas as pd
 
     path = Path(path)
-    if file_format == "auto":
-        kind = "hf_disk" if path.is_dir() else SUFFIXES.get(path.suffix.lower())
-    else:
-        kind = file_format
-    if kind is None:
-        raise ValueError(f"data.source.format: cannot tell the format of {path.name!r} from its suffix; "
-                         "set format: csv, parquet, jsonl or hf_disk")
-    if kind == "hf_disk" and not path.is_dir():
-        raise ValueError(f"data.source.path: {path} is not a folder (format hf_disk reads what save_to_disk wrote)")
-    if kind != "hf_disk" and not path.is_file():
-        raise ValueError(f"data.source.path: {path} is not a file")
-    if hf_split is not None and kind != "hf_disk":
-        raise ValueError(f"data.source.hf_split: {path.name} is {kind}, not a save_to_disk folder; remove hf_split")
+    kind = file_kind(path, file_format, hf_split)
     try:
         if kind == "hf_disk":
             frame = _read_hf_disk(path, hf_split, label, classes, public_flag)
@@ -154,19 +141,18 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     except ValueError as err:
         if str(err).startswith("data.source"):
             raise
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first}") from None
+        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first_line(err)}") from None
     except Exception as err:  # noqa: BLE001 - the readers raise many types; the user needs the one line
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first}") from None
-    if len(frame) == 0:
-        raise ValueError(f"data.source.path: {path} has no rows")
+        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first_line(err)}") from None
     columns = [str(c) for c in frame.columns]
     frame.columns = columns
+    if kind != "csv":  # a CSV's header was checked as written, before pandas renamed its unnamed and repeated cells
+        _refuse(name_problems(columns, path.name))
+    if len(frame) == 0:
+        raise ValueError(f"data.source.path: {path} has no rows")
 
     def require(field: str, name: str) -> None:
-        if name not in columns:
-            raise ValueError(f"{field}: no column {name!r} in {path.name}; columns: {', '.join(columns)}")
+        _refuse([missing_column(field, name, columns, path.name)])
 
     require("data.source.label", label)
     labels = _class_positions(frame, label, classes)
@@ -221,25 +207,17 @@ def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequenc
     try:
         import datasets
     except ImportError:
-        raise ValueError("data.source.format: hf_disk needs Hugging Face datasets (pip install 'privzo[datasets]')") \
-            from None
+        raise ValueError(HF_DATASETS_MISSING) from None
     try:
         loaded = datasets.load_from_disk(str(path))
     except FileNotFoundError:
-        raise ValueError(f"data.source.path: {path} is not a folder written by save_to_disk (no dataset_info.json "
-                         "and state.json, nor dataset_dict.json)") from None
+        raise ValueError(f"data.source.path: {path} {NOT_SAVED_TO_DISK}") from None
     if isinstance(loaded, datasets.DatasetDict):
-        splits = list(loaded)
-        if split is None and len(splits) != 1:
-            raise ValueError(f"data.source.hf_split: {path.name} holds the splits {', '.join(splits)}; choose one")
-        split = split if split is not None else splits[0]
-        if split not in loaded:
-            raise ValueError(f"data.source.hf_split: no split {split!r} in {path.name}; splits: {', '.join(splits)}")
-        loaded = loaded[split]
+        loaded = loaded[hf_split_of(path, list(loaded), split)]
     elif split is not None:
         raise ValueError(f"data.source.hf_split: {path.name} holds one Dataset, not a DatasetDict; remove hf_split")
     frame = loaded.to_pandas()
-    frame = frame.drop(columns=[c for c in frame.columns if re.fullmatch(r"__index_level_\d+__", str(c))])
+    frame = frame.drop(columns=[c for c in frame.columns if HF_INDEX.fullmatch(str(c))])
     feature = loaded.features.get(label)
     if isinstance(feature, datasets.ClassLabel):
         declared = {str(c) for c in classes}
@@ -256,18 +234,15 @@ def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequenc
 
 
 def _check_csv_header(path: Path) -> None:
-    """pandas renames a repeated header ('y', 'y.1') and would take the copy as a feature: refuse it."""
-    import csv
+    """pandas names an empty header cell 'Unnamed: N' and renames a repeated one ('y', 'y.1'), and would take
+    either as a feature: refuse both, on the header as written."""
+    _refuse(name_problems(csv_header(path), path.name))
 
-    with open(path, newline="", encoding="utf-8-sig", errors="replace") as handle:
-        header = next(csv.reader(handle), [])
-    seen, repeated = set(), []
-    for name in (h.strip() for h in header):
-        if name in seen:
-            repeated.append(name)
-        seen.add(name)
-    if repeated:
-        raise ValueError(f"data.source.path: {path.name} has the column {repeated[0]!r} more than once; rename one")
+
+def _refuse(problems) -> None:
+    problems = [p for p in problems if p]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 _TRUE, _FALSE = {"true", "yes", "1"}, {"false", "no", "0"}

@@ -406,3 +406,51 @@ def test_a_ledger_must_be_the_same_from_every_folder(tiny_spec_dict, ledger, mes
     del tiny_spec_dict["budget"]["ledger"]
     monkeypatch.setenv("PRIVZO_LEDGER_URL", ledger)
     assert "PRIVZO_LEDGER_URL" in _error_for(tiny_spec_dict, lambda d: None)
+
+
+def test_a_delta_above_one_over_the_declared_rows_is_refused_at_validation(tiny_spec_dict):
+    """A mechanism that publishes one random row whole is (0, 1/N)-DP: a delta above 1/N promises nothing of any
+    one row. Under add/remove N is data.declared_private_rows, public, so the spec alone is refused."""
+    message = _error_for(tiny_spec_dict, lambda d: d["privacy"].update(delta=0.5))
+    assert message == ("privacy.delta: 0.5 is above 1/N = 1/1385 = 0.000722022 (N: data.declared_private_rows): not a "
+                       "meaningful guarantee (publishing one random row whole meets it); use delta: auto (1/N) or "
+                       "smaller, e.g. 1e-05, or set privacy.allow_large_delta: true to run anyway (the run is "
+                       "labelled)")
+    for delta in (1e-6, 1 / 1385, "auto"):  # 1/N itself, what auto gives, is the largest accepted
+        tiny_spec_dict["privacy"]["delta"] = delta
+        spec = specs.spec_from_dict(tiny_spec_dict)
+        assert not spec.large_delta() and spec.delta_for() == pytest.approx(1 / 1385 if delta == "auto" else delta)
+    tiny_spec_dict["privacy"].update(delta=0.5, allow_large_delta=True)
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    resolved = spec.resolved(noise_multiplier=1.0)
+    assert spec.large_delta() and resolved.large_delta() and resolved.privacy.delta == 0.5
+    tiny_spec_dict["privacy"]["delta"] = 1e-6  # allowed, not used: nothing to label
+    assert not specs.spec_from_dict(tiny_spec_dict).large_delta()
+    tiny_spec_dict["privacy"]["delta"] = "auto"
+    assert _error_for(tiny_spec_dict, lambda d: None) == ("privacy.allow_large_delta: delta auto is 1/N, never above "
+                                                          "it; remove allow_large_delta")
+
+
+def test_under_replace_one_a_large_delta_is_refused_once_the_rows_are_counted(tiny_spec_dict):
+    """The private count is N under replace_one, known after loading: planning refuses, before a run starts or
+    a budget is reserved (privzo calibrate and run plan first); every optimizer's plan reads delta_for."""
+    from components import builders
+
+    tiny_spec_dict["data"].pop("declared_private_rows")
+    tiny_spec_dict["privacy"].update(neighboring="replace_one", delta=0.001)
+    tiny_spec_dict["sampling"] = {"kind": "fixed_size", "batch_size": 64}
+    spec = specs.spec_from_dict(tiny_spec_dict)  # N unknown here: accepted
+    assert builders.resolve_privacy(spec, 1000)[0].privacy.delta == 0.001  # 1/N exactly
+    with pytest.raises(ValueError, match=r"^privacy.delta: 0.001 is above 1/N = 1/1001 = 0.000999001 \(N: the private "
+                                         r"rows\): not a meaningful guarantee .* e.g. 1e-05, or set "
+                                         r"privacy.allow_large_delta: true"):
+        builders.resolve_privacy(spec, 1001)
+    tiny_spec_dict["privacy"]["allow_large_delta"] = True
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    resolved = builders.resolve_privacy(spec, 1001)[0]
+    assert resolved.privacy.delta == 0.001 and resolved.large_delta(1001) and not resolved.large_delta(1000)
+    o2nc = specs.load_spec(EXAMPLES / "p1_o2nc_001.yaml").model_dump(mode="json")
+    o2nc["privacy"]["delta"] = 0.01
+    with pytest.raises(ValueError, match=r"^privacy.delta: 0.01 is above 1/N = 1/10000 = 0.0001 \(N: the private "
+                                         r"rows\)"):
+        builders.resolve_privacy(specs.spec_from_dict(o2nc), 10_000, 4)
