@@ -26,12 +26,26 @@ INSECURE = ("NOT private (privacy.insecure_deterministic: noise and batches come
 
 def cmd_validate(args) -> int:
     spec = specs.load_spec(args.spec)
+    # the data's names (files, header or schema, class folders), never a value: what `run` would refuse of them
+    from components.data_check import source_problems  # standard library only: no torch
+
+    split = spec.data.split
+    problems = source_problems(spec.data.source, "data.source", split.column if split.kind == "column" else None)
+    if split.kind == "source":
+        problems += source_problems(split.public_source, "data.split.public_source")
+    if problems:
+        raise specs.SpecError("; ".join(problems))
     if spec.privacy is None:
         privacy = "NOT private (mechanism none)"
     elif spec.privacy.insecure_deterministic:
         privacy = f"{INSECURE}, nominal target epsilon {spec.privacy.epsilon}, accountant {spec.privacy.accountant}"
     else:
         privacy = f"target epsilon {spec.privacy.epsilon}, accountant {spec.privacy.accountant}"
+    if spec.privacy is not None and spec.privacy.allow_large_delta:
+        known = spec.data.declared_private_rows is not None  # else N is the private count, known once loaded
+        if not known or spec.large_delta():
+            privacy += (f", delta {spec.privacy.delta} {'is' if known else 'may be'} above 1/N "
+                        "(privacy.allow_large_delta): not a meaningful guarantee")
     print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, {privacy}")
     return 0
 
@@ -102,7 +116,9 @@ def cmd_calibrate(args) -> int:
     print(f"sampling rate:            {rate:.6g}  ({builders.spec_sampler(resolved, n).describe()})")
     print(f"epsilon:                  {eps:.6g}  (target {resolved.privacy.epsilon}, accountant "
           f"{resolved.privacy.accountant}){nominal}")
-    print(f"delta:                    {float(resolved.privacy.delta):.6g}{nominal}")
+    large = (f"  above 1/N = 1/{resolved.public_rows(n)} (privacy.allow_large_delta): NOT a meaningful guarantee"
+             if resolved.large_delta(n) else "")
+    print(f"delta:                    {float(resolved.privacy.delta):.6g}{nominal}{large}")
     if resolved.privacy.accountant == "zcdp":
         rho = builders.accountant(resolved).rho(builders.planned_event(resolved, n, sigma))
         print(f"zCDP rho:                 {rho:.6g}{nominal}")
@@ -125,24 +141,31 @@ def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
 
 def cmd_run(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
-    _preflight(spec, args.resume)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect configures logging on import: before anything else logs (dp-accounting's absl would install
+    # a plain root handler, and every Prefect line would print twice over in two formats)
     from flows.private_train import private_train
+    from flows.tracking import run_url, ui_command
 
+    _preflight(spec, args.resume)
     result = private_train(spec_path=str(args.spec), progress=not args.no_progress, resume=args.resume)
     print()
     print(f"{spec.name}: test accuracy {result['eval/accuracy']:.4f}, test loss {result['eval/loss']:.4f}")
     if spec.privacy is None:
         print(f"privacy: {result['guarantee']}")
     else:
-        print(f"privacy: {result['guarantee']}  (target epsilon {result['target_epsilon']}, "
+        if result["model_guarantee"] != result["guarantee"]:
+            print(f"model {spec.name} version {result['model_version']}: {result['model_guarantee']}")
+        print(f"{'this run spent' if result['model_guarantee'] != result['guarantee'] else 'privacy'}: "
+              f"{result['guarantee']}  (target epsilon {result['target_epsilon']}, "
               f"sigma {result['noise_multiplier']:.4g}, {result['steps']} steps)")
-    print(f"MLflow run {result['run_id']} in {result['tracking_uri']}")
     uri = result["tracking_uri"]
-    if uri.split("://", 1)[0].lower() in ("http", "https", "databricks"):
-        print(f"open it in the tracking server's UI: {uri}")  # a server serves its own UI
+    link = run_url(uri, result["experiment_id"], result["run_id"])
+    if link:
+        print(f"MLflow run {result['run_name']}: {link}")
     else:
-        print(f"open the UI with: mlflow ui --backend-store-uri {uri}  (then http://127.0.0.1:5000)")
+        print(f"MLflow run {result['run_name']} ({result['run_id']}) in {uri}")
+        print(f"open the UI with: {ui_command(uri)}  (then http://127.0.0.1:5000)")
     return 0
 
 
@@ -207,7 +230,8 @@ def cmd_budget(args) -> int:
                      f"postgresql+psycopg://USER@HOST/DB")
     if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
         # reading must not create an empty ledger where the user mistyped a path
-        return _fail(f"budget: no ledger at {args.ledger} (no file {url.database})")
+        print(_nothing_spent(args.dataset, f"no run has been charged to {args.ledger} yet (no file {url.database})"))
+        return 0
     try:
         ledger = PrivacyLedger(args.ledger)
         return _show_budget(args, ledger)
@@ -216,20 +240,33 @@ def cmd_budget(args) -> int:
         return _fail(f"--ledger: cannot read {args.ledger} ({str(reason).splitlines()[0]})")
 
 
+def _nothing_spent(dataset: str, where: str) -> str:
+    return (f"{dataset}: nothing spent yet: {where}. Its lifetime budget is the budget.lifetime_epsilon of the "
+            "first run charged to it, and every run after is refused past it.")
+
+
 def _show_budget(args, ledger) -> int:
+    from flows.reporting import shown, shown_left
+
     ds = ledger.dataset(args.dataset)
     if ds is None:
-        return _fail(f"budget: no runs recorded for dataset {args.dataset!r} in {args.ledger}")
+        known = ledger.datasets()
+        print(_nothing_spent(args.dataset, f"no run on it is recorded in {args.ledger}" + (
+            f" (datasets there: {', '.join(known)})" if known else "")))
+        return 0
     spent = ledger.spent(args.dataset)
     if args.action == "show":
-        print(f"{args.dataset}: {spent:.6g} of {ds.lifetime_epsilon:g} epsilon spent, "
-              f"{max(ds.lifetime_epsilon - spent, 0.0):.6g} left (delta {ds.delta:.3g}, {ds.accountant}, {ds.neighboring})")
+        print(f"{args.dataset}: {shown(spent)} of {ds.lifetime_epsilon:g} epsilon spent, "
+              f"{shown_left(ds.lifetime_epsilon - spent)} left (delta {shown(ds.delta, 3)}, {ds.accountant}, "
+              f"{ds.neighboring})")
         return 0
     print(f"{'created (UTC)':20} {'run':24} {'status':10} {'steps':>11} {'run epsilon':>12}  fingerprint")
     for c in ledger.history(args.dataset):
+        eps = ledger.run_epsilon(c)
         print(f"{c.created_at:%Y-%m-%d %H:%M:%S} {c.run_name[:24]:24} {c.status:10} "
-              f"{c.steps_run:>5}/{c.steps_planned:<5} {c.planned_epsilon:12.4g}  {c.fingerprint[:12]}")
-    print(f"total (exact composition): {spent:.6g} of {ds.lifetime_epsilon:g}")
+              f"{c.steps_run:>5}/{c.steps_planned:<5} {'none' if eps is None else shown(eps):>12}  {c.fingerprint[:12]}")
+    print(f"total (exact composition): {shown(spent)} of {ds.lifetime_epsilon:g}, "
+          f"{shown_left(ds.lifetime_epsilon - spent)} left")
     return 0
 
 

@@ -238,6 +238,18 @@ class PrivacyLedger:
                            r.created_at)
                     for r in self._charges(session, dataset)]
 
+    def datasets(self) -> List[str]:
+        with Session(self.engine) as session:
+            return list(session.scalars(select(DatasetRow.dataset).order_by(DatasetRow.dataset)))
+
+    def run_epsilon(self, charge: Charge) -> Optional[float]:
+        """One charge's epsilon alone, at its dataset's delta (what it executed, or reserved while running);
+        None for an aborted one, which counts for nothing."""
+        if charge.status == ABORTED:
+            return None
+        ds = self.dataset(charge.dataset)
+        return Accountant(ds.accountant, ds.neighboring).epsilon(charge.event, ds.delta)
+
     def charged_run(self, dataset: str, run_id: str) -> bool:
         """Whether the MLflow run ``run_id`` was charged (reserved or committed) to ``dataset``."""
         with Session(self.engine) as session:

@@ -11,6 +11,7 @@ run ends that many updates early, at exactly the planned epsilon, never above it
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -27,6 +28,7 @@ import torch
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
@@ -36,9 +38,39 @@ from components import builders, models
 from components.accountants import Accountant, event_from_json, event_to_json
 from components.data import SplitData
 from components.estimators.directions import GENERATOR_VERSION
-from flows.checkpoints import Checkpointer, CheckpointStore, resume_store, spec_digest
-from flows.reporting import PrivacySummary, privacy_report, summarize
-from flows.tracking import KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts, released_fingerprint
+from flows.checkpoints import Checkpointer, CheckpointStore, RunLocked, resume_store, spec_digest
+from flows.ledger import BudgetExceeded, RowsExposed, RowsUnmatched
+from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
+from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
+                            released_fingerprint, run_name, run_url, tool, training_experiment, ui_command,
+                            version_url)
+
+
+# Expected outcomes, not crashes: a spec that does not fit its data, a budget or ledger refusal, a run
+# that may not resume or start from a model. The flow run ends Failed with the refusal's line as its message,
+# the task is not retried (it would be refused again), and no traceback is logged for it.
+REFUSALS = (ValueError, FileNotFoundError, BudgetExceeded, RowsExposed, RowsUnmatched, RunLocked)
+
+
+def refusal_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+def _not_refused(_task, _task_run, state) -> bool:
+    return not isinstance(getattr(state, "data", None), REFUSALS)
+
+
+class _RefusalsWithoutTracebacks(logging.Filter):
+    """Prefect logs every exception that ends a task or flow run with its traceback, in the terminal and in
+    the UI (its API handler sits on these loggers); a refusal's own line is the flow run's state message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], REFUSALS))
+
+
+for _name in ("prefect.flow_runs", "prefect.task_runs"):
+    if not any(isinstance(f, _RefusalsWithoutTracebacks) for f in logging.getLogger(_name).filters):
+        logging.getLogger(_name).addFilter(_RefusalsWithoutTracebacks())
 
 
 @dataclass(frozen=True)
@@ -49,7 +81,7 @@ class Plan:
     planned_epsilon: float
 
 
-@task(name="load-and-split", cache_policy=NO_CACHE, retries=2)
+@task(name="load-and-split", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_not_refused)
 def load_and_split(spec: specs.RunSpec) -> SplitData:
     data = builders.load_data(spec)
     if spec.private_count_is_public:
@@ -230,7 +262,7 @@ def _same_stream(store: CheckpointStore, saved: Dict[str, Any], stream: str) -> 
                          f"{stream}; resume on the kind of device that wrote it (execution.device) or start a new run")
 
 
-@task(name="registered-source", cache_policy=NO_CACHE, retries=2)
+@task(name="registered-source", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_not_refused)
 def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
     """``optimizer.init: latest_registered``: the latest registered version of this spec's model, checked
     before anything is reserved or written. A private run never starts from a version that is not DP."""
@@ -358,10 +390,9 @@ def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.Run
 def open_run(plan: Plan, data: SplitData, dimension: int, device: str) -> str:
     """Create the MLflow run with the resolved spec as params; nothing private is read here."""
     spec = plan.spec
-    mlflow.set_tracking_uri(spec.tracking.uri)
-    experiment = mlflow.set_experiment(spec.tracking.experiment or spec.name)
     client = mlflow.MlflowClient(spec.tracking.uri)
-    run = client.create_run(experiment.experiment_id, run_name=spec.name, tags={
+    experiment_id = training_experiment(client, spec.tracking.experiment or spec.name)
+    run = client.create_run(experiment_id, run_name=run_name(spec.name), tags={
         "privzo.spec": spec.name, "privzo.estimator": spec.estimator.kind,
         "dp.target_epsilon": str(spec.privacy.epsilon if spec.privacy else math.inf),
         "dp.private": str(spec.private).lower()})
@@ -396,8 +427,10 @@ def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: st
 
 @task(name="register-model", cache_policy=NO_CACHE)
 def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_shape: Tuple[int, ...], row_dtype: str,
-                   name: str, tags: Dict[str, str]) -> str:
-    """``row_shape``/``row_dtype``: of one input row (float features, or token ids and mask for text)."""
+                   name: str, tags: Dict[str, str], description: str = "") -> str:
+    """``row_shape``/``row_dtype``: of one input row (float features, or token ids and mask for text).
+    ``tags`` lead with the model's guarantee (dp.epsilon, dp.guarantee: every run that trained it), the
+    run's own spend beside it (dp.run_*); ``description`` is the version's, headed by the same."""
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pytorch.log_model(
@@ -409,6 +442,11 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
     version = str(info.registered_model_version)
     for key, value in tags.items():  # registered models carry the DP tags
         client.set_model_version_tag(name, version, key, value)
+    if description:
+        client.update_model_version(name, version, description=description)
+        client.update_registered_model(name, description=(
+            f"Models trained under differential privacy by privzo from spec {name}; each version's description "
+            f"and dp.* tags state its own guarantee.\n\n**Latest: version {version}.** {description}"))
     return version
 
 
@@ -418,8 +456,17 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     """Train a model under differential privacy as declared by one run spec (a YAML path or a mapping).
 
     ``resume``: the run key of a killed run (its checkpoint folder name) or ``latest``; by default a
-    retried flow run resumes its own checkpoint.
+    retried flow run resumes its own checkpoint. A refusal ends the flow run Failed with its line as the
+    state's message; called in-process, the refusal is raised.
     """
+    try:
+        return _private_train(spec_path, spec, progress, resume)
+    except REFUSALS as err:
+        return Failed(message=refusal_line(err), data=err)
+
+
+def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], progress: bool,
+                   resume: Optional[str]) -> Dict[str, Any]:
     run_spec = _load(spec_path, spec)
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
@@ -464,15 +511,16 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
         else:
             run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
             checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id, built))
-        get_run_logger().info("run key %s: checkpoints in %s (after a crash: privzo run SPEC --resume %s)",
-                              store.key, store.dir, store.key)
+        get_run_logger().info("run key %s: checkpoints in %s (after a crash: %s run %s --resume %s)",
+                              store.key, store.dir, tool("privzo"), spec_path or "SPEC", store.key)
         result, report = _train_and_log(plan, data, built, run_id, checkpointer, init_tags, progress=progress)
         finished = True
     finally:
         if charge_id is not None:  # the ledger is charged with the steps actually executed, whatever happened
             left = commit_budget(resolved, charge_id, event_to_json(built.loop.tracker.event()),
                                  built.loop.tracker.steps, run_id)
-            get_run_logger().info("dataset %s: %.4g epsilon left", resolved.budget.dataset, left)
+            get_run_logger().info("dataset %s: %s of %g epsilon left", resolved.budget.dataset, shown_left(left),
+                                  resolved.budget.lifetime_epsilon)
         if finished and resolved.checkpoint.keep:
             store.mark_finished()
         elif finished or charge_id is not None:
@@ -481,13 +529,56 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
             checkpointer.record_spent(built.loop)  # resumable; the discarded steps stay counted
         store.unlock()
     result["run_key"] = store.key
+    budget = ""
     if charge_id is not None:
         result["budget_left"] = left
-        mlflow.MlflowClient(uri).set_tag(run_id, "dp.budget_left", f"{left:.6g}")
-        report += (f"\n**Dataset budget.** {resolved.budget.dataset}: {left:.4g} of "
-                   f"{resolved.budget.lifetime_epsilon:g} epsilon left (ledger: exact composition of every run).\n")
-    create_markdown_artifact(report, key=_artifact_key(resolved.name), description="privzo privacy report")
+        mlflow.MlflowClient(uri).set_tag(run_id, "dp.budget_left", shown_left(left, 6))
+        budget = budget_table(resolved)
+    summary = _result_summary(resolved, result)
+    for line in summary:
+        get_run_logger().info("%s", line.replace("**", ""))
+    create_markdown_artifact("\n".join(["# " + summary[0], "", *(f"- {line}" for line in summary[1:]), "", budget,
+                                         report.replace("# Privacy report", "## Privacy report", 1)]),
+                             key=_artifact_key(resolved.name), description="privzo run: MLflow links, guarantee, budget")
     return result
+
+
+def _result_summary(spec: specs.RunSpec, result: Dict[str, Any]) -> list:
+    """The lines a Prefect user reads first: where the run and the model are in MLflow, and what they are."""
+    uri, name, version = result["tracking_uri"], spec.name, result["model_version"]
+    link = run_url(uri, result["experiment_id"], result["run_id"])
+    where = f"[{result['run_name']}]({link})" if link else (
+        f"{result['run_id']} in {uri} (browse it: {ui_command(uri)})")
+    model = version_url(uri, name, version)
+    metrics = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in result.items() if k.startswith("eval/"))
+    lines = [f"{name}: model version {version}, {metrics}", f"MLflow run: {where}",
+             f"Registered model: " + (f"[{name} version {version}]({model})" if model else f"{name} version {version}"),
+             f"**Model guarantee:** {result['model_guarantee']}"]
+    if result["model_guarantee"] != result["guarantee"]:
+        lines.append(f"**This run spent:** {result['guarantee']}")
+    return lines
+
+
+def budget_table(spec: specs.RunSpec) -> str:
+    """The dataset's ledger as a markdown table: every run's epsilon, the exact total and what is left."""
+    from flows.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger(spec.budget.ledger)
+    dataset = spec.budget.dataset
+    ds = ledger.dataset(dataset)
+    spent = ledger.spent(dataset)
+    lines = [f"## Budget of dataset {dataset}", "",
+             f"Ledger {ledger.url}; each run's epsilon alone, and the exact composition of all of them at delta "
+             f"{shown(ds.delta, 3)} ({ds.accountant}, {ds.neighboring}).", "",
+             "| started (UTC) | run | MLflow run | status | steps | epsilon |", "|---|---|---|---|---:|---:|"]
+    for charge in ledger.history(dataset):
+        eps = ledger.run_epsilon(charge)
+        lines.append(f"| {charge.created_at:%Y-%m-%d %H:%M:%S} | {charge.run_name} | {charge.run_id or ''} | "
+                     f"{charge.status} | {charge.steps_run}/{charge.steps_planned} | "
+                     f"{'none' if eps is None else shown(eps)} |")
+    lines += [f"| | **total (exact composition)** | | | | **{shown(spent)} of {ds.lifetime_epsilon:g}** |",
+              f"| | **left** | | | | **{shown_left(ds.lifetime_epsilon - spent)}** |", ""]
+    return "\n".join(lines)
 
 
 def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str,
@@ -542,7 +633,7 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         """The model's metrics now, with the privacy spent so far, logged at the current step."""
         out = evaluate(built, data)
         if epsilon_metric(resolved):
-            out[epsilon_metric(resolved)] = built.loop.tracker.epsilon()
+            out[epsilon_metric(resolved)] = float(shown(built.loop.tracker.epsilon(), 6))  # never below the spend
         log_metrics(uri, run_id, out, built.loop.step)
         return out
 
@@ -576,12 +667,21 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         summary = _summary(plan, built)
         tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION),
                 "privzo.directions_stream": built.loop.backend.directions.stream}
-        report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)})
         client = mlflow.MlflowClient(uri)
         composed = model_event(client, run_id, resolved, built.loop.tracker.event())
-        tags["dp.model_epsilon"] = f"{model_epsilon(resolved, composed):.6g}"
+        model_eps = model_epsilon(resolved, composed)
+        tags["dp.model_epsilon"] = shown(model_eps, 6)
         started = client.get_run(run_id).data.tags.get("privzo.init", "seed")
-        if started.startswith("models:/"):
+        continued = started.startswith("models:/")
+        tags["dp.model_runs"] = str(model_runs(client, run_id) if continued else 1)
+        model_sentence = (summary.model_guarantee(model_eps, int(tags["dp.model_runs"]), started) if continued
+                          else summary.guarantee())
+        report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)},
+                                model=model_sentence if continued else None)
+        trained_on = _trained_on(resolved, data, summary.steps, started)
+        tags[DESCRIPTION] = (f"**Model guarantee:** {model_sentence}\n\n**This run spent:** {summary.guarantee()}"
+                             if continued else f"**Guarantee:** {summary.guarantee()}") + f"\n\n{trained_on}"
+        if continued:
             report += (f"\n**Initialisation.** {started}. The model trained on what that version was trained on "
                        f"and on this run's data: its guarantee composes every run back to a seed initialisation, "
                        f"epsilon {tags['dp.model_epsilon']} at this run's delta (tag dp.model_epsilon"
@@ -593,16 +693,44 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
                     journal_json(built.loop.journal), extra)
         if status != "FINISHED":
             mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
+    version_tags = {k: v for k, v in tags.items() if k != DESCRIPTION}
+    version_tags.update({  # a version is the model: its headline is the model's guarantee, the run's spend beside it
+        "dp.epsilon": tags["dp.model_epsilon"] if resolved.private else tags["dp.epsilon"],
+        "dp.guarantee": model_sentence, "dp.run_epsilon": tags["dp.epsilon"], "dp.run_guarantee": tags["dp.guarantee"]})
     version = register_model(uri, run_id, built.model, data.test.features.shape[1:], str(data.test.features.dtype),
-                             resolved.name, tags)
+                             resolved.name, version_tags, description=(
+                                 f"**Model guarantee:** {model_sentence}\n\n**Run {run_id} spent:** "
+                                 f"{summary.guarantee()}\n\n{trained_on}"))
     mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
     run = mlflow.MlflowClient(uri).get_run(run_id)
     return {
-        "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri,
+        "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri, "run_name": run.info.run_name,
         "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
         "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
-        "model_version": version, **metrics,
+        "model_guarantee": model_sentence, "model_epsilon": model_eps, "model_version": version, **metrics,
     }, report
+
+
+def model_runs(client: mlflow.MlflowClient, run_id: str) -> int:
+    """How many runs trained the model of ``run_id``: it and those of the version it started from."""
+    source = client.get_run(run_id).data.tags.get("privzo.init_run_id")
+    if source is None:
+        return 1
+    try:
+        return 1 + int(client.get_run(source).data.tags.get("dp.model_runs", "1"))
+    except MlflowException:
+        return 2
+
+
+def _trained_on(spec: specs.RunSpec, data: SplitData, steps: int, started: str) -> str:
+    """What a model was trained on and how, in a sentence (no private count under add/remove)."""
+    source = spec.data.source
+    rows = (f"{len(data.private)} private rows" if spec.private_count_is_public else
+            f"private rows declared as {spec.data.declared_private_rows} (their count itself stays private)")
+    return (f"Trained by privzo from spec {spec.name}: {spec.estimator.kind} with the {spec.mechanism.kind} "
+            f"mechanism and {spec.sampling.kind.replace('_', ' ')} sampling, {steps} private steps on "
+            f"{source.kind} data {source.name} ({rows}; {len(data.public)} public rows), evaluated on "
+            f"{len(data.test)} test rows; started from {started}.")
 
 
 def _artifact_key(name: str) -> str:

@@ -3,10 +3,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Optional
 
 from components.estimators.evaluate import NON_FINITE_HANDLING
 from components.randomness import NOISE_SENTENCES
+
+
+def _significant(x: float, digits: int, rounding: str) -> str:
+    if not math.isfinite(x) or x == 0:
+        return f"{x:g}"
+    value = Decimal(repr(x))
+    rounded = value.quantize(Decimal(1).scaleb(value.adjusted() - digits + 1), rounding=rounding)
+    return f"{float(rounded):.{digits}g}"
+
+
+def shown(x: float, digits: int = 4) -> str:
+    """An epsilon, delta or rho as people read it: ``digits`` significant digits, rounded up, so a shown
+    spend never understates the accounted one (1.9999999989 reads 2, 1.23441 reads 1.235)."""
+    return _significant(x, digits, ROUND_CEILING)
+
+
+def shown_left(x: float, digits: int = 4) -> str:
+    """What is left of a budget, rounded down: a shown remainder never overstates it."""
+    return _significant(max(x, 0.0), digits, ROUND_FLOOR)
 
 
 @dataclass(frozen=True)
@@ -31,38 +51,64 @@ class PrivacySummary:
     private_rows: Optional[int] = None  # the private row count, where the run used it (public under replace-one)
     noise_source: str = "fast"  # what drew the noise and batches: secure, fast or seeded (randomness.NOISE_SENTENCES)
     event_sentence: Optional[str] = None  # a single pass: how its releases compose, in place of the per-step one
+    large_delta_rows: Optional[int] = None  # N, where delta is above 1/N (privacy.allow_large_delta)
 
     def guarantee(self) -> str:
+        return self.guarantee_at(self.epsilon, self.rho)
+
+    def guarantee_at(self, epsilon: float, rho: Optional[float] = None) -> str:
+        """The guarantee sentence at ``epsilon`` (a model's composed epsilon, or this run's)."""
         if self.mechanism == "none":
             return (f"NOT private: mechanism none releases exact, unclipped values computed from {self.dataset} "
                     "(losses, or gradients for first_order); it has no (epsilon, delta) guarantee.")
         if not self.private:
             return (f"NOT private: insecure_deterministic drew the noise and batches from the public seed; "
-                    f"the nominal ({self.epsilon:.4g}, {self.delta:.3g}) does not hold for {self.dataset}.")
-        zcdp = f" It is {self.rho:.4g}-zCDP, which implies that." if self.rho is not None else ""
+                    f"the nominal ({shown(epsilon)}, {shown(self.delta, 3)}) does not hold for {self.dataset}.")
+        zcdp = f" It is {shown(rho)}-zCDP, which implies that." if rho is not None else ""
+        pair = f"({shown(epsilon)}, {shown(self.delta, 3)})-DP"
+        if self.large_delta_rows is not None:  # leads, as "NOT private" does: the pair promises nothing of a row
+            pair = (f"NOT a meaningful guarantee: delta {shown(self.delta, 3)} is above 1/N = 1/{self.large_delta_rows} "
+                    f"(privacy.allow_large_delta), and publishing one random row whole meets it. {pair}")
         if self.neighboring == "add_remove":
             # every constant of the run (rate, steps, delta, normaliser) is public: plain add/remove DP
-            return f"({self.epsilon:.4g}, {self.delta:.3g})-DP for add/remove of one example of {self.dataset}.{zcdp}"
+            return f"{pair} for add/remove of one example of {self.dataset}.{zcdp}"
         rows = f" ({self.private_rows})" if self.private_rows is not None else ""
-        return (f"({self.epsilon:.4g}, {self.delta:.3g})-DP for replacement of one example of {self.dataset}; the "
+        return (f"{pair} for replacement of one example of {self.dataset}; the "
                 f"number of private rows{rows} is the same for every such neighbour, and the run uses and "
                 f"releases it.{zcdp}")
 
+    def model_guarantee(self, model_epsilon: float, runs: int, start: str) -> str:
+        """The guarantee of a model that continued ``start`` (a registered version): every run since a seed
+        initialisation composed. ``model_epsilon`` inf: a start's privacy events are unknown."""
+        if not self.private:
+            return self.guarantee()
+        if not math.isfinite(model_epsilon):
+            return (f"unknown: {start}, which this model continued, was trained by runs whose privacy events are "
+                    f"not recorded; this run alone is {self.guarantee()}")
+        return (self.guarantee_at(model_epsilon)[:-1] + f", composed over the {runs} runs that trained it "
+                f"(this one and {start} back to a seed initialisation): it bounds every person's loss, whichever of "
+                "those runs they were in.")
 
-def privacy_report(s: PrivacySummary, metrics: dict) -> str:
+
+def privacy_report(s: PrivacySummary, metrics: dict, model: Optional[str] = None) -> str:
+    """``model``: the model's own guarantee, where the run continued a registered version; it leads, and
+    the run's spend follows it, named as such."""
+    headline = ([f"**Model guarantee.** {model}", "", f"**This run's spend.** {s.guarantee()}"] if model else
+                [f"**Guarantee.** {s.guarantee()}"])
     lines = [
         f"# Privacy report: {s.dataset}",
         "",
-        f"**Guarantee.** {s.guarantee()}",
+        *headline,
         "",
         "| quantity | value |",
         "|---|---|",
-        f"| epsilon spent (accounted) | {s.epsilon:.6g} |" if s.private or s.mechanism == "none" else
-        f"| nominal epsilon (NOT private: insecure_deterministic) | {s.epsilon:.6g} |",
+        f"| epsilon spent by this run (accounted) | {shown(s.epsilon, 6)} |" if s.private or s.mechanism == "none" else
+        f"| nominal epsilon (NOT private: insecure_deterministic) | {shown(s.epsilon, 6)} |",
         f"| epsilon target | {s.target_epsilon:.6g} |",
-        f"| delta | {s.delta:.6g} |",
+        f"| delta | {shown(s.delta, 6)} |" if s.large_delta_rows is None else
+        f"| delta | {shown(s.delta, 6)} (above 1/N = 1/{s.large_delta_rows}: not a meaningful guarantee) |",
         f"| accountant | {s.accountant} (dp-accounting) |",
-        *([f"| zCDP rho spent | {s.rho:.6g} |"] if s.rho is not None else []),
+        *([f"| zCDP rho spent | {shown(s.rho, 6)} |"] if s.rho is not None else []),
         f"| neighbouring relation | {s.neighboring} |",
         f"| noise multiplier sigma | {s.noise_multiplier:.6g} |",
         f"| private steps | {s.steps} |",
@@ -102,7 +148,8 @@ def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_ste
         rho=rho if privacy else None,
         residual_clip=getattr(spec.estimator, "residual_clip", None) if privacy else None,
         private_rows=sampler.rows if spec.private_count_is_public else None, noise_source=noise_source,
-        event_sentence=_single_pass_sentence(spec))
+        event_sentence=_single_pass_sentence(spec),
+        large_delta_rows=spec.public_rows(sampler.rows) if privacy and spec.large_delta(sampler.rows) else None)
 
 
 def _single_pass_sentence(spec) -> Optional[str]:

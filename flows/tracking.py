@@ -6,13 +6,17 @@ import hmac
 import json
 import os
 import secrets
+import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import mlflow
+from mlflow.exceptions import MlflowException
 
-from flows.reporting import PrivacySummary
+from flows.reporting import PrivacySummary, shown
 
 
 KEY_ENV = "PRIVZO_FINGERPRINT_KEY"
@@ -76,11 +80,11 @@ def keyed_rows(row_fingerprints: Sequence[str]) -> List[str]:
 
 def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
     """``data_fingerprint``: the private rows' content fingerprint; the tag carries its keyed form."""
-    rho = {"dp.zcdp_rho": f"{summary.rho:.6g}"} if summary.rho is not None else {}
+    rho = {"dp.zcdp_rho": shown(summary.rho, 6)} if summary.rho is not None else {}
     return {
         **rho,
-        "dp.epsilon": f"{summary.epsilon:.6g}",
-        "dp.delta": f"{summary.delta:.6g}",
+        "dp.epsilon": shown(summary.epsilon, 6),
+        "dp.delta": shown(summary.delta, 6),
         "dp.accountant": summary.accountant,
         "dp.neighboring": summary.neighboring,
         "dp.guarantee": summary.guarantee(),
@@ -89,6 +93,7 @@ def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
         "dp.private": "true" if summary.private else "false",
         "dp.noise_source": summary.noise_source if summary.mechanism != "none" else "none",
         "data.fingerprint": released_fingerprint(data_fingerprint),
+        **({"dp.large_delta": "true"} if summary.large_delta_rows is not None else {}),
     }
 
 
@@ -105,3 +110,76 @@ def log_text_artifacts(client: mlflow.MlflowClient, run_id: str, files: Dict[str
 
 def journal_json(entries: Iterable) -> str:
     return json.dumps([{"step": e.step, "seed": e.seed, "coefficient": e.coefficient} for e in entries])
+
+
+# MLflow 3 opens an experiment without this tag on its GenAI overview, which shows none of privzo's runs
+EXPERIMENT_KIND = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+DESCRIPTION = "mlflow.note.content"  # what MLflow's UI shows as a run's description
+
+
+def training_experiment(client: mlflow.MlflowClient, name: str) -> str:
+    """The id of experiment ``name`` (created if new), set to open on MLflow's training-runs view unless
+    someone chose its kind already."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            experiment_id = client.create_experiment(name)
+        except MlflowException:  # created by a concurrent run
+            exp = client.get_experiment_by_name(name)
+            experiment_id = exp.experiment_id
+    else:
+        experiment_id = exp.experiment_id
+    if exp is None or EXPERIMENT_KIND not in exp.tags:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, TRAINING_KIND)
+    return experiment_id
+
+
+def run_name(name: str) -> str:
+    """``name`` and the UTC start time: runs of one spec told apart in the runs list."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+
+
+def tool(name: str) -> str:
+    """A privzo, prefect or mlflow command that works pasted into a fresh shell: the one beside this
+    interpreter, by its path unless the shell already finds that very one."""
+    mine = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if found and mine.exists() and os.path.samefile(found, mine):
+        return name
+    return str(mine)
+
+
+UI_ENV, UI_STORE_ENV = "PRIVZO_MLFLOW_UI_URL", "PRIVZO_MLFLOW_UI_STORE"
+
+
+def _store(uri: str) -> str:
+    if uri.startswith("sqlite:///"):  # relative to the working folder, as MLflow reads it
+        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
+    return uri
+
+
+def ui_base(tracking_uri: str) -> Optional[str]:
+    """Where a person browses ``tracking_uri``'s runs: the tracking server itself, or the UI the local
+    stack serves ($PRIVZO_MLFLOW_UI_URL) when it serves this very store ($PRIVZO_MLFLOW_UI_STORE); None
+    when no UI is known."""
+    if tracking_uri.split("://", 1)[0].lower() in ("http", "https"):
+        return tracking_uri.rstrip("/")
+    ui, store = os.environ.get(UI_ENV), os.environ.get(UI_STORE_ENV)
+    if ui and store and _store(store) == _store(tracking_uri):
+        return ui.rstrip("/")
+    return None
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> Optional[str]:
+    base = ui_base(tracking_uri)
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if base else None
+
+
+def version_url(tracking_uri: str, name: str, version: str) -> Optional[str]:
+    base = ui_base(tracking_uri)
+    return f"{base}/#/models/{name}/versions/{version}" if base else None
+
+
+def ui_command(tracking_uri: str) -> str:
+    return f"{tool('mlflow')} ui --backend-store-uri {tracking_uri}"

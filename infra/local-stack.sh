@@ -6,7 +6,8 @@
 # Ports: PRIVZO_PREFECT_PORT (4200), PRIVZO_MLFLOW_PORT (5000). State and logs under .privzo-stack/.
 #
 # PRIVZO_STACK_DB picks where the state lives:
-#   sqlite (default)  Prefect's own SQLite, MLflow over sqlite:///mlflow.db; specs name their own stores.
+#   sqlite (default)  Prefect's own SQLite, MLflow over sqlite:///mlflow.db (PRIVZO_STACK_MLFLOW_STORE: another
+#                     store); specs name their own stores.
 #   postgres          the topology of infra/compose on one machine: a local PostgreSQL (installed and
 #                     started by infra/postgres/test-db.sh, needs root) holds Prefect's database, MLflow's
 #                     tracking store and registry, and the privacy ledger; MLflow serves the artifacts
@@ -41,17 +42,19 @@ wait_http() {
 case "${1:-up}" in
   up)
     mkdir -p "$state" "$PREFECT_HOME"
-    worker_env=()
+    # flow runs name the UI their MLflow runs are browsed in (links in Prefect's logs and artifacts)
+    worker_env=(env "PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
     if [ "$db" = postgres ]; then
       bash "$root/infra/postgres/test-db.sh" start prefect mlflow >"$state/postgres.log" 2>&1 ||
         { echo "local-stack: PostgreSQL did not start; see $state/postgres.log" >&2; exit 1; }
       export PREFECT_API_DATABASE_CONNECTION_URL="${pg/+psycopg/+asyncpg}/prefect"
       store="$pg/mlflow"
       artifacts=(--artifacts-destination "$state/mlartifacts")
-      worker_env=(env "MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "PRIVZO_LEDGER_URL=$pg/privzo")
+      worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "PRIVZO_LEDGER_URL=$pg/privzo")
     else
-      store=sqlite:///mlflow.db
+      store=${PRIVZO_STACK_MLFLOW_STORE:-sqlite:///mlflow.db}
       artifacts=()
+      worker_env+=("PRIVZO_MLFLOW_UI_STORE=$store")
     fi
     start prefect-server "$bin/prefect" server start --host 127.0.0.1 --port "$prefect_port"
     start mlflow "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --backend-store-uri "$store" "${artifacts[@]}"
@@ -66,17 +69,27 @@ case "${1:-up}" in
       echo "# PostgreSQL keeps running after 'down': infra/postgres/test-db.sh stop"
     fi
     echo "# Prefect UI http://127.0.0.1:$prefect_port/   MLflow UI http://127.0.0.1:$mlflow_port/"
+    echo "# then, with those exports: $bin/prefect deployment run private-train/digits-retrain-nightly --watch"
+    echo "#   $bin/privzo budget show sklearn-digits"
     ;;
   down)
+    # every group is signalled at once and waited for together: stopping one by one summed their waits
+    groups=()
     for name in prefect-worker mlflow prefect-server; do
       if [ -f "$state/$name.pid" ]; then
         pid=$(cat "$state/$name.pid")
-        kill -TERM -- "-$pid" 2>/dev/null || true   # the whole group: servers fork workers
-        for _ in $(seq 1 20); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.5; done
-        kill -KILL -- "-$pid" 2>/dev/null || true
+        kill -TERM -- "-$pid" 2>/dev/null && groups+=("$pid")   # the whole group: servers fork workers
         rm -f "$state/$name.pid"
       fi
     done
+    for _ in $(seq 1 50); do
+      alive=()
+      for pid in "${groups[@]}"; do kill -0 -- "-$pid" 2>/dev/null && alive+=("$pid"); done
+      [ ${#alive[@]} -eq 0 ] && break
+      groups=("${alive[@]}")
+      sleep 0.2
+    done
+    for pid in "${groups[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
     ;;
   *) echo "usage: $0 up|down" >&2; exit 2 ;;
 esac

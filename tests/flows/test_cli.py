@@ -147,20 +147,26 @@ def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path
     assert list(tmp_path.iterdir()) == []  # no Prefect, no MLflow database
 
 
-@pytest.mark.parametrize("ledger, message", [
-    (None, "budget: no ledger at sqlite:///{home}/.privzo/privacy-ledger.db (no file {home}/.privzo/privacy-ledger.db)"),
-    ("sqlite:///missing/l.db", "budget: no ledger at sqlite:///missing/l.db"),
-    ("notaurl", "--ledger: 'notaurl' is not a database URL"),
+@pytest.mark.parametrize("ledger, code, stream, message", [
+    (None, 0, "out", "patients: nothing spent yet: no run has been charged to sqlite:///{home}/.privzo/privacy-ledger.db "
+     "yet (no file {home}/.privzo/privacy-ledger.db). Its lifetime budget is the budget.lifetime_epsilon of the first "
+     "run charged to it"),
+    ("sqlite:///missing/l.db", 0, "out", "patients: nothing spent yet: no run has been charged to sqlite:///missing/l.db"),
+    ("notaurl", 2, "err", "privzo: error: --ledger: 'notaurl' is not a database URL"),
 ])
-def test_budget_reads_a_ledger_without_creating_one(tmp_path, monkeypatch, capsys, ledger, message):
+def test_budget_reads_a_ledger_without_creating_one(tmp_path, monkeypatch, capsys, ledger, code, stream, message):
+    """Before any run a user is told nothing is spent yet (not an error); nothing is created by reading."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.delenv("PRIVZO_LEDGER_URL", raising=False)
-    code, err = _in_process(["budget", "show", "patients", *(["--ledger", ledger] if ledger else [])], tmp_path,
-                            monkeypatch, capsys, HOME=str(home))
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and message.format(home=home) in lines[0], err
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    from flows import cli
+
+    assert cli.main(["budget", "show", "patients", *(["--ledger", ledger] if ledger else [])]) == code
+    out = capsys.readouterr()
+    lines = getattr(out, stream).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message.format(home=home)), out
     assert list(tmp_path.iterdir()) == [home] and list(home.iterdir()) == []
 
 
@@ -194,3 +200,91 @@ def test_the_temporary_prefect_server_gets_time_to_start(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env=dict(env, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0 and int(out.stdout.strip()) >= 120, out.stderr
+
+
+def _data_spec(tmp_path, tiny_spec_dict, source):
+    """A spec in tmp_path/specs whose source is named relative to it (../data/...), as a team writes one."""
+    (tmp_path / "specs").mkdir(exist_ok=True)
+    (tmp_path / "data").mkdir(exist_ok=True)
+    tiny_spec_dict["data"].update(source=source, split={"kind": "hashed", "public": 0.04, "test": 0.2})
+    return _write(tmp_path / "specs", tiny_spec_dict)
+
+
+def _rows(path, index=False):
+    import pandas as pd
+
+    pd.DataFrame({"a": [0.5, 1.5, 2.5, 3.5], "y": ["no", "yes", "no", "yes"]}).to_csv(path, index=index)
+
+
+@pytest.mark.parametrize("source, arrange, message", [
+    ({"kind": "file", "path": "../data/nope.csv", "label": "y", "classes": ["no", "yes"]}, lambda d: None,
+     "data.source.path: {data}/nope.csv is not a file (nothing is there)"),
+    ({"kind": "file", "path": "../data/rows.csv", "label": "y", "classes": ["no", "yes"]},
+     lambda d: _rows(d / "rows.csv", index=True),
+     "data.source.path: column 1 of rows.csv has no name; name every column, or drop it (pandas writes its index as "
+     "one: to_csv(index=False))"),
+    ({"kind": "file", "path": "../data/rows.csv", "label": "diagnosis", "classes": ["no", "yes"]},
+     lambda d: _rows(d / "rows.csv"), "data.source.label: no column 'diagnosis' in rows.csv; columns: a, y"),
+    ({"kind": "file", "path": "../data", "format": "csv", "label": "y", "classes": ["no", "yes"]}, lambda d: None,
+     "data.source.path: {data} is not a file (a folder)"),
+    ({"kind": "images", "path": "../data", "classes": ["normal", "malignant"]},
+     lambda d: ((d / "normal").mkdir(), (d / "Malignant").mkdir()),
+     "data.source.classes: folder 'Malignant' in {data} is not a declared class; declare it or move it out "
+     "(1 undeclared)"),
+])
+def test_validate_checks_the_data_by_its_names_as_run_does(tmp_path, monkeypatch, capsys, tiny_spec_dict, source,
+                                                           arrange, message):
+    """`privzo validate` reads a file's header or schema and an image folder's names (never a value) and refuses
+    in run's own line what run would refuse; the path is taken from the spec's folder, not the working one."""
+    spec = _data_spec(tmp_path, tiny_spec_dict, source)
+    arrange(tmp_path / "data")
+    before = sorted(tmp_path.rglob("*"))
+    for command in (["validate"], ["run", "--no-progress"]):
+        code, err = _in_process([*command, str(spec)], tmp_path, monkeypatch, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and lines == [f"privzo: error: {message.format(data=tmp_path / 'data')}"], err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing created
+
+
+@pytest.mark.parametrize("source, arrange", [
+    ({"kind": "file", "path": "../data/rows.csv", "label": "y", "classes": ["no", "yes"]},
+     lambda d: _rows(d / "rows.csv")),
+    # a declared class may have no folder (no rows), as for run
+    ({"kind": "images", "path": "../data", "classes": ["normal", "malignant"]}, lambda d: (d / "normal").mkdir()),
+    ({"kind": "file", "path": "../data/rows.csv", "label": "y", "classes": ["no", "yes"], "features": ["a"]},
+     lambda d: _rows(d / "rows.csv")),
+])
+def test_validate_accepts_data_whose_names_fit(tmp_path, monkeypatch, capsys, tiny_spec_dict, source, arrange):
+    spec = _data_spec(tmp_path, tiny_spec_dict, source)
+    arrange(tmp_path / "data")
+    code, err = _in_process(["validate", str(spec)], tmp_path / "data", monkeypatch, capsys)
+    assert code == 0 and err == ""
+
+
+def test_validate_and_calibrate_refuse_a_delta_above_one_over_n(tmp_path, monkeypatch, capsys, tiny_spec_dict):
+    """Under add/remove N is declared and validate refuses; under replace_one N is the private count, and
+    calibrate (as run) refuses once the rows are counted, before anything is created."""
+    tiny_spec_dict["privacy"]["delta"] = 0.5
+    code, err = _in_process(["validate", str(_write(tmp_path, tiny_spec_dict))], tmp_path, monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"privzo: error: {tmp_path / 'spec.yaml'}: privacy.delta: 0.5 is above 1/N = 1/1385 = 0.000722022 (N: "
+        "data.declared_private_rows): not a meaningful guarantee (publishing one random row whole meets it); use "
+        "delta: auto (1/N) or smaller, e.g. 1e-05, or set privacy.allow_large_delta: true to run anyway (the run is "
+        "labelled)"]
+    tiny_spec_dict["data"].pop("declared_private_rows")
+    tiny_spec_dict["privacy"]["neighboring"] = "replace_one"
+    tiny_spec_dict["sampling"] = {"kind": "fixed_size", "batch_size": 64}
+    path = _write(tmp_path, tiny_spec_dict)
+    code, err = _in_process(["calibrate", str(path)], tmp_path, monkeypatch, capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        "privzo: error: privacy.delta: 0.5 is above 1/N = 1/1385 = 0.000722022 (N: the private rows): not a "
+        "meaningful guarantee (publishing one random row whole meets it); use delta: auto (1/N) or smaller, e.g. "
+        "1e-05, or set privacy.allow_large_delta: true to run anyway (the run is labelled)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+    tiny_spec_dict["privacy"]["allow_large_delta"] = True
+    path = _write(tmp_path, tiny_spec_dict)
+    from flows import cli
+
+    assert cli.main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "delta 0.5 may be above 1/N (privacy.allow_large_delta): not a meaningful guarantee" in out

@@ -274,7 +274,8 @@ def test_run_on_ray_workers(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
 
 
 def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
-    """Runs on one dataset compose in the ledger; the run that would overspend is refused before training."""
+    """Runs on one dataset compose in the ledger; the run that would overspend is refused before training,
+    in one line: the flow run ends Failed with it as its message, and no traceback is logged."""
     import subprocess
     import sys
 
@@ -289,8 +290,27 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     tiny_spec_dict["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 1.2, "ledger": ledger_url}
     first = private_train(spec=tiny_spec_dict)
     assert first["budget_left"] == pytest.approx(1.2 - first["epsilon"], rel=1e-9)  # one run: its own epsilon
+    from prefect.artifacts import Artifact
+
+    artifact = Artifact.get("privacy-report-tiny-digits").data  # what the Prefect UI shows of the run
+    assert f"MLflow run: {first['run_id']} in {mlflow_db}" in artifact and "Registered model: tiny-digits version 1" in artifact
+    assert f"accuracy {first['eval/accuracy']:.4f}" in artifact and f"**Model guarantee:** {first['guarantee']}" in artifact
+    assert "## Budget of dataset digits-patients" in artifact and f"| {first['run_id']} | committed | 20/20 |" in artifact
+    assert "**total (exact composition)**" in artifact and "**left**" in artifact
     with pytest.raises(BudgetExceeded, match="left and this run needs"):
         private_train(spec=tiny_spec_dict)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)  # the run's logs reach the server in batches
+    with get_client(sync_client=True) as prefect:
+        (refused,) = prefect.read_flow_runs(sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1)
+        logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[refused.id])))]
+    assert refused.state.type.value == "FAILED"
+    assert refused.state.message.startswith("budget.lifetime_epsilon: dataset 'digits-patients' has")
+    assert any("left and this run needs" in m for m in logs) and not any("Traceback" in m for m in logs), logs
     reseeded = {**tiny_spec_dict, "seed": tiny_spec_dict["seed"] + 1,
                 "privacy": {**tiny_spec_dict["privacy"], "epsilon": 0.01}}  # fits the budget, moves the split
     with pytest.raises(RowsExposed, match="were private in earlier runs on dataset 'digits-patients'"):
@@ -372,6 +392,23 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     assert client.get_run(v3_run).data.tags["dp.model_epsilon"] == client.get_run(v3_run).data.tags["dp.epsilon"]
     report = Path(client.download_artifacts(chained["run_id"], "privacy_report.md", str(tmp_path / "r"))).read_text()
     assert f"epsilon {tags['dp.model_epsilon']} at this run's delta" in report
+    # what a user sees first of version 5 is the model's guarantee, the run's own spend beside it, named so
+    from flows.reporting import shown
+
+    version = client.get_model_version("tiny-digits", "5")
+    assert version.tags["dp.epsilon"] == tags["dp.model_epsilon"] and version.tags["dp.run_epsilon"] == tags["dp.epsilon"]
+    assert version.tags["dp.run_guarantee"] == tags["dp.guarantee"] and tags["dp.model_runs"] == "3"
+    headline = f"(" + shown(float(tags["dp.model_epsilon"])) + ", "
+    assert version.tags["dp.guarantee"].startswith(headline) and "composed over the 3 runs" in version.tags["dp.guarantee"]
+    assert version.description.startswith(f"**Model guarantee:** {headline}")
+    assert f"**Run {chained['run_id']} spent:** {tags['dp.guarantee']}" in version.description
+    assert "Latest: version 5.** **Model guarantee:** " + headline in client.get_registered_model("tiny-digits").description
+    assert tags["mlflow.note.content"].startswith(f"**Model guarantee:** {headline}")
+    assert report.index("**Model guarantee.** " + headline) < report.index("**This run's spend.** " + tags["dp.guarantee"])
+    first_run = client.get_run(first["run_id"])  # a seed-initialised model's guarantee is its run's
+    assert first_run.data.tags["mlflow.note.content"].startswith("**Guarantee:** " + first_run.data.tags["dp.guarantee"])
+    assert first_run.info.run_name.startswith("tiny-digits-2") and first_run.info.run_name != chained["run_name"]
+    assert client.get_experiment(first["experiment_id"]).tags["mlflow.experimentKind"] == "custom_model_development"
 
     # with a budget, the version a run continues must itself be charged to the ledger, or the total misses it
     from flows.ledger import PrivacyLedger

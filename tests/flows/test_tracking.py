@@ -32,3 +32,26 @@ def test_a_damaged_key_file_is_refused_never_used(tmp_path, monkeypatch):
     (tmp_path / ".privzo" / "fingerprint.key").write_text("")
     with pytest.raises(ValueError, match=r"fingerprint key .* holds 0 characters, fewer than 32: it is damaged"):
         keyed_rows(["ab" * 32])
+
+
+def test_a_shown_epsilon_never_understates_and_a_large_delta_leads_the_guarantee():
+    """Shown values round up (a remainder down); a run allowed a delta above 1/N says first that its pair
+    promises nothing of a row, in the guarantee, the report and a tag."""
+    import yaml
+
+    import specs
+    from components import builders
+    from flows.reporting import privacy_report, shown, shown_left, summarize
+    from flows.tracking import dp_tags
+    from tests.flows.test_cli import EXAMPLES
+
+    assert (shown(1.9999999989515187), shown(1.23441), shown(0.000722543, 3)) == ("2", "1.235", "0.000723")
+    assert shown_left(0.860201) == "0.8602" and shown_left(-0.1) == "0"
+    data = yaml.safe_load((EXAMPLES / "digits_dpzero.yaml").read_text())
+    data["privacy"].update(delta=0.01, allow_large_delta=True)
+    resolved, _, _ = builders.resolve_privacy(specs.spec_from_dict(data), 1300)
+    summary = summarize(resolved, 2.0, 10, builders.spec_sampler(resolved, 1300), 4)
+    assert summary.guarantee().startswith("NOT a meaningful guarantee: delta 0.01 is above 1/N = 1/1384 "
+                                          "(privacy.allow_large_delta)")
+    assert "(above 1/N = 1/1384: not a meaningful guarantee)" in privacy_report(summary, {})
+    assert dp_tags(summary, "ab" * 32)["dp.large_delta"] == "true"
