@@ -2,6 +2,7 @@
 before anything starts are called in this process)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,11 @@ def test_run_reports_accuracy_privacy_and_mlflow(tmp_path, tiny_spec_dict):
     assert "test accuracy" in out.stdout and "-DP for add/remove of one example of digits" in out.stdout
     assert "mlflow ui --backend-store-uri sqlite:///mlflow.db" in out.stdout
     assert (tmp_path / "mlflow.db").exists()
+    # the command it prints works pasted into a fresh shell (no activated venv), and Prefect logs in one format
+    command = next(line for line in out.stdout.splitlines() if line.startswith("open the UI with: "))
+    executable = command.split()[4]
+    assert os.access(executable, os.X_OK) or shutil.which(executable, path=os.defpath) is not None, command
+    assert " | INFO    | Flow run " in out.stderr and "INFO:prefect" not in out.stderr, out.stderr[-3000:]
 
 
 def test_calibrate_rejects_a_batch_larger_than_the_private_rows(tmp_path, tiny_spec_dict):
