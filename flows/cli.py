@@ -237,7 +237,8 @@ def cmd_budget(args) -> int:
         return _show_budget(args, ledger)
     except SQLAlchemyError as err:
         reason = getattr(err, "orig", None) or err  # the driver's own message, not SQLAlchemy's page of context
-        return _fail(f"--ledger: cannot read {args.ledger} ({str(reason).splitlines()[0]})")
+        where = url.render_as_string(hide_password=True)
+        return _fail(f"--ledger: cannot read {where} ({str(reason).splitlines()[0]})")
 
 
 def _nothing_spent(dataset: str, where: str) -> str:
@@ -251,7 +252,8 @@ def _show_budget(args, ledger) -> int:
     ds = ledger.dataset(args.dataset)
     if ds is None:
         known = ledger.datasets()
-        print(_nothing_spent(args.dataset, f"no run on it is recorded in {args.ledger}" + (
+        where = ledger.engine.url.render_as_string(hide_password=True)  # a team ledger's URL may hold a password
+        print(_nothing_spent(args.dataset, f"no run on it is recorded in {where}" + (
             f" (datasets there: {', '.join(known)})" if known else "")))
         return 0
     spent = ledger.spent(args.dataset)

@@ -568,7 +568,7 @@ def budget_table(spec: specs.RunSpec) -> str:
     ds = ledger.dataset(dataset)
     spent = ledger.spent(dataset)
     lines = [f"## Budget of dataset {dataset}", "",
-             f"Ledger {ledger.url}; each run's epsilon alone, and the exact composition of all of them at delta "
+             f"Ledger {ledger.engine.url.render_as_string(hide_password=True)}; each run's epsilon alone, and the exact composition of all of them at delta "
              f"{shown(ds.delta, 3)} ({ds.accountant}, {ds.neighboring}).", "",
              "| started (UTC) | run | MLflow run | status | steps | epsilon |", "|---|---|---|---|---:|---:|"]
     for charge in ledger.history(dataset):

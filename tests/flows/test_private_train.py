@@ -322,6 +322,15 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     out = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "show", "digits-patients", "--ledger", ledger_url],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0 and "of 1.2 epsilon spent" in out.stdout
+    import contextlib
+    import io
+
+    from flows import cli
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert cli.main(["budget", "show", "nobody", "--ledger", ledger_url]) == 0
+    assert printed.getvalue().startswith("nobody: nothing spent yet: no run on it is recorded in ")
+    assert "(datasets there: digits-patients)" in printed.getvalue()
 
 
 def test_retraining_starts_from_the_latest_registered_version(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
