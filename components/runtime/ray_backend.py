@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
-import os
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -158,9 +158,9 @@ class RayBackend:
                  gpus_per_worker: float, address: str, parallelism: str, checksum_every: int):
         if not ray.is_initialized():
             if address == "local":
-                # token authentication, as Ray's default for a new local cluster, named so that Ray does not
-                # print a line about choosing it on every run
-                os.environ.setdefault("RAY_AUTH_MODE", "token")
+                # Ray's default for a new local cluster (token authentication) stays; only its notice that
+                # it chose it, printed on every run, is not shown
+                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
                 ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
