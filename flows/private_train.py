@@ -567,17 +567,18 @@ def budget_table(spec: specs.RunSpec) -> str:
     dataset = spec.budget.dataset
     ds = ledger.dataset(dataset)
     spent = ledger.spent(dataset)
+    where = ledger.engine.url.render_as_string(hide_password=True)  # a team ledger's URL may hold a password
     lines = [f"## Budget of dataset {dataset}", "",
-             f"Ledger {ledger.engine.url.render_as_string(hide_password=True)}; each run's epsilon alone, and the exact composition of all of them at delta "
+             f"Ledger {where}: each run's epsilon alone, and the exact composition of all of them at delta "
              f"{shown(ds.delta, 3)} ({ds.accountant}, {ds.neighboring}).", "",
-             "| started (UTC) | run | MLflow run | status | steps | epsilon |", "|---|---|---|---|---:|---:|"]
+             "| MLflow run | epsilon | steps | status | started (UTC) | spec |", "|---|---:|---:|---|---|---|"]
     for charge in ledger.history(dataset):
         eps = ledger.run_epsilon(charge)
-        lines.append(f"| {charge.created_at:%Y-%m-%d %H:%M:%S} | {charge.run_name} | {charge.run_id or ''} | "
-                     f"{charge.status} | {charge.steps_run}/{charge.steps_planned} | "
-                     f"{'none' if eps is None else shown(eps)} |")
-    lines += [f"| | **total (exact composition)** | | | | **{shown(spent)} of {ds.lifetime_epsilon:g}** |",
-              f"| | **left** | | | | **{shown_left(ds.lifetime_epsilon - spent)}** |", ""]
+        lines.append(f"| {charge.run_id or ''} | {'none' if eps is None else shown(eps)} | "
+                     f"{charge.steps_run}/{charge.steps_planned} | {charge.status} | "
+                     f"{charge.created_at:%Y-%m-%d %H:%M} | {charge.run_name} |")
+    lines += [f"| **total (exact composition)** | **{shown(spent)} of {ds.lifetime_epsilon:g}** | | | | |",
+              f"| **left** | **{shown_left(ds.lifetime_epsilon - spent)}** | | | | |", ""]
     return "\n".join(lines)
 
 

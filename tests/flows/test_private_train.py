@@ -292,10 +292,12 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     assert first["budget_left"] == pytest.approx(1.2 - first["epsilon"], rel=1e-9)  # one run: its own epsilon
     from prefect.artifacts import Artifact
 
+    from flows.reporting import shown
+
     artifact = Artifact.get("privacy-report-tiny-digits").data  # what the Prefect UI shows of the run
     assert f"MLflow run: {first['run_id']} in {mlflow_db}" in artifact and "Registered model: tiny-digits version 1" in artifact
     assert f"accuracy {first['eval/accuracy']:.4f}" in artifact and f"**Model guarantee:** {first['guarantee']}" in artifact
-    assert "## Budget of dataset digits-patients" in artifact and f"| {first['run_id']} | committed | 20/20 |" in artifact
+    assert "## Budget of dataset digits-patients" in artifact and f"| {first['run_id']} | {shown(first['epsilon'])} | 20/20 | committed |" in artifact
     assert "**total (exact composition)**" in artifact and "**left**" in artifact
     with pytest.raises(BudgetExceeded, match="left and this run needs"):
         private_train(spec=tiny_spec_dict)
