@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SPEC ?= specs/examples/digits_dpzero.yaml
 
-.PHONY: install run test validate bench up down clean
+.PHONY: install run test validate bench up down ui-check clean
 
 # torch is installed first and pinned: an unpinned torch pulls the newest CUDA build (several GB).
 $(VENV)/.installed: pyproject.toml
@@ -36,6 +36,11 @@ up: install
 
 down:
 	bash infra/local-stack.sh down
+
+# the MLflow and Prefect UIs after the main job and three nightly retrains, checked in headless Chromium
+# (Debian's: apt-get install -y chromium); screenshots in docs/screenshots
+ui-check: install
+	$(PY) infra/ui_check.py --keep-going --screenshots docs/screenshots
 
 clean:
 	rm -rf mlflow.db mlruns mlartifacts .pytest_cache

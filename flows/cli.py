@@ -145,7 +145,7 @@ def cmd_run(args) -> int:
     # Prefect configures logging on import: before anything else logs (dp-accounting's absl would install
     # a plain root handler, and every Prefect line would print twice over in two formats)
     from flows.private_train import private_train
-    from flows.tracking import run_url, ui_command
+    from flows.tracking import EXPERIMENT_VIEW, run_url, ui_command
 
     _preflight(spec, args.resume)
     result = private_train(spec_path=str(args.spec), progress=not args.no_progress, resume=args.resume)
@@ -165,7 +165,8 @@ def cmd_run(args) -> int:
         print(f"MLflow run {result['run_name']}: {link}")
     else:
         print(f"MLflow run {result['run_name']} ({result['run_id']}) in {uri}")
-        print(f"open the UI with: {ui_command(uri)}  (then http://127.0.0.1:5000)")
+        print(f"open the UI with: {ui_command(uri)}  (then http://127.0.0.1:5000/#/experiments/"
+              f"{result['experiment_id']}{EXPERIMENT_VIEW})")
     return 0
 
 

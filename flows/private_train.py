@@ -42,8 +42,8 @@ from flows.checkpoints import Checkpointer, CheckpointStore, RunLocked, resume_s
 from flows.ledger import BudgetExceeded, RowsExposed, RowsUnmatched
 from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
 from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
-                            released_fingerprint, run_name, run_url, tool, training_experiment, ui_command,
-                            version_url)
+                            experiment_url, released_fingerprint, run_name, run_url, tool, training_experiment,
+                            ui_command, version_url)
 
 
 # Expected outcomes, not crashes: a spec that does not fit its data, a budget or ledger refusal, a run
@@ -534,28 +534,38 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         result["budget_left"] = left
         mlflow.MlflowClient(uri).set_tag(run_id, "dp.budget_left", shown_left(left, 6))
         budget = budget_table(resolved)
-    summary = _result_summary(resolved, result)
-    for line in summary:
-        get_run_logger().info("%s", line.replace("**", ""))
+    for line in _result_summary(resolved, result, markdown=False):
+        get_run_logger().info("%s", line)
+    summary = _result_summary(resolved, result, markdown=True)
     create_markdown_artifact("\n".join(["# " + summary[0], "", *(f"- {line}" for line in summary[1:]), "", budget,
                                          report.replace("# Privacy report", "## Privacy report", 1)]),
                              key=_artifact_key(resolved.name), description="privzo run: MLflow links, guarantee, budget")
     return result
 
 
-def _result_summary(spec: specs.RunSpec, result: Dict[str, Any]) -> list:
-    """The lines a Prefect user reads first: where the run and the model are in MLflow, and what they are."""
+def _result_summary(spec: specs.RunSpec, result: Dict[str, Any], markdown: bool) -> list:
+    """The lines a Prefect user reads first: where the run and the model are in MLflow, and what they are
+    (markdown links for the artifact; bare URLs for the log, which Prefect's UI does not render)."""
     uri, name, version = result["tracking_uri"], spec.name, result["model_version"]
-    link = run_url(uri, result["experiment_id"], result["run_id"])
-    where = f"[{result['run_name']}]({link})" if link else (
-        f"{result['run_id']} in {uri} (browse it: {ui_command(uri)})")
-    model = version_url(uri, name, version)
+
+    def link(text: str, url: Optional[str], otherwise: str) -> str:
+        if url is None:
+            return otherwise
+        return f"[{text}]({url})" if markdown else f"{url} ({text})"
+
     metrics = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in result.items() if k.startswith("eval/"))
-    lines = [f"{name}: model version {version}, {metrics}", f"MLflow run: {where}",
-             f"Registered model: " + (f"[{name} version {version}]({model})" if model else f"{name} version {version}"),
-             f"**Model guarantee:** {result['model_guarantee']}"]
+    bold = "**" if markdown else ""
+    lines = [f"{name}: model version {version}, {metrics}",
+             "MLflow run: " + link(result["run_name"], run_url(uri, result["experiment_id"], result["run_id"]),
+                                   f"{result['run_id']} in {uri} (browse it: {ui_command(uri)})"),
+             "Registered model: " + link(f"{name} version {version}", version_url(uri, name, version),
+                                         f"{name} version {version}"),
+             f"{bold}Model guarantee:{bold} {result['model_guarantee']}"]
     if result["model_guarantee"] != result["guarantee"]:
-        lines.append(f"**This run spent:** {result['guarantee']}")
+        lines.append(f"{bold}This run spent:{bold} {result['guarantee']}")
+    experiment = experiment_url(uri, result["experiment_id"])
+    if experiment:
+        lines.append("All runs: " + link(f"experiment {spec.tracking.experiment or name}", experiment, ""))
     return lines
 
 

@@ -112,15 +112,17 @@ def journal_json(entries: Iterable) -> str:
     return json.dumps([{"step": e.step, "seed": e.seed, "coefficient": e.coefficient} for e in entries])
 
 
-# MLflow 3 opens an experiment without this tag on its GenAI overview, which shows none of privzo's runs
+# What kind of work an experiment holds. MLflow 3.17's UI opens an experiment in the view of the browser's
+# workflow switch (GenAI, where privzo's runs are not shown, unless the person chose "Model training") and
+# reads this tag only where that switch is off; a link opens the training view by naming it (EXPERIMENT_VIEW)
 EXPERIMENT_KIND = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 DESCRIPTION = "mlflow.note.content"  # what MLflow's UI shows as a run's description
 
 
 def training_experiment(client: mlflow.MlflowClient, name: str) -> str:
-    """The id of experiment ``name`` (created if new), set to open on MLflow's training-runs view unless
-    someone chose its kind already."""
+    """The id of experiment ``name`` (created if new), tagged as model training unless someone chose its
+    kind already."""
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
@@ -136,8 +138,9 @@ def training_experiment(client: mlflow.MlflowClient, name: str) -> str:
 
 
 def run_name(name: str) -> str:
-    """``name`` and the UTC start time: runs of one spec told apart in the runs list."""
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    """The UTC start time, then ``name``: runs of one spec told apart in MLflow's runs list, whose name
+    column shows a name's first 23 characters."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} {name}"
 
 
 def tool(name: str) -> str:
@@ -174,6 +177,15 @@ def ui_base(tracking_uri: str) -> Optional[str]:
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> Optional[str]:
     base = ui_base(tracking_uri)
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if base else None
+
+
+EXPERIMENT_VIEW = "?workflowType=machine_learning"
+
+
+def experiment_url(tracking_uri: str, experiment_id: str) -> Optional[str]:
+    """The experiment's runs list (MLflow's training view, whatever the browser's switch says)."""
+    base = ui_base(tracking_uri)
+    return f"{base}/#/experiments/{experiment_id}{EXPERIMENT_VIEW}" if base else None
 
 
 def version_url(tracking_uri: str, name: str, version: str) -> Optional[str]:
