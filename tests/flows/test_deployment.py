@@ -1,7 +1,6 @@
-"""End to end as a user runs it: local stack up, `prefect deployment run`, MLflow run and ledger row, and
-what the MLflow and Prefect UIs show of them in a browser."""
+"""End to end as a user runs it on a team's topology: the local stack on PostgreSQL, the compose file.
+The default stack's deployment runs and UIs: tests/flows/test_nightly.py."""
 import contextlib
-import importlib.util
 import os
 import shutil
 import socket
@@ -37,6 +36,10 @@ def local_stack(tmp_path, **env_extra):
     """infra/local-stack.sh up on free ports (down after); yields the environment a user would export."""
     if not (BIN / "prefect").exists():
         pytest.skip("prefect CLI not next to this interpreter")
+    for pid_file in (ROOT / ".privzo-stack").glob("*.pid"):  # its pid files would be taken over, its processes leaked
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.killpg(int(pid_file.read_text().strip()), 0)
+            pytest.fail(f"a local stack is running from {pid_file.parent}; stop it first (make down)")
     env = dict(QUICK, **os.environ)
     env.update(PRIVZO_PREFECT_PORT=str(_free_port()), PRIVZO_MLFLOW_PORT=str(_free_port()),
                PREFECT_HOME=str(tmp_path / "prefect-home"), **env_extra)
@@ -68,54 +71,6 @@ def one_epoch_retrain(tmp_path, **sections):
     path = tmp_path / "retrain.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def _ui_check():
-    # infra/ is scripts, not an installed package
-    spec = importlib.util.spec_from_file_location("privzo_ui_check", ROOT / "infra" / "ui_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def nightly(tmp_path_factory):
-    """As a user runs it, once for this module's tests: the local stack up, `privzo run` of the main job and
-    three `prefect deployment run`s of the nightly retrain (one epoch each), charged to a ledger and tracked
-    in an MLflow store of the stack's (infra/ui_check.py, which `make ui-check` runs at full length)."""
-    if not (BIN / "prefect").exists():
-        pytest.skip("prefect CLI not next to this interpreter")
-    ui_check = _ui_check()
-    if ui_check._stack_running():
-        pytest.skip(f"a local stack is running from {ui_check.STATE} (make down first)")
-    with ui_check.stack_with_jobs(tmp_path_factory.mktemp("nightly"), quick=True) as (env, _):
-        yield ui_check, env
-
-
-def test_prefect_deployment_runs_train_log_and_charge_the_ledger(nightly):
-    _, env = nightly
-    client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
-    assert len(runs) == 3 and all(r.info.status == "FINISHED" and float(r.data.tags["dp.epsilon"]) <= 2.0 for r in runs)
-    from flows.ledger import PrivacyLedger
-
-    charges = PrivacyLedger(env["PRIVZO_LEDGER_URL"]).history("sklearn-digits")
-    assert [c.status for c in charges] == ["committed"] * 3
-    assert {c.run_id for c in charges} == {r.info.run_id for r in runs}
-    schedules = subprocess.run([str(BIN / "prefect"), "deployment", "inspect",
-                                "private-train/digits-retrain-nightly"], env=env, capture_output=True, text=True)
-    assert "0 2 * * *" in schedules.stdout
-
-
-def test_the_uis_show_the_runs_models_guarantees_and_flow_runs(nightly, tmp_path):
-    """In headless Chromium: the experiment's training runs, the run page, its charts, version 3 (the model's
-    composed epsilon before the run's own), the model, Prefect's deployment, flow run and artifact."""
-    ui_check, env = nightly
-    problem = ui_check.browser_problem()
-    if problem:
-        pytest.skip(problem)
-    ui_check.check_pages(ui_check.read_facts(env), tmp_path / "shots")
 
 
 @pytest.fixture
