@@ -11,6 +11,8 @@ run ends that many updates early, at exactly the planned epsilon, never above it
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import os
@@ -46,18 +48,48 @@ from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keye
                             ui_command, version_url)
 
 
-# Expected outcomes, not crashes: a spec that does not fit its data, a budget or ledger refusal, a run
-# that may not resume or start from a model. The flow run ends Failed with the refusal's line as its message,
-# the task is not retried (it would be refused again), and no traceback is logged for it.
-REFUSALS = (ValueError, FileNotFoundError, BudgetExceeded, RowsExposed, RowsUnmatched, RunLocked)
+# Expected outcomes, not crashes: a budget or ledger refusal, a locked run, a bad spec, and any ValueError or
+# FileNotFoundError raised while the run checks its input, before its first private step (a spec that does not
+# fit its data, a resume or a start model that does not fit). The flow run ends Failed with the refusal's line
+# as its message, the task is not retried (it would be refused again), and no traceback is logged for it. An
+# error once training runs is a crash and keeps its traceback.
+REFUSALS = (BudgetExceeded, RowsExposed, RowsUnmatched, RunLocked, specs.SpecError)
+INPUT_ERRORS = (ValueError, FileNotFoundError)
+
+
+def is_refusal(err: Any) -> bool:
+    return isinstance(err, REFUSALS) or getattr(err, "privzo_refusal", False) is True
 
 
 def refusal_line(err: BaseException) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
+def _input_error(err: BaseException) -> None:
+    if isinstance(err, INPUT_ERRORS):
+        err.privzo_refusal = True
+
+
+@contextlib.contextmanager
+def _checking_input():
+    try:
+        yield
+    except BaseException as err:
+        _input_error(err)
+        raise
+
+
+def _checks_input(fn):
+    """A task that checks the run's input before any private step: its input errors are refusals."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        with _checking_input():
+            return fn(*args, **kwargs)
+    return checked
+
+
 def _not_refused(_task, _task_run, state) -> bool:
-    return not isinstance(getattr(state, "data", None), REFUSALS)
+    return not is_refusal(getattr(state, "data", None))
 
 
 class _RefusalsWithoutTracebacks(logging.Filter):
@@ -65,7 +97,7 @@ class _RefusalsWithoutTracebacks(logging.Filter):
     the UI (its API handler sits on these loggers); a refusal's own line is the flow run's state message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], REFUSALS))
+        return not (record.exc_info and is_refusal(record.exc_info[1]))
 
 
 for _name in ("prefect.flow_runs", "prefect.task_runs"):
@@ -82,6 +114,7 @@ class Plan:
 
 
 @task(name="load-and-split", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_not_refused)
+@_checks_input
 def load_and_split(spec: specs.RunSpec) -> SplitData:
     data = builders.load_data(spec)
     if spec.private_count_is_public:
@@ -94,6 +127,7 @@ def load_and_split(spec: specs.RunSpec) -> SplitData:
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)
+@_checks_input
 def calibrate(spec: specs.RunSpec, data: SplitData) -> Plan:
     resolved, rate, eps = builders.plan(spec, data)
     return Plan(resolved, len(data.private), rate, eps)
@@ -183,6 +217,7 @@ def trajectory_end(spec: specs.RunSpec, loop) -> int:
 
 
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
+@_checks_input
 def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str], legacy: Optional[str] = None):
     """The run's checkpoint store and, when resuming, its last checkpoint (checked against the spec, the
     data and the ledger). The key is ``resume`` or this flow run's id: a retried flow run resumes itself."""
@@ -263,6 +298,7 @@ def _same_stream(store: CheckpointStore, saved: Dict[str, Any], stream: str) -> 
 
 
 @task(name="registered-source", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_not_refused)
+@_checks_input
 def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
     """``optimizer.init: latest_registered``: the latest registered version of this spec's model, checked
     before anything is reserved or written. A private run never starts from a version that is not DP."""
@@ -461,13 +497,16 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     """
     try:
         return _private_train(spec_path, spec, progress, resume)
-    except REFUSALS as err:
-        return Failed(message=refusal_line(err), data=err)
+    except Exception as err:
+        if is_refusal(err):
+            return Failed(message=refusal_line(err), data=err)
+        raise
 
 
 def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], progress: bool,
                    resume: Optional[str]) -> Dict[str, Any]:
-    run_spec = _load(spec_path, spec)
+    with _checking_input():
+        run_spec = _load(spec_path, spec)
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
     data = load_and_split(run_spec)
@@ -490,7 +529,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         if saved:
             _same_stream(store, saved, built.loop.backend.directions.stream)
         init_tags = {} if saved else initial_weights(resolved, built, source)
-    except BaseException:
+    except BaseException as err:
         if saved is None:  # nothing was queried: release the reservation and the run's folder
             if charge_id is not None:
                 from flows.ledger import PrivacyLedger
@@ -498,6 +537,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                 PrivacyLedger(resolved.budget.ledger).abort(charge_id)
             store.remove()
         store.unlock()
+        _input_error(err)  # before any private step: the spec, the data or the start does not fit
         raise
     run_id = saved["run_id"] if saved else None
     checkpointer = None

@@ -55,3 +55,31 @@ def test_a_shown_epsilon_never_understates_and_a_large_delta_leads_the_guarantee
                                           "(privacy.allow_large_delta)")
     assert "(above 1/N = 1/1384: not a meaningful guarantee)" in privacy_report(summary, {})
     assert dp_tags(summary, "ab" * 32)["dp.large_delta"] == "true"
+
+
+def test_only_refusals_lose_their_tracebacks():
+    """A refusal (the ledger's, or an input error before the first private step) is logged without its
+    traceback; an error once training runs is a crash and keeps it."""
+    import logging
+    import sys
+
+    from flows.ledger import BudgetExceeded
+    from flows.private_train import _RefusalsWithoutTracebacks, _checking_input, is_refusal
+
+    def record_of(err):
+        try:
+            raise err
+        except BaseException:
+            return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+
+    refused_input = ValueError("data.source.label: no column 'y'")
+    try:
+        with _checking_input():
+            raise refused_input
+    except ValueError:
+        pass
+    keeps = _RefusalsWithoutTracebacks().filter
+    assert is_refusal(refused_input) and not keeps(record_of(refused_input))
+    assert not keeps(record_of(BudgetExceeded("d", 0.1, 1.0, 8.0)))
+    crash = ValueError("shapes do not match")  # raised while training: not marked
+    assert not is_refusal(crash) and keeps(record_of(crash))
