@@ -385,19 +385,16 @@ class Browser:
 
     # waits that fail with one line saying what a user would miss
     def text(self, text, what: str, timeout: int = THEN_MS, exact: bool = False):
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-        locator = self.page.get_by_text(text, exact=exact).filter(visible=True).first
-        try:
-            locator.wait_for(state="visible", timeout=timeout)
-        except PlaywrightTimeout:
-            raise AssertionError(f"{what} not shown") from None
-        return locator
+        return self._shown(self.page.get_by_text(text, exact=exact), what, timeout)
 
     def element(self, selector: str, what: str, timeout: int = THEN_MS, has_text=None):
+        return self._shown(self.page.locator(selector, has_text=has_text), what, timeout)
+
+    @staticmethod
+    def _shown(locator, what: str, timeout: int):
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-        locator = self.page.locator(selector, has_text=has_text).filter(visible=True).first
+        locator = locator.filter(visible=True).first
         try:
             locator.wait_for(state="visible", timeout=timeout)
         except PlaywrightTimeout:
