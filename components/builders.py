@@ -25,6 +25,7 @@ from components.data import (
 )
 from components.estimators import (
     Directions,
+    DopeSgdEstimator,
     DpgdZerothEstimator,
     FirstOrderEstimator,
     FoSpiderEstimator,
@@ -34,6 +35,7 @@ from components.estimators import (
     ZoSpiderEstimator,
     PazoPEstimator,
     PazoSEstimator,
+    PdaDpmdEstimator,
     TwoPointEstimator,
 )
 from components.estimators.public import PublicOracle, warm_start
@@ -105,6 +107,10 @@ def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = 
         return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
     if source.kind == "images":
         return load_images(source.path, classes=source.classes, size=source.size, mode=source.mode), source.scale
+    if source.kind == "packaged_images":
+        from components.data.packaged import load_packaged_images
+
+        return load_packaged_images(source.name), source.scale
     return load_sklearn(source.name), source.scale
 
 
@@ -120,7 +126,7 @@ def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
             return models.linear(n_features, n_classes)
         if spec.model.kind == "cnn":
             source = spec.data.source
-            shape = source.image_shape if source.kind == "images" else None
+            shape = source.image_shape if source.kind in ("images", "packaged_images") else None
             return models.cnn(n_features, n_classes, spec.model.channels, spec.model.activation, shape)
         return models.mlp(n_features, n_classes, spec.model.hidden, spec.model.activation)
 
@@ -226,6 +232,12 @@ def build_estimator(spec: RunSpec, dimension: Optional[int] = None):
         clip = getattr(spec.mechanism, "clip", None)
         residual_clip = est.residual_clip or clip or 1.0  # without a mechanism nothing is clipped
         return GepEstimator(est.anchors, est.public_batch_size, residual_clip, est.embedding_share)
+    if est.kind == "dope_sgd":
+        return DopeSgdEstimator(est.public_batch_size)
+    if est.kind == "pda_dpmd":
+        if not isinstance(spec.optimizer.steps, int):
+            raise ValueError("estimator pda_dpmd: its schedule needs the planned steps; resolve the spec first")
+        return PdaDpmdEstimator(est.public_batch_size, spec.optimizer.steps)
     raise ValueError(f"estimator.kind: unknown {est.kind!r}")
 
 

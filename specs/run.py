@@ -237,7 +237,7 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         problems.append("execution.device: cuda with backend ray needs gpus_per_worker > 0 (workers draw the "
                         "driver's directions on the same kind of device); set gpus_per_worker or device: cpu")
     if spec.execution.prefetch_directions:
-        if est.kind in ("pazo_p", "pazo_s", "first_order", "gep") + O2NC_KINDS:
+        if est.kind in ("pazo_p", "pazo_s", "first_order") + PUBLIC_FIRST_ORDER_KINDS + O2NC_KINDS:
             problems.append(f"execution.prefetch_directions: {est.kind} has no seeded directions to draw ahead; "
                             "remove it (two_point, dpgd_0th and pazo_m use it)")
         elif est.perturbation == "regenerate":
@@ -249,7 +249,7 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
             "optimizer.weight_decay"
         problems.append(f"{field}: pazo_s steps to the candidate it scored, x - lr * g, which only sgd without "
                         "momentum or weight decay reaches; use optimizer: {kind: sgd} with neither")
-    if est.kind.startswith("pazo") and not split.has_public:
+    if (est.kind.startswith("pazo") or est.kind in PUBLIC_FIRST_ORDER_KINDS) and not split.has_public:
         problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
     if getattr(est, "public_warm_start", None) is not None and not split.has_public:
         problems.append("estimator.public_warm_start: needs public data; set data.split.public > 0")
@@ -286,7 +286,7 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
         field = "data.source.text" if file_text else "data.source.kind: text"
         problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")
     # 'auto' standardises with the public rows, except pixels of a known range (digits, images) and text (ids)
-    known_range = (source.kind == "sklearn" and source.name == "digits") or source.kind == "images"
+    known_range = (source.kind == "sklearn" and source.name == "digits") or source.kind in ("images", "packaged_images")
     scale = getattr(source, "scale", "none")
     if scale == "fixed" and not known_range:
         problems.append("data.source.scale: fixed is only known for digits and images; use public or none")
@@ -297,6 +297,8 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
 
 SPIDER_KINDS = ("zo_spider", "fo_spider")  # increments released by tree aggregation
 O2NC_KINDS = ("zo_spider", "fo_spider", "zo_naive")  # the nonsmooth oracles (O2NC's query points)
+# first order guided by public data (the PAZO paper's FO+PUB baselines): one public gradient batch a step
+PUBLIC_FIRST_ORDER_KINDS = ("gep", "dope_sgd", "pda_dpmd")
 # paper 002's multi-pass algorithm: every row in every step, or a Poisson batch a step (its footnote 2)
 MULTI_PASS_SAMPLING = ("full_batch", "poisson")
 

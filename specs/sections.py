@@ -476,6 +476,31 @@ class GepEstimator(Strict):
         return self
 
 
+class DopeSgdEstimator(Strict):
+    """DOPE-SGD's gradient step (Nasr et al. 2023), a first-order baseline guided by public data: each
+    private per-example gradient is clipped to ``mechanism.clip`` around the mean gradient of b' public
+    rows instead of around the origin, summed and noised as DP-SGD's, and the public gradient is added
+    back. Same release and accounting as first_order. The paper's synthetic-data augmentation and model
+    averaging are not part of it. Not forward-only."""
+
+    kind: Literal["dope_sgd"]
+    public_batch_size: PositiveInt = Field(32, description="b': public rows whose mean gradient is the clip "
+                                           "center, drawn afresh each step.")
+    public_warm_start: Optional[PublicWarmStart] = None
+
+
+class PdaDpmdEstimator(Strict):
+    """PDA-DPMD (Amid et al. 2022), public-data-assisted mirror descent in its first-order form for deep
+    models: a DP-SGD step mixed with the mean gradient of b' public rows, the private weight
+    a_t = cos(pi t / 2T) falling from 1 to 0 over the T planned steps. Same release and accounting as
+    first_order. Not forward-only."""
+
+    kind: Literal["pda_dpmd"]
+    public_batch_size: PositiveInt = Field(32, description="b': public rows whose mean gradient is mixed in, "
+                                           "drawn afresh each step.")
+    public_warm_start: Optional[PublicWarmStart] = None
+
+
 class ZoSpiderEstimator(Strict):
     """The variance-reduced zeroth-order oracle of the private nonsmooth algorithms, run with O2NC and the
     tree mechanism. At each tree period's first step: the smoothed gradient at the query point from
@@ -573,8 +598,8 @@ class FullGradientEstimator(Strict):
 
 EstimatorSpec = Annotated[
     Union[TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator,
-          FirstOrderEstimator, GepEstimator, ZoSpiderEstimator, FoSpiderEstimator, ZoNaiveEstimator,
-          FullGradientEstimator],
+          FirstOrderEstimator, GepEstimator, DopeSgdEstimator, PdaDpmdEstimator, ZoSpiderEstimator,
+          FoSpiderEstimator, ZoNaiveEstimator, FullGradientEstimator],
     Field(discriminator="kind"),
 ]
 

@@ -200,6 +200,8 @@ class Probe:
                     return (torch.zeros(0, d, dtype=params[0].dtype, device=x.device),
                             torch.zeros(0, dtype=torch.float64, device=x.device))
                 gr = per_example_gradient_matrix(model, params, self.loss, x, y)
+                if query.center is not None:  # DOPE-SGD clips around a public center
+                    gr.sub_(torch.cat([c.detach().flatten() for c in query.center]).to(gr)[None, :])
                 norms = torch.linalg.vector_norm(gr, dim=1).double()
                 factors = _clip_factors(norms, clip)
                 finite = torch.isfinite(norms)

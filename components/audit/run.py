@@ -160,7 +160,7 @@ class AuditResult:
         }
 
 
-DENSE_ESTIMATORS = ("first_order", "dpgd_0th", "gep")
+DENSE_ESTIMATORS = ("first_order", "dpgd_0th", "gep", "dope_sgd", "pda_dpmd")
 
 
 def default_canaries(spec, planned=None) -> int:

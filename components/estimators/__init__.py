@@ -3,6 +3,7 @@ from components.estimators.directions import Directions, add_direction_, perturb
 from components.estimators.first_order import FirstOrderEstimator
 from components.estimators.gep import GepEstimator, anchor_basis
 from components.estimators.pazo import PazoMEstimator, PazoPEstimator, PazoSEstimator
+from components.estimators.public_first_order import DopeSgdEstimator, PdaDpmdEstimator
 from components.estimators.queries import (
     Dense,
     EmbeddedGradients,
@@ -17,9 +18,9 @@ from components.estimators.spider import FoSpiderEstimator, ZoNaiveEstimator, Zo
 from components.estimators.two_point import DpgdZerothEstimator, TwoPointEstimator
 
 __all__ = [
-    "Dense", "Directions", "DpgdZerothEstimator", "EmbeddedGradients", "FiniteDifferences", "FirstOrderEstimator",
-    "FoSpiderEstimator",
-    "GepEstimator", "LossValues", "anchor_basis",
-    "PazoMEstimator", "PazoPEstimator", "PazoSEstimator", "PerExampleGradients", "Seeded", "TwoPointEstimator",
-    "Update", "VectorFiniteDifferences", "ZoNaiveEstimator", "ZoSpiderEstimator", "add_direction_", "perturbed",
+    "Dense", "Directions", "DopeSgdEstimator", "DpgdZerothEstimator", "EmbeddedGradients", "FiniteDifferences",
+    "FirstOrderEstimator", "FoSpiderEstimator", "GepEstimator", "LossValues", "anchor_basis",
+    "PazoMEstimator", "PazoPEstimator", "PazoSEstimator", "PdaDpmdEstimator", "PerExampleGradients", "Seeded",
+    "TwoPointEstimator", "Update", "VectorFiniteDifferences", "ZoNaiveEstimator", "ZoSpiderEstimator",
+    "add_direction_", "perturbed",
 ]

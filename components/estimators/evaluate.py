@@ -163,16 +163,25 @@ def _finite_rows(t: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
 
 
 def clipped_gradient_sum(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
-                         clip: float) -> Tuple[torch.Tensor, ...]:
+                         clip: float, center=None) -> Tuple[torch.Tensor, ...]:
     """DP-SGD's clipped sum: sum_i g_i * min(1, clip / ||g_i||) with g_i the gradient of example i's loss
     over ``params`` (the trainable ones, in order). Per-example gradients come from torch.func (vmap of
     grad), a chunk of rows at a time; an example whose gradient is not finite contributes nothing, as in
-    the scalar queries. ``clip = inf``: the plain gradient of the summed loss (a non-private run). Sums are
-    float64, like the scalar queries', so that how rows are split across chunks or workers barely matters."""
+    the scalar queries. ``center`` (DOPE-SGD; public, one tensor per parameter): g_i is replaced by
+    g_i - center before clipping. ``clip = inf``: the plain gradient of the summed loss, less the center once
+    per row (a non-private run). Sums are float64, like the scalar queries', so that how rows are split
+    across chunks or workers barely matters."""
     if math.isinf(clip):
-        return _summed_gradient(model, params, loss, x, y)
+        summed = _summed_gradient(model, params, loss, x, y)
+        if center is None:
+            return summed
+        return tuple(s - len(y) * c.to(device=s.device, dtype=torch.float64) for s, c in zip(summed, center))
     sums = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params]
+    flat_center = None if center is None else [
+        c.detach().to(device=p.device, dtype=p.dtype).reshape(1, -1) for c, p in zip(center, params)]
     for g in _per_example_gradients(model, params, loss, x, y):
+        if flat_center is not None:
+            g = [t - c for t, c in zip(g, flat_center)]
         # per-tensor norms in the parameters' precision, combined in float64
         norms = torch.sqrt(sum(torch.linalg.vector_norm(t, dim=1).double().pow(2) for t in g))
         factors = _clip_factors(norms, clip)
@@ -408,7 +417,7 @@ def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tens
             return torch.zeros(query.basis.shape[0], dtype=torch.float64, device=query.basis.device), zeros
         return torch.zeros(query.size, dtype=torch.float64, device=directions.params[0].device)
     if isinstance(query, PerExampleGradients):
-        return clipped_gradient_sum(model, directions.params, loss, x, y, clip)
+        return clipped_gradient_sum(model, directions.params, loss, x, y, clip, query.center)
     if isinstance(query, PerExampleSphere):
         if math.isinf(clip):  # no mechanism (a non-private twin): nothing is clipped
             query = dataclasses.replace(query, clip=math.inf)

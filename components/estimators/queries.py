@@ -70,11 +70,17 @@ class VectorFiniteDifferences:
         return len(self.directions)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PerExampleGradients:
     """DP-SGD: per example the gradient of its loss over every trainable parameter, clipped in L2 norm
     (all parameters together), summed. The backend returns one tensor per parameter; the mechanism adds
-    d-dimensional noise to them, as for DPGD-0th. Not forward-only: it needs a backward pass."""
+    d-dimensional noise to them, as for DPGD-0th. Not forward-only: it needs a backward pass.
+
+    ``center`` (public, one tensor per parameter; DOPE-SGD): what is clipped is g_i - center, so the clip
+    ball sits around the center instead of the origin. One example still moves the sum by at most the
+    clip, so the release is the same Gaussian query."""
+
+    center: Optional[Tuple[torch.Tensor, ...]] = None
 
     @property
     def size(self) -> int:

@@ -215,7 +215,7 @@ def test_a_broken_mechanism_is_caught_by_the_same_audit(digits, changes, noise_s
 @pytest.mark.parametrize("estimator", [
     {"kind": "two_point", "queries": 2}, {"kind": "pazo_s", "public_batches": 2, "public_batch_size": 8},
     {"kind": "first_order"}, {"kind": "dpgd_0th", "queries": 2},
-    {"kind": "gep", "anchors": 8, "public_batch_size": 16},
+    {"kind": "gep", "anchors": 8, "public_batch_size": 16}, {"kind": "dope_sgd", "public_batch_size": 8},
 ], ids=lambda e: e["kind"])
 def test_the_white_box_view_is_exactly_what_the_run_releases(digits, estimator):
     # every row in every step (rate 1) and no noise: the releases are the sums of the included canaries'

@@ -24,9 +24,11 @@ ESTIMATORS = {
     "pazo_s": {"kind": "pazo_s", "public_batches": 3, "public_batch_size": 8},
     "first_order": {"kind": "first_order"},
     "gep": {"kind": "gep", "anchors": 3, "public_batch_size": 8},
+    "dope_sgd": {"kind": "dope_sgd", "public_batch_size": 8},
+    "pda_dpmd": {"kind": "pda_dpmd", "public_batch_size": 8},
 }
 # released as one d-dimensional vector: their noise is checked on the vector (GEP's two parts in test_gep)
-DENSE = {"dpgd_0th", "first_order", "gep"}
+DENSE = {"dpgd_0th", "first_order", "gep", "dope_sgd", "pda_dpmd"}
 
 
 def _built(tiny, kind, clip=0.05, noise=None, sampling=None, **extra):
@@ -136,8 +138,9 @@ def test_one_example_moves_the_pre_noise_release_by_at_most_its_sensitivity(tiny
 def _same_query(a, b):
     if type(a) is not type(b):
         return False
-    if isinstance(a, PerExampleGradients):
-        return True
+    if isinstance(a, PerExampleGradients):  # DOPE-SGD's public center must be the same
+        return (a.center is None) == (b.center is None) and (
+            a.center is None or all(torch.equal(s, t) for s, t in zip(a.center, b.center)))
     if isinstance(a, EmbeddedGradients):
         return torch.equal(a.basis, b.basis)
     items_a = getattr(a, "directions", None) or [d for d, _ in a.points]
