@@ -16,6 +16,7 @@ import os
 import math
 import statistics
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -36,6 +37,7 @@ from flows.tracking import dp_tags, log_text_artifacts
 @task(name="sweep-cell", cache_policy=NO_CACHE, retries=0)
 def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dict[str, Any]:
     """Train one cell to the end and log it as a child run; noise is drawn here, so never retried."""
+    start = time.perf_counter()
     data = builders.load_data(spec)
     n = len(data.private)
     resolved, _rate, _planned = builders.plan(spec, data)
@@ -44,6 +46,7 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     built.loop.run(resolved.optimizer.steps)
     test = models.evaluate(built.model, torch.as_tensor(data.test.features, device=built.device),
                            torch.as_tensor(data.test.labels, device=built.device))
+    seconds = time.perf_counter() - start  # loading, planning, warm start, training and evaluation
     eps = built.loop.tracker.epsilon()
     privacy = resolved.privacy
     summary = summarize(resolved, eps, built.loop.tracker.steps, built.loop.sampler,
@@ -55,13 +58,14 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     client.log_batch(run.info.run_id,
                      params=[Param(k, v) for k, v in specs.flatten(resolved).items()],
                      metrics=[Metric("eval/accuracy", test["accuracy"], 0, resolved.optimizer.steps),
-                              Metric("eval/loss", test["loss"], 0, resolved.optimizer.steps)]
+                              Metric("eval/loss", test["loss"], 0, resolved.optimizer.steps),
+                              Metric("time/seconds", seconds, 0, resolved.optimizer.steps)]
                      + ([Metric(epsilon_metric(resolved), eps, 0, resolved.optimizer.steps)]
                         if epsilon_metric(resolved) else []),
                      tags=[RunTag(k, v) for k, v in dp_tags(summary, data.private.fingerprint).items()])
     client.set_terminated(run.info.run_id, "FINISHED")
     return {"name": resolved.name, "estimator": resolved.estimator.kind, "epsilon": privacy.epsilon if privacy else math.inf,
-            "seed": resolved.seed, "accuracy": test["accuracy"], "spent_epsilon": eps,
+            "seed": resolved.seed, "accuracy": test["accuracy"], "spent_epsilon": eps, "seconds": seconds,
             "private": resolved.private}
 
 
@@ -75,9 +79,11 @@ def _label(name: str, cells: List[Dict[str, Any]]) -> str:
 
 
 def results_csv(cells: List[Dict[str, Any]]) -> str:
-    """One line per cell; ``private`` false marks a cell whose epsilon is nominal or none."""
-    return "name,estimator,epsilon,seed,accuracy,spent_epsilon,private\n" + "".join(
+    """One line per cell; ``seconds`` is the cell's wall time (empty if not measured); ``private`` false
+    marks a cell whose epsilon is nominal or none."""
+    return "name,estimator,epsilon,seed,accuracy,spent_epsilon,seconds,private\n" + "".join(
         f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{c['accuracy']:.6f},{c['spent_epsilon']:.6g},"
+        f"{'' if c.get('seconds') is None else format(c['seconds'], '.1f')},"
         f"{str(c.get('private', True)).lower()}\n" for c in cells)
 
 
@@ -88,8 +94,9 @@ def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
     names = list(dict.fromkeys(c["name"] for c in cells))
     # a mechanism none spec runs once per seed at epsilon inf: its own column, not a row of dashes
     columns = list(epsilons) + ([math.inf] if any(c["epsilon"] == math.inf for c in cells) else [])
-    head = "| spec | " + " | ".join(f"ε = {e:g}" if math.isfinite(e) else "no DP" for e in columns) + " |"
-    lines = [head, "|---|" + "---|" * len(columns)]
+    head = "| spec | " + " | ".join(f"ε = {e:g}" if math.isfinite(e) else "no DP" for e in columns) + \
+        " | s / run |"
+    lines = [head, "|---|" + "---|" * (len(columns) + 1)]
     for name in names:
         row = []
         for e in columns:
@@ -99,6 +106,8 @@ def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
                 continue
             std = statistics.stdev(accs) if len(accs) > 1 else 0.0
             row.append(f"{100 * statistics.mean(accs):.1f} ± {100 * std:.1f}")
+        times = [c["seconds"] for c in cells if c["name"] == name and c.get("seconds") is not None]
+        row.append(f"{statistics.mean(times):.0f}" if times else "–")  # wall time of one cell, mean over cells
         lines.append(f"| {_label(name, cells)} | " + " | ".join(row) + " |")
     if any(not c.get("private", True) for c in cells):
         lines.append(f"\n{NOT_PRIVATE}: no (ε, δ) guarantee holds for a row so marked; an insecure_deterministic "

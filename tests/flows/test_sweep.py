@@ -31,7 +31,11 @@ def test_sweep_logs_children_table_and_plot(prefect_server, tiny_spec_dict, tmp_
     assert len(children) == 8
     assert all(float(r.data.tags["dp.epsilon"]) <= float(r.data.params["privacy.epsilon"]) for r in children)
     table = out.read_text()
-    assert "| tiny-two_point |" in table and "ε = 0.5" in table and "±" in table
+    assert "| tiny-two_point |" in table and "ε = 0.5" in table and "±" in table and "| s / run |" in table
+    # every cell's wall time: in the CSV, in MLflow, and in the table as the mean per spec
+    rows = out.with_suffix(".csv").read_text().splitlines()
+    assert rows[0].split(",")[6] == "seconds" and all(float(r.split(",")[6]) > 0 for r in rows[1:])
+    assert all(r.data.metrics["time/seconds"] > 0 for r in children)
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     names = {a.path for a in client.list_artifacts(result["parent_run_id"])}
     assert {"results.md", "results.csv", "plots"} <= names
