@@ -212,9 +212,8 @@ def embedded_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: t
     if math.isinf(clip):
         g = torch.cat([t.flatten() for t in _summed_gradient(model, params, loss, x, y)])
         w = basis.double() @ g
-        chunks = [(w, g - basis.double().T @ w)]
+        w_sum, r_sum = w_sum + w, r_sum + (g - basis.double().T @ w)
     else:
-        chunks = []
         for parts in _per_example_gradients(model, params, loss, x, y, share=3):  # g, r and the product
             # in the parameters' precision, as clipped_gradient_sum: norms and factors in float64
             g = torch.cat(parts, dim=1)
@@ -227,10 +226,10 @@ def embedded_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: t
             if not bool(keep.all()):  # 0 * inf would be NaN in the products below
                 wf, rf = torch.where(keep, wf, 0.0), torch.where(keep, rf, 0.0)
                 w, r = _finite_rows(w, wf), _finite_rows(r, rf)
-            chunks.append((wf @ w.double(), (rf.to(r.dtype) @ r).double()))
-    for w_part, r_part in chunks:
-        w_sum = w_sum + w_part
-        r_sum = r_sum + r_part
+            # added as each chunk is made: keeping the chunks' d-sized partial sums to add at the end held
+            # one float64 copy of d per chunk (on MiniLM a chunk is one row: 32 x 173 MiB)
+            w_sum += wf @ w.double()
+            r_sum += (rf.to(r.dtype) @ r).double()
     out, start = [], 0
     for p in params:
         out.append(r_sum[start:start + p.numel()].view(p.shape))

@@ -189,10 +189,8 @@ def test_spec_rules(tiny_spec_dict):
         specs.spec_from_dict(tiny_spec_dict)
     tiny_spec_dict["execution"] = {}
     tiny_spec_dict["data"]["split"] = {"kind": "fraction", "public": 0.0, "test": 0.2}
-    spec = specs.spec_from_dict(tiny_spec_dict)
-    data = builders.load_data(spec)
-    with pytest.raises(ValueError, match="estimator.kind: gep needs public rows"):
-        builders.build_loop(spec.resolved(n_private=len(data.private), noise_multiplier=1.0), data)
+    with pytest.raises(specs.SpecError, match="estimator.kind: gep uses public data; set data.split.public > 0"):
+        specs.spec_from_dict(tiny_spec_dict)  # refused when validated, before any data is read
 
 
 def test_the_residual_clip_is_resolved_logged_and_reported(tiny_spec_dict):
