@@ -26,6 +26,32 @@ def test_step_cost_runs_on_the_mlp():
     assert all(float(r[6]) > 0 for r in cells)  # ratio column
 
 
+def test_memory_runs_the_first_order_methods_on_the_mlp():
+    """Each method in its own process: per-example gradients (DP-SGD, GEP) hold 64 rows x 1.2 MB at once,
+    which PAZO-M, a zeroth-order step with one public backward pass, never does."""
+    out = subprocess.run([sys.executable, "bench/memory.py", "--model", "mlp", "--methods", "pazo_m", "dp_sgd", "gep"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    rows = {r[0]: r for r in (line.split() for line in out.stdout.splitlines()) if r[0] in
+            ("inference", "pazo_m", "dp_sgd", "gep")}
+    assert list(rows) == ["inference", "pazo_m", "dp_sgd", "gep"]
+    assert [rows[m][1:3] for m in rows] == [["64", "0"], ["64", "64"], ["64", "0"], ["64", "64"]]  # batch, public
+    extra = {m: float(r[4]) for m, r in rows.items()}  # MiB over inference
+    assert extra["dp_sgd"] > extra["pazo_m"] + 32 and extra["gep"] > 32
+    assert rows["dp_sgd"][7] == "1.000"  # its extra against itself
+
+
+def test_memory_halves_a_batch_whose_estimate_is_over_the_budget():
+    from bench.memory import batch_that_fits, estimated_extra
+
+    d, chunk = 91 * 2**20, 256 * 2**20  # MiniLM's 22.7M float32 parameters, evaluate.py's chunk
+    assert estimated_extra("gep", d, 32, chunk) > 32 * d  # more than the 32 anchors' gradients
+    assert batch_that_fits("gep", d, 32, chunk, base=2**29, budget=2**40) == 32
+    assert batch_that_fits("gep", d, 32, chunk, base=2**29, budget=4 * 2**30) == 8
+    assert batch_that_fits("dpzero", d, 32, chunk, base=2**29, budget=2**30) == 32  # zeroth order: no guard
+
+
 @pytest.mark.e2e
 def test_ray_step_runs_on_the_transformer():
     """Starts Ray with 2 MiniLM workers: one timed step each way, the smallest cell."""
