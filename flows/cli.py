@@ -189,9 +189,35 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _reproduce_dpzero(args) -> int:
+    from components.reproduce.dpzero_quadratic import SPECTRA, spectra_of
+    from components.reproduce.experiments import EXAMPLES
+
+    experiments = spectra_of(args.experiments or list(SPECTRA))  # an unknown spectrum is refused before Prefect starts
+    seeds = args.seeds if args.seeds is not None else [0]
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise specs.SpecError("--seeds: distinct integers >= 0")
+    uri = args.tracking_uri or specs.load_spec(EXAMPLES / "p1_o2nc_001.yaml").tracking.uri
+    command = "privzo reproduce dpzero " + " ".join(
+        ["--experiments", *experiments, "--seeds", *map(str, seeds)] + (["--quick"] if args.quick else []))
+    out = args.out or "docs/results/dpzero_fig1.md"
+    from flows.reproduce import reproduce_dpzero
+
+    result = reproduce_dpzero(experiments=experiments, seeds=seeds, quick=args.quick, output=out, tracking_uri=uri,
+                              experiment=args.experiment, command=command)
+    print()
+    print(result["table"], end="")
+    print(f"MLflow parent run {result['parent_run_id']} ({result['seconds']:.0f} s); written to {out}")
+    return 0
+
+
 def cmd_reproduce(args) -> int:
     from components.reproduce.experiments import EXAMPLES, series_of
 
+    if args.suite == "dpzero":
+        return _reproduce_dpzero(args)
+    if args.seeds is None:
+        args.seeds = [0, 1, 2]
     kl = args.suite == "kl"
     experiments = args.experiments or (["E6", "E7", "E8", "E9"] if kl else ["E1", "E2", "E3", "E4", "E5"])
     if kl:
@@ -338,13 +364,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1 to E5 of papers 001/002; kl: E6 "
-                       "to E9 of paper 003)")
-    p.add_argument("suite", choices=["nonsmooth", "kl"])
-    p.add_argument("--experiments", nargs="+", default=None, help="default: all of the suite's")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+                       "to E9 of paper 003; dpzero: Figure 1 of paper 004)")
+    p.add_argument("suite", choices=["nonsmooth", "kl", "dpzero"])
+    p.add_argument("--experiments", nargs="+", default=None, help="default: all of the suite's (dpzero: the spectra "
+                   "identity, inverse_sqrt, inverse)")
+    p.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0 1 2 (dpzero: 0)")
     p.add_argument("--quick", action="store_true", help="tiny grids through the same code (a smoke run)")
     p.add_argument("--out", default=None, help="the markdown table (the CSV and one PNG per experiment are written "
-                   "beside it; default docs/results/<suite>_rates.md)")
+                   "beside it; default docs/results/<suite>_rates.md, dpzero: docs/results/dpzero_fig1.md)")
     p.add_argument("--tracking-uri", default=None, help="default: the example specs' tracking.uri")
     p.add_argument("--experiment", default="privzo-reproduce", help="MLflow experiment")
     p.set_defaults(func=cmd_reproduce)
