@@ -67,7 +67,8 @@ def load_data(spec: RunSpec) -> SplitData:
             public_table, _ = _table(split.public_source, model_tokenizer)
         except ValueError as err:  # the loaders name data.source; here it is the public source
             raise ValueError(str(err).replace("data.source.", "data.split.public_source.", 1)) from None
-        return source_split(table, public_table, test=split.test, seed=spec.seed, scale=scale)
+        return source_split(table, public_table, test=split.test, seed=spec.seed, scale=scale,
+                            drop_shared=split.shared_rows == "drop_private")
     assign = hashed_split if split.kind == "hashed" else fraction_split
     return assign(table, public=split.public, test=split.test, imbalance=split.imbalance, seed=spec.seed,
                   scale=scale)

@@ -36,8 +36,11 @@ class TextSource(Strict):
     package). Rows are token ids and attention masks, read only by ``model.kind: hf``."""
 
     kind: Literal["text"]
-    name: Literal["chatterbot"] = Field(
-        ..., description="chatterbot: the English lines of the chatterbot-corpus package, one topic per file.")
+    name: Literal["chatterbot", "chatterbot_italian"] = Field(
+        ..., description="chatterbot: the English lines of the chatterbot-corpus package, one topic per file. "
+        "chatterbot_italian: its Italian lines, labelled with the English topics (19 of the 21; none for coding "
+        "and tech_support) and without the lines the English corpus also has: public data from another "
+        "distribution for chatterbot (data.split.kind: source).")
     max_length: int = Field(32, ge=2, le=512, description="Tokens per row, [CLS] and [SEP] included; longer "
                             "lines are truncated, shorter ones padded.")
     tokenizer: Optional[str] = Field(None, min_length=1, description="The model whose vocabulary makes the ids, "
@@ -262,6 +265,11 @@ class SourceSplit(Strict):
     kind: Literal["source"]
     public_source: Source
     test: Probability = 0.2
+    shared_rows: Literal["refuse", "drop_private"] = Field(
+        "refuse", description="A main-source row whose content the public source also has. refuse: the run is "
+        "refused (a public source should not hold private rows: often the wrong file). drop_private: such rows "
+        "are left out of the private and test parts, their content being public already; a rule on each row "
+        "and the public data alone, so it is safe under DP (e.g. short lines two corpora share).")
 
     @property
     def has_public(self) -> bool:

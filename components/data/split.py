@@ -145,9 +145,12 @@ def column_split(table: Table, *, test: float, seed: int, scale: str) -> SplitDa
                      scale, fps)
 
 
-def source_split(table: Table, public_table: Table, *, test: float, seed: int, scale: str) -> SplitData:
+def source_split(table: Table, public_table: Table, *, test: float, seed: int, scale: str,
+                 drop_shared: bool = False) -> SplitData:
     """Every row of ``public_table`` is public; each row of ``table`` is test with probability ``test``
-    (hashed as in ``hashed_split``), else private. ``scale`` applies to both, from the public rows."""
+    (hashed as in ``hashed_split``), else private. ``scale`` applies to both, from the public rows.
+    ``drop_shared``: a row of ``table`` whose content ``public_table`` also has is left out (otherwise the
+    parts overlap and are refused); whether a row is left out depends on that row and the public rows only."""
     if public_table.n_classes != table.n_classes:
         raise ValueError(f"data.split.public_source: {public_table.n_classes} classes, the main source has "
                          f"{table.n_classes}")
@@ -166,6 +169,11 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
     # both fingerprinted one way (the main source's), so content they share is found whatever the sources
     public_table = replace(public_table, columns=table.columns, class_names=table.class_names)
     fps = table.row_fingerprints()
+    if drop_shared:
+        public_fps = set(public_table.row_fingerprints())
+        kept = np.asarray([i for i, fp in enumerate(fps) if fp not in public_fps], dtype=np.int64)
+        table = replace(table, features=table.features[kept], labels=table.labels[kept])
+        fps = [fps[i] for i in kept]
     u_test, _ = _row_uniforms(fps, seed)
     n = len(table)
     same_scale = public_table.fixed_scale == table.fixed_scale

@@ -5,9 +5,9 @@ arrays, so the split, the content fingerprints and index-based batches work as f
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import yaml
@@ -16,17 +16,37 @@ from components import pretrained
 from components.data.sources import Table
 
 
-def _chatterbot_english() -> Path:
+def _chatterbot(language: str) -> Path:
     try:
         import chatterbot_corpus
     except ImportError:
         raise RuntimeError("data.source.name: chatterbot needs the package chatterbot-corpus; install privzo's "
                            "text extra (pip install -e '.[text]')") from None
-    return Path(chatterbot_corpus.__file__).parent / "data" / "english"
+    return Path(chatterbot_corpus.__file__).parent / "data" / language
 
 
-# name -> directory of topic files (a closed registry: a spec never names a path to read)
-CORPORA: Dict[str, Callable[[], Path]] = {"chatterbot": _chatterbot_english}
+def _chatterbot_english() -> Path:
+    return _chatterbot("english")
+
+
+def _chatterbot_italian() -> Path:
+    return _chatterbot("italian")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    directory: Callable[[], Path]  # its topic files
+    # the registered corpus this one translates, or None: its topic files name the classes, in its order,
+    # so the two can be one run's private and public sources (data.split.kind: source) with the same classes
+    translates: Optional[str] = None
+
+
+# name -> corpus (a closed registry: a spec never names a path to read). The Italian corpus has 19 of the
+# English corpus's 21 topics (no coding, no tech_support): those two classes have no Italian rows.
+CORPORA: Dict[str, Corpus] = {
+    "chatterbot": Corpus(_chatterbot_english),
+    "chatterbot_italian": Corpus(_chatterbot_italian, translates="chatterbot"),
+}
 
 
 def read_topics(directory: Path) -> List[Tuple[str, List[str]]]:
@@ -58,17 +78,26 @@ def encode(lines: List[str], tokenizer, max_length: int) -> np.ndarray:
     return np.ascontiguousarray(np.stack([enc["input_ids"], enc["attention_mask"]], axis=1), dtype=np.int64)
 
 
-def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_length: int) -> Table:
+def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_length: int, *,
+              classes: Optional[Sequence[str]] = None) -> Table:
     """One row per line, labelled by its topic's position; ids and mask padded/truncated to ``max_length``.
 
     Content is what the model reads (the ids after truncation). Repeated content keeps its first row;
     content found under two topics is dropped whole, since it has no single label. Either way no content
     can land in two splits, which are checked disjoint on content fingerprints.
+
+    ``classes`` (topic names) labels a topic by its position there instead, so a corpus of the same task
+    gives the same classes; a class without a topic simply has no rows.
     """
+    names = [topic for topic, _lines in topics] if classes is None else list(classes)
+    stray = [topic for topic, _lines in topics if topic not in names]
+    if stray:
+        raise ValueError(f"data.source: {name}: topic {stray[0]!r} is not one of its classes; allowed: "
+                         f"{', '.join(names)}")
     lines = [line for _topic, topic_lines in topics for line in topic_lines]
     if not lines:
         raise ValueError(f"data.source: {name} has no lines")
-    labels = np.asarray([k for k, (_t, topic_lines) in enumerate(topics) for _ in topic_lines], dtype=np.int64)
+    labels = np.asarray([names.index(topic) for topic, topic_lines in topics for _ in topic_lines], dtype=np.int64)
     features = encode(lines, tokenizer, max_length)
     first: Dict[bytes, int] = {}
     label_sets: Dict[bytes, set] = {}
@@ -77,11 +106,15 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
         first.setdefault(key, i)
         label_sets.setdefault(key, set()).add(int(labels[i]))
     keep = np.asarray(sorted(i for key, i in first.items() if len(label_sets[key]) == 1), dtype=np.int64)
-    return Table(name, features[keep], labels[keep], len(topics), None)
+    return Table(name, features[keep], labels[keep], len(names), None)
 
 
 def load_text(name: str, max_length: int, tokenizer: str) -> Table:
     if name not in CORPORA:
         raise ValueError(f"data.source.name: unknown text corpus {name!r}; allowed: {', '.join(CORPORA)}")
-    table = tokenised(name, read_topics(CORPORA[name]()), pretrained.tokenizer(tokenizer), max_length)
+    corpus = CORPORA[name]
+    classes = None if corpus.translates is None else [
+        topic for topic, _ in read_topics(CORPORA[corpus.translates].directory())]
+    table = tokenised(name, read_topics(corpus.directory()), pretrained.tokenizer(tokenizer), max_length,
+                      classes=classes)
     return replace(table, layout=f"text:{name};tokenizer={tokenizer};max_length={max_length}")

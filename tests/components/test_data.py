@@ -369,6 +369,14 @@ def test_source_split_takes_every_row_of_the_public_source(tmp_path, tiny_spec_d
     split["public_source"] = {"kind": "sklearn", "name": "digits"}
     with pytest.raises(SplitOverlapError, match="some rows appear in both public and private"):
         builders.load_data(_file_spec(tiny_spec_dict, main, split))
+    # dropping the main source's rows that the public source has: here every row, so nothing is private
+    split["shared_rows"] = "drop_private"
+    with pytest.raises(ValueError, match="no private rows left"):
+        builders.load_data(_file_spec(tiny_spec_dict, main, split))
+    overlapping = write_digits_file(tmp_path / "overlap.csv", rows=range(950, 1100))
+    split["public_source"] = {"kind": "file", "path": str(overlapping), **DIGITS}
+    dropped = builders.load_data(_file_spec(tiny_spec_dict, main, split))
+    assert set(dropped.private.fingerprints) | set(dropped.test.fingerprints) == set(fps[:950])
 
 
 def test_features_under_two_labels_are_dropped_whole(tmp_path):

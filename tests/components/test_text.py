@@ -67,7 +67,7 @@ def test_chatterbot_loads_offline_and_deterministically():
 
 
 def test_unknown_corpus_is_one_line():
-    with pytest.raises(ValueError, match=r"^data.source.name: unknown text corpus 'reddit'; allowed: chatterbot$"):
+    with pytest.raises(ValueError, match=r"^data.source.name: unknown text corpus 'reddit'; allowed: chatterbot, chatterbot_italian$"):
         load_text("reddit", 32, "minilm")
     with pytest.raises(ValueError, match=r"^model.name: unknown pretrained model 'bert'; allowed: minilm$"):
         pretrained.tokenizer("bert")
