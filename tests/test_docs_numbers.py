@@ -32,3 +32,18 @@ def test_results_doc_states_the_split_of_its_seeds():
     said = " ".join(setup.split())
     assert (f"{public[0]}–{public[-1]} public rows and {private[0]:,}–{private[-1]:,} private rows by seed "
             f"(seed 0: {splits[0][2]} and {splits[0][1]:,})") in said, said[:400]
+
+
+def test_results_doc_tables_are_their_csvs():
+    """A results table in docs/results.md is what the sweep's own results_table makes of the CSV beside it."""
+    import csv
+
+    from flows.sweep import results_table
+
+    doc = (ROOT / "docs" / "results.md").read_text()
+    for name in ("digits_dope_pda",):
+        with open(ROOT / "docs" / "results" / f"{name}.csv") as f:
+            cells = [dict(row, epsilon=float(row["epsilon"]), accuracy=float(row["accuracy"])) for row in csv.DictReader(f)]
+        table = results_table([{k: v for k, v in c.items() if k != "seconds"} for c in cells], [0.1, 0.5, 1, 2, 3])
+        for line in table.splitlines()[2:]:
+            assert line.rsplit(" – |", 1)[0] in doc, line  # the doc leaves out the time column
