@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev,text,datasets]"
+	$(PY) -m pip install --quiet -e ".[dev,text,datasets,vision]"
 	touch $@
 
 install: $(VENV)/.installed

