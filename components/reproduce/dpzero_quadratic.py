@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from components.reproduce.agreement import Agreement
+
 EPSILON = 2.0
 DELTA = 1e-6
 ACCOUNTANT = "rdp"
@@ -519,7 +521,7 @@ def match_points(grid: Grid) -> List[MatchPoint]:
 
 
 @dataclass
-class Match:
+class Match(Agreement):
     point: MatchPoint
     iterates: float  # max |privzo - kernel| over every iterate's coordinates
     output: float  # max |privzo - kernel| over the last iterate's (the kernel's block updates, not its record)
@@ -528,13 +530,7 @@ class Match:
     privzo_seconds: float
     kernel_seconds: float
 
-    @property
-    def difference(self) -> float:
-        return max(self.iterates, self.output)
-
-    @property
-    def ok(self) -> bool:
-        return self.difference <= 1e-9
+    compared = ("iterates", "output")
 
 
 def privzo_trajectory(point: MatchPoint, seed: int = 0, noise_seed: int = 7, threads: int = 1):

@@ -33,6 +33,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from components.reproduce.agreement import Agreement
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "specs" / "examples"
 
 
@@ -189,7 +191,7 @@ def run_point(series: Series, x: int, seeds: Sequence[int]) -> PointResult:
 
 
 @dataclass
-class Match:
+class Match(Agreement):
     series: str
     x: int
     steps: int
@@ -199,13 +201,7 @@ class Match:
     privzo_seconds: float
     kernel_seconds: float
 
-    @property
-    def difference(self) -> float:
-        return max(self.query_points, self.certificates, self.output)
-
-    @property
-    def ok(self) -> bool:
-        return self.difference <= 1e-9
+    compared = ("query_points", "certificates", "output")
 
 
 def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: Optional[float] = None) -> Match:

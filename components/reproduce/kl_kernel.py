@@ -30,6 +30,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from components.reproduce.agreement import Agreement
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "specs" / "examples"
 DELTA = 1e-6
 
@@ -475,7 +477,7 @@ def run_point(series: KlSeries, n: int, seeds: Sequence[int]) -> KlPoint:
 
 # ------------------------------------------------------------------ privzo's own loop against the kernel
 @dataclass
-class KlMatch:
+class KlMatch(Agreement):
     series: str
     x: int
     steps: int
@@ -484,13 +486,7 @@ class KlMatch:
     privzo_seconds: float
     kernel_seconds: float
 
-    @property
-    def difference(self) -> float:
-        return max(self.iterates, self.output)
-
-    @property
-    def ok(self) -> bool:
-        return self.difference <= 1e-9
+    compared = ("iterates", "output")
 
 
 def match(series: KlSeries, n: int, noise_seed: int = 7, threads: int = 1) -> KlMatch:
