@@ -104,8 +104,10 @@ def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
             if not accs:
                 row.append("–")
                 continue
-            std = statistics.stdev(accs) if len(accs) > 1 else 0.0
-            row.append(f"{100 * statistics.mean(accs):.1f} ± {100 * std:.1f}")
+            if len(accs) == 1:  # one seed: no spread to state (a "± 0.0" would claim one)
+                row.append(f"{100 * accs[0]:.1f}")
+                continue
+            row.append(f"{100 * statistics.mean(accs):.1f} ± {100 * statistics.stdev(accs):.1f}")
         times = [c["seconds"] for c in cells if c["name"] == name and c.get("seconds") is not None]
         row.append(f"{statistics.mean(times):.0f}" if times else "–")  # wall time of one cell, mean over cells
         lines.append(f"| {_label(name, cells)} | " + " | ".join(row) + " |")

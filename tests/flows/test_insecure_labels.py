@@ -98,6 +98,7 @@ def test_a_mechanism_none_cell_has_its_own_column_and_is_marked():
               "spent_epsilon": math.inf, "private": False} for s in (0, 1)]
     table = results_table(cells, [1.0])
     assert "| spec | ε = 1 | no DP |" in table and "| mezo (NOT private) | – | 90.0 ± 0.0 |" in table
+    assert "| mezo (NOT private) | – | 90.0 |" in results_table(cells[:1], [1.0])  # one seed: no spread claimed
     assert utility_plot(cells, [1.0])[:4] == b"\x89PNG"
 
 
