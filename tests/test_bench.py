@@ -93,3 +93,13 @@ def test_secure_noise_runs_its_smallest_cells():
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "two_point" in out.stdout and "dpgd_0th" in out.stdout
+
+
+def test_run_cost_extrapolates_a_cell_from_a_few_steps():
+    sys.path.insert(0, str(ROOT))
+    from bench.run_cost import cost
+
+    c = cost(str(ROOT / "specs" / "examples" / "digits_dope_sgd.yaml"), steps=3, epsilon=2.0)
+    assert c["planned_steps"] > 3 and c["warm_start_s"] > 0 and c["step_s"] > 0
+    parts = c["load_s"] + c["warm_start_s"] + c["evaluation_s"] + c["step_s"] * c["planned_steps"]
+    assert c["cell_s"] == pytest.approx(parts)
