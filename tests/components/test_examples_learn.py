@@ -21,6 +21,8 @@ FLOORS = {
     "digits_dp_sgd.yaml": 0.85,  # first-order DP-SGD, the baseline
     "digits_dp_sgd_warm.yaml": 0.85,  # the same after the public warm start
     "digits_gep.yaml": 0.85,  # GEP, first order guided by the public rows
+    "digits_dope_sgd.yaml": 0.85,  # DOPE-SGD, private gradients clipped around the public one
+    "digits_pda_dpmd.yaml": 0.85,  # PDA-DPMD, the public gradient mixed in
     "digits_dp_gd_full_batch.yaml": 0.80,  # full-batch DP-GD, replace-one
     "digits_dpzero_replace_one.yaml": 0.55,  # replace-one: about 4x DPZero's noise std at the same epsilon
 }
