@@ -408,6 +408,14 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     return LocalParts(model, params, directions, estimator, optimizer, backend, device)
 
 
+def build_replica(spec_dict: dict) -> tuple:
+    """A Ray worker's replica, assembled on its own node: (the ordered digest of the rows it loaded, a local
+    backend over them). The runtime is handed this function, so it never imports the builders."""
+    spec = RunSpec.model_validate(spec_dict)
+    data = load_data(spec)
+    return data.ordered_digest, build_local(spec, data).backend
+
+
 @dataclass
 class Built:
     model: torch.nn.Module
@@ -433,10 +441,11 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         ex = spec.execution
         worker_spec = spec.model_dump(mode="json")
         worker_spec["execution"]["device"] = device.type  # never a different "auto" on the workers
-        backend = RayBackend(parts.backend, worker_spec, n_private=len(data.private),
+        backend = RayBackend(parts.backend, worker_spec, build_replica, n_private=len(data.private),
                              private_digest=data.ordered_digest, workers=ex.workers,
-                             gpus_per_worker=ex.gpus_per_worker, address=ex.address, parallelism=ex.parallelism,
-                             checksum_every=ex.checksum_every)
+                             gpus_per_worker=ex.gpus_per_worker, cpus_per_worker=ex.cpus_per_worker,
+                             workers_per_node=ex.workers_per_node, address=ex.address,
+                             parallelism=ex.parallelism, checksum_every=ex.checksum_every)
     n_private = len(data.private)
     public = None
     if len(data.public):

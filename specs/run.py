@@ -236,6 +236,9 @@ def cross_field_problems(spec: RunSpec) -> List[str]:
     if ex.backend == "ray" and ex.device == "cuda" and ex.gpus_per_worker == 0:
         problems.append("execution.device: cuda with backend ray needs gpus_per_worker > 0 (workers draw the "
                         "driver's directions on the same kind of device); set gpus_per_worker or device: cpu")
+    if ex.workers_per_node is not None and ex.workers % ex.workers_per_node:
+        problems.append(f"execution.workers_per_node: {ex.workers_per_node} does not divide execution.workers "
+                        f"({ex.workers}); workers are placed as workers / workers_per_node whole nodes")
     if spec.execution.prefetch_directions:
         if est.kind in ("pazo_p", "pazo_s", "first_order") + PUBLIC_FIRST_ORDER_KINDS + O2NC_KINDS:
             problems.append(f"execution.prefetch_directions: {est.kind} has no seeded directions to draw ahead; "

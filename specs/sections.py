@@ -975,7 +975,11 @@ class ExecutionSpec(Strict):
     backend: Literal["local", "ray"] = Field(
         "local", description="local: forward passes in this process; ray: on Ray actors holding replicas.")
     workers: PositiveInt = Field(2, description="Ray worker actors (backend: ray).")
-    gpus_per_worker: float = Field(0.0, ge=0.0)
+    gpus_per_worker: float = Field(0.0, ge=0.0, description="GPUs each worker reserves in its placement bundle.")
+    cpus_per_worker: float = Field(1.0, gt=0.0, description="CPUs each worker reserves in its placement bundle.")
+    workers_per_node: Optional[PositiveInt] = Field(
+        None, description="Exactly this many workers on each of workers / workers_per_node nodes (a STRICT_SPREAD "
+        "placement group: one bundle a node); default: one bundle a worker, spread across the nodes (SPREAD).")
     address: str = Field("local", min_length=1,
                          description="local: start Ray here; auto: join the running cluster; ray://host:port: a remote one.")
     parallelism: Literal["data", "directions"] = Field(

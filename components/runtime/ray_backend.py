@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -37,21 +38,52 @@ class DataChanged(RuntimeError):
     """A worker's private rows differ from the driver's."""
 
 
+class DataUnreadable(RuntimeError):
+    """A worker's node cannot read the spec's data source."""
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot place the workers the spec asks for."""
+
+
+class ClusterLost(RuntimeError):
+    """The driver lost its connection to the Ray cluster (its head) mid-run."""
+
+
+class ClusterUnreachable(ValueError):
+    """``execution.address`` names a cluster this driver cannot reach (before anything is reserved)."""
+
+
+# how long a feasible placement may wait for room (a busy cluster, a node that is coming back)
+PLACEMENT_TIMEOUT_S = 600.0
+START_ATTEMPTS = 5
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
 @ray.remote
 class ReplicaWorker:
-    """One model replica plus the private rows it loaded itself (never sent by the driver)."""
+    """One model replica plus the private rows it loaded itself (never sent by the driver).
 
-    def __init__(self, spec: Dict[str, Any]):
-        from components import builders  # imported here: builders itself imports this module
-        from specs import RunSpec
+    ``assemble(spec) -> (ordered digest of the rows, local backend)`` is the one place a replica is built
+    (components.builders.build_replica); it is handed in, so this runtime stands below the builders."""
 
-        run_spec = RunSpec.model_validate(spec)
-        data = builders.load_data(run_spec)
-        self.rows_digest = data.ordered_digest
-        self.built = builders.build_local(run_spec, data)
-        self.backend = self.built.backend
+    def __init__(self, assemble, spec: Dict[str, Any]):
+        self.node = ray.util.get_node_ip_address()
+        self.error: Optional[str] = None
+        try:
+            self.rows_digest, self.backend = assemble(spec)
+        except Exception as err:  # told to the driver, in one line, by identify()
+            self.rows_digest, self.backend, self.error = None, None, first_line(err)
         self._scope: Optional[contextlib.ExitStack] = None
         self._seeds: tuple = ()
+
+    def identify(self) -> tuple:
+        """(node address, ordered digest of the rows this replica loaded, why it could not load them)."""
+        return self.node, self.rows_digest, self.error
 
     def _enter(self, seeds) -> None:
         seeds = tuple(seeds)
@@ -88,9 +120,6 @@ class ReplicaWorker:
             # drawn while the driver releases and combines the next step's queries
             self.backend.directions.prefetch(ahead)
         return self.checksum()
-
-    def private_rows_digest(self) -> str:
-        return self.rows_digest
 
     def checksum(self) -> float:
         return parameter_checksum(self.backend.directions.params)
@@ -141,6 +170,10 @@ def decode_update(message) -> Update:
     return message if isinstance(message, Update) else Update(terms=tuple(message))
 
 
+def _resources(bundle: Dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in bundle.items())
+
+
 def parameter_checksum(params) -> float:
     """Order-sensitive float64 checksum of the parameters (equal replicas give equal checksums)."""
     total = 0.0
@@ -152,18 +185,29 @@ def parameter_checksum(params) -> float:
 
 
 class RayBackend:
-    """Same protocol as LocalBackend (``query``, ``apply``, ``step_scope``, ``directions``)."""
+    """Same protocol as LocalBackend (``query``, ``apply``, ``step_scope``, ``directions``).
 
-    def __init__(self, local, spec: Dict[str, Any], *, n_private: int, private_digest: str, workers: int,
-                 gpus_per_worker: float, address: str, parallelism: str, checksum_every: int):
+    Workers are placed by a placement group: one bundle a worker spread across the nodes (SPREAD), or with
+    ``workers_per_node`` one bundle a node holding that many workers, each bundle on its own node
+    (STRICT_SPREAD). A worker lost with its node is started again in its bundle, which Ray moves to a
+    node that has room."""
+
+    def __init__(self, local, spec: Dict[str, Any], assemble, *, n_private: int, private_digest: str,
+                 workers: int, gpus_per_worker: float, address: str, parallelism: str, checksum_every: int,
+                 cpus_per_worker: float = 1.0, workers_per_node: Optional[int] = None):
         if not ray.is_initialized():
             if address == "local":
                 # Ray's default for a new local cluster (token authentication) stays; only its notice that
-                # it chose it, printed on every run, is not shown
+                # it chose it, printed on every run, is not shown. Logical CPUs: enough for every bundle.
                 logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                         num_cpus=max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)))
             else:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
+                try:
+                    ray.init(address=address, log_to_driver=False, configure_logging=False)
+                except (ConnectionError, RuntimeError) as err:
+                    raise ClusterUnreachable(f"execution.address: cannot reach the Ray cluster at {address} "
+                                      f"({first_line(err)})") from None
         self.local = local  # the driver's replica: source of truth, public gradients, evaluation
         self._n_private = n_private  # the driver holds no private rows in this mode, only their count
         self._private_digest = private_digest  # ... and their ordered digest, which every worker must match
@@ -171,26 +215,95 @@ class RayBackend:
         self.optimizer = local.optimizer
         self.model = local.model
         self._spec = spec
+        self._assemble = assemble
+        self._address = address
         self._gpus = gpus_per_worker
+        self._cpus = cpus_per_worker
+        self._per_bundle = workers_per_node or 1
         self.parallelism = parallelism
         self.checksum_every = checksum_every
-        self.workers = [self._start() for _ in range(workers)]
+        self.workers: list = []
+        self._group = self._place(workers, strict=workers_per_node is not None)
+        try:
+            for slot in range(workers):
+                self.workers.append(self._start(slot))
+        except BaseException:
+            self.close()
+            raise
         self._seeds: tuple = ()
         self._ahead: tuple = ()
         self.applied = 0
         self.restarts = 0
         self.resyncs = 0
 
-    def _start(self):
-        worker = ReplicaWorker.options(num_gpus=self._gpus, num_cpus=0).remote(self._spec)
-        if ray.get(worker.private_rows_digest.remote()) != self._private_digest:
+    # ---------------------------------------------------------------- placement
+    def _bundle(self) -> Dict[str, float]:
+        bundle = {"CPU": self._cpus * self._per_bundle}
+        if self._gpus:
+            bundle["GPU"] = self._gpus * self._per_bundle
+        return bundle
+
+    def _place(self, workers: int, strict: bool):
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        bundle, count = self._bundle(), workers // self._per_bundle
+        strategy = "STRICT_SPREAD" if strict else "SPREAD"
+        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+        room = [min(int(res.get(k, 0.0) / v + 1e-9) for k, v in bundle.items()) for res in nodes]
+        fits = sum(1 for r in room if r) if strict else sum(room)
+        if fits < count:
+            per = f"{self._per_bundle} a node on {count} nodes" if strict else "spread across nodes"
+            raise PlacementError(
+                f"execution: the Ray cluster at {self._address} cannot place {workers} workers ({per}, "
+                f"{_resources(bundle)} a bundle): its {len(nodes)} alive nodes have room for {fits} bundles; "
+                "add nodes, or lower execution.workers, workers_per_node, cpus_per_worker or gpus_per_worker")
+        group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+        try:
+            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise PlacementError(f"execution: the Ray cluster at {self._address} has had no room for {count} "
+                                 f"bundles of {_resources(bundle)} ({strategy}) for {PLACEMENT_TIMEOUT_S:.0f} s; "
+                                 "other jobs hold its resources") from None
+        return group
+
+    def _start(self, slot: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=slot // self._per_bundle)
+        for attempt in range(START_ATTEMPTS):
+            worker = ReplicaWorker.options(num_cpus=self._cpus, num_gpus=self._gpus,
+                                           scheduling_strategy=strategy).remote(self._assemble, self._spec)
+            try:
+                node, digest, error = ray.get(worker.identify.remote(), timeout=PLACEMENT_TIMEOUT_S)
+                break
+            except ray.exceptions.GetTimeoutError:
+                ray.kill(worker)
+                raise PlacementError(f"execution: worker {slot} was not started within {PLACEMENT_TIMEOUT_S:.0f} s "
+                                     "(its placement bundle has no node with room)") from None
+            except ray.exceptions.RayActorError:
+                # sent to a node that died before the cluster knew it: its bundle moves, and this start with it
+                continue
+        else:
+            raise RuntimeError(f"ray backend: worker {slot} died {START_ATTEMPTS} times while starting")
+        if error is not None:
+            ray.kill(worker)
+            raise DataUnreadable(f"data.source: the Ray worker on node {node} cannot read the private rows "
+                                 f"({error}); every node must read the spec's data source: a path on storage "
+                                 "every node mounts, or a package installed on every node")
+        if digest != self._private_digest:
             # indices sent to this worker would name other rows than the ones sampled and accounted
             ray.kill(worker)
-            raise DataChanged("data.source: a Ray worker loaded different private or public rows than the driver "
-                              "(the data changed after the run started); run again once the data stops changing")
+            raise DataChanged(f"data.source: a Ray worker loaded different private or public rows than the driver "
+                              f"(on node {node}: the data changed after the run started, or that node holds "
+                              "another copy); every node must read the same rows")
         ray.get(worker.load_parameters.remote([p.detach().cpu() for p in self.directions.params],
                                               self.optimizer.state_dict()))
         return worker
+
+    def worker_nodes(self) -> List[str]:
+        """The node address of each worker, in worker order."""
+        return [node for node, _, _ in ray.get([w.identify.remote() for w in self.workers])]
 
     @property
     def n_private(self) -> int:
@@ -228,15 +341,8 @@ class RayBackend:
     def query(self, query: Query, indices: torch.Tensor, clip: float) -> torch.Tensor:
         idx = indices.cpu().numpy().astype(np.int32 if self._n_private < 2**31 else np.int64)
         jobs, how = self._split(query, idx)
-        for attempt in range(3):
-            refs = [self.workers[w].query.remote(*self.message(q, part, clip)) for w, q, part in jobs]
-            try:
-                results = ray.get(refs)
-                break
-            except ray.exceptions.RayActorError:
-                self._replace_dead()
-        else:
-            raise RuntimeError("ray backend: workers kept dying; no value was released for this step")
+        # asked again of a replaced worker: no value has been released for this step yet
+        results = self._ask(lambda: [self.workers[w].query.remote(*self.message(q, part, clip)) for w, q, part in jobs])
         params = self.local.directions.params
         if isinstance(query, (PerExampleGradients, PerExampleSphere)):
             return tuple(sum(parts).to(device=p.device) for parts, p in zip(zip(*results), params))
@@ -259,12 +365,13 @@ class RayBackend:
     def apply(self, update: Update) -> None:
         self.local.apply(update)
         message = encode_update(update)
-        refs = [w.apply.remote(message, self._ahead) for w in self.workers]
-        try:
-            sums = ray.get(refs)
-        except ray.exceptions.RayActorError:
-            self._replace_dead()
-            sums = ray.get([w.checksum.remote() for w in self.workers])
+        with self._cluster_kept():
+            try:
+                sums = ray.get([w.apply.remote(message, self._ahead) for w in self.workers])
+            except ray.exceptions.RayActorError:
+                # a replacement starts from the driver's parameters, this update included: not applied again
+                self._replace_dead()
+                sums = self._ask(lambda: [w.checksum.remote() for w in self.workers])
         self.applied += 1
         if self.applied % self.checksum_every == 0:
             self.verify(sums)
@@ -272,7 +379,7 @@ class RayBackend:
     def verify(self, sums: Optional[List[float]] = None) -> None:
         """Resynchronise any replica whose checksum differs from the driver's."""
         if sums is None:
-            sums = ray.get([w.checksum.remote() for w in self.workers])
+            sums = self._ask(lambda: [w.checksum.remote() for w in self.workers])
         reference = parameter_checksum(self.directions.params)
         tol = 1e-9 * max(1.0, abs(reference))
         for w, value in enumerate(sums):
@@ -282,25 +389,58 @@ class RayBackend:
 
     def sync(self) -> None:
         """Push the driver's parameters to every replica (after public warm start or a checkpoint load)."""
-        for worker in self.workers:
-            self._push(worker)
+        self._ask(lambda: [self._push_ref(w) for w in self.workers])
 
     def _push(self, worker) -> None:
-        ray.get(worker.load_parameters.remote([p.detach().cpu() for p in self.directions.params],
-                                              self.optimizer.state_dict()))
+        ray.get(self._push_ref(worker))
+
+    def _push_ref(self, worker):
+        return worker.load_parameters.remote([p.detach().cpu() for p in self.directions.params],
+                                             self.optimizer.state_dict())
+
+    def _ask(self, refs) -> list:
+        """``ray.get(refs())``; a worker that died (alone or with its node) is replaced, and all are asked again."""
+        with self._cluster_kept():
+            for attempt in range(START_ATTEMPTS):
+                try:
+                    return ray.get(refs())
+                except ray.exceptions.RayActorError:
+                    self._replace_dead()
+        raise RuntimeError("ray backend: workers kept dying; no value was released for this step")
+
+    @contextlib.contextmanager
+    def _cluster_kept(self):
+        """A lost connection to the cluster's head (Ray Client gives up after its reconnection grace period)
+        ends the run in one line: nothing was released for the step in flight, so a resume repeats it."""
+        try:
+            yield
+        except ConnectionError as err:
+            raise ClusterLost(f"execution.address: lost the Ray cluster at {self._address} ({first_line(err)}); "
+                              "no value was released for the step in flight; once the cluster is back, resume "
+                              "the run") from None
 
     def _replace_dead(self) -> None:
         for w, worker in enumerate(self.workers):
             try:
                 ray.get(worker.pid.remote(), timeout=60)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                self.workers[w] = self._start()  # rebuilt from the driver's parameters
+                with contextlib.suppress(Exception):
+                    ray.kill(worker)  # unreachable, not known dead: it must not come back beside its replacement
+                self.workers[w] = self._start(w)  # rebuilt from the driver's parameters, in its bundle
                 self.restarts += 1
 
     def worker_pids(self) -> List[int]:
         return ray.get([w.pid.remote() for w in self.workers])
 
     def close(self) -> None:
-        for w in self.workers:
-            ray.kill(w)
+        from ray.util.placement_group import remove_placement_group
+
+        # a lost cluster took its actors and placement group with it (and a call now would start a new Ray)
+        if ray.is_initialized():
+            with contextlib.suppress(ConnectionError):
+                for w in self.workers:
+                    ray.kill(w)
+                if getattr(self, "_group", None) is not None:
+                    remove_placement_group(self._group)
         self.workers = []
+        self._group = None

@@ -70,6 +70,9 @@ def _error_for(tiny, mutate):
          ["execution.prefetch_directions", "pazo_s has no seeded directions"]),
         (lambda d: d.update(execution={"backend": "ray", "device": "cuda"}),
          ["execution.device: cuda with backend ray", "gpus_per_worker > 0", "device: cpu"]),
+        (lambda d: d.update(execution={"backend": "ray", "workers": 3, "workers_per_node": 2}),
+         ["execution.workers_per_node: 2 does not divide execution.workers (3)"]),
+        (lambda d: d.update(execution={"backend": "ray", "cpus_per_worker": 0}), ["execution.cpus_per_worker"]),
         (lambda d: d.update(budget={"dataset": "x", "lifetime_epsilon": 1.0}), ["privacy.epsilon", "lifetime_epsilon"]),
         (lambda d: (d.update(budget={"dataset": "x", "lifetime_epsilon": 9.0}), d["privacy"].update(
             insecure_deterministic=True)), ["budget: only private runs"]),
