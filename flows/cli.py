@@ -416,6 +416,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         if isinstance(err, (BudgetExceeded, RowsExposed, RowsUnmatched, RunLocked)):  # refusals, not crashes: one line
             return _fail(str(err).splitlines()[0])
+        from flows.private_train import cluster_lost
+
+        if cluster_lost(err) and getattr(args, "spec", None):  # checkpointed, reservation kept: say how to go on
+            from flows.tracking import tool
+
+            return _fail(f"{str(err).splitlines()[0]}: {tool('privzo')} run {args.spec} --resume latest")
         raise
     except KeyboardInterrupt:
         return _fail("interrupted", 130)

@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -179,7 +180,15 @@ def _worth_retrying(_task, _task_run, state) -> bool:
     spend more of the budget; crashes of workers or stores are retried."""
     from components.runtime.loop import NonFiniteError
 
-    return not isinstance(getattr(state, "data", None), NonFiniteError)
+    err = getattr(state, "data", None)
+    # a lost cluster stays lost for the seconds a retry takes; the run ends, and resumes once it is back
+    return not isinstance(err, NonFiniteError) and not cluster_lost(err)
+
+
+def cluster_lost(err: Any) -> bool:
+    """The Ray backend lost its cluster (looked up where it was loaded; ray is not imported for this)."""
+    lost = getattr(sys.modules.get("components.runtime.ray_backend"), "ClusterLost", ())
+    return bool(lost) and isinstance(err, lost)
 
 
 @task(name="train-chunk", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_worth_retrying)
@@ -541,7 +550,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         raise
     run_id = saved["run_id"] if saved else None
     checkpointer = None
-    finished = False
+    finished = resumable = False
     try:
         if saved:
             reopen_run(uri, run_id, saved["loop"]["step"])
@@ -555,14 +564,21 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                               store.key, store.dir, tool("privzo"), spec_path or "SPEC", store.key)
         result, report = _train_and_log(plan, data, built, run_id, checkpointer, init_tags, progress=progress)
         finished = True
+    except BaseException as err:
+        # a lost cluster does not end the run: its reservation (the planned run, whole) and its checkpoint stay,
+        # as after a killed process, and --resume continues under the same charge once the cluster is back
+        resumable = cluster_lost(err) and checkpointer is not None
+        raise
     finally:
-        if charge_id is not None:  # the ledger is charged with the steps actually executed, whatever happened
+        if charge_id is not None and not resumable:  # charged with the steps actually executed, whatever happened
             left = commit_budget(resolved, charge_id, event_to_json(built.loop.tracker.event()),
                                  built.loop.tracker.steps, run_id)
             get_run_logger().info("dataset %s: %s of %g epsilon left", resolved.budget.dataset, shown_left(left),
                                   resolved.budget.lifetime_epsilon)
         if finished and resolved.checkpoint.keep:
             store.mark_finished()
+        elif resumable:
+            checkpointer.record_spent(built.loop)
         elif finished or charge_id is not None:
             store.remove()  # the run is closed: a committed charge cannot be resumed
         elif checkpointer is not None:
