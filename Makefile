@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SPEC ?= specs/examples/digits_dpzero.yaml
 
-.PHONY: install run test validate bench up down ui-check clean
+.PHONY: install run test validate bench up down ui-check cluster-up cluster-down cluster-check clean
 
 # torch is installed first and pinned: an unpinned torch pulls the newest CUDA build (several GB).
 $(VENV)/.installed: pyproject.toml
@@ -41,6 +41,19 @@ down:
 # (Debian's: apt-get install -y chromium); screenshots in docs/screenshots
 ui-check: install
 	$(PY) infra/ui_check.py --keep-going --screenshots docs/screenshots
+
+# a Ray cluster of separate hosts on this machine: a head, 2 worker nodes and a driver host (network
+# namespaces as root, else loopback addresses); `cluster-check` runs three example specs on one and stops it
+CLUSTER_STATE ?= .ray-cluster
+cluster-up: install
+	$(PY) infra/ray/cluster.py up --state $(CLUSTER_STATE)
+
+cluster-down:
+	$(PY) infra/ray/cluster.py down --state $(CLUSTER_STATE)
+
+cluster-check: install
+	$(PY) infra/ray/cluster.py check --state $(CLUSTER_STATE)-check specs/examples/digits_dpzero.yaml \
+	  specs/examples/digits_pazo_m.yaml specs/examples/chatterbot_minilm_dpzero.yaml
 
 clean:
 	rm -rf mlflow.db mlruns mlartifacts .pytest_cache
