@@ -4,13 +4,20 @@ Every message the Ray backend sends or receives (query arguments, clipped sums, 
 serialised with pickle protocol 5, as Ray does for plain Python values, and its length counted. The
 row indices of the batch are reported apart: they are the one part that grows with the batch.
 
-    python bench/ray_bytes.py [--steps 20]
+    python bench/ray_bytes.py [--steps 20]                  # Ray started here, 2 local workers
+    python bench/ray_bytes.py --cluster                     # a head + 2 worker nodes + a driver host
+    python bench/ray_bytes.py --address ray://HEAD:10001    # a cluster already up
+
+With ``--cluster`` the benchmark starts infra/ray/cluster.py's cluster (separate hosts on this machine),
+runs itself on the driver host against it, and stops it. Every process then shares this machine's cores:
+the time ratio is the cluster's overhead per step (network hops, serialisation), not a speed-up.
 Step time on the transformer (MiniLM), Ray against local: bench/ray_step.py.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import pickle
 import statistics
 import time
@@ -92,13 +99,39 @@ def run(spec_dict, steps: int):
     return meter, statistics.median(times) * 1000
 
 
+def on_cluster(steps: int) -> int:
+    """Start a test cluster, run this benchmark on its driver host against it, stop it."""
+    import importlib.util
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("privzo_ray_cluster", root / "infra" / "ray" / "cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cluster = module.LocalCluster(Path(tempfile.mkdtemp(prefix="privzo-bench-cluster-")), workers=2).up()
+    try:
+        print(f"# cluster ({cluster.mode}): head {cluster.gcs_address} (no CPU offered), 2 worker nodes of 2 CPUs, "
+              f"driver on {cluster.driver_ip}; every host shares this machine's {os.cpu_count()} cores", flush=True)
+        return cluster.run_on_driver([sys.executable, str(Path(__file__).resolve()), "--address", cluster.client_address,
+                                      "--steps", str(steps)], cwd=root, env={"PYTHONPATH": str(root)}).returncode
+    finally:
+        cluster.down()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--address", default="local", help="execution.address of the Ray rows (default: start Ray here)")
+    parser.add_argument("--cluster", action="store_true", help="start a head + 2 worker nodes + a driver host here")
     args = parser.parse_args(argv)
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if args.cluster:
+        raise SystemExit(on_cluster(args.steps))
+    if args.address == "local":
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     print(f"# bytes per step between driver and 2 workers (pickle protocol 5, payloads only, not Ray's own "
-          f"task headers), digits MLP, {args.steps} steps")
+          f"task headers), digits MLP, {args.steps} steps; Ray at {args.address}, local in this process")
     print(f"{'estimator':10} {'q':>3} {'mode':10} {'payload B/step':>15} {'indices B/step':>15} {'ray ms':>8} {'local ms':>9} {'ratio':>6}")
     for kind, q in (("two_point", 1), ("two_point", 4), ("two_point", 8), ("pazo_m", 1), ("pazo_p", 2)):
         for mode in ("data", "directions"):
@@ -110,7 +143,7 @@ def main(argv=None) -> None:
                 est.update(public_batches=3, public_batch_size=16)
             d["estimator"] = est
             local_d = copy.deepcopy(d)
-            d["execution"] = {"backend": "ray", "workers": 2, "parallelism": mode}
+            d["execution"] = {"backend": "ray", "workers": 2, "parallelism": mode, "address": args.address}
             meter, ray_ms = run(d, args.steps)
             _, local_ms = run(local_d, args.steps)
             print(f"{kind:10} {q:>3} {mode:10} {meter.payload / args.steps:15.0f} {meter.indices / args.steps:15.0f} "
