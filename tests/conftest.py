@@ -44,6 +44,20 @@ def tiny_spec_dict():
     return copy.deepcopy(TINY)
 
 
+def fixed_loop(spec_dict: dict):
+    """A spec mapping's loop, planned and built with the tests' fixed private generators (noise 11, sampling
+    12): two builds of one spec, on any backend, follow one trajectory."""
+    import specs
+    from components import builders
+    from components.randomness import private_generator
+
+    spec = specs.spec_from_dict(spec_dict)
+    data = builders.load_data(spec)
+    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
+    return builders.build_loop(resolved, data, noise_generator=private_generator(11),
+                               sampling_generator=private_generator(12))
+
+
 def write_digits_file(path: Path, rows=None, labels_as=None) -> Path:
     """scikit-learn's digits as a user's file (CSV, Parquet or JSON Lines by suffix; a Hugging Face save_to_disk
     folder for the suffix .hf): 64 pixel columns and ``digit``;

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import os
+import time
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -170,6 +171,20 @@ def decode_update(message) -> Update:
     return message if isinstance(message, Update) else Update(terms=tuple(message))
 
 
+def _join(address: str, attempts: int = 3) -> None:
+    """Connect to a running cluster. A Ray Client session the head fails to set up (ConnectionAbortedError,
+    seen on a busy head) is asked for again; a cluster that cannot be reached is refused in one line."""
+    for attempt in range(attempts):
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            return
+        except (ConnectionError, RuntimeError) as err:
+            if not isinstance(err, ConnectionAbortedError) or attempt == attempts - 1:
+                raise ClusterUnreachable(f"execution.address: cannot reach the Ray cluster at {address} "
+                                         f"({first_line(err)})") from None
+            time.sleep(2.0)
+
+
 def _resources(bundle: Dict[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in bundle.items())
 
@@ -203,11 +218,7 @@ class RayBackend:
                 ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
                          num_cpus=max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)))
             else:
-                try:
-                    ray.init(address=address, log_to_driver=False, configure_logging=False)
-                except (ConnectionError, RuntimeError) as err:
-                    raise ClusterUnreachable(f"execution.address: cannot reach the Ray cluster at {address} "
-                                      f"({first_line(err)})") from None
+                _join(address)
         self.local = local  # the driver's replica: source of truth, public gradients, evaluation
         self._n_private = n_private  # the driver holds no private rows in this mode, only their count
         self._private_digest = private_digest  # ... and their ordered digest, which every worker must match

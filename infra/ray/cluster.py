@@ -73,8 +73,9 @@ class LocalCluster:
     """Head + ``workers`` worker nodes + a driver host. ``nodes[0]`` is the head."""
 
     def __init__(self, state: Path, workers: int = 2, mode: str = "auto", cpus_per_node: int = 2,
-                 head_cpus: int = 0, object_store_bytes: int = 200 * 2**20):
+                 head_cpus: int = 0, object_store_bytes: int = 200 * 2**20, env: Optional[Dict[str, str]] = None):
         self.state = Path(state)
+        self.extra_env = dict(env or {})  # e.g. Ray's health-check settings, for every node and the driver
         self.workers = workers
         self.requested_mode = mode
         self.cpus_per_node = cpus_per_node
@@ -213,7 +214,7 @@ class LocalCluster:
         """The environment of every node and of the driver: Ray's token authentication, with this cluster's
         own token (a node or driver without it is refused by every Ray service)."""
         return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
-                "RAY_AUTH_TOKEN_PATH": str(self.token_path.resolve())}
+                "RAY_AUTH_TOKEN_PATH": str(self.token_path.resolve()), **self.extra_env}
 
     def start_node(self, k: int) -> int:
         node = self.info["nodes"][k]

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import torch
 
-import specs
-from components import builders
-from components.randomness import private_generator
+from tests.conftest import fixed_loop
 
 
 def main() -> None:
@@ -25,11 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--pause-at", type=int)
     args = parser.parse_args()
-    spec = specs.spec_from_dict(json.loads(args.spec.read_text()))
-    data = builders.load_data(spec)
-    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
-    built = builders.build_loop(resolved, data, noise_generator=private_generator(11),
-                                sampling_generator=private_generator(12))
+    built = fixed_loop(json.loads(args.spec.read_text()))
     backend = built.loop.backend
     placed = backend.worker_nodes()
     if args.pause_at is not None:

@@ -23,10 +23,15 @@ import yaml
 
 import specs
 from components import builders
-from components.randomness import private_generator
+from tests.conftest import fixed_loop
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
+# the failures these tests cause are noticed in seconds, not Ray's defaults: the same paths, sooner. A node
+# is declared dead after 3 missed 1 s health checks (Ray: 5 of 3 s); the driver of the head-loss test gives
+# up on the lost head after 5 s (Ray Client: 30 s)
+FAST_FAILURE = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+FAST_GIVE_UP = {"RAY_CLIENT_RECONNECT_GRACE_PERIOD": "5"}
 
 
 def _cluster_module():
@@ -41,7 +46,8 @@ def cluster(tmp_path_factory):
     module = _cluster_module()
     state = tmp_path_factory.mktemp("ray-cluster")
     # PRIVZO_CLUSTER_MODE=loopback runs the loopback mode where namespaces could be made too
-    made = module.LocalCluster(state, workers=2, cpus_per_node=2, mode=os.environ.get("PRIVZO_CLUSTER_MODE", "auto"))
+    made = module.LocalCluster(state, workers=2, cpus_per_node=2, mode=os.environ.get("PRIVZO_CLUSTER_MODE", "auto"),
+                               env=FAST_FAILURE)
     try:
         made.up()
     except Exception as err:  # noqa: BLE001 - say why, then stop what was started
@@ -62,11 +68,7 @@ def _spec(tiny, cluster, estimator=None, **execution) -> dict:
 def _local_reference(d: dict, steps: int):
     d = copy.deepcopy(d)
     d["execution"] = {"backend": "local"}
-    spec = specs.spec_from_dict(d)
-    data = builders.load_data(spec)
-    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
-    built = builders.build_loop(resolved, data, noise_generator=private_generator(11),
-                                sampling_generator=private_generator(12))
+    built = fixed_loop(d)
     built.loop.run(steps)
     return torch.cat([p.detach().flatten() for p in built.model.parameters()]), built.loop.tracker.epsilon()
 
@@ -180,10 +182,10 @@ def test_a_killed_worker_node_leaves_the_trajectory_and_epsilon_unchanged(cluste
         cluster.wait_for_nodes(3)
 
 
-def _run_on_driver(cluster, tmp_path: Path, *args: str):
+def _run_on_driver(cluster, tmp_path: Path, *args: str, env=None):
     return subprocess.Popen(cluster.driver_argv([sys.executable, "-m", "flows.cli", "run", *args, "--no-progress"]),
-                            cwd=tmp_path, env={**cluster.env(), "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            cwd=tmp_path, env={**cluster.env(), "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _flow_spec(tiny, cluster, tmp_path: Path) -> Path:
@@ -248,7 +250,7 @@ def test_a_worker_node_killed_during_a_flow_run_costs_one_charge_and_one_run(clu
 def test_losing_the_head_ends_the_run_in_one_line_and_it_resumes_once_the_cluster_is_back(cluster, tiny_spec_dict,
                                                                                             tmp_path):
     path = _flow_spec(tiny_spec_dict, cluster, tmp_path)
-    proc = _run_on_driver(cluster, tmp_path, str(path))
+    proc = _run_on_driver(cluster, tmp_path, str(path), env=FAST_GIVE_UP)
     _when_checkpointed(proc, tmp_path, 40)
     cluster.kill_node(0)
     output = _finish(proc)

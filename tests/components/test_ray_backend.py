@@ -9,6 +9,7 @@ import torch
 import specs
 from components import builders
 from components.randomness import private_generator
+from tests.conftest import fixed_loop
 
 pytestmark = pytest.mark.e2e
 
@@ -27,11 +28,7 @@ def _built(tiny, backend, parallelism="data", estimator=None, **execution):
     d["execution"] = {"backend": backend, "workers": 2, "parallelism": parallelism, **execution}
     if estimator:
         d["estimator"] = estimator
-    spec = specs.spec_from_dict(d)
-    data = builders.load_data(spec)
-    resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
-    return builders.build_loop(resolved, data, noise_generator=private_generator(11),
-                               sampling_generator=private_generator(12))
+    return fixed_loop(d)
 
 
 def _flat(built):
