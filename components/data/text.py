@@ -14,14 +14,15 @@ import yaml
 
 from components import pretrained
 from components.data.sources import Table
+from components.data_check import package_missing
 
 
 def _chatterbot(language: str) -> Path:
-    try:
-        import chatterbot_corpus
-    except ImportError:
-        raise RuntimeError("data.source.name: chatterbot needs the package chatterbot-corpus; install privzo's "
-                           "text extra (pip install -e '.[text]')") from None
+    missing = package_missing("chatterbot", "data.source.name")
+    if missing:
+        raise ValueError(missing)
+    import chatterbot_corpus
+
     return Path(chatterbot_corpus.__file__).parent / "data" / language
 
 

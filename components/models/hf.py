@@ -51,6 +51,11 @@ def add_adapters_(encoder: nn.Module, rank: int, alpha: float, targets, generato
     of a finite difference must see one function."""
     import math
 
+    from components.data_check import package_missing
+
+    missing = package_missing("lora", "model.trainable")
+    if missing:
+        raise ValueError(missing)
     from peft import LoraConfig, inject_adapter_in_model
 
     check_adapter_targets(encoder, targets, rank)

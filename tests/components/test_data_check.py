@@ -182,3 +182,16 @@ def test_the_check_imports_neither_torch_nor_the_data_package():
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"__future__", "csv", "json", "os", "re", "stat", "importlib.util", "pathlib", "typing",
                         "pyarrow.parquet"}, imported
+
+
+def test_every_named_dataset_and_model_says_which_package_ships_it():
+    """The loaders' closed registries and the table validate checks name the same things: a name added to a
+    registry without its package would be loaded unchecked (validate would say ok without it)."""
+    from components.data.packaged import PACKAGED
+    from components.data.text import CORPORA
+    from components.data_check import SHIPPED, package_missing
+    from components.pretrained import PRETRAINED
+
+    assert set(PACKAGED) | set(CORPORA) | set(PRETRAINED) | {"hf", "lora"} == set(SHIPPED)
+    installed = [name for name in SHIPPED if package_missing(name, "field") is None]
+    assert installed == list(SHIPPED)  # the test extras install every one of them

