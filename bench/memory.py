@@ -58,11 +58,12 @@ def estimated_extra(method: str, param_bytes: int, batch: int, chunk_bytes: int)
         # a chunk of per-example gradients and vmap's own copy of it; float64 sums, the noise, the update
         return 2 * chunk_rows(1) * d + 8 * d
     anchors = min(ANCHORS, batch)
-    anchor_phase = 2 * batch * d  # the anchors' chunks and the [rows, d] matrix they are joined into
+    # the [rows, d] anchor matrix, a chunk of per-example gradients written into it, then the [k, d] basis
+    anchor_phase = batch * d + max(2 * chunk_rows(1) * d, anchors * d)
     # the basis, the float64 residual sum, and a chunk's per-tensor gradients, their join g, the product w B
     # and the residuals
     split_phase = anchors * d + 2 * d + 4 * chunk_rows(3) * d
-    update_phase = 3 * anchors * d + 4 * d  # the basis and its float64 copy for B^T w~
+    update_phase = anchors * d + 6 * d  # the basis, B^T w~ in float64 and a row's float64 copy, the update
     return max(anchor_phase, split_phase, update_phase)
 
 

@@ -33,10 +33,13 @@ def anchor_basis(anchors: torch.Tensor, k: int) -> torch.Tensor:
     if not 1 <= k <= anchors.shape[0]:
         raise ValueError(f"estimator.anchors: need 1 <= k <= {anchors.shape[0]} public rows, got {k}")
     a = anchors
-    if not bool(torch.isfinite(a).all()):
+    gram = a @ a.T  # in A's precision
+    # a non-finite entry of A (or one whose square overflows) makes its row's diagonal entry non-finite:
+    # checked on the m x m Gram matrix, since isfinite(A) would form temporaries of 1.75 times A's size
+    if not bool(torch.isfinite(gram.diagonal()).all()):
         raise FloatingPointError("estimator gep: the public anchor gradients are not finite (the model has "
                                  "diverged); lower optimizer.lr or the warm start's lr")
-    values, vectors = torch.linalg.eigh((a @ a.T).double())  # the Gram matrix in A's precision
+    values, vectors = torch.linalg.eigh(gram.double())
     order = torch.argsort(values, descending=True)[:k]
     singular = values[order].clamp(min=0.0).sqrt()
     # the Gram matrix holds s_j^2 to about eps * s_0^2: below this ratio to s_0 a direction is rounding
@@ -46,8 +49,9 @@ def anchor_basis(anchors: torch.Tensor, k: int) -> torch.Tensor:
     basis = (vectors[:, order] * scale).T.to(a.dtype) @ a  # v_j = u_j^T A / s_j, [k, d]
     # a singular vector's sign is arbitrary; fix it (largest entry positive) so that the same anchors give
     # the same basis wherever they are decomposed
-    signs = torch.sign(basis.gather(1, basis.abs().argmax(dim=1, keepdim=True)))
-    return (basis * torch.where(signs == 0, 1.0, signs)).to(anchors.dtype)
+    largest = torch.stack([row.abs().argmax() for row in basis])  # a row at a time: abs() copies it
+    signs = torch.sign(basis.gather(1, largest[:, None]))
+    return basis.mul_(torch.where(signs == 0, 1.0, signs))  # in place: the basis is [k, d]
 
 
 class GepEstimator:
@@ -75,7 +79,10 @@ class GepEstimator:
         (batch,) = ctx.public.batches(ctx.step, 1, self.public_batch_size)
         basis = anchor_basis(ctx.public.per_example_gradients(batch), self.k)
         embedding, residual = ctx.release(EmbeddedGradients(basis, self.residual_clip, self.embedding_share))
-        flat = basis.double().T @ embedding.to(device=basis.device, dtype=torch.float64)  # B^T w~, [d]
+        # B^T w~ in float64, one basis row at a time: basis.double() would be a second, doubled [k, d] copy
+        flat = torch.zeros(basis.shape[1], dtype=torch.float64, device=basis.device)
+        for row, weight in zip(basis, embedding.tolist()):
+            flat.add_(row.double(), alpha=weight)
         update, start = [], 0
         for r in residual:
             update.append(r + flat[start:start + r.numel()].view(r.shape).to(dtype=r.dtype, device=r.device))

@@ -207,8 +207,10 @@ def test_the_residual_clip_is_resolved_logged_and_reported(tiny_spec_dict):
     assert "| clip C (gep: of the embedding) | 2 |" in report and "| residual clip C2 (gep) | 2 |" in report
 
 
-def test_non_finite_anchors_fail_in_one_line_before_any_release():
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e30])
+def test_non_finite_anchors_fail_in_one_line_before_any_release(value):
+    """NaN, either infinity, or an entry whose square overflows float32 (its Gram matrix would be inf)."""
     anchors = torch.randn(8, 50)
-    anchors[3, 7] = float("nan")
+    anchors[3, 7] = value
     with pytest.raises(FloatingPointError, match="^estimator gep: the public anchor gradients are not finite"):
         anchor_basis(anchors, 4)
