@@ -40,8 +40,8 @@ def model_path(name: str) -> str:
         return name
     if name not in PRETRAINED:
         raise ValueError(f"model.name: unknown pretrained model {name!r}; allowed: {', '.join(PRETRAINED)}")
-    for needed in (name, "hf"):
-        missing = package_missing(needed, "model.name")
+    for needed, field in ((name, "model.name"), ("hf", "model.kind")):
+        missing = package_missing(needed, field)
         if missing:
             raise ValueError(missing)
     return PRETRAINED[name]()
