@@ -1,0 +1,25 @@
+"""`privzo calibrate` prints, for every shipped spec, exactly what it printed before the package redesign
+(tests/golden/calibrate/, recorded from main at f23a888): the redesign moved code, not numbers."""
+from __future__ import annotations
+
+import pytest
+
+from flows import cli
+from tests.conftest import ROOT
+
+GOLDEN = ROOT / "tests" / "golden" / "calibrate"
+SPECS = sorted((ROOT / "specs").glob("*/*.yaml"))
+
+
+def _golden(spec_path):
+    return GOLDEN / f"{spec_path.parent.name}__{spec_path.stem}.txt"
+
+
+def test_every_shipped_spec_has_a_golden_output():
+    assert sorted(_golden(p).name for p in SPECS) == sorted(p.name for p in GOLDEN.glob("*.txt"))
+
+
+@pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_calibrate_prints_the_golden_output(spec_path, capsys):
+    assert cli.main(["calibrate", str(spec_path)]) == 0
+    assert capsys.readouterr().out == _golden(spec_path).read_text()
