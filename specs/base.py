@@ -1,11 +1,13 @@
-"""Shared base of every spec model: closed (unknown keys are errors) and immutable."""
+"""Shared base of every spec model: closed (unknown keys are errors) and immutable; and the value types
+several sections share (``Auto``, ``Probability``)."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Auto = Literal["auto"]
+Probability = Annotated[float, Field(gt=0.0, lt=1.0)]  # a rate or a probability: 0 and 1 excluded
 
 
 class Strict(BaseModel):

@@ -168,7 +168,7 @@ def test_epochs_resolve_to_steps(tiny_spec_dict):
 
 def test_add_remove_constants_never_come_from_the_private_count(tiny_spec_dict):
     """Under add/remove, the rate, steps from epochs and delta auto are the same whatever the private count
-    (DESIGN §4 rule 3): adding or removing a row moves none of them."""
+    (docs/design.md, "Privacy invariants" 3): adding or removing a row moves none of them."""
     from components import builders
 
     tiny_spec_dict["optimizer"] = {"kind": "sgd", "lr": 0.02, "epochs": 3}
@@ -457,3 +457,21 @@ def test_under_replace_one_a_large_delta_is_refused_once_the_rows_are_counted(ti
     with pytest.raises(ValueError, match=r"^privacy.delta: 0.01 is above 1/N = 1/10000 = 0.0001 \(N: the private "
                                          r"rows\)"):
         builders.resolve_privacy(specs.spec_from_dict(o2nc), 10_000, 4)
+
+
+@pytest.mark.parametrize("example, former, name", [("p1_o2nc_001", "001", "original"), ("p1_o2nc_002", "002", "improved")])
+def test_zo_spider_variants_former_names_load_as_the_new_ones(example, former, name):
+    """estimator.variant "001" and "002" (the examples still write them) are read as original and improved: the
+    spec loads as if the new name were written, and the spec, resolved or not, dumps the new name."""
+    from components import builders
+
+    spec = specs.load_spec(EXAMPLES / f"{example}.yaml")
+    data = spec.model_dump(mode="json")
+    assert spec.estimator.variant == name and data["estimator"]["variant"] == name
+    assert f"variant: {name}" in specs.dump_yaml(spec)
+    data["estimator"]["variant"] = former
+    assert specs.spec_from_dict(data) == spec
+    data["data"]["source"]["rows"] = 600
+    small = specs.spec_from_dict(data)
+    resolved, _, _ = builders.plan(small, builders.load_data(small))
+    assert resolved.estimator.variant == name and f"variant: {name}" in specs.dump_yaml(resolved)

@@ -1,0 +1,65 @@
+"""The ``budget`` section: a dataset's lifetime privacy budget, and the ledger that keeps it across runs."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from pydantic import Field, PositiveFloat, field_validator
+
+from specs.base import Strict
+
+
+DATASET_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
+
+# Where a spec names no ledger, the environment does (as MLFLOW_TRACKING_URI names the tracking store):
+# a team's workers point every run at the shared ledger (infra/compose) without each spec naming it. The
+# resolved spec, which is what gets logged, holds the value used.
+LEDGER_URL_ENV = "PRIVZO_LEDGER_URL"
+
+
+def ledger_from_env() -> str:
+    return os.environ.get(LEDGER_URL_ENV, "").strip() or default_ledger()
+
+
+class BudgetSpec(Strict):
+    """Lifetime privacy budget of a dataset, kept in the privacy ledger across runs."""
+
+    dataset: str = Field(..., pattern=DATASET_PATTERN,
+                         description="Ledger id of the people whose data this is (shared by every run on it).")
+    lifetime_epsilon: PositiveFloat
+    ledger: str = Field(default_factory=ledger_from_env,
+                        min_length=1,
+                        description="SQLAlchemy URL (SQLite with an absolute path, PostgreSQL). Every run on one "
+                        f"dataset must use one ledger. Default: ${LEDGER_URL_ENV}, else this user's "
+                        "~/.privzo/privacy-ledger.db.")
+
+    @field_validator("ledger")
+    @classmethod
+    def _one_ledger_wherever_privzo_runs(cls, value: str) -> str:
+        problem = sqlite_ledger_problem(value)
+        if problem:
+            raise ValueError(f"{problem} (from the spec, or ${LEDGER_URL_ENV} where the spec names none)")
+        return value
+
+
+def default_ledger() -> str:
+    """This user's ledger, the same file from any working folder (the fingerprint key lives beside it)."""
+    return f"sqlite:///{os.path.join(os.path.expanduser('~'), '.privzo', 'privacy-ledger.db')}"
+
+
+def sqlite_ledger_problem(url: str) -> Optional[str]:
+    """Why a SQLite ledger URL cannot keep a dataset's one ledger, or None. A relative path names another
+    file from every folder privzo runs in (a Prefect worker's is not the user's): runs started from two
+    folders would each see their own total and could together pass the lifetime budget. An in-memory
+    database forgets every run when its process ends."""
+    scheme, _, rest = url.partition("://")
+    if not scheme.lower().startswith("sqlite"):
+        return None
+    path = rest[1:].split("?", 1)[0] if rest.startswith("/") else ""
+    if path in ("", ":memory:") or "mode=memory" in rest:
+        return "an in-memory SQLite ledger forgets every run when its process ends; give a file: sqlite:////ABSOLUTE/PATH.db"
+    if not path.startswith("/"):
+        return (f"a relative SQLite path names another ledger from every folder privzo runs in, so runs started "
+                f"elsewhere could together pass the lifetime budget; give an absolute path (this folder's: "
+                f"{scheme}:///{os.path.abspath(path)})")
+    return None
