@@ -1,0 +1,153 @@
+"""Rules every family shares (privacy, sampling, data, model, execution), and the entry point that runs
+every family's rules on a spec. Each message names its fields and the fix."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from specs.rules.kl import kl_problems
+from specs.rules.nonsmooth import nonsmooth_problems
+from specs.rules.standard import standard_problems
+from specs.traits import ESTIMATORS, KL_OPTIMIZERS, NONSMOOTH_ESTIMATORS, known_range
+
+
+def cross_field_problems(spec) -> List[str]:
+    """Rules that involve more than one field; each message names its fields and the fix."""
+    problems: List[str] = []
+    opt = spec.optimizer
+    theory = (opt.kind == "o2nc" and opt.preset != "manual") or opt.kind in KL_OPTIMIZERS
+    if opt.steps == "auto" and opt.epochs is None and not theory:
+        problems.append("optimizer: give epochs or steps (steps: auto needs epochs)")
+    if opt.kind == "o2nc" and opt.epochs is not None:
+        problems.append("optimizer.epochs: o2nc runs a single pass; give steps, or steps: auto with preset: theory")
+    if opt.kind in KL_OPTIMIZERS and opt.epochs is not None:
+        problems.append(f"optimizer.epochs: {opt.kind} plans its own releases from the theorem; remove epochs "
+                        "(steps: auto)")
+    if opt.steps != "auto" and opt.epochs is not None:
+        problems.append("optimizer: give one of epochs or steps, not both")
+    if spec.mechanism.kind == "none" and spec.privacy is not None:
+        problems.append("privacy: mechanism.kind none trains without privacy; remove the privacy section")
+    if spec.mechanism.kind != "none" and spec.privacy is None:
+        problems.append("privacy: required key is missing (epsilon, delta, accountant, neighboring)")
+        return problems
+    if spec.privacy is not None and spec.privacy.allow_large_delta and spec.privacy.delta == "auto":
+        problems.append("privacy.allow_large_delta: delta auto is 1/N, never above it; remove allow_large_delta")
+    if spec.privacy is not None and spec.data.declared_private_rows is not None:
+        # N is public here, so the spec alone is refused; otherwise (replace_one) when its rows are counted
+        problem = spec.delta_problem()
+        if problem:
+            problems.append(problem)
+    if spec.budget is not None and not (spec.privacy and not spec.privacy.insecure_deterministic):
+        problems.append("budget: only private runs are charged to a dataset's budget; remove budget")
+    if spec.budget is not None and spec.privacy is not None and spec.privacy.epsilon > spec.budget.lifetime_epsilon:
+        problems.append("privacy.epsilon: larger than budget.lifetime_epsilon; lower it or raise the budget")
+    if spec.privacy is not None and spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
+        problems.append(
+            "privacy.neighboring: replace_one is not accounted for poisson sampling; use add_remove "
+            "with sampling.kind: poisson, or sampling.kind: fixed_size or full_batch"
+        )
+    if spec.privacy is not None and spec.sampling.kind == "full_batch" and spec.privacy.neighboring != "replace_one":
+        # a full-batch step is normalised by the number of rows, which add/remove neighbours change
+        problems.append("privacy.neighboring: sampling.kind full_batch divides by the number of private rows, "
+                        "which add/remove neighbours change; set neighboring: replace_one")
+    if spec.privacy is not None and spec.sampling.kind == "fixed_size":
+        if spec.privacy.neighboring != "replace_one":
+            problems.append("privacy.neighboring: sampling.kind fixed_size is accounted under replace_one only "
+                            "(its batch size is public); set neighboring: replace_one or use sampling.kind: poisson")
+        if spec.privacy.accountant != "rdp":
+            problems.append(f"privacy.accountant: {spec.privacy.accountant} has no accounting for sampling without "
+                            "replacement (sampling.kind fixed_size); use accountant: rdp")
+    if spec.privacy is not None and spec.privacy.accountant == "zcdp" and spec.sampling.kind == "poisson":
+        # fixed_size is refused above; zCDP has no tight bound for any subsampled step
+        problems.append("privacy.accountant: zcdp has no bound for Poisson-subsampled steps; use rdp or pld, "
+                        "or sampling.kind: full_batch with neighboring: replace_one")
+    declared = spec.data.declared_private_rows
+    if (spec.privacy is not None and spec.privacy.neighboring == "add_remove" and spec.sampling.kind == "poisson"
+            and declared is None):
+        problems.append("data.declared_private_rows: required with neighboring add_remove: Poisson's rate "
+                        "expected_batch_size / N, steps from epochs and delta auto must not move with an added or "
+                        "removed row; declare N, a public figure for the number of private rows")
+    if declared is not None and spec.sampling.kind == "poisson" and spec.sampling.expected_batch_size > declared:
+        problems.append(f"sampling.expected_batch_size: {spec.sampling.expected_batch_size} is more than "
+                        f"data.declared_private_rows {declared}; the rate expected_batch_size / N must be at most 1")
+    est = spec.estimator
+    split = spec.data.split
+    problems += nonsmooth_problems(spec)
+    problems += kl_problems(spec)
+    if est.kind not in NONSMOOTH_ESTIMATORS and getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
+        problems.append("estimator.radius: only used with directions: sphere; remove it or set directions: sphere")
+    ex = spec.execution
+    if ex.backend == "ray" and ex.device == "cuda" and ex.gpus_per_worker == 0:
+        problems.append("execution.device: cuda with backend ray needs gpus_per_worker > 0 (workers draw the "
+                        "driver's directions on the same kind of device); set gpus_per_worker or device: cpu")
+    if ex.workers_per_node is not None and ex.workers % ex.workers_per_node:
+        problems.append(f"execution.workers_per_node: {ex.workers_per_node} does not divide execution.workers "
+                        f"({ex.workers}); workers are placed as workers / workers_per_node whole nodes")
+    problems += standard_problems(spec)
+    if ESTIMATORS[est.kind].uses_public and not split.has_public:
+        problems.append(f"estimator.kind: {est.kind} uses public data; set data.split.public > 0")
+    if getattr(est, "public_warm_start", None) is not None and not split.has_public:
+        problems.append("estimator.public_warm_start: needs public data; set data.split.public > 0")
+    if split.kind in ("fraction", "hashed"):
+        if split.imbalance is not None and split.public == 0.0:
+            problems.append("data.split.imbalance: needs a public fraction > 0")
+        if split.test == 0 and spec.data.source.kind != "synthetic":
+            problems.append("data.split.test: 0 leaves nothing to evaluate on; only a synthetic source (exact "
+                            "evaluation) may hold no test rows")
+        if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
+            problems.append("data.split: public and test fractions leave no private rows")
+    source = spec.data.source
+    if split.kind == "column" and source.kind != "file":
+        problems.append("data.split.kind: column reads a column of a file source; use data.source.kind: file")
+    if split.kind == "column" and source.kind == "file":
+        if split.column == source.label or (source.features is not None and split.column in source.features):
+            problems.append(f"data.split.column: {split.column!r} is the label or a feature; name the column "
+                            "that flags public rows")
+        if split.column == source.text:
+            problems.append(f"data.split.column: {split.column!r} is the text column")
+    if split.kind == "source":
+        problems += _public_source_problems(source, split.public_source)
+    file_text = source.kind == "file" and source.text is not None
+    text, hf = source.kind == "text" or file_text, spec.model.kind == "hf"
+    if hf and not text:
+        problems.append("model.kind: hf reads token ids; use data.source.kind: text, or a file source with a "
+                        "text column")
+    if file_text and source.text == source.label:
+        problems.append("data.source.text: the label column cannot also be the text")
+    if text and hf and source.tokenizer not in (None, spec.model.weights):
+        problems.append(f"data.source.tokenizer: {source.tokenizer!r} is not the model's ({spec.model.weights!r}); "
+                        "the ids must index the model's own vocabulary")
+    if text and not hf:
+        field = "data.source.text" if file_text else "data.source.kind: text"
+        problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")
+    # 'auto' standardises with the public rows, except pixels of a known range (digits, images) and text (ids)
+    fixed_range = known_range(source)
+    scale = getattr(source, "scale", "none")
+    if scale == "fixed" and not fixed_range:
+        problems.append("data.source.scale: fixed is only known for digits and images; use public or none")
+    if not file_text and (scale == "public" or (scale == "auto" and not fixed_range)) and not split.has_public:
+        problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
+    return problems
+
+
+def _tokens(source) -> Optional[tuple]:
+    """What a source's rows are made of: None for numbers, (tokenizer, length) for token ids."""
+    if source.kind == "text" or (source.kind == "file" and source.text is not None):
+        return (source.tokenizer, source.max_length)
+    return None
+
+
+def _public_source_problems(source, public) -> List[str]:
+    problems = []
+    if _tokens(source) != _tokens(public):
+        problems.append("data.split.public_source: its rows must be read like the main source's (both numbers, "
+                        "or both text with the same tokenizer and max_length)")
+    if public.kind == "file" and source.kind == "file" and [str(c) for c in public.classes] != [
+            str(c) for c in source.classes]:
+        problems.append("data.split.public_source.classes: must be data.source.classes, in the same order")
+    if (source.kind == "images") != (public.kind == "images") or (source.kind == "images" and (
+            public.image_shape != source.image_shape or public.classes != source.classes)):
+        problems.append("data.split.public_source: images need public images of the same classes (in the same "
+                        "order), mode and size")
+    if getattr(public, "scale", "auto") != "auto":
+        problems.append("data.split.public_source.scale: the main source's scale applies to both; remove it")
+    return problems
