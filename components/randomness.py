@@ -1,4 +1,4 @@
-"""The two kinds of randomness in privzo, kept apart (DESIGN §4 rule 2).
+"""The two kinds of randomness in privzo, kept apart (docs/design.md, "Privacy invariants" 2).
 
 * Public randomness (directions, splits) is derived from the spec's ``seed`` and is reproducible.
 * Private randomness (DP noise, Poisson batch selection) is seeded from OS entropy via ``secrets`` and
@@ -18,6 +18,8 @@ from typing import Optional
 
 import numpy as np
 import torch
+
+from specs.traits import ESTIMATORS, SCALAR, SELECTION
 
 _MASK63 = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1
@@ -83,7 +85,6 @@ NOISE_SENTENCES = {
 # batch rows x model parameters: 3-7% on digits' MLP (64 x 9,610), 2-3% at 64 x 76,810, under 1% from
 # 64 x 153,610 and 0.3% at 64 x 1.1M (the bench's --sizes). A d-dimensional release (dpgd_0th, first_order, gep) pays one draw per
 # coordinate: 6x to 40x a digits step, so it is never the default there.
-SCALAR_RELEASES = frozenset({"two_point", "pazo_m", "pazo_p", "pazo_s"})
 SECURE_MIN_ROW_PARAMETERS = 8_000_000  # expected batch rows x model parameters
 
 
@@ -99,7 +100,7 @@ def noise_source(requested: str, estimator_kind: str, *, private: bool, insecure
         return "fast"
     if requested == "auto":
         big = row_parameters is not None and row_parameters >= SECURE_MIN_ROW_PARAMETERS
-        return "secure" if estimator_kind in SCALAR_RELEASES and big else "fast"
+        return "secure" if ESTIMATORS[estimator_kind].release in (SCALAR, SELECTION) and big else "fast"
     if requested not in ("secure", "fast"):
         raise ValueError(f"privacy.noise: unknown {requested!r}; allowed: auto, secure, fast")
     return requested

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from components.mechanisms.scheduled import starts_in
+from components.protocols import CountsStarts, PrivacyFilter
 
 FORMAT = 1
 FILE = "checkpoint.pt"
@@ -200,9 +201,9 @@ class Checkpointer:
         """Before a chunk's first private query: a process killed before the chunk's checkpoint is charged
         every step up to ``until`` on resume."""
         intent = {"from_step": loop.step, "privacy_steps": loop.tracker.steps, "until": until}
-        if hasattr(loop.tracker, "starts"):
+        if isinstance(loop.tracker, CountsStarts):  # two release classes: the restarts counted apart
             intent.update(privacy_starts=loop.tracker.starts, period=loop.tracker.period)
-        if hasattr(loop.tracker, "spent"):
+        if isinstance(loop.tracker, PrivacyFilter):  # a filter: every step of the chunk at its most
             intent.update(privacy_spent=loop.tracker.spent, step_cost_bound=loop.tracker.step_cost_bound)
         self.store.write_intent(intent)
 
@@ -222,7 +223,7 @@ class Checkpointer:
         still counts the steps it discarded."""
         if self.last is not None:
             self.last = {**self.last, "privacy_steps": loop.tracker.steps,
-                         **({"privacy_starts": loop.tracker.starts} if hasattr(loop.tracker, "starts") else {}),
-                         **({"privacy_spent": loop.tracker.spent} if hasattr(loop.tracker, "spent") else {})}
+                         **({"privacy_starts": loop.tracker.starts} if isinstance(loop.tracker, CountsStarts) else {}),
+                         **({"privacy_spent": loop.tracker.spent} if isinstance(loop.tracker, PrivacyFilter) else {})}
             self.store.save({**self.binding, "loop": self.last})
             self.store.clear_intent()  # the count is exact now

@@ -1,5 +1,5 @@
-"""``privzo reproduce nonsmooth``: the rate experiments of papers 001 and 002 (build study §6.2: E1 to E5),
-``privzo reproduce kl``: paper 003's (E6 to E9), and ``privzo reproduce dpzero``: paper 004's Figure 1, written to
+"""``privzo reproduce nonsmooth``: the rate experiments of the two nonsmooth papers (Zhang et al.; Kornowski et al.) (E1 to E5),
+``privzo reproduce kl``: the KL paper's (E6 to E9), and ``privzo reproduce dpzero``: DPZero's Figure 1, written to
 docs/ and logged to MLflow as a parent run with a child run per point.
 
 The sweeps run the vectorised kernel (components/reproduce/kernel.py) on specs resolved by privzo's planner.
@@ -59,7 +59,7 @@ def slope_rows(points: List[ex.PointResult]) -> List[Dict[str, Any]]:
 
 def markdown(points: List[ex.PointResult], slopes: List[Dict[str, Any]], matches: List[ex.Match],
              seeds: Sequence[int], seconds: float, command: str) -> str:
-    lines = ["# Rates of papers 001 and 002, measured (build study §6.2)", "",
+    lines = ["# Rates of the two nonsmooth papers (Zhang et al.; Kornowski et al.), measured", "",
              f"Written by `{command}` in {seconds:.0f} s. Seeds {', '.join(map(str, seeds))} (fresh rows and "
              "noise per seed). Metric: Γ̄, the mean over windows of |mean of ∇F_r over the window's query points| "
              "(exact on P1): the expected Goldstein certificate at 2r of the output. Bound: the theorem's, "
@@ -248,7 +248,7 @@ def reproduce_nonsmooth(experiments: List[str], seeds: List[int], quick: bool = 
             "seconds": seconds}
 
 
-# ---------------------------------------------------------------- paper 003 (E6 to E9)
+# ---------------------------------------------------------------- the KL paper (Menart et al.) (E6 to E9)
 def kl_slope_rows(points) -> List[Dict[str, Any]]:
     """Per series: the least-squares log-log slope of the medians, and of the bound on the same points (a
     baseline without a bound: its medians only)."""
@@ -271,7 +271,7 @@ def kl_slope_rows(points) -> List[Dict[str, Any]]:
 
 
 def kl_markdown(points, slopes, matches, seeds: Sequence[int], seconds: float, command: str) -> str:
-    lines = ["# Rates of paper 003 (KL condition), measured (build study §6.2, E6 to E9)", "",
+    lines = ["# Rates of the KL paper (Menart et al.) (KL condition), measured, E6 to E9", "",
              f"Written by `{command}` in {seconds:.0f} s. Seeds {', '.join(map(str, seeds))} (fresh rows and noise "
              "per seed), budget rho-zCDP under replace-one (noise multiplier 1/sqrt(2 rho) of the one Gaussian each "
              "run's charge equals). Metric: the excess empirical risk F(w_out; S) − F*(S), exact (E9: |∇F(w_out; S)|). "
@@ -375,7 +375,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
             "seconds": seconds}
 
 
-# ---------------------------------------------------------------- paper 004 (DPZero's Figure 1)
+# ---------------------------------------------------------------- DPZero (DPZero's Figure 1)
 def _dpzero_match_all(points):
     from components.reproduce import dpzero_quadratic as dq
 
@@ -521,7 +521,7 @@ def dpzero_markdown(cells, matches, grid, seeds: Sequence[int], seconds: float, 
 
     steps = sorted({t for m in dq.METHODS for t in grid.steps[m]})
     lines = [
-        "# DPZero's Figure 1 (paper 004, §5.1), reproduced in privzo", "",
+        "# DPZero's Figure 1 (§5.1), reproduced in privzo", "",
         f"Written by `{command}` in {seconds:.0f} s on this machine's 2 cores, shared (15-minute load average at "
         f"the end: {os.getloadavg()[2]:.1f}). Seeds {', '.join(map(str, seeds))} (fresh rows, directions and noise per "
         "seed; a grid point's value is its median over the seeds).", "",

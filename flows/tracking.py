@@ -1,4 +1,4 @@
-"""MLflow conventions (DESIGN §7): params = flattened resolved spec, dp.* tags, per-step metrics."""
+"""MLflow conventions (docs/design.md, "MLflow conventions"): params = flattened resolved spec, dp.* tags, per-step metrics."""
 from __future__ import annotations
 
 import hashlib

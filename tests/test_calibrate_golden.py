@@ -1,5 +1,7 @@
 """`privzo calibrate` prints, for every shipped spec, exactly what it printed before the package redesign
-(tests/golden/calibrate/, recorded from main at f23a888): the redesign moved code, not numbers."""
+(tests/golden/calibrate/, recorded from main at f23a888): the redesign moved code, not numbers. Two phrases
+of the nonsmooth family's directions line were reworded on purpose (they cited a document a reader does not
+have, and a paper by number); every number is as recorded."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""DESIGN §1 dependency direction: specs <- components <- flows, checked on the import graph."""
+"""docs/design.md, "Layers": specs <- components <- flows, and no import circles, checked on the import graph."""
 import ast
 from pathlib import Path
 
@@ -50,3 +50,74 @@ def test_runtime_stands_below_the_builders():
                  for name in _module_imports(path)
                  if name in ("components.builders", "specs") or name.startswith(("components.builders.", "specs."))]
     assert not offenders, offenders
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph():
+    """Every project module's imports of other project modules, function-local imports included (a circle
+    hidden inside a function is still a circle). ``from a import b`` is an edge to a (its __init__ runs)
+    and to a.b when that is a module; a package's own __init__ is a node like any other."""
+    paths = [p for layer in ("specs", "components", "flows") for p in (ROOT / layer).rglob("*.py")]
+    modules = {_module_name(p): p for p in paths}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # ``from a import b`` runs a's __init__ too, whether b is a name or a submodule
+                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:  # a name inside a module: the module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph):
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_anywhere():
+    """No module reaches itself through imports: specs, components and flows form a graph without cycles."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -236,7 +236,8 @@ def describe_event(event: dp_accounting.DpEvent) -> str:
 
 
 class PrivacyTracker:
-    """Counts the private steps actually executed; the run's event is their exact composition."""
+    """Counts the private steps actually executed; the run's event is their exact composition. Every tracker
+    is a components.protocols.Tracker; ScheduledTracker also CountsStarts, FilterTracker is a PrivacyFilter."""
 
     def __init__(self, accountant: Accountant, step_event: dp_accounting.DpEvent, delta: float):
         self.accountant = accountant
@@ -263,6 +264,10 @@ class PrivacyTracker:
             return math.inf
         return self.accountant.epsilon(self.event(), self.delta)
 
+    def align(self) -> None:
+        """After a rewind: round ``steps`` up to what the rewound run must keep charged. Every executed step
+        is already counted here; only a tree burns the rest of a period cut short (TreeTracker)."""
+
 
 class TreeTracker(PrivacyTracker):
     """A single pass with tree aggregation: every row is in one leaf of one period's tree, so after any
@@ -285,6 +290,7 @@ class TreeTracker(PrivacyTracker):
         return self._tree_event(self.noise_multiplier, min(self.steps, self.period))
 
     def align(self) -> None:
+        """Whole periods: the rows of a period cut short are never read again."""
         self.steps = -(-self.steps // self.period) * self.period
 
 

@@ -42,6 +42,7 @@ from components.audit.canaries import (
 from components.audit.guessing import count_correct, guesses, pick_guess_count, split_guess
 from components.data.split import Part, SplitData
 from components.randomness import private_generator, public_seed
+from specs.traits import DENSE, ESTIMATORS
 
 STREAM_AUDIT = 20  # public stream of the canaries (no other stream uses 20)
 
@@ -160,9 +161,6 @@ class AuditResult:
         }
 
 
-DENSE_ESTIMATORS = ("first_order", "dpgd_0th", "gep", "dope_sgd", "pda_dpmd")
-
-
 def default_canaries(spec, planned=None) -> int:
     """How many canaries by default. A d-dimensional release (DP-SGD, DPGD-0th, GEP) has room for many
     canaries whose gradients barely overlap: 1000. A step of q scalar releases (DPZero, PAZO) carries
@@ -170,7 +168,7 @@ def default_canaries(spec, planned=None) -> int:
     +-C: with m canaries in the run, the score of one separates in from out by about
     sqrt(2 rate T q / m) standard deviations even with no noise at all. m = rate T q / 4 keeps that near 3
     (between 100 and 1000). ``planned``: resolve_privacy's answer for ``spec``, if already at hand."""
-    if spec.estimator.kind in DENSE_ESTIMATORS or spec.privacy.neighboring == "replace_one":
+    if ESTIMATORS[spec.estimator.kind].release == DENSE or spec.privacy.neighboring == "replace_one":
         return 1000
     resolved, rate, _ = planned if planned is not None else builders.resolve_privacy(spec, None)
     queries = builders.build_estimator(resolved).queries_per_step

@@ -7,7 +7,8 @@ from typing import List, Sequence, Union
 
 import numpy as np
 
-from components.data.sources import Table, _unique_rows
+from components.data.table import Table, _unique_rows
+from components.registry import SOURCES
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
 SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
@@ -99,3 +100,8 @@ def load_images(path: Union[str, Path], *, classes: Sequence[str], size: int, mo
     features = np.ascontiguousarray(np.stack(rows).reshape(len(rows), channels * size * size))
     return _unique_rows(Table(root.name, features, np.asarray(labels, dtype=np.int64), len(classes), 1.0 / 255.0,
                               layout=f"images:{mode}:{size};classes=by-name", class_names=tuple(classes)))
+
+
+@SOURCES.register("images")
+def _images(source, model_tokenizer=None, public_flag=None):
+    return load_images(source.path, classes=source.classes, size=source.size, mode=source.mode), source.scale

@@ -12,8 +12,9 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from components.data.sources import Table, _unique_rows
+from components.data.table import Table, _unique_rows
 from components.data_check import SHIPPED, package_missing
+from components.registry import SOURCES
 
 VISION_EXTRA = "install privzo's `vision` extra: pip install -e '.[vision]'"
 
@@ -60,3 +61,8 @@ def load_packaged_images(name: str) -> Table:
     table = Table(name, np.ascontiguousarray(pixels, dtype=np.float32), labels.astype(np.int64), entry.n_classes,
                   1.0 / 255.0, layout=f"packaged_images:{name}")
     return _unique_rows(table)
+
+
+@SOURCES.register("packaged_images")
+def _packaged_images(source, model_tokenizer=None, public_flag=None):
+    return load_packaged_images(source.name), source.scale

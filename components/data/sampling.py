@@ -1,5 +1,8 @@
 """Private batch selection. The sampler that draws batches is the one the accountant accounts for
-(DESIGN §4, invariant 3): each sampler wraps a step's mechanism event in the event of its own sampling."""
+(docs/design.md, "Privacy invariants" 3): each sampler wraps a step's mechanism event in the event of its own sampling.
+
+Every sampler is a components.protocols.Sampler, and either draws RandomBatches (``sample``: Poisson, fixed size,
+full batch) or follows ScheduledBatches (``batch_at`` and ``sample_at``: a single pass)."""
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -7,7 +10,9 @@ from typing import Optional, Union
 import dp_accounting
 import torch
 
+from components.protocols import Sampler
 from components.randomness import SecureSource
+from components.registry import SAMPLERS
 
 # a torch generator (fast, or seeded in tests), or the CSPRNG of privacy.noise: secure
 Private = Union[torch.Generator, SecureSource]
@@ -202,17 +207,29 @@ class SinglePassSampler:
 
 
 def build_sampler(sampling, n: Optional[int], generator: Optional[torch.Generator] = None, *,
-                  rows: Optional[int] = None, seed: int = 0) -> _Sampler:
+                  rows: Optional[int] = None, seed: int = 0) -> Sampler:
     """The sampler of a spec's ``sampling`` section over ``n`` private rows. ``rows``: the public row count
     Poisson's rate is taken from (the declared number of private rows; default ``n``, which is public only
     under replace-one neighbours or in a non-private run). Without a generator it can only describe and
     wrap events (planning and calibration), not draw."""
-    if sampling.kind == "poisson":
-        return PoissonSampler(n, sampling.expected_batch_size, n if rows is None else rows, generator)
-    if sampling.kind == "fixed_size":
-        return FixedSizeSampler(n, sampling.batch_size, generator)
-    if sampling.kind == "full_batch":
-        return FullBatchSampler(n)
-    if sampling.kind == "single_pass":
-        return SinglePassSampler(n, sampling.start_batch, sampling.step_batch, sampling.period, seed)
-    raise ValueError(f"sampling.kind: unknown {sampling.kind!r}; allowed: poisson, fixed_size, full_batch, single_pass")
+    return SAMPLERS[sampling.kind](sampling, n, generator, rows=rows, seed=seed)
+
+
+@SAMPLERS.register("poisson")
+def _poisson(sampling, n, generator=None, rows=None, seed=0):
+    return PoissonSampler(n, sampling.expected_batch_size, n if rows is None else rows, generator)
+
+
+@SAMPLERS.register("fixed_size")
+def _fixed_size(sampling, n, generator=None, rows=None, seed=0):
+    return FixedSizeSampler(n, sampling.batch_size, generator)
+
+
+@SAMPLERS.register("full_batch")
+def _full_batch(sampling, n, generator=None, rows=None, seed=0):
+    return FullBatchSampler(n)
+
+
+@SAMPLERS.register("single_pass")
+def _single_pass(sampling, n, generator=None, rows=None, seed=0):
+    return SinglePassSampler(n, sampling.start_batch, sampling.step_batch, sampling.period, seed)

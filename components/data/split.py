@@ -1,4 +1,4 @@
-"""Public / private / test splits with content-fingerprint disjointness (DESIGN §4 rule 4).
+"""Public / private / test splits with content-fingerprint disjointness (docs/design.md, "Privacy invariants" 4).
 
 Two ways to assign rows: ``fraction_split`` permutes all rows with the public seed (exact part sizes,
 but adding one row can move every other row), and ``hashed_split`` decides each row from its own content
@@ -22,8 +22,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from components.data.sources import Table, content_fingerprint
+from components.data.table import Table, content_fingerprint
 from components.randomness import STREAM_SPLIT, public_seed
+from components.registry import SPLITS
 
 
 class SplitOverlapError(ValueError):
@@ -269,3 +270,28 @@ def check_disjoint(data: SplitData) -> None:
                 # no count: how many public rows are also private is a function of the private rows
                 raise SplitOverlapError(f"data.split: some rows appear in both {a} and {b}; the splits must be "
                                         "disjoint (a public source must not contain the main source's rows)")
+
+
+@SPLITS.register("fraction", "hashed")
+def _fractions(spec, table, scale, load_public=None):
+    split = spec.data.split
+    assign = hashed_split if split.kind == "hashed" else fraction_split
+    return assign(table, public=split.public, test=split.test, imbalance=split.imbalance, seed=spec.seed,
+                  scale=scale)
+
+
+@SPLITS.register("column")
+def _column(spec, table, scale, load_public=None):
+    return column_split(table, test=spec.data.split.test, seed=spec.seed, scale=scale)
+
+
+@SPLITS.register("source")
+def _source(spec, table, scale, load_public):
+    """``load_public(source)``: the public source's rows, read as the main source's are."""
+    split = spec.data.split
+    try:
+        public_table, _ = load_public(split.public_source)
+    except ValueError as err:  # the loaders name data.source; here it is the public source
+        raise ValueError(str(err).replace("data.source.", "data.split.public_source.", 1)) from None
+    return source_split(table, public_table, test=split.test, seed=spec.seed, scale=scale,
+                        drop_shared=split.shared_rows == "drop_private")

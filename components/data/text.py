@@ -13,8 +13,9 @@ import numpy as np
 import yaml
 
 from components import pretrained
-from components.data.sources import Table
+from components.data.table import Table
 from components.data_check import package_missing
+from components.registry import SOURCES
 
 
 def _chatterbot(language: str) -> Path:
@@ -119,3 +120,8 @@ def load_text(name: str, max_length: int, tokenizer: str) -> Table:
     table = tokenised(name, read_topics(corpus.directory()), pretrained.tokenizer(tokenizer), max_length,
                       classes=classes)
     return replace(table, layout=f"text:{name};tokenizer={tokenizer};max_length={max_length}")
+
+
+@SOURCES.register("text")
+def _text(source, model_tokenizer=None, public_flag=None):
+    return load_text(source.name, source.max_length, source.tokenizer or model_tokenizer), "none"  # ids: no scale

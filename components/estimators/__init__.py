@@ -1,6 +1,7 @@
 """Gradient estimators. Each declares its noisy queries per step and turns released values into updates."""
 from components.estimators.directions import Directions, add_direction_, perturbed
 from components.estimators.first_order import FirstOrderEstimator
+from components.estimators.full_gradient import FullGradientEstimator
 from components.estimators.gep import GepEstimator, anchor_basis
 from components.estimators.pazo import PazoMEstimator, PazoPEstimator, PazoSEstimator
 from components.estimators.public_first_order import DopeSgdEstimator, PdaDpmdEstimator
@@ -19,7 +20,7 @@ from components.estimators.two_point import DpgdZerothEstimator, TwoPointEstimat
 
 __all__ = [
     "Dense", "Directions", "DopeSgdEstimator", "DpgdZerothEstimator", "EmbeddedGradients", "FiniteDifferences",
-    "FirstOrderEstimator", "FoSpiderEstimator", "GepEstimator", "LossValues", "anchor_basis",
+    "FirstOrderEstimator", "FoSpiderEstimator", "FullGradientEstimator", "GepEstimator", "LossValues", "anchor_basis",
     "PazoMEstimator", "PazoPEstimator", "PazoSEstimator", "PdaDpmdEstimator", "PerExampleGradients", "Seeded",
     "TwoPointEstimator", "Update", "VectorFiniteDifferences", "ZoNaiveEstimator", "ZoSpiderEstimator",
     "add_direction_", "perturbed",

@@ -29,7 +29,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import nn
 
-from components.estimators import philox
+import components.estimators.philox as philox
 from components.randomness import public_seed, splitmix64
 
 # A chunk is at most torch's intra-op grain (32,768 elements), so its arithmetic runs serially on the

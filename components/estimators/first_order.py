@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Tuple
 
 from components.estimators.queries import PerExampleGradients, Update
+from components.registry import ESTIMATORS
 
 
 class FirstOrderEstimator:
     name = "first_order"
-    uses_public = False
 
     @property
     def queries_per_step(self) -> int:
@@ -28,3 +28,8 @@ class FirstOrderEstimator:
     def step(self, ctx) -> Update:
         noisy = ctx.release(PerExampleGradients())
         return Update(dense=((tuple(noisy), 1.0 / ctx.batch_normaliser),))
+
+
+@ESTIMATORS.register("first_order")
+def _first_order(spec, dimension=None):
+    return FirstOrderEstimator()

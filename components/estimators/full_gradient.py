@@ -3,10 +3,10 @@ optimizer plans them (``ctx.request``); it only turns a request into releases th
 from __future__ import annotations
 
 from components.estimators.queries import Update
+from components.registry import ESTIMATORS
 
 
 class FullGradientEstimator:
-    uses_public = False
 
     def __init__(self, adaptive: bool = False):
         self.name = "full_gradient"
@@ -24,3 +24,8 @@ class FullGradientEstimator:
             return Update(info=(("selected", float(ctx.release_selection(request))),))
         _, released = ctx.release_full_batch(request)
         return Update(dense=((tuple(released), 1.0),))
+
+
+@ESTIMATORS.register("full_gradient")
+def _full_gradient(spec, dimension=None):
+    return FullGradientEstimator(adaptive=spec.optimizer.kind == "adaptive_noisy_gd")

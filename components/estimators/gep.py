@@ -22,6 +22,7 @@ from typing import Tuple
 import torch
 
 from components.estimators.queries import EmbeddedGradients, Update
+from components.registry import ESTIMATORS
 
 
 def anchor_basis(anchors: torch.Tensor, k: int) -> torch.Tensor:
@@ -56,7 +57,6 @@ def anchor_basis(anchors: torch.Tensor, k: int) -> torch.Tensor:
 
 class GepEstimator:
     name = "gep"
-    uses_public = True
 
     def __init__(self, anchors: int, public_batch_size: int, residual_clip: float, embedding_share: float):
         if anchors < 1 or anchors > public_batch_size:
@@ -88,3 +88,11 @@ class GepEstimator:
             update.append(r + flat[start:start + r.numel()].view(r.shape).to(dtype=r.dtype, device=r.device))
             start += r.numel()
         return Update(dense=((tuple(update), 1.0 / ctx.batch_normaliser),))
+
+
+@ESTIMATORS.register("gep")
+def _gep(spec, dimension=None):
+    est = spec.estimator
+    clip = getattr(spec.mechanism, "clip", None)
+    residual_clip = est.residual_clip or clip or 1.0  # without a mechanism nothing is clipped
+    return GepEstimator(est.anchors, est.public_batch_size, residual_clip, est.embedding_share)

@@ -15,6 +15,7 @@ from components.estimators.directions import Directions
 from components.estimators.queries import Dense, FiniteDifferences, LossValues, Seeded, Update
 from components.estimators.two_point import TwoPointEstimator
 from components.randomness import public_seed
+from components.registry import ESTIMATORS
 
 STREAM_SUBSPACE = 6
 STREAM_CANDIDATE = 7
@@ -25,7 +26,6 @@ class PazoMEstimator(TwoPointEstimator):
     the sphere of radius d^(1/4) so that E||g~||^2 matches ||grad f||^2 (§A.1)."""
 
     name = "pazo_m"
-    uses_public = True
 
     def __init__(self, queries: int, smoothing: float, mix: float, public_batch_size: int):
         super().__init__(queries, smoothing)
@@ -71,7 +71,6 @@ class PazoPEstimator:
     (s~_j / b) G u_j. With orthonormal G the expected update is Proj_G grad f."""
 
     name = "pazo_p"
-    uses_public = True
 
     def __init__(self, queries: int, smoothing: float, public_batches: int, public_batch_size: int, basis: str):
         if queries < 1 or smoothing <= 0 or public_batches < 1:
@@ -115,7 +114,6 @@ class PazoSEstimator:
     The candidate perturbation is exploration, not privacy noise: it is drawn from the public seed."""
 
     name = "pazo_s"
-    uses_public = True
 
     def __init__(self, public_batches: int, public_batch_size: int, candidate_noise: float, lr: float):
         if public_batches < 1 or lr <= 0 or candidate_noise < 0:
@@ -148,3 +146,21 @@ class PazoSEstimator:
         self.last_candidates = candidates
         chosen = int(torch.argmin(torch.cat([scores, extra_score])))
         return Update(dense=((candidates[chosen], 1.0),))
+
+
+@ESTIMATORS.register("pazo_m")
+def _pazo_m(spec, dimension=None):
+    est = spec.estimator
+    return PazoMEstimator(est.queries, est.smoothing, est.mix, est.public_batch_size)
+
+
+@ESTIMATORS.register("pazo_p")
+def _pazo_p(spec, dimension=None):
+    est = spec.estimator
+    return PazoPEstimator(est.queries, est.smoothing, est.public_batches, est.public_batch_size, est.basis)
+
+
+@ESTIMATORS.register("pazo_s")
+def _pazo_s(spec, dimension=None):
+    est = spec.estimator
+    return PazoSEstimator(est.public_batches, est.public_batch_size, est.candidate_noise, spec.optimizer.lr)

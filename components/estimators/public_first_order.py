@@ -31,10 +31,10 @@ import math
 from typing import Tuple
 
 from components.estimators.queries import PerExampleGradients, Update
+from components.registry import ESTIMATORS
 
 
 class _PublicGradientEstimator:
-    uses_public = True
 
     def __init__(self, public_batch_size: int):
         if public_batch_size < 1:
@@ -81,3 +81,15 @@ class PdaDpmdEstimator(_PublicGradientEstimator):
         # released at every planned step, however small its weight: the noise was calibrated for T releases
         noisy = ctx.release(PerExampleGradients())
         return Update(dense=((tuple(noisy), weight / ctx.batch_normaliser), (tuple(public), 1.0 - weight)))
+
+
+@ESTIMATORS.register("dope_sgd")
+def _dope_sgd(spec, dimension=None):
+    return DopeSgdEstimator(spec.estimator.public_batch_size)
+
+
+@ESTIMATORS.register("pda_dpmd")
+def _pda_dpmd(spec, dimension=None):
+    if not isinstance(spec.optimizer.steps, int):
+        raise ValueError("estimator pda_dpmd: its schedule needs the planned steps; resolve the spec first")
+    return PdaDpmdEstimator(spec.estimator.public_batch_size, spec.optimizer.steps)

@@ -109,7 +109,7 @@ SPHERE_KINDS = ("central", "one_sided_difference", "central_difference", "indepe
 
 @dataclass(frozen=True, eq=False)
 class PerExampleSphere:
-    """The nonsmooth algorithms' oracles (papers 001 and 002): every example gets its own ``directions``
+    """The nonsmooth algorithms' oracles (the two nonsmooth papers (Zhang et al.; Kornowski et al.)): every example gets its own ``directions``
     directions u_ij on the sphere of radius sqrt(d), drawn from public_seed(seed, slot) where slot is the
     example's place in the step's batch (``first_slot`` onward: a worker holding part of the batch draws
     the same directions as one process holding all of it). With ``keyed_by_row`` the slot is instead a
@@ -221,5 +221,5 @@ class Update:
 
     terms: Tuple[Tuple[int, float], ...] = ()
     dense: Tuple[Tuple[Tuple[torch.Tensor, ...], float], ...] = ()
-    # public values an optimizer reads beside the update (paper 003's selected iterate)
+    # public values an optimizer reads beside the update (the KL paper's selected iterate)
     info: Tuple[Tuple[str, float], ...] = ()

@@ -1,4 +1,4 @@
-"""The nonsmooth algorithms' zeroth-order oracles (papers 001 and 002), feeding O2NC.
+"""The nonsmooth algorithms' zeroth-order oracles (the two nonsmooth papers (Zhang et al.; Kornowski et al.)), feeding O2NC.
 
 ``ZoSpiderEstimator`` is a SPIDER-like variance-reduced oracle. At the first step of each tree period
 (position 1) it estimates the smoothed gradient at the query point z_t from ``start_batch`` rows; at
@@ -9,19 +9,19 @@ noisy sum is the gradient O2NC steps with. Every row gets its own directions on 
 sqrt(d) (a shared set would stop the variance falling with the batch), and lambda = r / sqrt(d) makes
 each term the papers' (d / 2r)(f(x + r y) - f(x - r y)) y with y on the unit sphere.
 
-- variant 001 (paper 001, Algorithms 1-2): d directions per row; central differences at a period start,
+- variant original (Zhang et al., Algorithms 1-2): d directions per row; central differences at a period start,
   the coupled one-sided difference (f(z_t + lambda u) - f(z_(t-1) + lambda u)) / lambda after; every
   coefficient clipped to +-C_s at a start and +-C_s |z_t - z_(t-1)| / r after (C_s = L sqrt(d): the
   Lipschitz bound, so the clip never binds on an L-Lipschitz loss and privacy never rests on it).
-- variant 002 (paper 002, Algorithm 3): m directions per row at a start; after, central estimates at z_t
-  and z_(t-1) on independent directions (the paper's) or on the same m_D (coupled: the build study's
+- variant improved (Kornowski et al., Algorithm 3): m directions per row at a start; after, central estimates at z_t
+  and z_(t-1) on independent directions (the paper's) or on the same m_D (coupled: privzo's
   deviation [DEV]); the per-example vectors clipped in L2 to C_G and C_Delta.
 
-``FoSpiderEstimator`` is paper 002's first-order oracle on the same tree (Algorithm 5): gradients at
+``FoSpiderEstimator`` is Kornowski et al.'s first-order oracle on the same tree (Algorithm 5): gradients at
 points of the ball of radius r, one per row at a period start, m independent ones at each point of a
 difference.
 
-``ZoNaiveEstimator`` is paper 001's Appendix E baseline: one row and one direction a step, the central
+``ZoNaiveEstimator`` is Zhang et al.'s Appendix E baseline: one row and one direction a step, the central
 estimate clipped per coefficient and released with plain d-dimensional Gaussian noise.
 """
 from __future__ import annotations
@@ -33,14 +33,13 @@ from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
 
 
 class ZoSpiderEstimator:
-    uses_public = False
     queries_per_step = 1  # one d-dimensional increment a step
 
     def __init__(self, variant: str, radius: float, dimension: int, period: int, start_directions: int,
                  directions: int, start_clip: float, difference_clip: float, step_bound: float,
                  keyed_by_row: bool = False, coupled: bool = True):
-        if variant not in ("001", "002"):
-            raise ValueError(f"estimator.variant: {variant!r}; allowed: 001, 002")
+        if variant not in ("original", "improved"):
+            raise ValueError(f"estimator.variant: {variant!r}; allowed: original, improved")
         if not (radius > 0 and start_clip > 0 and difference_clip > 0 and step_bound > 0):
             raise ValueError("zo_spider: radius, clips and step bound must be > 0")
         self.name = "zo_spider"
@@ -54,10 +53,10 @@ class ZoSpiderEstimator:
         self.start_clip = float(start_clip)
         self.difference_clip = float(difference_clip)
         self.step_bound = float(step_bound)
-        self.clip_mode = "scalar" if variant == "001" else "vector"
+        self.clip_mode = "scalar" if variant == "original" else "vector"
         # Poisson batches under add/remove: a row's directions from its content, not its place in the batch
         self.keyed_by_row = bool(keyed_by_row)
-        # 002: a difference's two points on the same directions (the build study's [DEV]) or on independent ones
+        # improved: a difference's two points on the same directions (privzo's deviation) or on independent ones (the paper's)
         self.coupled = bool(coupled)
 
     def direction_seeds(self, step: int, seed: int):
@@ -72,7 +71,7 @@ class ZoSpiderEstimator:
                                     self.start_clip, keyed_by_row=self.keyed_by_row)
         if offset is None:
             raise ValueError("zo_spider: a difference step needs the previous query point")
-        if self.variant == "001":
+        if self.variant == "original":
             moved = math.sqrt(sum(float(t.double().pow(2).sum()) for t in offset))
             # the clip follows the move, never past the a-priori 2D the noise was calibrated for
             clip = self.difference_clip * min(moved, 2 * self.step_bound) / self.radius
@@ -97,8 +96,8 @@ class FoSpiderEstimator(ZoSpiderEstimator):
 
     def __init__(self, radius: float, dimension: int, period: int, directions: int, start_clip: float,
                  difference_clip: float, step_bound: float, start_directions: int = 1, keyed_by_row: bool = False):
-        super().__init__("002", radius, dimension, period, start_directions, directions, start_clip, difference_clip,
-                         step_bound, keyed_by_row)
+        super().__init__("improved", radius, dimension, period, start_directions, directions, start_clip,
+                         difference_clip, step_bound, keyed_by_row)
         self.name = "fo_spider"
         self.smoothing = self.radius  # ball points are drawn in the unit ball and scaled by r
 
@@ -116,7 +115,6 @@ class FoSpiderEstimator(ZoSpiderEstimator):
 class ZoNaiveEstimator:
     """001's Appendix E: g_t = (1/B) sum_i (d / 2r)(f(z + r u_i) - f(z - r u_i)) u_i + N(0, sigma^2 I)."""
 
-    uses_public = False
     queries_per_step = 1
 
     def __init__(self, radius: float, dimension: int, directions: int, clip: float):

@@ -13,11 +13,11 @@ from typing import Tuple
 
 from components.estimators.queries import FiniteDifferences, Seeded, Update, VectorFiniteDifferences
 from components.randomness import STREAM_DIRECTION, public_seed
+from components.registry import ESTIMATORS
 
 
 class TwoPointEstimator:
     name = "two_point"
-    uses_public = False
 
     def __init__(self, queries: int = 1, smoothing: float = 1e-3):
         if queries < 1 or smoothing <= 0:
@@ -50,3 +50,13 @@ class DpgdZerothEstimator(TwoPointEstimator):
         seeds = self.direction_seeds(ctx.step, ctx.seed)
         noisy_vector = ctx.release(VectorFiniteDifferences(tuple(Seeded(s) for s in seeds), self.smoothing))
         return Update(dense=((tuple(noisy_vector), 1.0 / ctx.batch_normaliser),))
+
+
+@ESTIMATORS.register("two_point")
+def _two_point(spec, dimension=None):
+    return TwoPointEstimator(spec.estimator.queries, spec.estimator.smoothing)
+
+
+@ESTIMATORS.register("dpgd_0th")
+def _dpgd_0th(spec, dimension=None):
+    return DpgdZerothEstimator(spec.estimator.queries, spec.estimator.smoothing)

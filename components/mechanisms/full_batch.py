@@ -17,6 +17,11 @@ import torch
 
 
 class FullBatchGaussian:
+    """A FullBatchReleases mechanism (components/protocols.py): the only door through which paper 003's
+    full-batch values leave (docs/design.md, "One private step"). ``release_mean`` and ``release_norm`` add
+    Gaussian noise of the std the optimizer's plan asks for; ``release_choice`` is the exponential
+    mechanism's draw; ``cost`` is what the door charges the filter first."""
+
     private = True
     noise_source = "fast"
 
@@ -45,17 +50,21 @@ class FullBatchGaussian:
     def _normal(self, shape) -> torch.Tensor:
         return torch.randn(shape, generator=self._generator, dtype=torch.float64)
 
-    def mean(self, sums: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def unnoised_mean(self, sums: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """The mean of the clipped vectors, without noise: private, for scores the door computes and hands
+        straight to ``release_choice`` (never released itself)."""
         return [t.detach().to(torch.float64) / self.rows for t in sums]
 
-    def vector(self, sums: Sequence[torch.Tensor], std: float) -> List[torch.Tensor]:
-        return [t + std * self._normal(t.shape).to(t.device) for t in self.mean(sums)]
+    def release_mean(self, sums: Sequence[torch.Tensor], std: float) -> List[torch.Tensor]:
+        """That mean plus N(0, std^2 I)."""
+        return [t + std * self._normal(t.shape).to(t.device) for t in self.unnoised_mean(sums)]
 
-    def norm(self, sums: Sequence[torch.Tensor], std: float) -> float:
-        value = math.sqrt(sum(float(t.pow(2).sum()) for t in self.mean(sums)))
+    def release_norm(self, sums: Sequence[torch.Tensor], std: float) -> float:
+        """The mean's L2 norm plus N(0, std^2)."""
+        value = math.sqrt(sum(float(t.pow(2).sum()) for t in self.unnoised_mean(sums)))
         return value + std * float(self._normal(()))
 
-    def select(self, scores: Sequence[float], scale: float) -> int:
+    def release_choice(self, scores: Sequence[float], scale: float) -> int:
         """argmax_t (-scale s_t + Gumbel_t): a draw with P(t) ~ exp(-scale s_t)."""
         u = torch.rand(len(scores), generator=self._generator, dtype=torch.float64).clamp_min(1e-300)
         gumbel = -torch.log(-torch.log(u))

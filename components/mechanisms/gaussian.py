@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 from components.randomness import SecureGaussianPool, SecureSource, secure_discrete_gaussian
+from components.registry import MECHANISMS, Assembly, mark_seeded
+from components.accountants import OncePerRowTracker, PrivacyTracker
 
 # Secure noise lives on the grid 2^k Z with 2^k <= std * 2^-GRID_BITS: fine enough that paying for rounding
 # a release to it scales the std by at most 1 + 2^-40 ceil(sqrt(dims)) std / Delta, coarse enough that
@@ -78,7 +80,10 @@ def _host(sums: torch.Tensor) -> torch.Tensor:
 
 
 class GaussianMechanism:
-    """Adds N(0, (sqrt(Q) * sigma * Delta)^2) to each released coordinate, Q = noisy queries per step.
+    """Adds N(0, (sqrt(Q) * sigma * Delta)^2) to each released coordinate, Q = noisy queries per step: a
+    QueryReleases mechanism (components/protocols.py), the only door through which a step's clipped sums
+    leave (docs/design.md, "One private step"). ``release`` takes the q scalar sums of finite differences
+    or loss values, ``release_dense`` a d-dimensional sum, ``release_embedded`` GEP's pair.
 
     Delta = clip for add/remove neighbours and 2 * clip for replace-one. Releasing Q sums of one batch
     (possibly in adaptive rounds, as PAZO-S does) with per-coordinate std sqrt(Q) sigma Delta composes to a
@@ -144,6 +149,7 @@ class GaussianMechanism:
         return gen
 
     def release(self, sums: torch.Tensor) -> torch.Tensor:
+        """The step's q scalar query sums, each plus N(0, std^2), as float64 on the host."""
         if sums.dim() != 1 or not 0 < len(sums) <= self.queries:
             raise ValueError(f"release: expected 1..{self.queries} query sums, got shape {tuple(sums.shape)}")
         if self.secure:
@@ -193,14 +199,21 @@ class GaussianMechanism:
 
 
 class NoMechanism:
-    """Releases exact, unclipped values: the run is not private (MeZO). Accounted as NonPrivateDpEvent."""
+    """Releases exact, unclipped values: the run is not private (MeZO). Accounted as NonPrivateDpEvent.
+    The same release methods as GaussianMechanism, so the loop's door is the same for both."""
 
     private = False
     clip = math.inf
     std = 0.0
+    # no noise is drawn; "fast" is what the privacy report has always said for mechanism none (it names the
+    # mechanism none in its own words, whatever this says)
+    noise_source = "fast"
 
     def __init__(self, queries_per_step: int):
         self.queries = queries_per_step
+
+    def use_generator(self, generator) -> None:
+        pass  # draws nothing
 
     def release(self, sums: torch.Tensor) -> torch.Tensor:
         return _host(sums)
@@ -214,3 +227,33 @@ class NoMechanism:
 
     def step_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.NonPrivateDpEvent()
+
+
+@MECHANISMS.register("gaussian")
+def _gaussian(spec, parts: Assembly):
+    """One Gaussian release of the step's queries, amplified by the sampler and composed per step; a single
+    pass (the one-shot zeroth-order oracle) releases each row in one Gaussian of its whole vector."""
+    sigma = float(spec.mechanism.noise_multiplier)
+    if spec.sampling.kind == "single_pass":
+        mechanism = GaussianMechanism(spec.mechanism.clip * math.sqrt(parts.directions.dim), sigma, 1,
+                                      spec.privacy.neighboring, parts.noise_generator)
+        mark_seeded(mechanism, parts)
+        return mechanism, OncePerRowTracker(parts.accountant, mechanism.step_event(), parts.delta)
+    mechanism = GaussianMechanism(spec.mechanism.clip, sigma, parts.estimator.queries_per_step,
+                                  spec.privacy.neighboring, parts.noise_generator)
+    mark_seeded(mechanism, parts)
+    return mechanism, PrivacyTracker(parts.accountant, parts.sampler.wrap(mechanism.step_event()), parts.delta)
+
+
+@MECHANISMS.register("none")
+def _none(spec, parts: Assembly):
+    """No noise, no clip: a non-private twin (epsilon = inf). A SPIDER oracle's twin keeps its running sums,
+    restarted every period."""
+    from components.mechanisms.tree import NoiselessTree
+    from specs.traits import ESTIMATORS
+
+    if ESTIMATORS[spec.estimator.kind].running_sums:
+        mechanism = NoiselessTree(parts.estimator.period)
+    else:
+        mechanism = NoMechanism(parts.estimator.queries_per_step)
+    return mechanism, PrivacyTracker(parts.accountant, mechanism.step_event(), 0.0)

@@ -1,5 +1,5 @@
 """Noisy running sums restarted every period, each step a fresh Gaussian release: paper 002's multi-pass
-full-batch ERM algorithm (its Algorithm 4, Theorem 4.1; build study §3.4) and its Poisson-subsampled variant
+full-batch ERM algorithm (its Algorithm 4, Theorem 4.1) and its Poisson-subsampled variant
 (the paper's footnote 2).
 
 Step p = 1..period of a period releases
@@ -45,11 +45,13 @@ def starts_in(period: int, first: int, until: int) -> int:
 
 
 class ScheduledGaussian:
-    """The mechanism of the module docstring. ``add(increment)`` takes step p's batch-normalised increment
-    and returns the released g_p; ``sensitivity`` is the L2 sensitivity of the next release, and
-    ``neighbour_factor`` times the per-example bound over the batch it is (2 under replace-one, 1 under
-    add/remove): the door checks a query's per-example bound against it. Between periods nothing is held
-    (``at_boundary``): the run checkpoints there, as a tree run does."""
+    """The mechanism of the module docstring, a RunningSumReleases and Periodic mechanism
+    (components/protocols.py): the only door through which a multi-pass run's increments leave
+    (docs/design.md, "One private step"). ``release_running_sum(increment)`` takes step p's
+    batch-normalised increment and returns the released g_p; ``sensitivity`` is the L2 sensitivity of the
+    next release, and ``neighbour_factor`` times the per-example bound over the batch it is (2 under
+    replace-one, 1 under add/remove): the door checks a query's per-example bound against it. Between
+    periods nothing is held (``at_boundary``): the run checkpoints there, as a tree run does."""
 
     private = True
     clip = 1.0  # the queries carry their own clips, checked at the door against ``sensitivity``
@@ -92,7 +94,7 @@ class ScheduledGaussian:
     def at_boundary(self) -> bool:
         return self._position == 0
 
-    def add(self, increment: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def release_running_sum(self, increment: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         increment = [t.detach().to(torch.float64) for t in increment]
         start = self._position == 0
         std = self.stds[0 if start else 1]

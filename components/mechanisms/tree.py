@@ -9,7 +9,7 @@ at step b, and
     release(p) = S_p + sum of xi_b over chain(p),   chain(p) = {p, p - lowbit(p), ...} (down to 0).
 
 So every prefix, the period's last included, carries popcount(p) node noises: the papers' TREE(t mod Σ)
-released the whole prefix at t = 0 mod Σ with none (build study FIX 5); positions here run 1..period and
+released the whole prefix at t = 0 mod Σ with none; positions here run 1..period and
 the tree is fresh every period. The un-noised running sum and the live node noises (knowing one de-noises a
 release) live only inside this object: nothing reads them, and a checkpoint may only be taken between
 periods, when both are empty (``at_boundary``).
@@ -90,11 +90,13 @@ def tree_event(noise_multiplier: float, period: int, passes: int = 1) -> dp_acco
 
 
 class TreeAggregation:
-    """Noisy running sums over periods of ``period`` steps (see the module docstring).
+    """Noisy running sums over periods of ``period`` steps (see the module docstring): a RunningSumReleases
+    and Periodic mechanism (components/protocols.py), the only door through which a tree run's increments
+    leave (docs/design.md, "One private step").
 
-    ``add(increment)`` takes step p's increment (tensors of a d-dimensional clipped, batch-normalised sum
-    whose L2 sensitivity is ``sensitivity``) and returns the released prefix S_p + TREE(p). ``std`` is the
-    node noise, noise_multiplier * sensitivity, drawn in float64 on the host from the generator handed in
+    ``release_running_sum(increment)`` takes step p's increment (tensors of a d-dimensional clipped,
+    batch-normalised sum whose L2 sensitivity is ``sensitivity``) and returns the released prefix
+    S_p + TREE(p). ``std`` is the node noise, noise_multiplier * sensitivity, drawn in float64 on the host from the generator handed in
     (OS entropy unless a test injects one). The discrete-Gaussian secure source is not offered here yet:
     its exactness argument (sums of grid points) has not been made for prefixes of many nodes."""
 
@@ -130,7 +132,7 @@ class TreeAggregation:
         """Between periods: no un-noised sum and no live noise held, the only time a checkpoint may be taken."""
         return self._position == 0
 
-    def add(self, increment: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def release_running_sum(self, increment: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         increment = [t.detach().to(torch.float64) for t in increment]
         p = self._position + 1
         if p == 1:
@@ -165,11 +167,13 @@ class TreeAggregation:
 
 class NoiselessTree:
     """The running sums of a period's increments with no noise and no clipping: the non-private twin of a
-    tree run (mechanism none), for measuring what the noise costs."""
+    tree run (mechanism none), for measuring what the noise costs. Released through the same door
+    (RunningSumReleases, Periodic) as the private run's."""
 
     private = False
     clip = math.inf
     std = 0.0
+    noise_source = "fast"  # draws no noise; as NoMechanism, what the report has always said for mechanism none
 
     def __init__(self, period: int):
         tree_depth(period)
@@ -181,7 +185,7 @@ class NoiselessTree:
     def at_boundary(self) -> bool:
         return self._position == 0
 
-    def add(self, increment: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def release_running_sum(self, increment: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         increment = [t.detach().to(torch.float64) for t in increment]
         if self._position == 0:
             self._sum = [torch.zeros_like(t) for t in increment]
@@ -195,7 +199,7 @@ class NoiselessTree:
         self._position, self._sum = 0, None
 
     def use_generator(self, generator) -> None:
-        pass
+        pass  # draws nothing
 
     def step_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.NonPrivateDpEvent()

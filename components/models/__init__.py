@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.registry import MODELS
 from components.models.hf import TextClassifier, add_adapters_, check_adapter_targets, freeze_
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
@@ -101,7 +102,7 @@ def evaluate(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, bat
     """Accuracy and mean loss on a split that is not private training data (test or public)."""
     exact = getattr(model, "exact_metrics", None)
     if exact is not None:
-        # paper 003's problems: exact risk over the simulated rows (a public function of the spec)
+        # the KL paper's problems: exact risk over the simulated rows (a public function of the spec)
         return exact()
     if len(labels) == 0:
         return {"accuracy": float("nan"), "loss": float("nan")}
@@ -120,3 +121,44 @@ def evaluate(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, bat
 
 def trainable_parameters(model: nn.Module) -> list:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def _from_shapes(shapes, generator: Optional[torch.Generator]) -> nn.Module:
+    """Build on the meta device (nothing allocated, no global RNG drawn); with a generator, allocate and
+    draw the public initialisation from it."""
+    with torch.device("meta"):
+        model = shapes()
+    if generator is None:
+        return model
+    model = model.to_empty(device="cpu")
+    initialise_(model, generator)
+    return model
+
+
+@MODELS.register("linear")
+def _linear(spec, n_features: int, n_classes: int, generator: Optional[torch.Generator] = None) -> nn.Module:
+    return _from_shapes(lambda: linear(n_features, n_classes), generator)
+
+
+@MODELS.register("mlp")
+def _mlp(spec, n_features: int, n_classes: int, generator: Optional[torch.Generator] = None) -> nn.Module:
+    return _from_shapes(lambda: mlp(n_features, n_classes, spec.model.hidden, spec.model.activation), generator)
+
+
+@MODELS.register("cnn")
+def _cnn(spec, n_features: int, n_classes: int, generator: Optional[torch.Generator] = None) -> nn.Module:
+    source = spec.data.source
+    shape = source.image_shape if source.kind in ("images", "packaged_images") else None
+    return _from_shapes(lambda: cnn(n_features, n_classes, spec.model.channels, spec.model.activation, shape),
+                        generator)
+
+
+@MODELS.register("hf")
+def _hf(spec, n_features: int, n_classes: int, generator: Optional[torch.Generator] = None) -> nn.Module:
+    """Pretrained weights come from the package; only the head is drawn, as the other models are."""
+    if generator is None:
+        raise ValueError("model.kind: hf is sized by its weights, not its shapes; load it")
+    lora = spec.model.lora
+    adapters = None if lora is None else (lora.rank, lora.alpha, tuple(lora.targets))
+    return text_classifier(spec.model.weights, n_classes, spec.model.trainable, generator, adapters)
+from components.models import objective  # noqa: E402,F401 (registers model.kind objective)

@@ -13,6 +13,7 @@ import torch
 
 from components.estimators.directions import Directions
 from components.estimators.queries import Update
+from components.registry import OPTIMIZERS
 
 
 class Adam:
@@ -45,3 +46,9 @@ class Adam:
 
     def load_state_dict(self, state: dict) -> None:
         self._adam.load_state_dict(state["adam"])
+
+
+@OPTIMIZERS.register("adam")
+def _adam(spec, directions, model=None, n_private=None):
+    opt = spec.optimizer
+    return Adam(directions, opt.lr, opt.betas, opt.eps, opt.weight_decay)

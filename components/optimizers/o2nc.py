@@ -32,6 +32,7 @@ import torch
 from components.estimators.directions import Directions
 from components.estimators.queries import Update
 from components.optimizers.sgd import gradient_into
+from components.registry import OPTIMIZERS
 
 
 class O2nc:
@@ -165,3 +166,16 @@ class O2nc:
         self.certificates = [float(c) for c in state.get("certificates", [])]
         total = state.get("certificate_sum")
         self._certificate_sum = None if total is None else total.numpy().copy()
+
+
+@OPTIMIZERS.register("o2nc")
+def _o2nc(spec, directions, model=None, n_private=None):
+    opt = spec.optimizer
+    oracle = None
+    if getattr(model, "objective", None) == "w_linear":
+        from components.families.nonsmooth.problems import smoothed_gradient
+
+        radius = spec.estimator.radius
+        oracle = lambda z: smoothed_gradient(z, radius)  # noqa: E731 (exact, public: F = h reads no row)
+    return O2nc(directions, opt.step_bound, opt.lr, opt.window, opt.steps, spec.seed,
+                restart_every=opt.window if opt.restart else None, smoothed_gradient=oracle)

@@ -12,6 +12,7 @@ import torch
 
 from components.estimators.directions import Directions
 from components.estimators.queries import Update
+from components.registry import OPTIMIZERS
 
 
 def gradient_into(directions: Directions, i: int, update: Update, out: torch.Tensor) -> torch.Tensor:
@@ -74,3 +75,9 @@ def replay(directions: Directions, journal, lr: float, momentum: float = 0.0, we
         by_step.setdefault(entry.step, []).append((entry.seed, entry.coefficient))
     for step in sorted(by_step):
         opt.apply(Update(terms=tuple(by_step[step])))
+
+
+@OPTIMIZERS.register("sgd")
+def _sgd(spec, directions, model=None, n_private=None):
+    opt = spec.optimizer
+    return Sgd(directions, opt.lr, opt.momentum, opt.weight_decay)

@@ -1,4 +1,4 @@
-"""DPZero's Figure 1 (paper 004, §5.1): the gradient norm reached by DPZero, DPGD-0th and DP-GD on the
+"""DPZero's Figure 1 (§5.1): the gradient norm reached by DPZero, DPGD-0th and DP-GD on the
 synthetic quadratic against the dimension d, for three Hessian spectra, each method's best over a grid.
 
     F(x) = (1/2n) sum_i (x - x_i)^T A (x - x_i),   x_i ~ N(1, I_d),   x_0 = 0,   A diagonal with

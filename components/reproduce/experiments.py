@@ -1,20 +1,20 @@
-"""The build study's rate experiments for papers 001 and 002 (§6.2), on privzo's own specs.
+"""The rate experiments E1 to E5 for the two nonsmooth papers (Zhang et al.; Kornowski et al.), on privzo's own specs.
 
 Every point of a sweep is a privzo spec (an example of specs/examples/ with its rows, dimension or privacy
-changed) resolved by privzo's planner (`components.nonsmooth.resolve_o2nc`: the theory preset, the node
+changed) resolved by privzo's planner (`components.families.nonsmooth.plan.resolve_o2nc`: the theory preset, the node
 multiplier calibrated by dp-accounting on the run's event, eta from the calibrated std). The vectorised
 kernel runs the resolved numbers for several seeds at once. At the first point of each series, privzo's
 own loop (``builders.build_loop``: estimator, release door, mechanism, sampler, O2NC) runs the same spec
 with an injected noise generator, and the kernel, reading the same random inputs, must reproduce its
 query points, window certificates and output to 1e-9 (``match``).
 
-- E1: paper 001's private algorithm, its non-private twin (no mechanism: the schedule of mu = inf) and
+- E1: Zhang et al.'s private algorithm, its non-private twin (no mechanism: the schedule of mu = inf) and
   the Appendix E baseline, against n, on P1 (d = 4, r = 0.05, epsilon = 1, delta = 1e-6).
-- E2: paper 002's single-pass zeroth-order algorithm with coupled directions (the study's deviation), against
+- E2: Kornowski et al.'s single-pass zeroth-order algorithm with coupled directions (privzo's deviation from the paper), against
   n; beside it at n = 1,000 the paper's own, independent directions (m = 36,415 per row).
-- E3: paper 002's single-pass first-order algorithm (gradients at ball points), against n, beside the
+- E3: Kornowski et al.'s single-pass first-order algorithm (gradients at ball points), against n, beside the
   zeroth-order one at the same n.
-- E4: paper 002's multi-pass full-batch algorithm (first-order; zeroth-order at the two smallest n) on a
+- E4: Kornowski et al.'s multi-pass full-batch algorithm (first-order; zeroth-order at the two smallest n) on a
   schedule fixed for beta = 0.5, d = 2, alpha = 0.3: the empirical certificate's privacy excess over the
   non-private twin against n.
 - E5: 001 against 002 at n = 10^5 against d, with x_0 = 1 - 0.8 / sqrt(d) in every coordinate, so
@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from components.reproduce.agreement import Agreement
+from components.protocols import Finalizing
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "specs" / "examples"
 
@@ -95,8 +96,8 @@ def series_of(experiments: Sequence[str], quick: bool = False) -> List[Series]:
     }
     unknown = [e for e in experiments if e not in table]
     if unknown:
-        raise ValueError(f"reproduce: unknown experiment {unknown[0]!r}; allowed: {', '.join(table)} (the study's "
-                         "E6-E9, paper 003's, are privzo reproduce kl)")
+        raise ValueError(f"reproduce: unknown experiment {unknown[0]!r}; allowed: {', '.join(table)} (E6-E9, "
+                         "the KL paper's, are privzo reproduce kl)")
     return [s for e in experiments for s in table[e]]
 
 
@@ -123,7 +124,7 @@ def spec_dict(series: Series, x: int, seed: int = 0) -> dict:
 def resolve(series: Series, x: int, seed: int = 0):
     """The resolved spec of a point, planned from its public numbers only (n, d): no rows are needed."""
     import specs
-    from components.nonsmooth import resolve_o2nc
+    from components.families.nonsmooth.plan import resolve_o2nc
 
     point = series.point(x)
     spec = specs.spec_from_dict(spec_dict(series, x, seed))
@@ -134,8 +135,8 @@ def resolve(series: Series, x: int, seed: int = 0):
 def predicted(resolved, n: int, d: int) -> float:
     """The theorem's bound (constants 1, its log factors) for n private rows, dimension d and the resolved
     spec's privacy."""
-    from components import presets
-    from components.nonsmooth import _theory
+    from components.families.nonsmooth import presets
+    from components.families.nonsmooth.plan import _theory
 
     eps = float(resolved.privacy.epsilon) if resolved.privacy is not None else math.inf
     delta = float(resolved.privacy.delta) if resolved.privacy is not None else None
@@ -235,7 +236,7 @@ def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: 
 def privzo_trajectory(spec, noise_seed: int, threads: int = 1):
     """privzo's own loop on ``spec`` (resolved by its planner) with an injected noise generator: (resolved spec,
     its data, the built loop, the parameters after every update, seconds). An update that carries only
-    public information (paper 003's selection) moves the parameters to the output: it is not a step."""
+    public information (the KL paper's selection) moves the parameters to the output: it is not a step."""
     import torch
 
     from components import builders
@@ -256,9 +257,8 @@ def privzo_trajectory(spec, noise_seed: int, threads: int = 1):
     optimizer.apply = recorded
     started = time.perf_counter()
     built.loop.run(resolved.optimizer.steps)
-    finalize = getattr(optimizer, "finalize", None)
-    if finalize is not None:
-        finalize()
+    if isinstance(optimizer, Finalizing):
+        optimizer.finalize()
     return resolved, data, built, points, time.perf_counter() - started
 
 

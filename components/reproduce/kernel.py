@@ -21,14 +21,15 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from components.problems.w_linear import load_w_linear, smoothed_gradient
+from components.families.nonsmooth.problems import load_w_linear, smoothed_gradient
+from components.protocols import ScheduledBatches
 
 
 @dataclass(frozen=True)
 class KernelPlan:
     """The numbers a resolved nonsmooth spec runs with (``from_spec``)."""
 
-    algorithm: str  # 001 | 002 | 002_fo | 001_naive
+    algorithm: str  # original (001) | improved (002) | improved_fo (002 first order) | original_naive (001's baseline)
     dimension: int
     radius: float
     steps: int
@@ -50,12 +51,12 @@ class KernelPlan:
     # release carries noise_std, a difference's difference_noise_std
     multi_pass: bool = False
     difference_noise_std: float = 0.0
-    # 002 zeroth-order: a difference's two points on the same m directions (the study's [DEV]) or on 2m
+    # 002 zeroth-order: a difference's two points on the same m directions (privzo's deviation from the paper) or on 2m
     coupled: bool = True
 
     @property
     def first_order(self) -> bool:
-        return self.algorithm == "002_fo"
+        return self.algorithm == "improved_fo"
 
     @property
     def smoothing(self) -> float:
@@ -69,7 +70,7 @@ class KernelPlan:
     @classmethod
     def from_spec(cls, spec, n: Optional[int] = None) -> "KernelPlan":
         """``n``: the private rows, which a multi-pass plan's noise (2 clip / n per release) needs."""
-        from components.nonsmooth import coupled_directions, node_sensitivity
+        from components.families.nonsmooth.plan import coupled_directions, node_sensitivity
 
         est, mech, sampling, opt = spec.estimator, spec.mechanism, spec.sampling, spec.optimizer
         d = spec.data.source.dimension
@@ -78,7 +79,7 @@ class KernelPlan:
         if naive:
             clip = float(mech.clip) if private else math.inf
             std = float(mech.noise_multiplier) * 2.0 * clip * math.sqrt(d) if private else 0.0
-            return cls("001_naive", d, float(est.radius), int(opt.steps), int(opt.window), 1, sampling.step_batch,
+            return cls("original_naive", d, float(est.radius), int(opt.steps), int(opt.window), 1, sampling.step_batch,
                        sampling.step_batch, est.directions, est.directions, clip, clip, float(opt.step_bound),
                        float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed)
         if sampling.kind == "poisson":  # its batches come from a private generator, which no kernel replays
@@ -99,7 +100,7 @@ class KernelPlan:
                    sampling.start_batch, sampling.step_batch, est.start_directions, est.directions,
                    float(mech.clip) if private else math.inf, float(mech.difference_clip) if private else math.inf,
                    float(opt.step_bound), float(opt.lr), bool(opt.restart), std, spec.data.source.start, spec.seed,
-                   coupled=est.variant == "001" or coupled_directions(spec))
+                   coupled=est.variant == "original" or coupled_directions(spec))
 
 
 class PrivzoStreams:
@@ -114,8 +115,8 @@ class PrivzoStreams:
         self.plan, self._rows, self._sampler, self._generator = plan, rows, sampler, noise_generator
 
     def rows(self, step: int, size: int) -> np.ndarray:
-        sample_at = getattr(self._sampler, "sample_at", None)
-        idx = (self._sampler.sample() if sample_at is None else sample_at(step, step)).numpy()
+        scheduled = isinstance(self._sampler, ScheduledBatches)
+        idx = (self._sampler.sample_at(step, step) if scheduled else self._sampler.sample()).numpy()
         return self._rows[idx][None]
 
     def row_mean(self) -> np.ndarray:
@@ -271,7 +272,7 @@ class Kernel:
     def _estimate(self, step: int, z: np.ndarray, previous: Optional[np.ndarray], streams) -> np.ndarray:
         """The step's increment, [R, d]: the batch mean of per-example clipped estimates."""
         p = self.plan
-        start = p.algorithm == "001_naive" or step % p.period == 0
+        start = p.algorithm == "original_naive" or step % p.period == 0
         if p.first_order:
             return self._fo_estimate(step, start, z, previous, streams)
         size = p.start_batch if start else p.step_batch
@@ -336,7 +337,7 @@ class Kernel:
             clip = p.start_clip
         else:
             other = (z + (previous - z))[:, None, None, :]  # z_t + (z_(t-1) - z_t), as privzo forms it
-            if p.algorithm == "001":
+            if p.algorithm == "original":
                 c = (_loss(here + shift, xi) - _loss(other + shift, xi)) / lam
                 moved = _norms(previous - z)
                 clip = p.difference_clip * np.minimum(moved, 2 * p.step_bound) / p.radius
@@ -351,7 +352,7 @@ class Kernel:
                     -(_h_central(z + (previous - z), theirs, reach) + 2.0 * np.einsum("rbmd,rbd->rbm", theirs, xi))],
                     axis=2) / (2 * lam)
                 clip = p.difference_clip
-        scalar = p.algorithm not in ("002", "002_fo")
+        scalar = p.algorithm not in ("improved", "improved_fo")
         if scalar and self._clipped:
             bound = clip[:, None, None] if isinstance(clip, np.ndarray) else clip
             c = np.clip(c, -bound, bound)
@@ -395,7 +396,7 @@ class Kernel:
         add_query_point(1, z)
         for step in range(p.steps):
             increment = self._estimate(step, z, previous, streams)
-            if p.algorithm == "001_naive":
+            if p.algorithm == "original_naive":
                 released = increment + (p.noise_std * streams.noise() / p.start_batch if p.noise_std else 0.0)
             elif p.multi_pass:  # each step a fresh Gaussian on its increment, added to the previous release
                 restart = step % p.period == 0

@@ -1,7 +1,7 @@
-"""The build study's rate experiments for paper 003 (§6.2, E6 to E9), and a vectorised reference kernel.
+"""The rate experiments E6 to E9 for the KL paper (Menart et al.), and a vectorised reference kernel.
 
 Every point of a sweep is a privzo spec (an example of specs/examples/ with its rows, dimension and budget
-changed) resolved by privzo's planner (``components.kl``: the preset's schedule, the noise scaled so the plan
+changed) resolved by privzo's planner (``components.families.kl.plan``: the preset's schedule, the noise scaled so the plan
 costs exactly rho). The kernel runs that plan in numpy for several seeds at once (fresh rows and noise per
 seed), with the clipped full-batch sums in closed form where the problem allows (one-hot designs: rows of a
 coordinate share their gradient; mean_pl: a clip that cannot bind is skipped, checked per step). At the first
@@ -48,7 +48,7 @@ class KlSeries:
     grid: tuple
     optimizer: Dict = field(default_factory=dict, hash=False)  # changes to the example's optimizer section
     mechanism: Dict = field(default_factory=dict, hash=False)
-    radius: Optional[float] = None  # assumptions.radius (the one-hot designs: 0.6, the study's ball)
+    radius: Optional[float] = None  # assumptions.radius (the one-hot designs: 0.6)
     dp_gd_steps: Optional[int] = None  # a DP-GD baseline with this many steps
     metric: str = "excess risk"  # or "gradient norm"
     axis: str = "n"
@@ -66,7 +66,7 @@ def series_of(experiments: Sequence[str], quick: bool = False) -> List[KlSeries]
     g8 = (512, 1024) if quick else (512, 1024, 2048, 4096, 8192)
     g9 = (500, 1000) if quick else (1000, 2000, 4000, 8000, 16000)
     shape = {"preset": "theory_shape"}
-    # c_K = 8, not the study's 1: a phase's T_k normalised steps remove at most (7/32) Phi^(2/kappa) / (gamma^2 L1)
+    # c_K = 8, not 1: a phase's T_k normalised steps remove at most (7/32) Phi^(2/kappa) / (gamma^2 L1)
     # each (noise-free), so the phases may shrink by c = 1 + F0^((2-kappa)/kappa) / (c_K gamma^2 L1) only with
     # c_K >= 32/7; at c_K = 1 the targets outrun the steps and the run stalls (docs/results/kl_rates.md)
     spider = {**shape, "constants": {"c_K": 8, "c_floor": 1}}
@@ -100,7 +100,7 @@ def series_of(experiments: Sequence[str], quick: bool = False) -> List[KlSeries]
     return [s for e in experiments for s in table[e]]
 
 
-# the one-hot designs' constants hold where every coordinate is within 0.6 of the start (the study's ball: the
+# the one-hot designs' constants hold where every coordinate is within 0.6 of the start (the ball where they hold: the
 # residual |w_j - w*_j| <= 1.1); the path to w* = +-0.5 per coordinate stays there
 ONE_HOT_RADIUS = 0.6
 
@@ -137,7 +137,7 @@ def dp_gd_spec(series: KlSeries, n: int, seed: int = 0) -> dict:
     """privzo's full-batch DP-GD on the same problem and budget: first_order + gaussian (clip L0, multiplier
     sqrt(T / (2 rho)): T releases cost rho) + sgd at eta = 1 / (2 L1) for T steps."""
     import specs
-    from components import kl
+    from components.families.kl import plan as kl
 
     data = spec_dict(series, n, seed)
     a = kl.kl_assumptions(specs.spec_from_dict(data))
@@ -152,7 +152,7 @@ def dp_gd_spec(series: KlSeries, n: int, seed: int = 0) -> dict:
 def resolve(series: KlSeries, n: int, seed: int = 0):
     """(resolved spec, plan) of a point, from its public numbers only."""
     import specs
-    from components import kl
+    from components.families.kl import plan as kl
 
     spec = specs.spec_from_dict(spec_dict(series, n, seed))
     resolved, _, _ = kl.resolve_kl(spec, n, series.dimension)
@@ -213,7 +213,7 @@ class Rows:
         raise ValueError(f"kernel: no gradient differences for {self.problem}")
 
     def metric(self, w: np.ndarray, metric: str) -> np.ndarray:
-        from components.problems.kl import excess_risk_np, gradient_np
+        from components.families.kl.problems import excess_risk_np, gradient_np
 
         out = []
         for s in range(w.shape[0]):
@@ -382,7 +382,7 @@ def dp_gd(rows: Rows, w0: np.ndarray, noise, steps: int, rho: float, clip: float
 # ------------------------------------------------------------------ a point of a sweep
 def predicted(series: KlSeries, plan, resolved, n: int, steps: float) -> float:
     """The theorem's bound at this point, constants 1, with its log factors."""
-    from components import kl
+    from components.families.kl import plan as kl
 
     a = kl.kl_assumptions(resolved)
     d, rho = series.dimension, series.rho
@@ -436,14 +436,14 @@ class KlPoint:
 
 
 def _rows(series: KlSeries, n: int, seeds: Sequence[int]) -> Rows:
-    from components.problems.kl import kl_rows
+    from components.families.kl.problems import kl_rows
 
     return Rows(series.problem, np.stack([kl_rows(series.problem, series.dimension, n, s) for s in seeds]),
                 series.dimension)
 
 
 def run(series: KlSeries, plan, rows: Rows, w0: np.ndarray, noise, resolved, record: bool = False) -> KernelResult:
-    from components import kl
+    from components.families.kl import plan as kl
 
     if series.dp_gd_steps is not None:
         a = kl.kl_assumptions(resolved)

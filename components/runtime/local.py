@@ -1,7 +1,7 @@
 """In-process backend: the model replica and the private rows live in this process.
 
-A backend answers ``query``: per-example values at the estimator's queried points, clipped per example
-and summed. Only those clipped sums leave it; the caller adds the noise.
+A backend (components.protocols.Backend) answers ``query``: per-example values at the estimator's queried
+points, clipped per example and summed. Only those clipped sums leave it; the caller adds the noise.
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from components.estimators.directions import Directions
 from components.estimators.evaluate import evaluate_query
 from components.estimators.queries import Query, Update
 from components.models import per_example_loss
+from components.protocols import Optimizer
 
 
 class LocalBackend:
-    def __init__(self, model: nn.Module, directions: Directions, optimizer, features: torch.Tensor,
+    def __init__(self, model: nn.Module, directions: Directions, optimizer: Optimizer, features: torch.Tensor,
                  labels: torch.Tensor, cache_directions: bool = False, prefetch_directions: bool = False):
         self.model = model.eval()  # no dropout or batch statistics: both forward passes see one function
         self.directions = directions
@@ -49,6 +50,12 @@ class LocalBackend:
 
     def apply(self, update: Update) -> None:
         self.optimizer.apply(update)
+
+    def sync(self) -> None:
+        """Nothing to push: this process's replica is the only one."""
+
+    def close(self) -> None:
+        """Nothing to give back: the replica and the rows go with this object."""
 
     def state_dict(self) -> dict:
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},

@@ -1,23 +1,43 @@
-"""One private step as data flows (DESIGN §3), repeated.
+"""One private step as data flows (docs/design.md, "One private step"), repeated.
 
     sampler -> indices -> backend.query (per-example clip, sums) -> accountant records the step's event
-    -> mechanism.release (the only private output) -> estimator combines -> backend.apply
+    -> mechanism.release* (the only private output) -> estimator combines -> backend.apply
+
+What the loop asks of each part is stated in components/protocols.py; what only some parts can do (a
+mechanism's period, a sampler's schedule, an optimizer that stops itself, a tracker's extra counts) is
+asked with ``isinstance`` against a capability protocol there.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, cast
 
 import torch
 
-from components.accountants.accounting import PrivacyTracker
 from components.estimators.queries import (
     DENSE_QUERIES,
     EmbeddedGradients,
     PerExampleGradients,
     PerExampleSphere,
     VectorFiniteDifferences,
+)
+from components.protocols import (
+    Backend,
+    CountsStarts,
+    Estimator,
+    FullBatchReleases,
+    Mechanism,
+    Periodic,
+    PrivacyFilter,
+    QueryReleases,
+    RemembersPreviousPoint,
+    RequestsReleases,
+    RunningSumReleases,
+    Sampler,
+    ScheduledBatches,
+    SelfStopping,
+    Tracker,
 )
 
 
@@ -51,47 +71,51 @@ class JournalEntry:
 
 
 class StepContext:
-    """What an estimator sees during one step: public facts and ``release``, the only door to private data."""
+    """What an estimator sees during one step: public facts, and the doors (``release`` and its kin) through
+    which alone private data reaches it, each a noisy release counted against the estimator's declared
+    ``queries_per_step`` and recorded by the tracker before it exists (docs/design.md, "One private step")."""
 
-    def __init__(self, loop: "PrivateLoop", indices: torch.Tensor):
-        self.step = loop.step
-        self.seed = loop.seed
-        self.public = loop.public
-        batch_at = getattr(loop.sampler, "batch_at", None)  # a single pass's scheduled (public) batch sizes
-        self.batch_normaliser = float(loop.sampler.expected_batch_size if batch_at is None else batch_at(loop.step))
+    def __init__(self, loop: "PrivateLoop", indices: torch.Tensor, batch_normaliser: float):
+        self.step: int = loop.step
+        self.seed: int = loop.seed
+        self.public: Any = loop.public  # the public rows' oracle (components/estimators/public.py), or None
+        self.batch_normaliser = float(batch_normaliser)  # the public batch size a step's sums are divided by
         self._loop = loop
-        self._indices = indices
+        self._indices: torch.Tensor = indices
         self.used = 0
         self.released: List[float] = []
 
     def release(self, query):
+        """The step's clipped sums for ``query``, released by the mechanism with the noise it was calibrated
+        for: scalars for finite differences and loss values, tensors for d-dimensional queries."""
         loop = self._loop
+        mechanism = cast(QueryReleases, loop.mechanism)
         size = 1 if isinstance(query, DENSE_QUERIES) else query.size
         if self.used + size > loop.estimator.queries_per_step:
             raise PrivacyBudgetError(
                 f"{loop.estimator.name}: {self.used + size} noisy queries in step {self.step}, "
                 f"declared {loop.estimator.queries_per_step}")
         if isinstance(query, PerExampleSphere):
-            self._check_bound(query, loop.mechanism.clip)
-        sums = loop.backend.query(query, self._indices, loop.mechanism.clip)
+            self._check_bound(query, mechanism.clip)
+        sums = loop.backend.query(query, self._indices, mechanism.clip)
         if self.used == 0:
             # recorded before any release exists, so a crash never leaves a release unaccounted
             loop.tracker.record_step()
         self.used += size
         if isinstance(query, (PerExampleGradients, PerExampleSphere)):
-            return self._finite(loop.mechanism.release_dense(list(sums)))
+            return self._finite(mechanism.release_dense(list(sums)))
         if isinstance(query, EmbeddedGradients):
             embedding, residual = sums
-            return self._finite(loop.mechanism.release_embedded(embedding, list(residual), query.residual_clip,
-                                                                query.embedding_share))
+            return self._finite(mechanism.release_embedded(embedding, list(residual), query.residual_clip,
+                                                           query.embedding_share))
         if isinstance(query, VectorFiniteDifferences):
             directions = loop.backend.directions
             # summed in float64: in float32 the rounding let one example move the sum past its clip (by ~1e-6 C)
             vector = [sum(float(w) * directions.tensor(d.seed, i).double() for w, d in zip(sums, query.directions))
                       for i in range(len(directions.params))]
-            released = loop.mechanism.release_dense(vector)
+            released = mechanism.release_dense(vector)
             return self._finite([r.to(p.dtype) for r, p in zip(released, directions.params)])
-        noisy = self._finite(loop.mechanism.release(sums))
+        noisy = self._finite(mechanism.release(sums))
         self.released.extend(float(v) for v in noisy)
         return noisy
 
@@ -110,7 +134,7 @@ class StepContext:
         if self.used + 1 > loop.estimator.queries_per_step:
             raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + 1} noisy queries in step {self.step}, "
                                      f"declared {loop.estimator.queries_per_step}")
-        mechanism = loop.mechanism
+        mechanism = cast(RunningSumReleases, loop.mechanism)
         if mechanism.private:
             # one row moves a batch mean by at most its bound over the batch, twice that under replace-one
             self._check_bound(query, mechanism.sensitivity * self.batch_normaliser / mechanism.neighbour_factor)
@@ -118,14 +142,14 @@ class StepContext:
         if self.used == 0:
             loop.tracker.record_step()  # before the release exists
         self.used += 1
-        released = mechanism.add([t / self.batch_normaliser for t in sums])
+        released = mechanism.release_running_sum([t / self.batch_normaliser for t in sums])
         params = loop.backend.directions.params
         return self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
 
     def request(self):
         """The optimizer's next release (paper 003's optimizers plan their own): a public function of its
         state and of the privacy filter's public spend."""
-        return self._loop.backend.optimizer.request(self._loop.tracker)
+        return cast(RequestsReleases, self._loop.backend.optimizer).request(self._loop.tracker)
 
     def release_full_batch(self, request):
         """Paper 003's door: the mean over every private row of per-example vectors clipped at the request's
@@ -133,7 +157,7 @@ class StepContext:
         from which the request sets the vector's std (adaptive GD). Each release's exact cost is charged to
         the privacy filter before it exists. Returns (released norm or None, released vector)."""
         loop = self._loop
-        mechanism, tracker = loop.mechanism, loop.tracker
+        mechanism, tracker = cast(FullBatchReleases, loop.mechanism), cast(PrivacyFilter, loop.tracker)
         releases = 2 if request.norm_std is not None else 1
         if self.used + releases > loop.estimator.queries_per_step:
             raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + releases} noisy queries in step "
@@ -145,11 +169,11 @@ class StepContext:
         norm, std = None, request.std
         if request.norm_std is not None:
             tracker.charge(mechanism.cost(query.clip, request.norm_std))
-            norm = mechanism.norm(sums, request.norm_std)
+            norm = mechanism.release_norm(sums, request.norm_std)
             self.used += 1
             std = request.std_for(norm)
         tracker.charge(mechanism.cost(query.clip, std))
-        released = mechanism.vector(sums, std)
+        released = mechanism.release_mean(sums, std)
         self.used += 1
         del sums
         params = loop.backend.directions.params
@@ -159,25 +183,25 @@ class StepContext:
         """Paper 003's Theorem 5: the index of one of ``request.offsets`` (iterates relative to the parameters)
         drawn by the exponential mechanism on the norm of the clipped mean gradient there; the scores stay here."""
         loop = self._loop
-        mechanism, tracker = loop.mechanism, loop.tracker
+        mechanism, tracker = cast(FullBatchReleases, loop.mechanism), cast(PrivacyFilter, loop.tracker)
         if self.used + 1 > loop.estimator.queries_per_step:
             raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + 1} noisy queries in step {self.step}, "
                                      f"declared {loop.estimator.queries_per_step}")
         scores = []
         for offset in request.offsets:
             sums = loop.backend.query(request.query(offset), self._indices, mechanism.clip)
-            scores.append(math.sqrt(sum(float(t.pow(2).sum()) for t in mechanism.mean(sums))))
+            scores.append(math.sqrt(sum(float(t.pow(2).sum()) for t in mechanism.unnoised_mean(sums))))
         if self.used == 0:
             tracker.record_step()
         tracker.charge(request.cost)
         self.used += 1
-        index = mechanism.select(scores, request.scale)
+        index = mechanism.release_choice(scores, request.scale)
         del scores
         return index
 
     def offset_to_previous(self):
         """z_(t-1) - z_t: the previous query point relative to this one (O2NC's public geometry)."""
-        offset = self._loop.backend.optimizer.offset_to_previous()
+        offset = cast(RemembersPreviousPoint, self._loop.backend.optimizer).offset_to_previous()
         if offset is None:
             raise ValueError(f"{self._loop.estimator.name}: step {self.step} has no previous query point")
         return offset
@@ -197,13 +221,16 @@ class StepContext:
 
 @dataclass
 class PrivateLoop:
-    backend: object
-    sampler: object
-    estimator: object
-    mechanism: object
-    tracker: PrivacyTracker
+    """Runs private steps. Holds no private row itself: the backend holds them, and only the mechanism's
+    releases leave the step (docs/design.md, "Privacy invariants")."""
+
+    backend: Backend
+    sampler: Sampler
+    estimator: Estimator
+    mechanism: Mechanism
+    tracker: Tracker
     seed: int
-    public: object = None
+    public: Any = None  # the public rows' oracle (components/estimators/public.py), or None
     step: int = 0
     journal: List[JournalEntry] = field(default_factory=list)
     released: List[Tuple[int, Tuple[float, ...]]] = field(default_factory=list)
@@ -211,15 +238,24 @@ class PrivateLoop:
     @property
     def finished(self) -> bool:
         """An optimizer that stops on its own (paper 003's: phases done, or the filter's budget spent) says so."""
-        done = getattr(getattr(self.backend, "optimizer", None), "done", None)
-        return done is not None and bool(done(self.tracker))
+        optimizer = self.backend.optimizer
+        return isinstance(optimizer, SelfStopping) and bool(optimizer.done(self.tracker))
 
     def run(self, until: int, on_step: Optional[Callable[[int], None]] = None) -> None:
-        while self.step < until and not self.finished:
-            sample_at = getattr(self.sampler, "sample_at", None)
-            # a single pass reads fresh rows for every step ever executed (discarded ones included)
-            indices = self.sampler.sample() if sample_at is None else sample_at(self.step, self.tracker.steps)
-            ctx = StepContext(self, indices)
+        # what the parts can do is asked once a run, not once a step: a protocol isinstance costs ~10 us,
+        # a few percent of a small model's whole step, and the parts do not change mid-run
+        optimizer = self.backend.optimizer
+        stops = isinstance(optimizer, SelfStopping)
+        scheduled = isinstance(self.sampler, ScheduledBatches)
+        while self.step < until and not (stops and optimizer.done(self.tracker)):
+            if scheduled:
+                # a single pass reads fresh rows for every step ever executed (discarded ones included), in
+                # batches of the sizes its public schedule sets
+                indices = self.sampler.sample_at(self.step, self.tracker.steps)
+                batch = self.sampler.batch_at(self.step)
+            else:
+                indices, batch = self.sampler.sample(), self.sampler.expected_batch_size
+            ctx = StepContext(self, indices, batch)
             seeds = self.estimator.direction_seeds(self.step, self.seed)
             ahead = self.estimator.direction_seeds(self.step + 1, self.seed)  # public: may be drawn early
             with self.backend.step_scope(seeds, ahead):
@@ -257,9 +293,9 @@ class PrivateLoop:
             "released": [(step, tuple(values)) for step, values in self.released],
             "privacy_steps": self.tracker.steps,
             # a tracker of two release classes (ScheduledTracker) also counts the restarts among them
-            **({"privacy_starts": self.tracker.starts} if hasattr(self.tracker, "starts") else {}),
+            **({"privacy_starts": self.tracker.starts} if isinstance(self.tracker, CountsStarts) else {}),
             # a privacy filter's realised spend (public: a function of the plan and of released values)
-            **({"privacy_spent": self.tracker.spent} if hasattr(self.tracker, "spent") else {}),
+            **({"privacy_spent": self.tracker.spent} if isinstance(self.tracker, PrivacyFilter) else {}),
         }
 
     @torch.no_grad()
@@ -279,17 +315,12 @@ class PrivateLoop:
         self.released = [(int(step), tuple(values)) for step, values in state["released"]]
         if restore_privacy_steps:
             self.tracker.steps = int(state["privacy_steps"])
-            if hasattr(self.tracker, "starts"):
+            if isinstance(self.tracker, CountsStarts):
                 self.tracker.starts = int(state["privacy_starts"])
-            if hasattr(self.tracker, "spent"):
+            if isinstance(self.tracker, PrivacyFilter):
                 self.tracker.spent = float(state["privacy_spent"])
         # a tree run goes back to a period boundary: a fresh tree, and the aborted period's rows stay used
-        reset = getattr(self.mechanism, "reset", None)
-        if reset is not None:
-            reset()
-        align = getattr(self.tracker, "align", None)
-        if align is not None:
-            align()
-        sync = getattr(self.backend, "sync", None)
-        if sync is not None:
-            sync()  # remote replicas continue from the restored parameters
+        if isinstance(self.mechanism, Periodic):
+            self.mechanism.reset()
+        self.tracker.align()
+        self.backend.sync()  # remote replicas continue from the restored parameters

@@ -158,9 +158,11 @@ def decode_query(message) -> Query:
 
 
 def seeds_of(query: Query) -> tuple:
-    if isinstance(query, PerExampleSphere):
-        return ()  # per-example directions, drawn with the rows
-    return tuple(d.seed for d in getattr(query, "directions", ()) if isinstance(d, Seeded))
+    """The seeded directions a query implies. A sphere query's are per example, drawn with the rows; loss
+    values at dense points and per-example gradients have none."""
+    if isinstance(query, (FiniteDifferences, VectorFiniteDifferences)):
+        return tuple(d.seed for d in query.directions if isinstance(d, Seeded))
+    return ()
 
 
 def encode_update(update: Update):
@@ -200,7 +202,8 @@ def parameter_checksum(params) -> float:
 
 
 class RayBackend:
-    """Same protocol as LocalBackend (``query``, ``apply``, ``step_scope``, ``directions``).
+    """A components.protocols.Backend, as LocalBackend is: its ``sync`` pushes the driver's parameters to
+    every worker, its ``close`` gives back the workers and their placement group.
 
     Workers are placed by a placement group: one bundle a worker spread across the nodes (SPREAD), or with
     ``workers_per_node`` one bundle a node holding that many workers, each bundle on its own node
@@ -219,6 +222,8 @@ class RayBackend:
                          num_cpus=max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)))
             else:
                 _join(address)
+        self.workers: list = []
+        self._group = None  # the placement group, once reserved (close gives it back)
         self.local = local  # the driver's replica: source of truth, public gradients, evaluation
         self._n_private = n_private  # the driver holds no private rows in this mode, only their count
         self._private_digest = private_digest  # ... and their ordered digest, which every worker must match
@@ -233,7 +238,6 @@ class RayBackend:
         self._per_bundle = workers_per_node or 1
         self.parallelism = parallelism
         self.checksum_every = checksum_every
-        self.workers: list = []
         self._group = self._place(workers, strict=workers_per_node is not None)
         try:
             for slot in range(workers):
@@ -451,7 +455,7 @@ class RayBackend:
             with contextlib.suppress(ConnectionError):
                 for w in self.workers:
                     ray.kill(w)
-                if getattr(self, "_group", None) is not None:
+                if self._group is not None:
                     remove_placement_group(self._group)
         self.workers = []
         self._group = None

@@ -1,4 +1,4 @@
-"""Adding one row moves a private run's releases by exactly what the accountant assumes (DESIGN §4 rule 3).
+"""Adding one row moves a private run's releases by exactly what the accountant assumes (docs/design.md, "Privacy invariants" 3).
 
 A worst-case canary through privzo's own loop (its sampler, Gaussian mechanism, accountant and two-point
 estimator, built from a spec): every other row's finite difference sits at -C and the canary's at +C, so
@@ -38,6 +38,7 @@ class RowValues:
     def __init__(self, values: torch.Tensor):
         self.values = values
         self.directions = types.SimpleNamespace(params=[torch.zeros(1)])  # no model: nothing to perturb
+        self.optimizer = None  # applies nothing, so nothing stops the run early either
 
     @contextlib.contextmanager
     def step_scope(self, seeds, ahead=()):

@@ -7,6 +7,8 @@ import torch
 from scipy import stats
 
 import specs
+from specs import traits
+from specs.traits import ESTIMATORS as TRAITS
 from components import builders
 from components.estimators.queries import (
     DENSE_QUERIES,
@@ -28,7 +30,7 @@ ESTIMATORS = {
     "pda_dpmd": {"kind": "pda_dpmd", "public_batch_size": 8},
 }
 # released as one d-dimensional vector: their noise is checked on the vector (GEP's two parts in test_gep)
-DENSE = {"dpgd_0th", "first_order", "gep", "dope_sgd", "pda_dpmd"}
+DENSE = {kind for kind in ESTIMATORS if TRAITS[kind].release == traits.DENSE}
 
 
 def _built(tiny, kind, clip=0.05, noise=None, sampling=None, **extra):
@@ -53,6 +55,7 @@ class Recorder:
         self.transform = transform
         self.sums = []
         self.directions = backend.directions
+        self.optimizer = backend.optimizer
 
     def step_scope(self, seeds, ahead=()):
         return self.inner.step_scope(seeds, ahead)

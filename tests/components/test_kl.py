@@ -13,13 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specs
-from components import builders, kl
+from components import builders
+from components.families.kl import plan as kl
 from components.accountants import Accountant, FilterTracker, PrivacyFilterError
 from components.accountants.accounting import _event_rho, gaussian_equivalent
 from components.estimators.evaluate import exact_gradient_sums
 from components.estimators.queries import PerExampleGradientAt
 from components.mechanisms.full_batch import FullBatchGaussian
-from components.problems.kl import KlObjective, kl_rows
+from components.families.kl.problems import KlObjective, kl_rows
 
 EXAMPLES = Path(__file__).parents[2] / "specs" / "examples"
 
@@ -42,7 +43,7 @@ def _built(spec: specs.RunSpec, seed: int = 0):
 def _recording(mechanism: FullBatchGaussian):
     """Every release's (clip, std) as the door asks the mechanism for it: the spend recomputed apart."""
     seen = []
-    vector, norm = mechanism.vector, mechanism.norm
+    vector, norm = mechanism.release_mean, mechanism.release_norm
 
     def recorded(method):
         def call(sums, std):
@@ -50,7 +51,7 @@ def _recording(mechanism: FullBatchGaussian):
             return method(sums, std)
         return call
 
-    mechanism.vector, mechanism.norm = recorded(vector), recorded(norm)
+    mechanism.release_mean, mechanism.release_norm = recorded(vector), recorded(norm)
     return seen
 
 
@@ -201,7 +202,7 @@ def test_selection_draws_by_the_exponential_mechanism():
     """Gumbel-max picks t with probability proportional to exp(-lambda s_t)."""
     mechanism = FullBatchGaussian(1.0, 10, 1.0, torch.Generator().manual_seed(3))
     scores, scale = [0.0, 0.5, 1.0], 2.0
-    draws = np.bincount([mechanism.select(scores, scale) for _ in range(6000)], minlength=3) / 6000
+    draws = np.bincount([mechanism.release_choice(scores, scale) for _ in range(6000)], minlength=3) / 6000
     weights = np.exp(-scale * np.array(scores))
     expected = weights / weights.sum()
     assert np.all(np.abs(draws - expected) <= 4 * np.sqrt(expected * (1 - expected) / 6000))
@@ -231,7 +232,7 @@ def test_a_killed_chunk_is_charged_at_its_most_on_resume(tmp_path):
 @pytest.mark.parametrize("name, rows", [("q1_kl_spider", 600), ("q4_proximal_point", 120),
                                         ("q5_adaptive_select", 4000)])
 def test_a_run_resumed_from_its_checkpoint_continues_its_plan(name, rows):
-    """Every paper 003 state is public and checkpointed anywhere: a new process loading a mid-run checkpoint
+    """Every KL-family state is public and checkpointed anywhere: a new process loading a mid-run checkpoint
     continues the same plan (same phase, inner step or iterates, and the filter's spend), draws with the
     same generator what the run would have drawn, and ends where the uninterrupted run ends."""
     resolved, whole, _ = _built(_spec(name, rows), seed=5)

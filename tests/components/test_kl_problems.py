@@ -1,4 +1,4 @@
-"""The KL problems Q1-Q5 (components/problems/kl.py): their rows, the closed forms against autograd of the
+"""The KL problems Q1-Q5 (components/families/kl/problems.py): their rows, the closed forms against autograd of the
 per-example loss, and the stated constants (KL*, Lipschitz, smoothness, weak convexity) on their ball."""
 import math
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.func import functional_call, grad, vmap
 
-from components.problems.kl import (KL_PROBLEMS, KlConstants, KlObjective, empirical_minimiser, excess_risk_np,
+from components.families.kl.problems import (KL_PROBLEMS, KlConstants, KlObjective, empirical_minimiser, excess_risk_np,
                                     gradient_np, kl_constants, kl_rows, per_example_gradients_np, row_width)
 
 D = 5

@@ -1,4 +1,4 @@
-"""The private nonsmooth algorithms (papers 001 and 002): oracles, door, sampler, presets and spec rules."""
+"""The private nonsmooth algorithms (the two nonsmooth papers (Zhang et al.; Kornowski et al.)): oracles, door, sampler, presets and spec rules."""
 import dataclasses
 import math
 
@@ -7,11 +7,12 @@ import torch
 from torch import nn
 
 import specs
-from components import builders, presets
+from components import builders
+from components.families.nonsmooth import presets
 from components.estimators.evaluate import ball_sums, sphere_sums
 from components.estimators.queries import PerExampleBall, PerExampleSphere
 from components.models import per_example_loss
-from components.problems import WLinear, smoothed_gradient
+from components.families.nonsmooth.problems import WLinear, smoothed_gradient
 from components.runtime.loop import PrivacyBudgetError
 
 EXAMPLES = "specs/examples"
@@ -170,7 +171,7 @@ def test_the_twin_without_noise_and_the_private_run_share_the_schedule():
     ({"mechanism": {"kind": "gaussian", "clip": 1.0}}, "released by tree_aggregation"),
     ({"optimizer": {"kind": "o2nc", "preset": "manual"}}, "preset: manual takes every setting"),
     ({"privacy": {"epsilon": 1.0, "delta": 1e-6, "neighboring": "replace_one", "noise": "secure"}}, "secure"),
-    ({"estimator": {"coupling": "independent"}}, "paper 001's difference evaluates both points on the same"),
+    ({"estimator": {"coupling": "independent"}}, "Zhang et al. a difference evaluates both points on the same"),
 ])
 def test_spec_rules_refuse_in_one_line(changes, message):
     data = specs.load_spec(f"{EXAMPLES}/p1_o2nc_001.yaml").model_dump(mode="json")
@@ -238,7 +239,7 @@ def test_theory_shape_sets_the_constants_the_theorems_hide():
     ("p1_o2nc_002", {"preset": "theory_shape", "constants": {"c_x": 2.0}}, "unknown 'c_x'"),
     ("p1_o2nc_002", {"preset": "theory_shape", "constants": {"c_T": 2.0}}, "allowed: c_D, c_Sigma, c_h, c_s"),
     ("p1_o2nc_002_multipass", {"preset": "theory_shape", "constants": {"c_Sigma": 2.0}}, "allowed: c_T, c_D"),
-    ("p1_o2nc_001", {"preset": "theory_shape", "constants": {"c_D": 2.0}}, "paper 001's presets, which hide none"),
+    ("p1_o2nc_001", {"preset": "theory_shape", "constants": {"c_D": 2.0}}, "the original algorithm's presets, which hide none"),
 ])
 def test_theory_shape_refuses_constants_its_preset_does_not_have(example, optimizer, message):
     data = specs.load_spec(f"{EXAMPLES}/{example}.yaml").model_dump(mode="json")
@@ -317,7 +318,7 @@ def test_the_poisson_multi_pass_run_is_accounted_as_subsampled_restarts_and_diff
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"sampling": {"kind": "single_pass"}}, "scheduled_gaussian is paper 002's multi-pass release"),
+    ({"sampling": {"kind": "single_pass"}}, "scheduled_gaussian is the improved algorithm's multi-pass release"),
     ({"sampling": {"kind": "poisson", "expected_batch_size": 50}}, "replace_one is not accounted for poisson"),
     ({"mechanism": {"kind": "tree_aggregation"}}, "several leaves of one tree"),
     ({"optimizer": {"kind": "o2nc", "preset": "theory"}}, "planned for a target beta"),

@@ -1,4 +1,4 @@
-"""The three samplers (DESIGN §4, invariant 3): each draws what its accounting assumes, from private
+"""The three samplers (docs/design.md, "Privacy invariants" 3): each draws what its accounting assumes, from private
 randomness, and the loop's accountant accounts for the sampler the loop draws from."""
 import math
 

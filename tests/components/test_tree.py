@@ -46,7 +46,7 @@ def test_the_studys_example_and_the_node_sets_of_paper_001():
 
 
 def _releases(tree, increments):
-    return [tree.add([torch.as_tensor(v, dtype=torch.float64)])[0].numpy() for v in increments]
+    return [tree.release_running_sum([torch.as_tensor(v, dtype=torch.float64)])[0].numpy() for v in increments]
 
 
 @pytest.mark.parametrize("period", [1, 2, 3, 4, 7, 8, 100])
@@ -61,7 +61,7 @@ def test_each_prefix_carries_popcount_node_noises(period):
     zero = [torch.zeros(d, dtype=torch.float64)]
     for _ in range(draws):
         for p in range(1, period + 1):
-            out = tree.add(zero)[0]
+            out = tree.release_running_sum(zero)[0]
             if p in sums:
                 sums[p] += float(out.pow(2).sum())
         assert tree.at_boundary  # a fresh tree each period

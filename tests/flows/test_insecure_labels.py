@@ -1,4 +1,4 @@
-"""privacy.insecure_deterministic: the epsilon it names is nominal, and every output says so (DESIGN §4,
+"""privacy.insecure_deterministic: the epsilon it names is nominal, and every output says so (docs/design.md, "Privacy invariants",
 invariant 2): validate, calibrate, the run's epsilon metric, and the sweep's child runs, table, CSV and plot."""
 import copy
 import math

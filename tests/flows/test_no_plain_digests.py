@@ -1,4 +1,4 @@
-"""No unkeyed digest of private rows is stored or shown anywhere (DESIGN §4 rule 7).
+"""No unkeyed digest of private rows is stored or shown anywhere (docs/design.md, "Privacy invariants" 7).
 
 A plain hash of the private rows (one row's content fingerprint, or the set's) lets anyone who knows
 every row but one test membership. After a private run with a budget and a kept checkpoint, every

@@ -35,7 +35,7 @@ def test_the_reproduce_command_writes_docs_and_an_mlflow_parent_run(prefect_serv
 
 
 def test_the_reproduce_kl_command_writes_docs_and_an_mlflow_parent_run(prefect_server, tmp_path, monkeypatch):
-    """privzo reproduce kl on tiny grids: paper 003's series matched to privzo's loop, slopes and plots written."""
+    """privzo reproduce kl on tiny grids: the KL paper's series matched to privzo's loop, slopes and plots written."""
     from flows import cli
 
     monkeypatch.chdir(tmp_path)

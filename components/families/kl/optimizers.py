@@ -16,7 +16,6 @@ releases, so it is checkpointed anywhere, and every replica that applies the sam
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -252,7 +251,7 @@ class AdaptiveNoisyGd(_Iterate):
 @OPTIMIZERS.register("kl_spider", "proximal_point", "adaptive_noisy_gd")
 def _kl_optimizer(spec, directions, model=None, n_private=None):
     """The KL paper's optimizers run the plan their preset derived from the privacy budget."""
-    from components.families.kl import plan as kl
+    import components.families.kl.plan as kl
 
     plan = kl.plan_for(spec, spec.public_rows(n_private), directions.dim, float(spec.mechanism.noise_multiplier))
     if spec.optimizer.kind == "kl_spider":

@@ -1,4 +1,4 @@
-"""Planning paper 003's private algorithms (KL-Spider, the private proximal point method, adaptive noisy GD):
+"""Planning the KL paper's private algorithms (KL-Spider, the private proximal point method, adaptive noisy GD):
 the theory presets' schedules, and the noise that makes the planned releases compose to exactly the target.
 
 Every algorithm here is full batch under replace-one neighbours, so one row moves the mean of per-example
@@ -10,11 +10,11 @@ composition of Gaussians whose costs add to rho *is* that Gaussian (mu-GDP compo
 event meets the target exactly, and a privacy filter on the realised costs keeps every run (early stops,
 retries, adaptive noise) inside it.
 
-Where the paper is wrong (build study §4 and its errata; checked again here):
+Where the paper is wrong (checked against its text here):
 - KL-Spider as printed costs (17/8) rho under replace-one (full gradients 2 rho, differences rho / 8): the
   stds here are scaled by one factor calibrated on the plan, which is never more than sqrt(17/8).
 - Its loop releases a difference after the last step of a phase that nothing uses: here a phase releases
-  at most T_k - 1 differences (the study's fixed loop still spends one per phase for nothing).
+  at most T_k - 1 differences (a loop fixed at T_k steps would spend one per phase for nothing).
 - Adaptive GD's printed per-step cost is half the true one under replace-one, and computing it from the
   released norm N_t (line 6) undercharges without bound when N_t is negative: the cost here is computed
   from the std actually used.
@@ -85,14 +85,14 @@ def kl_assumptions(spec) -> KlAssumptions:
 def _need(a: KlAssumptions, *names: str) -> None:
     for name in names:
         if getattr(a, name) is None:
-            raise ValueError(f"assumptions.{name}: paper 003's preset needs it (a synthetic KL problem knows its own)")
+            raise ValueError(f"assumptions.{name}: the KL paper's preset needs it (a synthetic KL problem knows its own)")
 
 
 def _bracket(n: int, d: int, rho: float, a: KlAssumptions) -> float:
     """log F0 + kappa log(n sqrt(rho) / (gamma L0 sqrt(d))): the phases' log factor (must be > 0)."""
     value = math.log(a.initial_gap) + a.kappa * math.log(n * math.sqrt(rho) / (a.gamma * a.lipschitz * math.sqrt(d)))
     if value <= 0:
-        raise ValueError(f"data: n = {n} rows are too few for paper 003's preset at rho = {rho:.4g} (log F0 + kappa "
+        raise ValueError(f"data: n = {n} rows are too few for the KL paper's preset at rho = {rho:.4g} (log F0 + kappa "
                          f"log(n sqrt(rho) / (gamma L0 sqrt d)) = {value:.3g} <= 0: nothing to gain)")
     return value
 
@@ -134,7 +134,7 @@ class KlSpiderPlan:
 
 def plan_kl_spider(n: int, d: int, rho: float, a: KlAssumptions, clip: float, c_K: float = 64.0,
                    c_floor: float = 32.0) -> KlSpiderPlan:
-    """Algorithm 1's lines 2-7 (with the study's fixes): every quantity from public inputs only."""
+    """Algorithm 1's lines 2-7 (with the corrections listed above): every quantity from public inputs only."""
     _need(a, "lipschitz", "smoothness", "initial_gap", "gamma", "kappa")
     gamma, kappa, L0, L1, F0 = a.gamma, a.kappa, a.lipschitz, a.smoothness, a.initial_gap
     if not 1.0 <= kappa <= 2.0:
@@ -311,7 +311,7 @@ def planned_event(spec, n: int, multiplier: float) -> dp_accounting.DpEvent:
 
 
 def resolve_kl(spec, n_private: Optional[int], dimension: Optional[int]):
-    """(resolved spec, sampling rate 1, planned epsilon) of a paper 003 run; refuses in one line a spec whose
+    """(resolved spec, sampling rate 1, planned epsilon) of a KL-family run; refuses in one line a spec whose
     rows cannot carry its preset."""
     source = spec.data.source
     d = dimension if dimension is not None else (source.dimension if source.kind == "synthetic" else None)

@@ -1,5 +1,5 @@
-"""Q1-Q5: ERM problems for the private algorithms under the (gamma, kappa)-KL* condition (paper 003, build
-study §6.1), each with exact evaluation on its simulated rows S = {x_1..x_n}:
+"""Q1-Q5: ERM problems for the private algorithms under the (gamma, kappa)-KL* condition (Menart et al.,
+"Differentially Private Non-Convex Optimization under the KL Condition with Optimal Rates"), each with exact evaluation on its simulated rows S = {x_1..x_n}:
 
     F(w; S) = (1/n) sum_i f(w; x_i),      KL*:  F(w) - F* <= gamma^kappa ||grad F(w)||^kappa.
 
@@ -17,9 +17,9 @@ KL constants for any row counts n_j of the two one-hot designs (p_j = n_j / n ov
 the others do not enter F), both attained, so no smaller gamma is valid:
   quartic: with u_j = p_j v_j^3 (the gradient), F = 1/4 sum_j p_j^(-1/3) |u_j|^(4/3); Hoelder with exponents
            (3, 3/2) on sum_j p_j^(-1/3) (u_j^2)^(2/3) gives F <= 1/4 (sum_j 1/p_j)^(1/3) ||u||^(4/3), hence
-           gamma = (sum_j 1/p_j)^(1/4) / 2^(3/2)   (balanced: sqrt(d) / 2^(3/2), the study's value).
+           gamma = (sum_j 1/p_j)^(1/4) / 2^(3/2)   (balanced: sqrt(d) / 2^(3/2), privzo's choice).
   abs:     with u_j = 3/2 p_j |v_j|^(1/2), F = 8/27 sum_j u_j^3 / p_j^2 <= 8/27 max_j p_j^-2 ||u||_3^3
-           <= 8/27 p_min^-2 ||u||^3, hence gamma = 2/3 p_min^(-2/3)   (balanced: 2 d^(2/3) / 3, the study's value).
+           <= 8/27 p_min^-2 ||u||^3, hence gamma = 2/3 p_min^(-2/3)   (balanced: 2 d^(2/3) / 3, privzo's choice).
 """
 from __future__ import annotations
 

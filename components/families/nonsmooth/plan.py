@@ -14,7 +14,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import dp_accounting
 
-from components.families.nonsmooth import presets
+import components.families.nonsmooth.presets as presets
+from components.data.sampling import SinglePassSampler
 from components.families.common import accountant, spec_sampler
 from components.mechanisms.scheduled import scheduled_event
 from components.mechanisms.tree import tree_event
@@ -59,7 +60,7 @@ def scheduled_sensitivities(spec, n_private: Optional[int]) -> Tuple[float, floa
 
 def coupled_directions(spec) -> bool:
     """zo_spider variant improved with ``coupling: coupled``: a difference's two points share their directions (the
-    build study's deviation [DEV]); the paper's are independent."""
+    deviation from the paper); the paper's are independent."""
     return spec.estimator.kind == "zo_spider" and spec.estimator.coupling == "coupled"
 
 
@@ -73,7 +74,7 @@ def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[flo
     lipschitz, gap = assumptions_of(spec)
     if multi_pass(spec):
         if delta is None or not math.isfinite(epsilon):
-            raise ValueError("optimizer.preset: theory of paper 002's multi-pass algorithm sets its directions from "
+            raise ValueError("optimizer.preset: theory of Kornowski et al.'s multi-pass algorithm sets its directions from "
                              "the privacy noise; a run without privacy gives its settings (preset: manual)")
         given = spec.assumptions.concentration_delta if spec.assumptions is not None else None
         return presets.preset_002_multi_pass(n, d, lipschitz, gap, est.radius, spec.optimizer.target_stationarity,
@@ -197,7 +198,7 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
     placeholder = {**filled, "optimizer": {**filled.get("optimizer", {}), **({"lr": 1.0} if opt.lr == "auto" else {})}}
     partial = spec.resolved(n_private=n_private, noise_multiplier=1.0 if private else None, filled=placeholder)
     sampler = spec_sampler(partial, n)
-    need_rows = sampler.rows_for(partial.optimizer.steps) if hasattr(sampler, "rows_for") else n
+    need_rows = sampler.rows_for(partial.optimizer.steps) if isinstance(sampler, SinglePassSampler) else n
     if need_rows > n:
         raise ValueError(f"optimizer.steps: {partial.optimizer.steps} steps of this schedule read {need_rows} rows, "
                          f"more than the {n} private rows (each is read once)")

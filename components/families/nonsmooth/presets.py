@@ -3,9 +3,9 @@
 Pure Python (no torch). Inputs are public: the number of private rows n (public under replace-one, the
 only relation these algorithms run under), the dimension d, the spec's ``assumptions`` (Lipschitz constant
 L, initial gap Phi), the smoothing radius r and the privacy target, as mu, the GDP parameter that is
-exactly (epsilon, delta)-DP. Formulas are build study §2.5 (paper 001, Theorem 4.9, with the node count
+exactly (epsilon, delta)-DP. Formulas are (Zhang et al., Theorem 4.9, with the node count
 J = floor(log2 T) + 1 in place of 2 ln T), §2.3 (001's Appendix E baseline, its sigma corrected to the
-replace-one sensitivity 2dL/B) and §3.3 (paper 002, Theorem 3.1, with coupled directions). Constants the
+replace-one sensitivity 2dL/B) and §3.3 (Kornowski et al., Theorem 3.1, with coupled directions). Constants the
 papers hide in O(.) are 1. The noise itself is never taken from these formulas: privzo calibrates the
 node multiplier on the run's exact DpEvent; ``lr`` then takes the calibrated node std.
 """
@@ -64,7 +64,7 @@ class Schedule:
     # start releases' (sigma_2 / sigma_1); one scale is calibrated on the run's event
     difference_noise_ratio: float = 1.0
     multi_pass: bool = False
-    # 002 zeroth-order: a difference's two points on the same directions (the build study's [DEV]) or not
+    # 002 zeroth-order: a difference's two points on the same directions (a deviation from the paper, which draws them independently) or not
     coupled: bool = True
 
     def as_dict(self) -> dict:
@@ -104,7 +104,7 @@ def preset_001(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
         return t >= 2 and rows // (2 * t) >= 1
 
     if not fits(n):
-        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for paper 001's schedule (it needs "
+        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for Zhang et al.'s schedule (it needs "
                          f"at least 2 rounds an epoch and one epoch: {_needed_rows(fits, n)} rows)")
     t = _001_steps(n, d, lipschitz, gap_hat, radius, mu)
     k = n // (2 * t)
@@ -129,7 +129,7 @@ def preset_001_naive(n: int, d: int, lipschitz: float, initial_gap: float, radiu
         return t >= 1 and rows // t >= 1
 
     if not fits(n):
-        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for paper 001's baseline "
+        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for Zhang et al.'s baseline "
                          f"({_needed_rows(fits, n)} rows)")
     t = rounds(n)
     k = n // t
@@ -141,7 +141,7 @@ def preset_001_naive(n: int, d: int, lipschitz: float, initial_gap: float, radiu
                     difference_clip=clip, restart=True, radius=radius, rows_used=k * t, predicted=predicted)
 
 
-# the constants the theorems hide, 1 under preset theory (theory_shape sets them: build study §3.3-3.5)
+# the constants the theorems hide, 1 under preset theory (theory_shape sets them)
 DEFAULT_CONSTANTS = {"c_D": 1.0, "c_Sigma": 1.0, "c_T": 1.0, "c_h": 1.0, "c_s": 1.0}
 
 
@@ -172,25 +172,25 @@ def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, eps
 def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, epsilon: float,
                concentration_delta: float, first_order: bool = False, coupled: bool = True,
                constants: Optional[Mapping[str, float]] = None) -> Schedule:
-    """Paper 002, Theorem 3.1 (build study §3.3): T = n/2 steps shrunk to fit one pass, B1 = Sigma rows at a
+    """Paper 002, Theorem 3.1: T = n/2 steps shrunk to fit one pass, B1 = Sigma rows at a
     period start, 1 after; windows of W = alpha / (4D); vector clips at the concentration bounds (c_h = c_s
     = 1). Privacy rests on the clips, not on the concentration event. Directions per row: the paper's
     (Lemma 3.5) m = log(8 d B2 / delta_0)(d^2 B1^2 + d alpha^2 B2^2 / D^2) everywhere, the two points of a
     difference on independent ones, C_G = L (1 + d sqrt(log(8 d B1 / delta_0) / m)), C_Delta = sqrt(d) L 2D
-    / alpha + 2 L d sqrt(log(8 d B2 / delta_0) / m); or (``coupled``, the study's deviation [DEV]) m_G = d^2
+    / alpha + 2 L d sqrt(log(8 d B2 / delta_0) / m); or (``coupled``, privzo's deviation from the paper) m_G = d^2
     log(8 d B1 / delta_0) at a period start and m_D = 4 d log(8 d / delta_0) shared by both points of a
     difference, C_Delta = 2 sqrt(d) L 2D / alpha.
 
     ``constants`` (preset theory_shape): c_D and c_Sigma scale D and Sigma, c_h the concentration terms of the
     clips (and the coupled m_G, m_D by c_h^2), c_s the smoothness term of C_Delta; each 1 by default.
 
-    ``first_order``: Theorem 6.1 (study §3.5), the same schedule with gradients at points drawn uniformly
+    ``first_order``: Theorem 6.1, the same schedule with gradients at points drawn uniformly
     from the ball of radius alpha: one per row at a period start (clip L, which an L-Lipschitz loss never
     exceeds), m_D = log(8 d B2 / delta_0) B2^2 alpha^2 / (D^2 d) independent ones at each point of a
     difference (Lemma 6.4), clipped at Lemma 6.3's bound sqrt(d) L 2D / alpha + 2 L sqrt(log(8 d B2 /
     delta_0) / m_D)."""
     if radius > initial_gap / lipschitz:
-        raise ValueError(f"estimator.radius: paper 002 needs radius <= initial_gap / lipschitz = "
+        raise ValueError(f"estimator.radius: Kornowski et al. needs radius <= initial_gap / lipschitz = "
                          f"{initial_gap / lipschitz:.4g}")
 
     c = {**DEFAULT_CONSTANTS, **(constants or {})}
@@ -200,7 +200,7 @@ def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
         return layout is not None and max(1, int(radius / (4 * layout[1]))) <= layout[0]
 
     if not fits(n):
-        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for paper 002's schedule "
+        raise ValueError(f"optimizer.preset theory: {n} private rows are too few for Kornowski et al.'s schedule "
                          f"({_needed_rows(fits, n)} rows)")
     steps, bound, period, rows = _002_layout(n, d, lipschitz, initial_gap, radius, epsilon, c["c_D"], c["c_Sigma"])
     window = max(1, int(radius / (4 * bound)))
@@ -236,16 +236,16 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
                           epsilon: float, delta: float, concentration_delta: float,
                           first_order: bool = False, batch: Optional[int] = None, coupled: bool = True,
                           constants: Optional[Mapping[str, float]] = None) -> Schedule:
-    """Paper 002, Theorem 4.1 (build study §3.4): full-batch ERM, every row in every step, for a target
+    """Paper 002, Theorem 4.1: full-batch ERM, every row in every step, for a target
     beta of the empirical Goldstein certificate: T = Phi L^2 / (alpha^2 beta^3) steps of bound D = alpha^2
     beta^2 / L^2, restarts every Sigma = alpha / (D sqrt(d)) steps, windows of W = alpha / D, the noise of
     a restart's release and of a difference's in the paper's ratio sigma_2 / sigma_1 = D sqrt(d Sigma) /
     alpha (one scale calibrated on the run's event), m = L^2 d Sigma / (n sigma_1^2) + L^2 d / (n
     sigma_2^2) directions per row at both (the paper's sigmas; d times fewer ball points first-order,
-    study §3.5). Clips: first-order L at a restart (never binds) and Lemma 6.3's sqrt(d) L 2D / alpha + 2 L
+    the improved paper). Clips: first-order L at a restart (never binds) and Lemma 6.3's sqrt(d) L 2D / alpha + 2 L
     sqrt(log(8 d n / delta_0) / m) on a difference; zeroth-order L (1 + d sqrt(log(8 d n / delta_0) / m)) and,
     a difference's points on independent directions (the paper's), sqrt(d) L 2D / alpha + 2 L d sqrt(log(8
-    d n / delta_0) / m), or on the same ones (``coupled``, the study's deviation [DEV]) 2 sqrt(d) L 2D / alpha. ``predicted`` is the privacy excess at this fixed
+    d n / delta_0) / m), or on the same ones (``coupled``, privzo's deviation from the paper) 2 sqrt(d) L 2D / alpha. ``predicted`` is the privacy excess at this fixed
     schedule, L sqrt(D T log(1/delta)) d^(3/4) / (n epsilon sqrt(alpha)): exponent -1 in n.
 
     ``batch``: the footnote-2 variant's expected Poisson batch b (default n, the full batch). The paper gives
@@ -257,7 +257,7 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
     ``preset_002``; each 1 by default."""
     c = {**DEFAULT_CONSTANTS, **(constants or {})}
     if not 0 < target:
-        raise ValueError("optimizer.target_stationarity: paper 002's multi-pass preset needs a target beta > 0")
+        raise ValueError("optimizer.target_stationarity: Kornowski et al.'s multi-pass preset needs a target beta > 0")
     steps = math.ceil(c["c_T"] * initial_gap * lipschitz ** 2 / (radius ** 2 * target ** 3))
     bound = c["c_D"] * radius ** 2 * target ** 2 / lipschitz ** 2
     period = max(1, math.ceil(radius / (bound * math.sqrt(d))))
@@ -337,8 +337,8 @@ def learning_rate(schedule: Schedule, d: int, lipschitz: float, node_std: float)
 
 def multi_pass_rows_needed(d: int, lipschitz: float, initial_gap: float, radius: float, target: float,
                            epsilon: float) -> int:
-    """Theorem 4.1's n for a target beta of the empirical certificate, constants and logs 1 (build study
-    §3.4): sqrt(Phi) L d^(3/4) / (epsilon alpha^(1/2) beta^(3/2))."""
+    """Theorem 4.1's n for a target beta of the empirical certificate, constants and logs 1:
+    sqrt(Phi) L d^(3/4) / (epsilon alpha^(1/2) beta^(3/2))."""
     return math.ceil(math.sqrt(initial_gap) * lipschitz * d ** 0.75 / (epsilon * math.sqrt(radius) * target ** 1.5))
 
 

@@ -1,0 +1,86 @@
+"""The rows every source returns, and their keyed content fingerprints (a module of its own, so that the
+sources and the text loader both stand on it without importing each other)."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import List
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Table:
+    """Features (float32 values, or int64 token ids and attention masks [n, 2, length] for text), integer
+    labels and one SHA-256 per row over its features and label."""
+
+    name: str
+    features: np.ndarray
+    labels: np.ndarray
+    n_classes: int
+    fixed_scale: float | None  # a data-independent feature scale known for the source (digits: 1/16)
+    public_flags: np.ndarray | None = None  # rows the data owner flagged public (data.split.kind column)
+    # a file's feature columns by name, in the model's order; fingerprints read them sorted by name, so a
+    # re-exported file with its columns in another order keeps every row's identity
+    columns: tuple | None = None
+    # what a row's fingerprint is computed from (source, columns, tokenizer): the ledger refuses to match
+    # rows of runs that computed it differently
+    layout: str = ""
+    # the declared class names (a user's file or image folder): a row's identity then holds its class's
+    # name, not its position, so reordering or extending ``classes`` keeps every row (and its part of a
+    # hashed split) where it was
+    class_names: tuple | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.features) != len(self.labels):
+            raise ValueError(f"{self.name}: {len(self.features)} feature rows but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _canonical(self) -> np.ndarray:
+        if self.columns is None:
+            return self.features
+        return np.ascontiguousarray(self.features[:, np.argsort(np.asarray(self.columns, dtype=object))])
+
+    def content_keys(self) -> List[bytes]:
+        """One key per row over its features alone (no label)."""
+        canonical = self._canonical()
+        return [canonical[i].tobytes() for i in range(len(self))]
+
+    def row_fingerprints(self) -> List[str]:
+        if self.class_names is None:
+            return [hashlib.sha256(key + int(label).to_bytes(8, "little")).hexdigest()
+                    for key, label in zip(self.content_keys(), self.labels)]
+        names = [b"class:" + str(name).encode("utf-8") for name in self.class_names]
+        return [hashlib.sha256(key + names[int(label)]).hexdigest() for key, label in zip(self.content_keys(), self.labels)]
+
+
+def content_fingerprint(row_fingerprints: List[str]) -> str:
+    """Order-independent fingerprint of a set of rows."""
+    digest = hashlib.sha256()
+    for fp in sorted(row_fingerprints):
+        digest.update(bytes.fromhex(fp))
+    return digest.hexdigest()
+
+
+def _unique_rows(table: Table) -> Table:
+    """The table with exact duplicate rows dropped (first kept, order kept), and every row whose features
+    also occur under another label dropped (it has no single label, and its copies could land in two
+    splits). A row is flagged public only if every copy of it is: its content is also someone's private
+    row otherwise."""
+    keys = table.content_keys()
+    label_sets: dict = {}
+    for key, label in zip(keys, table.labels):
+        label_sets.setdefault(key, set()).add(int(label))
+    fps = np.asarray(table.row_fingerprints())
+    _, first, inverse = np.unique(fps, return_index=True, return_inverse=True)
+    keep = np.asarray([i for i in np.sort(first) if len(label_sets[keys[i]]) == 1], dtype=np.int64)
+    if len(keep) == len(table):
+        return table
+    flags = table.public_flags
+    if flags is not None:
+        all_public = np.ones(len(first), dtype=bool)
+        np.logical_and.at(all_public, inverse, flags)
+        flags = all_public[inverse][keep]
+    return replace(table, features=table.features[keep], labels=table.labels[keep], public_flags=flags)

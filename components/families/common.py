@@ -1,0 +1,24 @@
+"""What every algorithm family plans with: the spec's accountant and its sampler (described, or drawing).
+
+Families import this module, never components/builders.py, so the import graph has no circle."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from components.accountants import Accountant
+from components.data.sampling import build_sampler
+
+
+def accountant(spec) -> Accountant:
+    if spec.privacy is None:
+        return Accountant("rdp", "add_remove")  # non-private runs: only NonPrivateDpEvent (epsilon = inf)
+    return Accountant(spec.privacy.accountant, spec.privacy.neighboring)
+
+
+def spec_sampler(spec, n_private: Optional[int] = None, generator: Optional[torch.Generator] = None):
+    """The spec's sampler over ``n_private`` rows, its rate from the public row count (RunSpec.public_rows):
+    under add/remove that is the declared count, and ``n_private`` only says which rows exist to draw from
+    (planning passes None). Without a generator it can only describe and wrap events, not draw."""
+    return build_sampler(spec.sampling, n_private, generator, rows=spec.public_rows(n_private), seed=spec.seed)

@@ -1,0 +1,78 @@
+"""One registry per spec section: a validated ``kind`` maps to the builder its own module registered.
+
+A kind's module registers its builder next to its class (``@ESTIMATORS.register("two_point")``), so
+``components/builders.py`` is lookups, not if-chains. The registries are closed: a spec names a kind from
+its pydantic union, never code (no dotted paths). ``tests/specs/test_traits.py`` checks that every kind in
+the JSON schema has exactly one builder here and one row in specs/traits.py. docs/design.md, "Algorithm
+families", says what each section's builder takes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, FrozenSet, Optional, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry:
+    """Builders of one section (``estimator``, ``mechanism``, ...) by kind."""
+
+    def __init__(self, section: str, signature: str):
+        self.section = section
+        self.signature = signature  # what every builder of the section takes and returns (for readers)
+        self._builders: Dict[str, Callable] = {}
+
+    def register(self, *kinds: str) -> Callable[[F], F]:
+        def add(builder: F) -> F:
+            for kind in kinds:
+                if kind in self._builders:
+                    raise RuntimeError(f"{self.section}.kind {kind!r} has two builders: "
+                                       f"{self._builders[kind].__module__} and {builder.__module__}")
+                self._builders[kind] = builder
+            return builder
+        return add
+
+    def __getitem__(self, kind: str) -> Callable:
+        try:
+            return self._builders[kind]
+        except KeyError:
+            raise ValueError(f"{self.section}.kind: unknown {kind!r}; allowed: "
+                             f"{', '.join(sorted(self._builders))}") from None
+
+    def kinds(self) -> FrozenSet[str]:
+        return frozenset(self._builders)
+
+
+@dataclass
+class Assembly:
+    """What a mechanism builder reads besides the spec: the run's built parts and its private generators."""
+
+    estimator: Any
+    directions: Any
+    optimizer: Any
+    sampler: Any             # the sampler that draws the batches (its wrap is the accounted amplification)
+    n_private: int
+    noise_generator: Any     # private randomness (OS entropy unless injected by a test or insecure_deterministic)
+    seeded: bool             # the noise is seeded (tests, insecure_deterministic): the report says so
+    accountant: Any
+    delta: Optional[float]
+
+
+def mark_seeded(mechanism, parts: Assembly):
+    """The privacy report's sentence (randomness.NOISE_SENTENCES) for a seeded noise generator."""
+    if parts.seeded:
+        mechanism.noise_source = "seeded"
+    return mechanism
+
+
+ESTIMATORS = Registry("estimator", "(spec, dimension) -> estimator")
+MECHANISMS = Registry("mechanism", "(spec, Assembly) -> (mechanism, tracker)")
+OPTIMIZERS = Registry("optimizer", "(spec, directions, model, n_private) -> optimizer")
+SAMPLERS = Registry("sampling", "(sampling section, n, generator, rows, seed) -> sampler")
+MODELS = Registry("model", "(spec, n_features, n_classes, generator or None for shapes only) -> module")
+SOURCES = Registry("data.source", "(source section, model tokenizer, public flag column) -> (Table, scale)")
+SPLITS = Registry("data.split", "(spec, table, scale, load) -> SplitData")
+
+# by the RunSpec field path whose ``kind`` selects the builder, as specs.traits.TABLES
+ALL = {"estimator": ESTIMATORS, "mechanism": MECHANISMS, "optimizer": OPTIMIZERS, "sampling": SAMPLERS,
+       "model": MODELS, "data.source": SOURCES, "data.split": SPLITS}
