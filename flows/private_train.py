@@ -8,6 +8,10 @@ mid-run resumes from its last checkpoint under the same ledger reservation and M
 every step of the chunk it was killed in. A private run's noise was calibrated for
 ``optimizer.steps`` private steps in all, so the steps a rewind discards come out of the trajectory: the
 run ends that many updates early, at exactly the planned epsilon, never above it.
+
+The run's ledger reservation and checkpoint folder are one ``flows.session.RunSession``: however the run
+ends, the ledger is settled once (the steps executed committed, a reservation kept for ``--resume`` after a
+lost cluster, or released when nothing private ran). Report and guarantee text is ``flows.reporting``'s.
 """
 from __future__ import annotations
 
@@ -41,9 +45,12 @@ from components import builders, models
 from components.accountants import Accountant, event_from_json, event_to_json
 from components.data import SplitData
 from components.estimators.directions import GENERATOR_VERSION
+from components.protocols import Certifying, Finalizing, Periodic
+from flows import reporting
 from flows.checkpoints import Checkpointer, CheckpointStore, RunLocked, resume_store, spec_digest
 from flows.ledger import BudgetExceeded, RowsExposed, RowsUnmatched
 from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
+from flows.session import RunSession
 from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
                             experiment_url, released_fingerprint, run_name, run_url, tool, training_experiment,
                             ui_command, version_url)
@@ -218,7 +225,7 @@ def trajectory_end(spec: specs.RunSpec, loop) -> int:
     """The step a run stops at. A private run may spend ``optimizer.steps`` private steps in all (its
     noise was calibrated for that many): steps discarded by a retry or charged to a killed process
     shorten its trajectory instead of raising its epsilon."""
-    if loop.finished:  # paper 003's optimizers stop on their own (phases done, the filter's budget spent)
+    if loop.finished:  # the KL paper's optimizers stop on their own (phases done, the filter's budget spent)
         return loop.step
     if not spec.private:
         return spec.optimizer.steps
@@ -402,10 +409,10 @@ def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
     out = {f"eval/{k}": v for k, v in models.evaluate(
         built.model, torch.as_tensor(data.test.features, device=dev), torch.as_tensor(data.test.labels, device=dev)
     ).items()}
-    certificate = getattr(built.loop.backend.optimizer, "certificate", None)
-    if certificate is not None and certificate() is not None:
+    optimizer = built.loop.backend.optimizer
+    if isinstance(optimizer, Certifying) and optimizer.certificate() is not None:
         # the synthetic problem's exact Goldstein window certificate (public: F reads no row)
-        out["eval/goldstein_certificate"] = certificate()
+        out["eval/goldstein_certificate"] = optimizer.certificate()
     if len(data.public):
         out["public/loss"] = models.evaluate(
             built.model, torch.as_tensor(data.public.features, device=dev),
@@ -417,7 +424,7 @@ def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
     loop = built.loop
     return summarize(plan.spec, loop.tracker.epsilon(), loop.tracker.steps, loop.sampler,
                      loop.estimator.queries_per_step, rho=loop.tracker.rho(),
-                     noise_source=getattr(loop.mechanism, "noise_source", "fast"))
+                     noise_source=loop.mechanism.noise_source)
 
 
 def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
@@ -489,9 +496,8 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
         client.set_model_version_tag(name, version, key, value)
     if description:
         client.update_model_version(name, version, description=description)
-        client.update_registered_model(name, description=(
-            f"Models trained under differential privacy by privzo from spec {name}; each version's description "
-            f"and dp.* tags state its own guarantee.\n\n**Latest: version {version}.** {description}"))
+        client.update_registered_model(name, description=reporting.registered_model_description(
+            name, version, description))
     return version
 
 
@@ -522,111 +528,89 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     plan = calibrate(run_spec, data)
     resolved = plan.spec
     uri = resolved.tracking.uri
-    # checkpoints bind to the keyed fingerprint: a plain hash of the private rows is never stored (DESIGN §4 rule 7)
+    # checkpoints bind to the keyed fingerprint: a plain hash of the private rows is never stored
+    # (docs/design.md, Privacy invariants)
     fingerprint = released_fingerprint(data.private.fingerprint)
     store, saved = find_checkpoint(plan, fingerprint, resume, legacy=data.private.fingerprint)
-    charge_id = None
-    try:
-        source = None if saved else registered_source(resolved)
+    session = RunSession(store, _RunLedger(plan, data), charge_id=saved["charge_id"] if saved else None,
+                         resumed=saved is not None, keep=resolved.checkpoint.keep, resumable=cluster_lost)
+    with session:  # settles the reservation and the folder exactly once, however this block is left
+        with _checking_input():  # before any private step: the spec, the data or the start does not fit
+            source = None if saved else registered_source(resolved)
+            if not saved and resolved.budget is not None:
+                session.reserve(str(uuid.uuid4()))
+            built = builders.build_loop(resolved, data)
+            if saved:
+                _same_stream(store, saved, built.loop.backend.directions.stream)
+            init_tags = {} if saved else initial_weights(resolved, built, source)
+        session.start(built.loop, run_id=saved["run_id"] if saved else None)
         if saved:
-            charge_id = saved["charge_id"]
-        elif resolved.budget is not None:
-            charge_id = str(uuid.uuid4())
-            store.write_reservation(charge_id, resolved.budget.ledger)  # before the ledger holds it
-            reserve_budget(plan, data, charge_id)
-        built = builders.build_loop(resolved, data)
-        if saved:
-            _same_stream(store, saved, built.loop.backend.directions.stream)
-        init_tags = {} if saved else initial_weights(resolved, built, source)
-    except BaseException as err:
-        if saved is None:  # nothing was queried: release the reservation and the run's folder
-            if charge_id is not None:
-                from flows.ledger import PrivacyLedger
-
-                PrivacyLedger(resolved.budget.ledger).abort(charge_id)
-            store.remove()
-        store.unlock()
-        _input_error(err)  # before any private step: the spec, the data or the start does not fit
-        raise
-    run_id = saved["run_id"] if saved else None
-    checkpointer = None
-    finished = resumable = False
-    try:
-        if saved:
+            run_id = saved["run_id"]
             reopen_run(uri, run_id, saved["loop"]["step"])
             built.loop.load_state_dict(saved["loop"], restore_privacy_steps=True)
-            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id, built),
-                                        saved["loop"])
         else:
             run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
-            checkpointer = Checkpointer(store, _binding(resolved, fingerprint, charge_id, run_id, built))
+        checkpointer = Checkpointer(store, _binding(resolved, fingerprint, session.charge_id, run_id, built),
+                                    saved["loop"] if saved else None)
+        session.track(checkpointer, run_id)
         get_run_logger().info("run key %s: checkpoints in %s (after a crash: %s run %s --resume %s)",
                               store.key, store.dir, tool("privzo"), spec_path or "SPEC", store.key)
         result, report = _train_and_log(plan, data, built, run_id, checkpointer, init_tags, progress=progress)
-        finished = True
-    except BaseException as err:
-        # a lost cluster does not end the run: its reservation (the planned run, whole) and its checkpoint stay,
-        # as after a killed process, and --resume continues under the same charge once the cluster is back
-        resumable = cluster_lost(err) and checkpointer is not None
-        raise
-    finally:
-        if charge_id is not None and not resumable:  # charged with the steps actually executed, whatever happened
-            left = commit_budget(resolved, charge_id, event_to_json(built.loop.tracker.event()),
-                                 built.loop.tracker.steps, run_id)
-            get_run_logger().info("dataset %s: %s of %g epsilon left", resolved.budget.dataset, shown_left(left),
-                                  resolved.budget.lifetime_epsilon)
-        if finished and resolved.checkpoint.keep:
-            store.mark_finished()
-        elif resumable:
-            checkpointer.record_spent(built.loop)
-        elif finished or charge_id is not None:
-            store.remove()  # the run is closed: a committed charge cannot be resumed
-        elif checkpointer is not None:
-            checkpointer.record_spent(built.loop)  # resumable; the discarded steps stay counted
-        store.unlock()
+        left = session.commit()
     result["run_key"] = store.key
     budget = ""
-    if charge_id is not None:
+    if session.charge_id is not None:
         result["budget_left"] = left
         mlflow.MlflowClient(uri).set_tag(run_id, "dp.budget_left", shown_left(left, 6))
         budget = budget_table(resolved)
     for line in _result_summary(resolved, result, markdown=False):
         get_run_logger().info("%s", line)
-    summary = _result_summary(resolved, result, markdown=True)
-    create_markdown_artifact("\n".join(["# " + summary[0], "", *(f"- {line}" for line in summary[1:]), "", budget,
-                                         report.replace("# Privacy report", "## Privacy report", 1)]),
+    create_markdown_artifact(reporting.run_artifact(_result_summary(resolved, result, markdown=True), budget, report),
                              key=_artifact_key(resolved.name), description="privzo run: MLflow links, guarantee, budget")
     return result
 
 
+class _RunLedger:
+    """The privacy ledger as a run session drives it (``flows.session``): reservation and commit go through
+    this flow's tasks, so each shows as a Prefect task run."""
+
+    def __init__(self, plan: Plan, data: SplitData):
+        self.plan, self.data = plan, data
+
+    @property
+    def url(self) -> str:
+        return self.plan.spec.budget.ledger
+
+    def reserve(self, charge_id: str) -> None:
+        reserve_budget(self.plan, self.data, charge_id)
+
+    def abort(self, charge_id: str) -> None:
+        from flows.ledger import PrivacyLedger
+
+        PrivacyLedger(self.url).abort(charge_id)
+
+    def commit(self, charge_id: str, loop, run_id: Optional[str]) -> float:
+        """Charge the steps ``loop`` executed, whatever happened; returns the dataset's budget left."""
+        spec = self.plan.spec
+        left = commit_budget(spec, charge_id, event_to_json(loop.tracker.event()), loop.tracker.steps, run_id)
+        get_run_logger().info("%s", reporting.budget_left_line(spec.budget.dataset, left, spec.budget.lifetime_epsilon))
+        return left
+
+
 def _result_summary(spec: specs.RunSpec, result: Dict[str, Any], markdown: bool) -> list:
-    """The lines a Prefect user reads first: where the run and the model are in MLflow, and what they are
-    (markdown links for the artifact; bare URLs for the log, which Prefect's UI does not render)."""
+    """The run's summary lines (``flows.reporting.result_summary``), with its MLflow addresses."""
     uri, name, version = result["tracking_uri"], spec.name, result["model_version"]
-
-    def link(text: str, url: Optional[str], otherwise: str) -> str:
-        if url is None:
-            return otherwise
-        return f"[{text}]({url})" if markdown else f"{url} ({text})"
-
-    metrics = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in result.items() if k.startswith("eval/"))
-    bold = "**" if markdown else ""
-    lines = [f"{name}: model version {version}, {metrics}",
-             "MLflow run: " + link(result["run_name"], run_url(uri, result["experiment_id"], result["run_id"]),
-                                   f"{result['run_id']} in {uri} (browse it: {ui_command(uri)})"),
-             "Registered model: " + link(f"{name} version {version}", version_url(uri, name, version),
-                                         f"{name} version {version}"),
-             f"{bold}Model guarantee:{bold} {result['model_guarantee']}"]
-    if result["model_guarantee"] != result["guarantee"]:
-        lines.append(f"{bold}This run spent:{bold} {result['guarantee']}")
-    experiment = experiment_url(uri, result["experiment_id"])
-    if experiment:
-        lines.append("All runs: " + link(f"experiment {spec.tracking.experiment or name}", experiment, ""))
-    return lines
+    return reporting.result_summary(
+        name, version, result, result["model_guarantee"], result["guarantee"], run_name=result["run_name"],
+        run_id=result["run_id"], tracking_uri=uri, browse_command=ui_command(uri),
+        run_link=run_url(uri, result["experiment_id"], result["run_id"]), version_link=version_url(uri, name, version),
+        experiment=spec.tracking.experiment or name, experiment_link=experiment_url(uri, result["experiment_id"]),
+        markdown=markdown)
 
 
 def budget_table(spec: specs.RunSpec) -> str:
-    """The dataset's ledger as a markdown table: every run's epsilon, the exact total and what is left."""
+    """The dataset's ledger as a markdown table (``flows.reporting.budget_table``): every run's epsilon, the
+    exact total and what is left."""
     from flows.ledger import PrivacyLedger
 
     ledger = PrivacyLedger(spec.budget.ledger)
@@ -634,18 +618,10 @@ def budget_table(spec: specs.RunSpec) -> str:
     ds = ledger.dataset(dataset)
     spent = ledger.spent(dataset)
     where = ledger.engine.url.render_as_string(hide_password=True)  # a team ledger's URL may hold a password
-    lines = [f"## Budget of dataset {dataset}", "",
-             f"Ledger {where}: each run's epsilon alone, and the exact composition of all of them at delta "
-             f"{shown(ds.delta, 3)} ({ds.accountant}, {ds.neighboring}).", "",
-             "| MLflow run | epsilon | steps | status | started (UTC) | spec |", "|---|---:|---:|---|---|---|"]
-    for charge in ledger.history(dataset):
-        eps = ledger.run_epsilon(charge)
-        lines.append(f"| {charge.run_id or ''} | {'none' if eps is None else shown(eps)} | "
-                     f"{charge.steps_run}/{charge.steps_planned} | {charge.status} | "
-                     f"{charge.created_at:%Y-%m-%d %H:%M} | {charge.run_name} |")
-    lines += [f"| **total (exact composition)** | **{shown(spent)} of {ds.lifetime_epsilon:g}** | | | | |",
-              f"| **left** | **{shown_left(ds.lifetime_epsilon - spent)}** | | | | |", ""]
-    return "\n".join(lines)
+    charges = [reporting.BudgetRow(c.run_id, ledger.run_epsilon(c), c.steps_run, c.steps_planned, c.status,
+                                   c.created_at, c.run_name) for c in ledger.history(dataset)]
+    return reporting.budget_table(dataset, where, ds.delta, ds.accountant, ds.neighboring, ds.lifetime_epsilon, spent,
+                                  charges)
 
 
 def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str,
@@ -674,7 +650,9 @@ def epsilon_metric(spec: specs.RunSpec) -> Optional[str]:
 
 def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: str, checkpointer: Checkpointer,
                    init_tags: Dict[str, str], *, progress: bool):
-    """Train in checkpointed chunks, log as we go; returns (result, privacy report markdown)."""
+    """Train in checkpointed chunks, log as we go, and register the model; returns (result, privacy report
+    markdown). What was spent is logged to the MLflow run whatever happened; a run that did not complete is
+    marked FAILED and registers nothing."""
     resolved = plan.spec
     uri = resolved.tracking.uri
     if init_tags:  # a new run (a resumed one's checkpoint holds its initial and warm-started weights)
@@ -690,92 +668,122 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
 
         bar = tqdm(total=trajectory_end(resolved, built.loop), initial=built.loop.step,
                    desc=f"{resolved.name} private steps", unit="step", leave=False)
+    metrics: Dict[str, float] = {}  # the latest evaluation: a failed run's report shows it too
+    mlflow_status = "FAILED"
+    try:
+        _train_in_chunks(plan, data, built, run_id, checkpointer, bar, metrics)
+        mlflow_status = "FINISHED"
+    finally:
+        # whatever happened, record what was spent: the steps executed are the privacy cost
+        if bar is not None:
+            bar.close()
+        built.loop.backend.close()  # Ray workers hold private rows: stop them with the run
+        spent = _log_spent(plan, data, built, run_id, metrics)
+        if mlflow_status != "FINISHED":
+            mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
+    version = _register(plan, data, built, run_id, spent)
+    mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    summary = spent.summary
+    return {
+        "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri, "run_name": run.info.run_name,
+        "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
+        "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
+        "model_guarantee": spent.model_guarantee, "model_epsilon": spent.model_epsilon, "model_version": version,
+        **metrics,
+    }, spent.report
+
+
+def _train_in_chunks(plan: Plan, data: SplitData, built: builders.Built, run_id: str, checkpointer: Checkpointer,
+                     bar, metrics: Dict[str, float]) -> None:
+    """Private steps to the trajectory's end, one checkpointed chunk at a time, evaluated and logged every
+    ``tracking.log_every`` steps and at the end; ``metrics`` always holds the latest evaluation."""
+    resolved = plan.spec
+    uri = resolved.tracking.uri
     log_every = resolved.tracking.log_every
     every = resolved.checkpoint.every or log_every
     chunk = train_chunk.with_options(retries=resolved.checkpoint.retries)
-    metrics: Dict[str, float] = {}
-    status = "FAILED"
 
-    def evaluate_and_log() -> Dict[str, float]:
+    def evaluate_and_log() -> None:
         """The model's metrics now, with the privacy spent so far, logged at the current step."""
         out = evaluate(built, data)
         if epsilon_metric(resolved):
             out[epsilon_metric(resolved)] = float(shown(built.loop.tracker.epsilon(), 6))  # never below the spend
         log_metrics(uri, run_id, out, built.loop.step)
-        return out
+        metrics.clear()
+        metrics.update(out)
 
-    try:
-        # a run of running sums (a tree, 002's multi-pass releases, their twins) checkpoints only between
-        # periods: the un-noised running sum and the live node noise exist only inside a period and are
-        # never written, and a rewind restarts the sum at a period's first step
-        period = getattr(built.loop.mechanism, "period", 1)
-        while built.loop.step < trajectory_end(resolved, built.loop):
-            step = built.loop.step
-            until = min((step // every + 1) * every, (step // log_every + 1) * log_every)
-            until = min(trajectory_end(resolved, built.loop), -(-until // period) * period)
-            chunk(resolved, built, until, checkpointer, bar)  # a retry inside may end the run earlier
-            if built.loop.step // log_every > step // log_every or built.loop.step >= trajectory_end(resolved,
-                                                                                                      built.loop):
-                metrics = evaluate_and_log()
-        finalize = getattr(built.loop.backend.optimizer, "finalize", None)
-        if finalize is not None:  # O2NC: the output is the average of the window drawn from the seed
-            finalize()
-            metrics = evaluate_and_log()
-        if not metrics:  # resumed from a checkpoint that already held every step: evaluate what it holds
-            metrics = evaluate_and_log()
-        status = "FINISHED"
-    finally:
-        # whatever happened, record what was spent: the steps executed are the privacy cost
-        if bar is not None:
-            bar.close()
-        close = getattr(built.loop.backend, "close", None)
-        if close is not None:
-            close()  # Ray workers hold private rows: stop them with the run
-        summary = _summary(plan, built)
-        tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION),
-                "privzo.directions_stream": built.loop.backend.directions.stream}
-        client = mlflow.MlflowClient(uri)
-        composed = model_event(client, run_id, resolved, built.loop.tracker.event())
-        model_eps = model_epsilon(resolved, composed)
-        tags["dp.model_epsilon"] = shown(model_eps, 6)
-        started = client.get_run(run_id).data.tags.get("privzo.init", "seed")
-        continued = started.startswith("models:/")
-        tags["dp.model_runs"] = str(model_runs(client, run_id) if continued else 1)
-        model_sentence = (summary.model_guarantee(model_eps, int(tags["dp.model_runs"]), started) if continued
-                          else summary.guarantee())
-        report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)},
-                                model=model_sentence if continued else None)
-        trained_on = _trained_on(resolved, data, summary.steps, started)
-        tags[DESCRIPTION] = (f"**Model guarantee:** {model_sentence}\n\n**This run spent:** {summary.guarantee()}"
-                             if continued else f"**Guarantee:** {summary.guarantee()}") + f"\n\n{trained_on}"
-        if continued:
-            report += (f"\n**Initialisation.** {started}. The model trained on what that version was trained on "
-                       f"and on this run's data: its guarantee composes every run back to a seed initialisation, "
-                       f"epsilon {tags['dp.model_epsilon']} at this run's delta (tag dp.model_epsilon"
-                       + ("" if composed is not None else "; unknown: a start's privacy events are not recorded")
-                       + "), against this run's own epsilon in dp.epsilon. A `budget` section keeps the dataset's "
-                       "total in the ledger.\n")
-        extra = {MODEL_EVENT: event_to_json(composed)} if composed is not None else {}
-        log_privacy(uri, run_id, tags, report, event_to_json(built.loop.tracker.event()),
-                    journal_json(built.loop.journal), extra)
-        if status != "FINISHED":
-            mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
+    # a run of running sums (a tree, 002's multi-pass releases, their twins) checkpoints only between
+    # periods: the un-noised running sum and the live node noise exist only inside a period and are
+    # never written, and a rewind restarts the sum at a period's first step
+    period = built.loop.mechanism.period if isinstance(built.loop.mechanism, Periodic) else 1
+    while built.loop.step < trajectory_end(resolved, built.loop):
+        step = built.loop.step
+        until = min((step // every + 1) * every, (step // log_every + 1) * log_every)
+        until = min(trajectory_end(resolved, built.loop), -(-until // period) * period)
+        chunk(resolved, built, until, checkpointer, bar)  # a retry inside may end the run earlier
+        if built.loop.step // log_every > step // log_every or built.loop.step >= trajectory_end(resolved,
+                                                                                                  built.loop):
+            evaluate_and_log()
+    if isinstance(built.loop.backend.optimizer, Finalizing):  # O2NC: the output is the window's average
+        built.loop.backend.optimizer.finalize()
+        evaluate_and_log()
+    if not metrics:  # resumed from a checkpoint that already held every step: evaluate what it holds
+        evaluate_and_log()
+
+
+@dataclass(frozen=True)
+class _Spent:
+    """What a run spent and guarantees, as logged to its MLflow run."""
+    summary: PrivacySummary
+    tags: Dict[str, str]
+    model_guarantee: str  # the model's: this run's, or every run since a seed initialisation composed
+    model_epsilon: float
+    report: str
+    trained_on: str
+
+
+def _log_spent(plan: Plan, data: SplitData, built: builders.Built, run_id: str, metrics: Dict[str, float]) -> _Spent:
+    """Log the run's DP tags, DpEvent, privacy report and journal: what the steps executed so far spent."""
+    resolved = plan.spec
+    uri = resolved.tracking.uri
+    summary = _summary(plan, built)
+    tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION),
+            "privzo.directions_stream": built.loop.backend.directions.stream}
+    client = mlflow.MlflowClient(uri)
+    composed = model_event(client, run_id, resolved, built.loop.tracker.event())
+    model_eps = model_epsilon(resolved, composed)
+    tags["dp.model_epsilon"] = shown(model_eps, 6)
+    started = client.get_run(run_id).data.tags.get("privzo.init", "seed")
+    continued = started.startswith("models:/")
+    tags["dp.model_runs"] = str(model_runs(client, run_id) if continued else 1)
+    model_sentence = (summary.model_guarantee(model_eps, int(tags["dp.model_runs"]), started) if continued
+                      else summary.guarantee())
+    report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)},
+                            model=model_sentence if continued else None)
+    trained_on = _trained_on(resolved, data, summary.steps, started)
+    tags[DESCRIPTION] = reporting.run_description(summary.guarantee(), trained_on,
+                                                  model_sentence if continued else None)
+    if continued:
+        report += reporting.initialisation_paragraph(started, tags["dp.model_epsilon"], composed is not None)
+    extra = {MODEL_EVENT: event_to_json(composed)} if composed is not None else {}
+    log_privacy(uri, run_id, tags, report, event_to_json(built.loop.tracker.event()),
+                journal_json(built.loop.journal), extra)
+    return _Spent(summary, tags, model_sentence, model_eps, report, trained_on)
+
+
+def _register(plan: Plan, data: SplitData, built: builders.Built, run_id: str, spent: _Spent) -> str:
+    """Register the model, its version headed by the model's guarantee with the run's spend beside it."""
+    resolved, tags = plan.spec, spent.tags
     version_tags = {k: v for k, v in tags.items() if k != DESCRIPTION}
     version_tags.update({  # a version is the model: its headline is the model's guarantee, the run's spend beside it
         "dp.epsilon": tags["dp.model_epsilon"] if resolved.private else tags["dp.epsilon"],
-        "dp.guarantee": model_sentence, "dp.run_epsilon": tags["dp.epsilon"], "dp.run_guarantee": tags["dp.guarantee"]})
-    version = register_model(uri, run_id, built.model, data.test.features.shape[1:], str(data.test.features.dtype),
-                             resolved.name, version_tags, description=(
-                                 f"**Model guarantee:** {model_sentence}\n\n**Run {run_id} spent:** "
-                                 f"{summary.guarantee()}\n\n{trained_on}"))
-    mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
-    run = mlflow.MlflowClient(uri).get_run(run_id)
-    return {
-        "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri, "run_name": run.info.run_name,
-        "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
-        "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
-        "model_guarantee": model_sentence, "model_epsilon": model_eps, "model_version": version, **metrics,
-    }, report
+        "dp.guarantee": spent.model_guarantee, "dp.run_epsilon": tags["dp.epsilon"],
+        "dp.run_guarantee": tags["dp.guarantee"]})
+    return register_model(resolved.tracking.uri, run_id, built.model, data.test.features.shape[1:],
+                          str(data.test.features.dtype), resolved.name, version_tags,
+                          description=reporting.version_description(spent.model_guarantee, run_id,
+                                                                    spent.summary.guarantee(), spent.trained_on))
 
 
 def model_runs(client: mlflow.MlflowClient, run_id: str) -> int:
@@ -790,14 +798,14 @@ def model_runs(client: mlflow.MlflowClient, run_id: str) -> int:
 
 
 def _trained_on(spec: specs.RunSpec, data: SplitData, steps: int, started: str) -> str:
-    """What a model was trained on and how, in a sentence (no private count under add/remove)."""
+    """What a model was trained on and how, in a sentence (``flows.reporting.trained_on``; no private count
+    under add/remove)."""
     source = spec.data.source
-    rows = (f"{len(data.private)} private rows" if spec.private_count_is_public else
-            f"private rows declared as {spec.data.declared_private_rows} (their count itself stays private)")
-    return (f"Trained by privzo from spec {spec.name}: {spec.estimator.kind} with the {spec.mechanism.kind} "
-            f"mechanism and {spec.sampling.kind.replace('_', ' ')} sampling, {steps} private steps on "
-            f"{source.kind} data {source.name} ({rows}; {len(data.public)} public rows), evaluated on "
-            f"{len(data.test)} test rows; started from {started}.")
+    return reporting.trained_on(
+        spec.name, spec.estimator.kind, spec.mechanism.kind, spec.sampling.kind, steps, source.kind, source.name,
+        len(data.public), len(data.test), started,
+        private_rows=len(data.private) if spec.private_count_is_public else None,
+        declared_private_rows=spec.data.declared_private_rows)
 
 
 def _artifact_key(name: str) -> str:

@@ -1,10 +1,13 @@
-"""Plain-language statements of what a run guarantees."""
+"""Plain-language statements of what a run guarantees: the privacy report, the guarantee lines of a run and
+its registered model, and a dataset's budget table. Every function here takes plain values and returns text:
+the flow reads MLflow and the ledger, this module only words what they hold."""
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from typing import Optional
+from typing import Iterable, List, Mapping, NamedTuple, Optional
 
 from components.estimators.evaluate import NON_FINITE_HANDLING
 from components.randomness import NOISE_SENTENCES
@@ -175,3 +178,114 @@ def _single_pass_sentence(spec) -> Optional[str]:
     return ("Each step releases the d-dimensional mean of fresh rows' clipped estimates with Gaussian noise; each "
             "row is read in one step of the single pass, so the run's DpEvent (dp_event.json) is one Gaussian of "
             "multiplier sigma.")
+
+
+# ---------------------------------------------------------------- a run's and its model's guarantee lines
+def trained_on(spec_name: str, estimator: str, mechanism: str, sampling: str, steps: int, source_kind: str,
+               source_name: str, public_rows: int, test_rows: int, started: str, *, private_rows: Optional[int] = None,
+               declared_private_rows: Optional[int] = None) -> str:
+    """What a model was trained on and how, in a sentence. ``private_rows``: the count, only where it is
+    public (replace-one); otherwise the sentence names ``declared_private_rows`` and says the count stays private."""
+    rows = (f"{private_rows} private rows" if private_rows is not None else
+            f"private rows declared as {declared_private_rows} (their count itself stays private)")
+    return (f"Trained by privzo from spec {spec_name}: {estimator} with the {mechanism} "
+            f"mechanism and {sampling.replace('_', ' ')} sampling, {steps} private steps on "
+            f"{source_kind} data {source_name} ({rows}; {public_rows} public rows), evaluated on "
+            f"{test_rows} test rows; started from {started}.")
+
+
+def run_description(guarantee: str, trained_on: str, model_guarantee: Optional[str] = None) -> str:
+    """An MLflow run's description: its guarantee, or, for a run that continued a registered version, the
+    model's guarantee first and the run's own spend beside it."""
+    head = (f"**Model guarantee:** {model_guarantee}\n\n**This run spent:** {guarantee}" if model_guarantee is not None
+            else f"**Guarantee:** {guarantee}")
+    return f"{head}\n\n{trained_on}"
+
+
+def version_description(model_guarantee: str, run_id: str, guarantee: str, trained_on: str) -> str:
+    """A registered version's description: it is the model, so the model's guarantee leads."""
+    return f"**Model guarantee:** {model_guarantee}\n\n**Run {run_id} spent:** {guarantee}\n\n{trained_on}"
+
+
+def registered_model_description(name: str, version: str, description: str) -> str:
+    """The registered model's description, headed by its latest version's (``description``)."""
+    return (f"Models trained under differential privacy by privzo from spec {name}; each version's description "
+            f"and dp.* tags state its own guarantee.\n\n**Latest: version {version}.** {description}")
+
+
+def initialisation_paragraph(started: str, model_epsilon: str, events_known: bool) -> str:
+    """The privacy report's paragraph for a run that continued ``started`` (a registered version):
+    ``model_epsilon`` as tagged (dp.model_epsilon), ``events_known`` False where a start's events are unknown."""
+    return (f"\n**Initialisation.** {started}. The model trained on what that version was trained on "
+            f"and on this run's data: its guarantee composes every run back to a seed initialisation, "
+            f"epsilon {model_epsilon} at this run's delta (tag dp.model_epsilon"
+            + ("" if events_known else "; unknown: a start's privacy events are not recorded")
+            + "), against this run's own epsilon in dp.epsilon. A `budget` section keeps the dataset's "
+            "total in the ledger.\n")
+
+
+def result_summary(name: str, version: str, metrics: Mapping[str, float], model_guarantee: str, guarantee: str, *,
+                   run_name: str, run_id: str, tracking_uri: str, browse_command: str, run_link: Optional[str],
+                   version_link: Optional[str], experiment: str, experiment_link: Optional[str],
+                   markdown: bool) -> List[str]:
+    """The lines a Prefect user reads first: where the run and the model are in MLflow, and what they are
+    (markdown links for the artifact; bare URLs for the log, which Prefect's UI does not render). A link
+    that is None (a tracking store without a UI address) is written out in words. ``metrics``: the
+    ``eval/`` ones are listed."""
+    def link(text: str, url: Optional[str], otherwise: str) -> str:
+        if url is None:
+            return otherwise
+        return f"[{text}]({url})" if markdown else f"{url} ({text})"
+
+    shown_metrics = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in metrics.items() if k.startswith("eval/"))
+    bold = "**" if markdown else ""
+    lines = [f"{name}: model version {version}, {shown_metrics}",
+             "MLflow run: " + link(run_name, run_link, f"{run_id} in {tracking_uri} (browse it: {browse_command})"),
+             "Registered model: " + link(f"{name} version {version}", version_link, f"{name} version {version}"),
+             f"{bold}Model guarantee:{bold} {model_guarantee}"]
+    if model_guarantee != guarantee:
+        lines.append(f"{bold}This run spent:{bold} {guarantee}")
+    if experiment_link:
+        lines.append("All runs: " + link(f"experiment {experiment}", experiment_link, ""))
+    return lines
+
+
+def run_artifact(summary: List[str], budget: str, report: str) -> str:
+    """The run's Prefect artifact: the summary (its first line the title), the budget table (if any) and the
+    privacy report, one heading level down."""
+    return "\n".join(["# " + summary[0], "", *(f"- {line}" for line in summary[1:]), "", budget,
+                      report.replace("# Privacy report", "## Privacy report", 1)])
+
+
+# ---------------------------------------------------------------- a dataset's budget
+class BudgetRow(NamedTuple):
+    """One charge of a dataset's ledger, as the budget table shows it."""
+    run_id: Optional[str]
+    epsilon: Optional[float]  # the charge's alone; None for an aborted one, which counts for nothing
+    steps_run: int
+    steps_planned: int
+    status: str
+    created_at: dt.datetime
+    run_name: str
+
+
+def budget_left_line(dataset: str, left: float, lifetime_epsilon: float) -> str:
+    """What a run's commit left of its dataset's budget (rounded down: never overstated)."""
+    return f"dataset {dataset}: {shown_left(left)} of {lifetime_epsilon:g} epsilon left"
+
+
+def budget_table(dataset: str, ledger: str, delta: float, accountant: str, neighboring: str, lifetime_epsilon: float,
+                 spent: float, charges: Iterable[BudgetRow]) -> str:
+    """A dataset's ledger as a markdown table: every run's epsilon, the exact total (``spent``, the composition
+    of every run's event, never a sum) and what is left. ``ledger``: its address without a password."""
+    lines = [f"## Budget of dataset {dataset}", "",
+             f"Ledger {ledger}: each run's epsilon alone, and the exact composition of all of them at delta "
+             f"{shown(delta, 3)} ({accountant}, {neighboring}).", "",
+             "| MLflow run | epsilon | steps | status | started (UTC) | spec |", "|---|---:|---:|---|---|---|"]
+    for charge in charges:
+        lines.append(f"| {charge.run_id or ''} | {'none' if charge.epsilon is None else shown(charge.epsilon)} | "
+                     f"{charge.steps_run}/{charge.steps_planned} | {charge.status} | "
+                     f"{charge.created_at:%Y-%m-%d %H:%M} | {charge.run_name} |")
+    lines += [f"| **total (exact composition)** | **{shown(spent)} of {lifetime_epsilon:g}** | | | | |",
+              f"| **left** | **{shown_left(lifetime_epsilon - spent)}** | | | | |", ""]
+    return "\n".join(lines)

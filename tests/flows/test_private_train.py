@@ -1,4 +1,4 @@
-"""End to end: the Prefect flow trains, and MLflow holds the run as DESIGN §7 describes."""
+"""End to end: the Prefect flow trains, and MLflow holds the run as docs/design.md, "MLflow conventions" describes."""
 import copy
 import json
 import os
