@@ -72,60 +72,18 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def _print_kl_plan(resolved, n: int, dimension: int) -> None:
-    """Paper 003's plan: what the preset derived, and what the run is charged whatever it executes."""
-    from components import kl
-
-    plan = kl.plan_for(resolved, n, dimension, float(resolved.mechanism.noise_multiplier))
-    rho = kl.rho_of(float(resolved.mechanism.noise_multiplier))
-    if isinstance(plan, kl.KlSpiderPlan):
-        print(f"kl_spider ({resolved.optimizer.preset}): {plan.phases} phases, at most {plan.releases} "
-              f"releases ({plan.phases} full gradients, {plan.releases - plan.phases} differences), up to "
-              f"{max(plan.lengths)} steps a phase; target floor {plan.floor:.4g} (the predicted excess risk)")
-        print(f"noise:                    the paper's stds x {plan.noise_scale:.6g} (its printed stds cost "
-              f"{plan.noise_scale ** 2:.4g} rho): the plan costs exactly rho = {rho:.6g}, charged whether or not "
-              "phases stop early")
-    elif isinstance(plan, kl.ProximalPlan):
-        print(f"proximal_point ({resolved.optimizer.preset}): {plan.outer} outer steps x {plan.inner - 1} "
-              f"inner noisy GD steps = {plan.releases} releases, projection radius {plan.radius:.4g}; predicted "
-              f"excess {plan.predicted:.4g}")
-        print(f"noise:                    std {plan.std:.6g} a release: the plan costs exactly rho = {rho:.6g}")
-    else:
-        print(f"adaptive_noisy_gd:        eta {plan.lr:.6g}, at most {plan.max_steps} steps; a step starts while the "
-              f"realised spend is <= {plan.threshold:.6g} of the filter's {plan.budget:.6g}"
-              + (f"; the selection takes {plan.selection_rho:.6g}" if plan.selection_rho else ""))
-        print(f"charged:                  the filter's budget, rho = {rho:.6g}, whatever the run spends")
-
-
 def cmd_calibrate(args) -> int:
     spec = specs.load_spec(args.spec)
     from components import builders
+    from components.families import family_for
 
     data = builders.load_data(spec)
     n = len(data.private)
     resolved, rate, eps = builders.plan(spec, data)
-    if resolved.optimizer.kind == "o2nc":
-        opt, sampling = resolved.optimizer, resolved.sampling
-        print(f"o2nc ({opt.preset}):             {opt.steps} steps, windows of {opt.window}, step bound D = "
-              f"{opt.step_bound:.6g}, lr = {opt.lr:.6g}, restart {opt.restart}")
-        est = resolved.estimator
-        if est.kind == "zo_spider" and est.variant == "002":
-            print(f"directions:               {est.start_directions} per row at a start, {est.directions} at each "
-                  + ("point of a difference, shared by both (coupled: the build study's deviation [DEV])"
-                     if est.coupling == "coupled" else "of a difference's two points, independent (paper 002)"))
-        if sampling.kind == "single_pass":
-            print(f"single pass:              {sampling.start_batch} rows at the start of each period of "
-                  f"{sampling.period} steps, {sampling.step_batch} at the others")
-        else:
-            mech = resolved.mechanism
-            rows = ("every row in every step" if sampling.kind == "full_batch" else
-                    f"a Poisson batch of {sampling.expected_batch_size} rows expected each step")
-            print(f"{sampling.kind.replace('_', ' ')}, multi-pass:".ljust(26) + f"{rows}, a restart every "
-                  f"{resolved.estimator.period} steps" + (f" (noise multipliers {float(mech.noise_multiplier):.6g} at a restart, "
-                              f"{float(mech.difference_noise_multiplier):.6g} for a difference)"
-                              if mech.kind == "scheduled_gaussian" else ""))
-    if resolved.optimizer.kind in ("kl_spider", "proximal_point", "adaptive_noisy_gd"):
-        _print_kl_plan(resolved, n, builders.model_dimension(resolved, data.n_features, data.n_classes))
+    family = family_for(resolved)
+    dimension = builders.model_dimension(resolved, data.n_features, data.n_classes) if family.needs_dimension else None
+    for line in family.describe_plan(resolved, n, dimension):  # what the family's preset derived
+        print(line)
     if resolved.privacy is None:
         print(f"mechanism none: no noise, not private ({resolved.optimizer.steps} steps)")
         return 0
@@ -161,6 +119,24 @@ def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
     resume_store(spec.checkpoint.dir, spec.name, resume)
 
 
+def _summary_line(name: str, result: dict) -> str:
+    """The run's headline in the metrics its evaluation returned (``eval/*``): a classifier's test accuracy
+    and loss; a synthetic objective's excess risk, with O2NC's Goldstein certificate or a KL problem's
+    gradient norm, and the test loss where the problem has test rows (flows.sweep.METRICS names them)."""
+    if "eval/accuracy" in result:
+        return f"{name}: test accuracy {result['eval/accuracy']:.4f}, test loss {result['eval/loss']:.4f}"
+    from flows.sweep import METRICS, headline
+
+    evaluated = {k.split("/", 1)[1]: v for k, v in result.items() if k.startswith("eval/")}
+    # 4 significant digits, not 4 decimals: an excess risk near the noise floor is far below 1e-4
+    parts = [f"{METRICS[m].label} {evaluated[m]:.4g}" for m in headline(evaluated)]
+    if "loss" in evaluated:
+        parts.append(f"test loss {evaluated['loss']:.4g}")
+    if not parts:  # a metric no row of METRICS names yet: show what was evaluated rather than nothing
+        parts = [f"{k} {v:.4g}" for k, v in evaluated.items()]
+    return f"{name}: " + ", ".join(parts)
+
+
 def cmd_run(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
     missing = missing_packages(spec)
@@ -175,7 +151,7 @@ def cmd_run(args) -> int:
     _preflight(spec, args.resume)
     result = private_train(spec_path=str(args.spec), progress=not args.no_progress, resume=args.resume)
     print()
-    print(f"{spec.name}: test accuracy {result['eval/accuracy']:.4f}, test loss {result['eval/loss']:.4f}")
+    print(_summary_line(spec.name, result))
     if spec.privacy is None:
         print(f"privacy: {result['guarantee']}")
     else:
@@ -195,16 +171,49 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _sweep_preflight(loaded: List[specs.RunSpec], epsilons: List[float], seeds: List[int]) -> None:
+    """Every cell planned as its run will plan it, before Prefect starts: a cell its data cannot carry (a KL
+    preset whose noise floor at a small epsilon is above the initial gap, a batch larger than the private
+    rows) is refused in one line naming the spec and epsilon, not after the cells before it have run.
+    Costs one load of each spec's data and one calibration a cell (seconds)."""
+    from components import builders
+
+    for spec in loaded:
+        missing = missing_packages(spec)
+        if missing:
+            raise specs.SpecError(f"sweep: {spec.name}: {'; '.join(missing)}")
+        data = builders.load_data(spec)
+        for eps in epsilons if spec.privacy is not None else [None]:
+            cell = spec.model_dump(mode="json")
+            cell["seed"] = seeds[0]  # planned as the first cell of this spec and epsilon will be
+            if eps is not None:
+                cell["privacy"]["epsilon"] = eps
+            try:
+                builders.plan(specs.spec_from_dict(cell), data)
+            except (ValueError, specs.SpecError) as err:
+                at = "" if eps is None else f" at epsilon {eps:g}"
+                raise specs.SpecError(f"sweep: {spec.name} cannot run{at}: {str(err).splitlines()[0]}; sweep it "
+                                      f"at epsilons whose plan fits (privzo calibrate shows a spec's plan)") from None
+
+
 def cmd_sweep(args) -> int:
+    """Every spec at every epsilon and seed. Each spec is reported in its own headline metrics: accuracy for a
+    classifier, excess risk plus the Goldstein certificate (O2NC) or the gradient norm (KL) for a synthetic
+    objective. A mixed sweep (classifiers with objectives) runs and prints one table per metric, each listing
+    the specs that have it; a sweep of classifiers prints the single accuracy table."""
     from flows.sweep import argument_problem, refusal, sweep
 
+    loaded = []
     for path in args.specs:
-        problem = refusal(specs.load_spec(path))  # fail fast on any bad spec, before Prefect starts
+        spec = specs.load_spec(path)  # fail fast on any bad spec, before Prefect starts
+        problem = refusal(spec)
         if problem:
             raise specs.SpecError(problem)
+        loaded.append(spec)
     problem = argument_problem(args.epsilons, args.seeds, args.out)
     if problem:
         raise specs.SpecError(problem)
+    _sweep_preflight(loaded, args.epsilons, args.seeds)
 
     result = sweep(spec_paths=[str(p) for p in args.specs], epsilons=args.epsilons, seeds=args.seeds,
                    tracking_uri=args.tracking_uri, experiment=args.experiment, output=args.out)
@@ -391,8 +400,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--experiment", default="privzo-sweep")
     p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
     p.set_defaults(func=cmd_sweep)
-    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1 to E5 of papers 001/002; kl: E6 "
-                       "to E9 of paper 003; dpzero: Figure 1 of paper 004)")
+    p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1 to E5 of the two nonsmooth papers; kl: E6 "
+                       "to E9 of the KL paper (Menart et al.); dpzero: Figure 1 of DPZero)")
     p.add_argument("suite", choices=["nonsmooth", "kl", "dpzero"])
     p.add_argument("--experiments", nargs="+", default=None, help="default: all of the suite's (dpzero: the spectra "
                    "identity, inverse_sqrt, inverse)")

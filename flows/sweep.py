@@ -8,6 +8,15 @@ guarantee, as with any tuning on the data.
 A cell that is not private (privacy.insecure_deterministic, or mechanism none) is marked so in every
 output: its rows in the table and the CSV (column ``private``), its series in the plot, and its child
 run's epsilon metric (``privacy/nominal_epsilon_not_private``, never ``privacy/epsilon``).
+
+Every cell is reported in its spec's own headline metrics (``METRICS``), those its evaluation returns: test
+accuracy for a classifier; for a synthetic objective its excess risk (the nonsmooth problem's population
+F(x) - inf F, a KL problem's excess empirical risk) plus O2NC's Goldstein window certificate or a KL
+problem's gradient norm (the only metric of logistic_nonconvex, which has no closed-form minimiser). The
+markdown table has one table per metric, each listing the specs that have it; the CSV one column per
+metric (empty where a cell lacks it); the plot one panel per metric. A sweep of classifiers only prints
+the one accuracy table as before, without a heading. So mixed sweeps (classifiers with objectives) run,
+and no row ever sets an accuracy beside an excess risk.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -29,6 +39,7 @@ from prefect.cache_policies import NO_CACHE
 
 import specs
 from components import builders, models
+from components.protocols import Certifying, Finalizing
 from flows.private_train import epsilon_metric
 from flows.reporting import summarize
 from flows.tracking import dp_tags, log_text_artifacts
@@ -44,32 +55,81 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     built = builders.build_loop(resolved, data)
     builders.public_warm_start(resolved, built)
     built.loop.run(resolved.optimizer.steps)
+    optimizer = built.loop.backend.optimizer
+    if isinstance(optimizer, Finalizing):  # the output `privzo run` evaluates (O2NC's window average, a KL pick)
+        optimizer.finalize()
     test = models.evaluate(built.model, torch.as_tensor(data.test.features, device=built.device),
                            torch.as_tensor(data.test.labels, device=built.device))
+    if isinstance(optimizer, Certifying) and optimizer.certificate() is not None:
+        test["goldstein_certificate"] = optimizer.certificate()  # exact: the synthetic objective reads no row for it
     seconds = time.perf_counter() - start  # loading, planning, warm start, training and evaluation
     eps = built.loop.tracker.epsilon()
     privacy = resolved.privacy
     summary = summarize(resolved, eps, built.loop.tracker.steps, built.loop.sampler,
                         built.loop.estimator.queries_per_step, rho=built.loop.tracker.rho(),
-                        noise_source=getattr(built.loop.mechanism, "noise_source", "fast"))
+                        noise_source=built.loop.mechanism.noise_source)
     client = mlflow.MlflowClient()
     run = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}-s{resolved.seed}",
                             tags={"mlflow.parentRunId": parent_run_id, "privzo.estimator": resolved.estimator.kind})
     client.log_batch(run.info.run_id,
                      params=[Param(k, v) for k, v in specs.flatten(resolved).items()],
-                     metrics=[Metric("eval/accuracy", test["accuracy"], 0, resolved.optimizer.steps),
-                              Metric("eval/loss", test["loss"], 0, resolved.optimizer.steps),
-                              Metric("time/seconds", seconds, 0, resolved.optimizer.steps)]
+                     metrics=[Metric(f"eval/{k}", v, 0, resolved.optimizer.steps) for k, v in test.items()]
+                     + [Metric("time/seconds", seconds, 0, resolved.optimizer.steps)]
                      + ([Metric(epsilon_metric(resolved), eps, 0, resolved.optimizer.steps)]
                         if epsilon_metric(resolved) else []),
                      tags=[RunTag(k, v) for k, v in dp_tags(summary, data.private.fingerprint).items()])
     client.set_terminated(run.info.run_id, "FINISHED")
+    shown = headline(test)
     return {"name": resolved.name, "estimator": resolved.estimator.kind, "epsilon": privacy.epsilon if privacy else math.inf,
-            "seed": resolved.seed, "accuracy": test["accuracy"], "spent_epsilon": eps, "seconds": seconds,
-            "private": resolved.private}
+            "seed": resolved.seed, **{m: test[m] for m in shown}, "metrics": shown, "spent_epsilon": eps,
+            "seconds": seconds, "private": resolved.private}
 
 
 NOT_PRIVATE = "NOT private"
+
+
+@dataclass(frozen=True)
+class HeadlineMetric:
+    label: str        # in `privzo run`'s summary line and the table's heading
+    axis: str         # the plot's y axis
+    percent: bool     # shown x 100 (accuracy)
+    lower_better: bool
+
+
+# What models.evaluate (and O2NC's certificate) can return, in the order the outputs show them. A cell's
+# headline is those of them it has: a spec needs no declaration, and a new problem's metric is one row here.
+METRICS: Dict[str, HeadlineMetric] = {
+    "accuracy": HeadlineMetric("test accuracy", "test accuracy (%)", True, False),
+    "excess_risk": HeadlineMetric("excess risk", "excess risk", False, True),
+    "goldstein_certificate": HeadlineMetric("Goldstein certificate", "Goldstein certificate", False, True),
+    "grad_norm": HeadlineMetric("gradient norm", "gradient norm", False, True),
+}
+
+
+def headline(evaluated: Dict[str, float]) -> List[str]:
+    """The headline metrics among an evaluation's (models.evaluate's keys, without ``eval/``)."""
+    return [m for m in METRICS if m in evaluated]
+
+
+def _metrics_of(cell: Dict[str, Any]) -> List[str]:
+    return cell.get("metrics", ["accuracy"])  # cells made before metrics were named are a classifier's
+
+
+def _metrics(cells: List[Dict[str, Any]]) -> List[str]:
+    """Every headline metric of the sweep, in METRICS order."""
+    found = {m for c in cells for m in _metrics_of(c)}
+    return [m for m in METRICS if m in found]
+
+
+def _shown(metric: str, values: List[float]) -> str:
+    """Mean (± std over seeds) as the table shows it: accuracy in percent, an objective's metric in 4 digits."""
+    if METRICS[metric].percent:
+        if len(values) == 1:  # one seed: no spread to state (a "± 0.0" would claim one)
+            return f"{100 * values[0]:.1f}"
+        return f"{100 * statistics.mean(values):.1f} ± {100 * statistics.stdev(values):.1f}"
+    if len(values) == 1:
+        return f"{values[0]:.4g}"
+    return f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g}"
 
 
 def _label(name: str, cells: List[Dict[str, Any]]) -> str:
@@ -79,18 +139,46 @@ def _label(name: str, cells: List[Dict[str, Any]]) -> str:
 
 
 def results_csv(cells: List[Dict[str, Any]]) -> str:
-    """One line per cell; ``seconds`` is the cell's wall time (empty if not measured); ``private`` false
-    marks a cell whose epsilon is nominal or none."""
-    return "name,estimator,epsilon,seed,accuracy,spent_epsilon,seconds,private\n" + "".join(
-        f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{c['accuracy']:.6f},{c['spent_epsilon']:.6g},"
-        f"{'' if c.get('seconds') is None else format(c['seconds'], '.1f')},"
+    """One line per cell, a column per headline metric of the sweep (empty where a cell has not that metric);
+    ``seconds`` is the cell's wall time (empty if not measured); ``private`` false marks a cell whose epsilon
+    is nominal or none."""
+    metrics = _metrics(cells)
+
+    def value(c: Dict[str, Any], m: str) -> str:
+        if m not in _metrics_of(c):
+            return ""
+        return format(c[m], ".6f" if METRICS[m].percent else ".6g")
+
+    return f"name,estimator,epsilon,seed,{','.join(metrics)},spent_epsilon,seconds,private\n" + "".join(
+        f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{','.join(value(c, m) for m in metrics)},"
+        f"{c['spent_epsilon']:.6g},{'' if c.get('seconds') is None else format(c['seconds'], '.1f')},"
         f"{str(c.get('private', True)).lower()}\n" for c in cells)
 
 
 def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
+    """Mean (± std over seeds) of each spec at each epsilon: one table per headline metric, listing the specs
+    that have it (a sweep of classifiers: the accuracy table alone, without a heading)."""
+    metrics = _metrics(cells)
+    if metrics == ["accuracy"]:
+        lines = _metric_table(cells, epsilons, "accuracy")
+    else:
+        lines = []
+        for m in metrics:
+            better = "lower is better" if METRICS[m].lower_better else "higher is better"
+            if lines:
+                lines.append("")
+            lines += [f"**{METRICS[m].axis}** ({better})", ""]
+            lines += _metric_table([c for c in cells if m in _metrics_of(c)], epsilons, m)
+    if any(not c.get("private", True) for c in cells):
+        lines.append(f"\n{NOT_PRIVATE}: no (ε, δ) guarantee holds for a row so marked; an insecure_deterministic "
+                     "row's ε is nominal (its noise and batches come from the public seed).")
+    return "\n".join(lines) + "\n"
+
+
+def _metric_table(cells: List[Dict[str, Any]], epsilons: List[float], metric: str) -> List[str]:
     by = defaultdict(list)
     for c in cells:
-        by[(c["name"], c["epsilon"])].append(c["accuracy"])
+        by[(c["name"], c["epsilon"])].append(c[metric])
     names = list(dict.fromkeys(c["name"] for c in cells))
     # a mechanism none spec runs once per seed at epsilon inf: its own column, not a row of dashes
     columns = list(epsilons) + ([math.inf] if any(c["epsilon"] == math.inf for c in cells) else [])
@@ -100,21 +188,12 @@ def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
     for name in names:
         row = []
         for e in columns:
-            accs = by.get((name, e), [])
-            if not accs:
-                row.append("–")
-                continue
-            if len(accs) == 1:  # one seed: no spread to state (a "± 0.0" would claim one)
-                row.append(f"{100 * accs[0]:.1f}")
-                continue
-            row.append(f"{100 * statistics.mean(accs):.1f} ± {100 * statistics.stdev(accs):.1f}")
+            values = by.get((name, e), [])
+            row.append(_shown(metric, values) if values else "–")
         times = [c["seconds"] for c in cells if c["name"] == name and c.get("seconds") is not None]
         row.append(f"{statistics.mean(times):.0f}" if times else "–")  # wall time of one cell, mean over cells
         lines.append(f"| {_label(name, cells)} | " + " | ".join(row) + " |")
-    if any(not c.get("private", True) for c in cells):
-        lines.append(f"\n{NOT_PRIVATE}: no (ε, δ) guarantee holds for a row so marked; an insecure_deterministic "
-                     "row's ε is nominal (its noise and batches come from the public seed).")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def utility_plot(cells: List[Dict[str, Any]], epsilons: List[float]) -> bytes:
@@ -123,23 +202,35 @@ def utility_plot(cells: List[Dict[str, Any]], epsilons: List[float]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name in dict.fromkeys(c["name"] for c in cells):
-        means = [statistics.mean([c["accuracy"] for c in cells if c["name"] == name and c["epsilon"] == e] or [math.nan])
-                 for e in epsilons]
-        private = _label(name, cells) == name
-        unbounded = [c["accuracy"] for c in cells if c["name"] == name and c["epsilon"] == math.inf]
-        if unbounded:  # mechanism none: no epsilon to place it at
-            ax.axhline(100 * statistics.mean(unbounded), linestyle="--", color="grey", label=_label(name, cells))
-            continue
-        ax.plot(epsilons, [100 * m for m in means], marker="o", label=_label(name, cells),
-                linestyle="-" if private else ":")
-    ax.set_xscale("log")
-    ax.set_xlabel("ε (δ as each spec resolves it)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title("privacy–utility")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    metrics = _metrics(cells)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        scale = 100 if METRICS[metric].percent else 1
+        having = [c for c in cells if metric in _metrics_of(c)]
+        for name in dict.fromkeys(c["name"] for c in having):
+            means = [statistics.mean([c[metric] for c in having if c["name"] == name and c["epsilon"] == e]
+                                     or [math.nan]) for e in epsilons]
+            private = _label(name, cells) == name
+            unbounded = [c[metric] for c in having if c["name"] == name and c["epsilon"] == math.inf]
+            if unbounded:  # mechanism none: no epsilon to place it at
+                ax.axhline(scale * statistics.mean(unbounded), linestyle="--", color="grey", label=_label(name, cells))
+                continue
+            ax.plot(epsilons, [scale * m for m in means], marker="o", label=_label(name, cells),
+                    linestyle="-" if private else ":")
+        ax.set_xscale("log")
+        values = [c[metric] for c in having if math.isfinite(c[metric])]
+        if not METRICS[metric].percent and values:
+            if min(values) > 0 and max(values) >= 10 * min(values):
+                ax.set_yscale("log")  # an excess risk spanning orders of magnitude across epsilons and specs
+            else:  # from 0: a near-constant metric (a certificate at 1) must not be stretched into a slope
+                ax.set_ylim(bottom=min(0.0, min(values)), top=1.1 * max(values) if max(values) > 0 else None)
+        ax.set_xlabel("ε (δ as each spec resolves it)")
+        ax.set_ylabel(METRICS[metric].axis)
+        ax.set_title("privacy–utility" if len(metrics) == 1 else f"privacy–utility: {METRICS[metric].label}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    if len(metrics) > 1:
+        fig.tight_layout()  # the panels' axis labels apart
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -210,7 +301,9 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
                     if base.privacy is not None:
                         data["privacy"]["epsilon"] = eps
                     cell = run_cell(specs.spec_from_dict(data), parent.info.run_id, exp.experiment_id)
-                    logger.info("%s eps=%s seed=%d: accuracy %.4f", cell["name"], eps, seed, cell["accuracy"])
+                    logger.info("%s eps=%s seed=%d: %s", cell["name"], eps, seed,
+                                ", ".join(f"{m} {cell[m]:{'.4f' if METRICS[m].percent else '.4g'}}"
+                                          for m in cell["metrics"]))
                     cells.append(cell)
         table = results_table(cells, epsilons)
         csv = results_csv(cells)
