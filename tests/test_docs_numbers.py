@@ -1,4 +1,4 @@
-"""The numbers the README and docs/results.md state about the digits split come from the code."""
+"""The numbers the README, the manual and docs/results.md state about the digits split come from the code."""
 from __future__ import annotations
 
 import pytest
@@ -17,6 +17,8 @@ def _split(seed: int):
 def test_the_readme_states_the_main_jobs_split_and_constants():
     spec, n_private, n_public, n_test = _split(0)
     readme = (ROOT / "README.md").read_text()
+    # the manual states them again: the main job on its getting-started page, the spec on its specs page
+    guide = "".join((ROOT / "docs" / "guide" / page).read_text() for page in ("index.md", "specs-and-data.md"))
     declared = spec.data.declared_private_rows
     assert declared == n_private  # the example declares the count its public seed's split gives
     resolved, _rate, _eps = builders.resolve_privacy(spec)
@@ -24,6 +26,7 @@ def test_the_readme_states_the_main_jobs_split_and_constants():
                  f"the spec declares N = {declared:,}", f"({resolved.optimizer.steps:,} steps)",
                  f"δ = 1/{declared})-DP", f"declared_private_rows: {declared}"):
         assert said in readme, said
+        assert said in guide, said
 
 
 def test_results_doc_states_the_split_of_its_seeds():
