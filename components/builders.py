@@ -7,11 +7,7 @@ from typing import Optional
 
 import torch
 
-from components import data as _data  # noqa: F401 (registers the sources, splits and samplers)
-from components import estimators as _estimators  # noqa: F401 (registers the estimators)
-from components import mechanisms as _mechanisms  # noqa: F401 (registers gaussian and none)
 from components import models
-from components import optimizers as _optimizers  # noqa: F401 (registers sgd, adam and o2nc)
 from components.data import SplitData
 from components.estimators import Directions
 from components.estimators.public import PublicOracle, warm_start

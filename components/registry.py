@@ -8,19 +8,36 @@ families", says what each section's builder takes.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, Optional, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
 
 class Registry:
-    """Builders of one section (``estimator``, ``mechanism``, ...) by kind."""
+    """Builders of one section (``estimator``, ``mechanism``, ...) by kind.
 
-    def __init__(self, section: str, signature: str):
+    ``homes``: the packages whose modules register this section's kinds. A lookup first imports every module
+    in them (once), so a new kind's module registers itself without a line anywhere else; only privzo's own
+    packages are searched, never a name from a spec."""
+
+    def __init__(self, section: str, signature: str, homes: Tuple[str, ...]):
         self.section = section
         self.signature = signature  # what every builder of the section takes and returns (for readers)
+        self.homes = homes
         self._builders: Dict[str, Callable] = {}
+        self._loaded = False
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        for home in self.homes:
+            package = importlib.import_module(home)
+            for module in pkgutil.walk_packages(package.__path__, prefix=f"{home}."):
+                importlib.import_module(module.name)
 
     def register(self, *kinds: str) -> Callable[[F], F]:
         def add(builder: F) -> F:
@@ -33,6 +50,7 @@ class Registry:
         return add
 
     def __getitem__(self, kind: str) -> Callable:
+        self._load()
         try:
             return self._builders[kind]
         except KeyError:
@@ -40,6 +58,7 @@ class Registry:
                              f"{', '.join(sorted(self._builders))}") from None
 
     def kinds(self) -> FrozenSet[str]:
+        self._load()
         return frozenset(self._builders)
 
 
@@ -65,13 +84,19 @@ def mark_seeded(mechanism, parts: Assembly):
     return mechanism
 
 
-ESTIMATORS = Registry("estimator", "(spec, dimension) -> estimator")
-MECHANISMS = Registry("mechanism", "(spec, Assembly) -> (mechanism, tracker)")
-OPTIMIZERS = Registry("optimizer", "(spec, directions, model, n_private) -> optimizer")
-SAMPLERS = Registry("sampling", "(sampling section, n, generator, rows, seed) -> sampler")
-MODELS = Registry("model", "(spec, n_features, n_classes, generator or None for shapes only) -> module")
-SOURCES = Registry("data.source", "(source section, model tokenizer, public flag column) -> (Table, scale)")
-SPLITS = Registry("data.split", "(spec, table, scale, load) -> SplitData")
+# the families register the kinds only they use (O2NC's oracles, the tree and scheduled mechanisms, the KL
+# optimizers and filtered Gaussians) beside their plans
+ESTIMATORS = Registry("estimator", "(spec, dimension) -> estimator", ("components.estimators", "components.families"))
+MECHANISMS = Registry("mechanism", "(spec, Assembly) -> (mechanism, tracker)",
+                      ("components.mechanisms", "components.families"))
+OPTIMIZERS = Registry("optimizer", "(spec, directions, model, n_private) -> optimizer",
+                      ("components.optimizers", "components.families"))
+SAMPLERS = Registry("sampling", "(sampling section, n, generator, rows, seed) -> sampler", ("components.data",))
+MODELS = Registry("model", "(spec, n_features, n_classes, generator or None for shapes only) -> module",
+                  ("components.models",))
+SOURCES = Registry("data.source", "(source section, model tokenizer, public flag column) -> (Table, scale)",
+                   ("components.data",))
+SPLITS = Registry("data.split", "(spec, table, scale, load) -> SplitData", ("components.data",))
 
 # by the RunSpec field path whose ``kind`` selects the builder, as specs.traits.TABLES
 ALL = {"estimator": ESTIMATORS, "mechanism": MECHANISMS, "optimizer": OPTIMIZERS, "sampling": SAMPLERS,

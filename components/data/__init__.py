@@ -1,5 +1,4 @@
 """Data sources, public/private/test splits and private samplers."""
-from components.data import synthetic  # noqa: F401 (registers the synthetic source)
 from components.data.images import load_images
 from components.data.packaged import load_packaged_images
 from components.data.sampling import FixedSizeSampler, FullBatchSampler, PoissonSampler, build_sampler

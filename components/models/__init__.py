@@ -161,4 +161,3 @@ def _hf(spec, n_features: int, n_classes: int, generator: Optional[torch.Generat
     lora = spec.model.lora
     adapters = None if lora is None else (lora.rank, lora.alpha, tuple(lora.targets))
     return text_classifier(spec.model.weights, n_classes, spec.model.trainable, generator, adapters)
-from components.models import objective  # noqa: E402,F401 (registers model.kind objective)

@@ -61,7 +61,7 @@ def test_every_kind_has_exactly_one_builder(section):
 def test_a_second_builder_for_a_kind_is_refused():
     from components.registry import Registry
 
-    registry = Registry("estimator", "(spec, dimension)")
+    registry = Registry("estimator", "(spec, dimension)", ())
     registry.register("two_point")(lambda spec, dimension: None)
     with pytest.raises(RuntimeError, match="two builders"):
         registry.register("two_point")(lambda spec, dimension: None)
