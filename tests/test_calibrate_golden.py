@@ -4,8 +4,11 @@ of the nonsmooth family's directions line were reworded on purpose (they cited a
 have, and a paper by number); every number is as recorded."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from components import builders
 from flows import cli
 from tests.conftest import ROOT
 
@@ -21,7 +24,20 @@ def test_every_shipped_spec_has_a_golden_output():
     assert sorted(_golden(p).name for p in SPECS) == sorted(p.name for p in GOLDEN.glob("*.txt"))
 
 
+_LOADED = {}
+_load_data = builders.load_data
+
+
+def _shared_load(spec):
+    """The specs of one comparison share their data (27 of them three datasets): each is loaded once."""
+    key = json.dumps([spec.seed, spec.data.model_dump(mode="json"), spec.model.model_dump(mode="json")])
+    if key not in _LOADED:
+        _LOADED[key] = _load_data(spec)
+    return _LOADED[key]
+
+
 @pytest.mark.parametrize("spec_path", SPECS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_calibrate_prints_the_golden_output(spec_path, capsys):
+def test_calibrate_prints_the_golden_output(spec_path, capsys, monkeypatch):
+    monkeypatch.setattr(builders, "load_data", _shared_load)
     assert cli.main(["calibrate", str(spec_path)]) == 0
     assert capsys.readouterr().out == _golden(spec_path).read_text()

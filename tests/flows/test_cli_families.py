@@ -24,8 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 NUMBER = r"(-?[0-9.]+(?:e[-+]?[0-9]+)?|nan)"
 
 
-def _privzo(args, cwd, timeout=240):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PRIVZO_LEDGER_URL=f"sqlite:///{cwd / 'ledger.db'}")
+def _privzo(args, cwd, api_url, timeout=240):
+    """The command a user types, in its own process; it uses the module's Prefect server rather than starting
+    a temporary one of its own (seconds per command)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PRIVZO_LEDGER_URL=f"sqlite:///{cwd / 'ledger.db'}",
+               PREFECT_API_URL=api_url)
     return subprocess.run(PRIVZO + args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -75,12 +78,12 @@ HEADINGS = {"standard": [], "nonsmooth": ["**excess risk** (lower is better)",
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("family", ["standard", "nonsmooth", "kl"])
-def test_run_prints_the_familys_summary_line(tmp_path, mlflow_db, tiny_spec_dict, family):
+def test_run_prints_the_familys_summary_line(prefect_server, tmp_path, mlflow_db, tiny_spec_dict, family):
     path, _eps = SPECS[family](tmp_path, mlflow_db, tiny_spec_dict)
     import specs
 
     specs.load_spec(path)  # the shrunk example is still a valid spec (what `privzo validate` checks first)
-    out = _privzo(["run", "--no-progress", str(path)], tmp_path)
+    out = _privzo(["run", "--no-progress", str(path)], tmp_path, prefect_server)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     match = re.match(SUMMARY[family], lines[0])
@@ -97,11 +100,11 @@ def test_run_prints_the_familys_summary_line(tmp_path, mlflow_db, tiny_spec_dict
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("family", ["standard", "nonsmooth", "kl"])
-def test_sweep_tables_the_familys_metrics(tmp_path, mlflow_db, tiny_spec_dict, family):
+def test_sweep_tables_the_familys_metrics(prefect_server, tmp_path, mlflow_db, tiny_spec_dict, family):
     path, eps = SPECS[family](tmp_path, mlflow_db, tiny_spec_dict)
     table = tmp_path / "results" / "table.md"
     out = _privzo(["sweep", str(path), "--epsilons", f"{eps:g}", "--seeds", "0", "--tracking-uri", mlflow_db,
-                   "--out", str(table)], tmp_path)
+                   "--out", str(table)], tmp_path, prefect_server)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     printed = table.read_text()
     assert printed in out.stdout
