@@ -138,7 +138,7 @@ class Tracker(Protocol):
 
 @runtime_checkable
 class CountsStarts(Protocol):
-    """A tracker of two release classes (paper 002's multi-pass runs): ``starts`` counts the restarts among
+    """A tracker of two release classes (Kornowski et al.'s multi-pass runs): ``starts`` counts the restarts among
     its steps, one every ``period`` steps; both are saved with a checkpoint and its intent."""
 
     starts: int
@@ -148,7 +148,7 @@ class CountsStarts(Protocol):
 @runtime_checkable
 class PrivacyFilter(Protocol):
     """A tracker charged each release's exact zCDP cost before the release exists, refusing any past its
-    budget (paper 003's runs). ``spent`` is the realised spend (public: a function of the plan and of
+    budget (the KL paper's runs). ``spent`` is the realised spend (public: a function of the plan and of
     released values), saved with a checkpoint; ``step_cost_bound`` bounds one step's, for the intent."""
 
     spent: float
@@ -214,7 +214,7 @@ class Optimizer(Protocol):
 
 @runtime_checkable
 class SelfStopping(Protocol):
-    """An optimizer that says when the run is over (paper 003's: its phases done, or the privacy filter
+    """An optimizer that says when the run is over (the KL paper's: its phases done, or the privacy filter
     unable to pay for the next release); the loop stops before the step it would refuse."""
 
     def done(self, tracker: Any) -> bool: ...
@@ -222,7 +222,7 @@ class SelfStopping(Protocol):
 
 @runtime_checkable
 class RequestsReleases(Protocol):
-    """An optimizer that plans its own releases (paper 003's): ``request`` is the next one, a public function
+    """An optimizer that plans its own releases (the KL paper's): ``request`` is the next one, a public function
     of its state and of the privacy filter's spend (None when it has nothing left to ask)."""
 
     def request(self, tracker: Any) -> Any: ...

@@ -295,7 +295,7 @@ class TreeTracker(PrivacyTracker):
 
 
 class ScheduledTracker(PrivacyTracker):
-    """Full-batch steps of two release classes (paper 002's multi-pass algorithm): a restart every ``period``
+    """Full-batch steps of two release classes (Kornowski et al.'s multi-pass algorithm): a restart every ``period``
     steps and differences between. Each executed step is counted in its class as it is recorded (a step
     discarded by a retry stays charged, in its own class); the event is their exact composition, each
     release wrapped by ``wrap``, the sampler's event of one batch (Poisson-subsampled in footnote 2's variant)."""
@@ -326,7 +326,7 @@ class PrivacyFilterError(RuntimeError):
 
 
 class FilterTracker(PrivacyTracker):
-    """A privacy filter (paper 003's runs): every release's exact zCDP cost is charged before it exists and
+    """A privacy filter (the KL paper's runs): every release's exact zCDP cost is charged before it exists and
     refused past ``budget``; while the realised spend is at most ``threshold`` another step may start (its
     releases cost at most budget - threshold). The costs may depend on earlier releases (adaptive noise,
     early stops), and rho-zCDP / mu-GDP filters make the whole run ``charged`` (Whitehouse et al. 2022;

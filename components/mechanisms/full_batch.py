@@ -1,4 +1,4 @@
-"""The releases of paper 003's algorithms: means over every private row of per-example clipped vectors, with
+"""The releases of the KL paper's algorithms: means over every private row of per-example clipped vectors, with
 Gaussian noise of a std the optimizer's public plan sets, and the exponential-mechanism choice of an iterate.
 
 Under replace-one neighbours one row moves such a mean by at most 2C / n (C its clip), and the norm of the
@@ -17,7 +17,7 @@ import torch
 
 
 class FullBatchGaussian:
-    """A FullBatchReleases mechanism (components/protocols.py): the only door through which paper 003's
+    """A FullBatchReleases mechanism (components/protocols.py): the only door through which the KL paper's
     full-batch values leave (docs/design.md, "One private step"). ``release_mean`` and ``release_norm`` add
     Gaussian noise of the std the optimizer's plan asks for; ``release_choice`` is the exponential
     mechanism's draw; ``cost`` is what the door charges the filter first."""
@@ -30,7 +30,7 @@ class FullBatchGaussian:
         if not (clip > 0 and math.isfinite(clip)) or rows < 1:
             raise ValueError("full-batch gaussian: the clip must be finite and > 0, with at least one row")
         if not isinstance(generator, torch.Generator):
-            raise ValueError("privacy.noise: secure is not available with paper 003's optimizers yet; use fast")
+            raise ValueError("privacy.noise: secure is not available with the KL paper's optimizers yet; use fast")
         self.clip = float(clip)  # C0: the door's default clip for the backend
         self.rows = int(rows)
         self.neighbour_factor = float(neighbour_factor)

@@ -1,4 +1,4 @@
-"""Noisy running sums restarted every period, each step a fresh Gaussian release: paper 002's multi-pass
+"""Noisy running sums restarted every period, each step a fresh Gaussian release: Kornowski et al.'s multi-pass
 full-batch ERM algorithm (its Algorithm 4, Theorem 4.1) and its Poisson-subsampled variant
 (the paper's footnote 2).
 

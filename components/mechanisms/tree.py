@@ -1,6 +1,6 @@
 """Tree aggregation: noisy running sums of a period's per-step increments, and their exact accounting.
 
-The private nonsmooth algorithms (O2NC with a variance-reduced oracle, papers 001 and 002) release, at
+The private nonsmooth algorithms (O2NC with a variance-reduced oracle, the two nonsmooth papers (Zhang et al.; Kornowski et al.)) release, at
 every step p = 1..period of a period, the running sum S_p = v_1 + ... + v_p of that period's increments
 plus tree noise. privzo releases exactly one node per position, the Fenwick node
 node(b) = [b - lowbit(b) + 1, b] (lowbit(b) = b & -b), each carrying a fresh xi_b ~ N(0, std^2 I_d) drawn

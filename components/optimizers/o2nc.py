@@ -1,4 +1,4 @@
-"""O2NC: online-to-nonconvex conversion (Cutkosky, Mehta and Orabona 2023), as papers 001 and 002 run it.
+"""O2NC: online-to-nonconvex conversion (Cutkosky, Mehta and Orabona 2023), as the two nonsmooth papers (Zhang et al.; Kornowski et al.) run it.
 
 An online learner, projected online gradient descent on the ball {|Delta| <= D} with the linear losses
 <g_t, .>, picks each step's increment; the iterate moves by it, and the next gradient is queried at a point
@@ -13,7 +13,7 @@ for the average of a window k* drawn uniformly.
         Delta_(t+1) = min(1, D / |Delta_t - eta g_t|) (Delta_t - eta g_t)
     output the average of z over window k* ~ U{1..floor(T / W)}
 
-``restart_every`` (paper 001, Algorithm 3: an epoch is a window) sets Delta back to 0 at every window's
+``restart_every`` (Zhang et al., Algorithm 3: an epoch is a window) sets Delta back to 0 at every window's
 start, so each epoch's first query point is the iterate itself. The s_t and k* come from the public seed:
 they are independent of the data, as the privacy proofs condition on them.
 
@@ -47,7 +47,7 @@ class O2nc:
             raise ValueError(f"optimizer.window: {window} must be between 1 and the {steps} steps")
         if restart_every is not None and restart_every != window:
             raise ValueError(f"optimizer.restart_every: {restart_every} must equal the window ({window}): "
-                             "paper 001's epochs are its windows")
+                             "Zhang et al.'s epochs are its windows")
         self.directions = directions
         self.step_bound = float(step_bound)
         self.lr = float(lr)

@@ -147,7 +147,7 @@ class StepContext:
         return self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
 
     def request(self):
-        """The optimizer's next release (paper 003's optimizers plan their own): a public function of its
+        """The optimizer's next release (the KL paper's optimizers plan their own): a public function of its
         state and of the privacy filter's public spend."""
         return cast(RequestsReleases, self._loop.backend.optimizer).request(self._loop.tracker)
 
@@ -237,7 +237,7 @@ class PrivateLoop:
 
     @property
     def finished(self) -> bool:
-        """An optimizer that stops on its own (paper 003's: phases done, or the filter's budget spent) says so."""
+        """An optimizer that stops on its own (the KL paper's: phases done, or the filter's budget spent) says so."""
         optimizer = self.backend.optimizer
         return isinstance(optimizer, SelfStopping) and bool(optimizer.done(self.tracker))
 
