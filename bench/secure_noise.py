@@ -101,10 +101,10 @@ def parts_us(kind: str, loop, repeats: int) -> float:
     params = loop.backend.directions.params
     if kind in DENSE:
         tensors = [torch.zeros_like(p) for p in params]
-        release = (lambda: mech.release_dense(tensors))
+        release = (lambda: mech.release_vector(tensors))
     else:
         sums = torch.zeros(q, dtype=torch.float64)
-        release = (lambda: mech.release(sums))
+        release = (lambda: mech.release_scalars(sums))
     return median_us(lambda: (loop.sampler.sample(), release()), repeats)
 
 
@@ -148,10 +148,10 @@ def bench_dense(dims, repeats: int):
         tensors = [torch.zeros(d)]
         secure = GaussianMechanism(1.0, 1.0, 1, "add_remove", SecureSource())
         fast = GaussianMechanism(1.0, 1.0, 1, "add_remove", private_generator())
-        secure.release_dense(tensors)  # OpenDP loaded, measurement built
+        secure.release_vector(tensors)  # OpenDP loaded, measurement built
         reps = max(1, repeats if d <= 10_000 else repeats // 3)
-        s = median_us(lambda: secure.release_dense(tensors), reps)
-        f = median_us(lambda: fast.release_dense(tensors), reps)
+        s = median_us(lambda: secure.release_vector(tensors), reps)
+        f = median_us(lambda: fast.release_vector(tensors), reps)
         rows.append((d, s, f))
     return rows
 
@@ -196,7 +196,7 @@ def main() -> None:
                   f"ratio {r['ratio']:.3f}, paired {r['paired']:.3f}, cpu {r['cpu_ratio']:.3f}, model {r['model']:.3f} "
                   f"(fast step {r['fast_ms']:.2f} ms)", flush=True)
     if args.dims:
-        print("d-dimensional release alone (one mechanism.release_dense of d float32 coordinates):")
+        print("d-dimensional release alone (one mechanism.release_vector of d float32 coordinates):")
         for d, s, f in bench_dense(args.dims, 9):
             print(f"  d={d:>7}: secure {s / 1e3:9.2f} ms ({s / d:6.2f} us/coord), fast {f / 1e3:7.3f} ms "
                   f"({f / d:6.3f} us/coord), ratio {s / f:8.1f}", flush=True)

@@ -364,13 +364,13 @@ class _ProbedMechanism:
         self._inner = inner
         self._probe = probe
 
-    def release(self, sums):
-        out = self._inner.release(sums)
+    def release_scalars(self, sums):
+        out = self._inner.release_scalars(sums)
         self._probe.observe(out)
         return out
 
-    def release_dense(self, tensors):
-        out = self._inner.release_dense(tensors)
+    def release_vector(self, tensors):
+        out = self._inner.release_vector(tensors)
         self._probe.observe(out)
         return out
 

@@ -199,10 +199,10 @@ class NoiseOff:
     def __init__(self, inner):
         self._inner = inner
 
-    def release(self, sums):
+    def release_scalars(self, sums):
         return sums.detach().to(device="cpu", dtype=torch.float64)
 
-    def release_dense(self, tensors):
+    def release_vector(self, tensors):
         return list(tensors)
 
     def release_embedded(self, embedding, residual, residual_clip, embedding_share):

@@ -82,8 +82,8 @@ def _host(sums: torch.Tensor) -> torch.Tensor:
 class GaussianMechanism:
     """Adds N(0, (sqrt(Q) * sigma * Delta)^2) to each released coordinate, Q = noisy queries per step: a
     QueryReleases mechanism (components/protocols.py), the only door through which a step's clipped sums
-    leave (docs/design.md, "One private step"). ``release`` takes the q scalar sums of finite differences
-    or loss values, ``release_dense`` a d-dimensional sum, ``release_embedded`` GEP's pair.
+    leave (docs/design.md, "One private step"). ``release_scalars`` takes the q scalar sums of finite differences
+    or loss values, ``release_vector`` a d-dimensional sum, ``release_embedded`` GEP's pair.
 
     Delta = clip for add/remove neighbours and 2 * clip for replace-one. Releasing Q sums of one batch
     (possibly in adaptive rounds, as PAZO-S does) with per-coordinate std sqrt(Q) sigma Delta composes to a
@@ -148,10 +148,10 @@ class GaussianMechanism:
             gen.manual_seed(seed)
         return gen
 
-    def release(self, sums: torch.Tensor) -> torch.Tensor:
+    def release_scalars(self, sums: torch.Tensor) -> torch.Tensor:
         """The step's q scalar query sums, each plus N(0, std^2), as float64 on the host."""
         if sums.dim() != 1 or not 0 < len(sums) <= self.queries:
-            raise ValueError(f"release: expected 1..{self.queries} query sums, got shape {tuple(sums.shape)}")
+            raise ValueError(f"release_scalars: expected 1..{self.queries} query sums, got shape {tuple(sums.shape)}")
         if self.secure:
             # q scalars: numpy's float64 arithmetic is torch's (IEEE, correctly rounded), with less overhead
             grid = math.ldexp(1.0, self._scalar_k)
@@ -159,7 +159,7 @@ class GaussianMechanism:
         noise = torch.randn(len(sums), generator=self._generator, dtype=torch.float64)
         return _host(sums) + self.std * noise
 
-    def release_dense(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def release_vector(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         """A d-dimensional clipped sum plus N(0, std^2 I_d), tensor by tensor."""
         if self.secure:
             return _secure_add(list(tensors), self.std, self.sensitivity)
@@ -215,10 +215,10 @@ class NoMechanism:
     def use_generator(self, generator) -> None:
         pass  # draws nothing
 
-    def release(self, sums: torch.Tensor) -> torch.Tensor:
+    def release_scalars(self, sums: torch.Tensor) -> torch.Tensor:
         return _host(sums)
 
-    def release_dense(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def release_vector(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         return list(tensors)
 
     def release_embedded(self, embedding: torch.Tensor, residual: Sequence[torch.Tensor], residual_clip: float,

@@ -103,7 +103,7 @@ class StepContext:
             loop.tracker.record_step()
         self.used += size
         if isinstance(query, (PerExampleGradients, PerExampleSphere)):
-            return self._finite(mechanism.release_dense(list(sums)))
+            return self._finite(mechanism.release_vector(list(sums)))
         if isinstance(query, EmbeddedGradients):
             embedding, residual = sums
             return self._finite(mechanism.release_embedded(embedding, list(residual), query.residual_clip,
@@ -113,9 +113,9 @@ class StepContext:
             # summed in float64: in float32 the rounding let one example move the sum past its clip (by ~1e-6 C)
             vector = [sum(float(w) * directions.tensor(d.seed, i).double() for w, d in zip(sums, query.directions))
                       for i in range(len(directions.params))]
-            released = mechanism.release_dense(vector)
+            released = mechanism.release_vector(vector)
             return self._finite([r.to(p.dtype) for r, p in zip(released, directions.params)])
-        noisy = self._finite(mechanism.release(sums))
+        noisy = self._finite(mechanism.release_scalars(sums))
         self.released.extend(float(v) for v in noisy)
         return noisy
 

@@ -182,14 +182,14 @@ def test_vector_noise_has_the_stated_std(tiny_spec_dict, kind):
     rec = Recorder(built.loop.backend)
     built.loop.backend = rec
     noisy = []
-    orig = built.loop.mechanism.release_dense
+    orig = built.loop.mechanism.release_vector
 
     def capture(tensors):
         out = orig(tensors)
         noisy.append(torch.cat([(o.double() - t.double()).flatten() for o, t in zip(out, tensors)]))
         return out
 
-    built.loop.mechanism.release_dense = capture
+    built.loop.mechanism.release_vector = capture
     built.loop.run(5)
     assert built.loop.mechanism.std == pytest.approx(0.7 * resolved.mechanism.clip)  # one query per step
     z = torch.cat(noisy) / (0.7 * resolved.mechanism.clip)

@@ -21,7 +21,7 @@ def test_noise_has_the_stated_std():
                                  generator=private_generator(123))
         assert mech.std == pytest.approx(math.sqrt(queries) * 0.8 * 1.5 * factor)
         sums = torch.arange(queries, dtype=torch.float64)
-        noise = torch.cat([(mech.release(sums) - sums) for _ in range(20000 // queries)]) / mech.std
+        noise = torch.cat([(mech.release_scalars(sums) - sums) for _ in range(20000 // queries)]) / mech.std
         assert stats.kstest(noise.numpy(), "norm").pvalue > 1e-3
         n = len(noise)
         var = float(noise.var())
@@ -34,7 +34,7 @@ def test_noise_differs_between_runs_with_the_same_public_seed():
     a = GaussianMechanism(1.0, 1.0, 2, "add_remove", private_generator())
     b = GaussianMechanism(1.0, 1.0, 2, "add_remove", private_generator())
     zeros = torch.zeros(2, dtype=torch.float64)
-    assert not torch.equal(a.release(zeros), b.release(zeros))
+    assert not torch.equal(a.release_scalars(zeros), b.release_scalars(zeros))
 
 
 def test_noise_is_not_touched_by_public_streams():
@@ -43,17 +43,17 @@ def test_noise_is_not_touched_by_public_streams():
     a = GaussianMechanism(1.0, 1.0, 1, "add_remove", gen_a)
     b = GaussianMechanism(1.0, 1.0, 1, "add_remove", gen_b)
     zeros = torch.zeros(1, dtype=torch.float64)
-    first = a.release(zeros)
+    first = a.release_scalars(zeros)
     torch.manual_seed(7)
     torch.randn(100)
     public_seed(7, 2, 0, 0)
-    assert torch.equal(first, b.release(zeros))
+    assert torch.equal(first, b.release_scalars(zeros))
 
 
 def test_release_checks_shape():
     mech = GaussianMechanism(1.0, 1.0, 2, "add_remove", private_generator(0))
     with pytest.raises(ValueError, match="expected 1..2 query sums"):
-        mech.release(torch.zeros(3))
+        mech.release_scalars(torch.zeros(3))
 
 
 def test_poisson_sampler_rate_and_private_selection():

@@ -70,8 +70,8 @@ class _Capture:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def release_dense(self, tensors):
-        out = self.inner.release_dense(tensors)
+    def release_vector(self, tensors):
+        out = self.inner.release_vector(tensors)
         self.released.append([t.clone() for t in out])
         return out
 

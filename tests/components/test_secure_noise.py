@@ -25,7 +25,7 @@ def _secure(clip=1.0, sigma=1.0, queries=4, neighboring="add_remove"):
 def test_secure_release_has_the_declared_mean_and_std():
     mech = _secure(clip=0.5, sigma=1.3, queries=4)
     sums = torch.tensor([0.3, -1.7, 5.0, 1e-3], dtype=torch.float32)
-    noise = torch.cat([mech.release(sums) - sums.double() for _ in range(2000)])  # 8000 draws
+    noise = torch.cat([mech.release_scalars(sums) - sums.double() for _ in range(2000)])  # 8000 draws
     n, std = len(noise), mech.std  # the grid's inflation adds ~1e-12 of it: invisible here
     assert abs(float(noise.mean())) < 6 * std / math.sqrt(n)
     assert abs(float(noise.var()) / std**2 - 1) < 6 * math.sqrt(2 / n)
@@ -34,7 +34,7 @@ def test_secure_release_has_the_declared_mean_and_std():
 def test_secure_noise_never_repeats_across_two_mechanisms():
     a, b = _secure(), _secure()
     sums = torch.zeros(4)
-    drawn = torch.cat([m.release(sums) for m in (a, b) for _ in range(32)])
+    drawn = torch.cat([m.release_scalars(sums) for m in (a, b) for _ in range(32)])
     assert len(set(drawn.tolist())) == len(drawn)  # two draws on a grid of std * 2^-40 never coincide
     assert a.noise_source == b.noise_source == "secure"
 
@@ -52,7 +52,7 @@ def test_release_is_the_rounded_input_plus_a_draw_on_the_grid():
     mech = _secure(clip=0.25, sigma=2.0, queries=2)
     k = secure_grid_exponent(mech.std)
     sums = torch.tensor([0.123456789, -3.5e-7], dtype=torch.float64)
-    released = mech.release(sums)
+    released = mech.release_scalars(sums)
     steps = (released - round_to_grid(sums, k)) / math.ldexp(1.0, k)
     assert torch.equal(steps, steps.round())  # both terms on the grid: the float sum is exact
 
@@ -80,7 +80,7 @@ def test_rounding_moves_a_release_at_most_half_a_grid_step_and_the_std_covers_it
 def test_secure_dense_and_embedded_releases_keep_shapes_and_dtypes():
     mech = _secure(clip=1.0, sigma=1.0, queries=1)
     tensors = [torch.zeros(3, 5), torch.ones(7, dtype=torch.float64)]
-    out = mech.release_dense(tensors)
+    out = mech.release_vector(tensors)
     assert [(t.shape, t.dtype) for t in out] == [(t.shape, t.dtype) for t in tensors]
     assert all(bool((o != t).all()) for o, t in zip(out, tensors))
     emb, residual = mech.release_embedded(torch.zeros(4), [torch.zeros(2, 3)], residual_clip=0.2, embedding_share=0.5)
