@@ -35,6 +35,7 @@ class EstimatorTraits:
 
 
 ESTIMATORS: Dict[str, EstimatorTraits] = {
+    #                             family     public release seeded forward-only running-sums title
     "two_point": EstimatorTraits(STANDARD, False, SCALAR, True, True, False, "DPZero (MeZO without a mechanism)"),
     "dpgd_0th": EstimatorTraits(STANDARD, False, DENSE, True, True, False, "DPGD-0th (DPZero, Algorithm 1)"),
     "pazo_m": EstimatorTraits(STANDARD, True, SCALAR, True, True, False, "PAZO-M"),
@@ -60,6 +61,7 @@ class MechanismTraits:
 
 
 MECHANISMS: Dict[str, MechanismTraits] = {
+    #                                  families             private stateful secure-noise
     "gaussian": MechanismTraits((STANDARD, NONSMOOTH), True, False, True),
     "tree_aggregation": MechanismTraits((NONSMOOTH,), True, True, False),
     "scheduled_gaussian": MechanismTraits((NONSMOOTH,), True, False, True),
@@ -94,6 +96,7 @@ class SamplerTraits:
 
 
 SAMPLERS: Dict[str, SamplerTraits] = {
+    #                              subsampled every-row multi-pass single-pass
     "poisson": SamplerTraits(True, False, True, False),
     "fixed_size": SamplerTraits(True, False, False, False),
     "full_batch": SamplerTraits(False, True, True, False),
@@ -109,6 +112,7 @@ class ModelTraits:
 
 
 MODELS: Dict[str, ModelTraits] = {
+    #                          reads    pretrained sized-from-shapes
     "linear": ModelTraits("numbers", False, True),
     "mlp": ModelTraits("numbers", False, True),
     "cnn": ModelTraits("numbers", False, True),
@@ -125,6 +129,7 @@ class SourceTraits:
 
 
 SOURCES: Dict[str, SourceTraits] = {
+    #                                  rows       known-range packaged
     "sklearn": SourceTraits("numbers", None, True),
     "text": SourceTraits("tokens", False, True),
     "file": SourceTraits("numbers_or_tokens", False, False),
