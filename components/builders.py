@@ -12,7 +12,7 @@ from components.data import SplitData
 from components.estimators import Directions
 from components.estimators.public import PublicOracle, warm_start
 from components.families import family_for
-from components.families.common import accountant, spec_sampler  # noqa: F401 (the builders' planning API)
+from components.families.common import accountant, calibrate_sigma, spec_sampler  # noqa: F401 (planning API)
 from components.randomness import (
     STREAM_INIT,
     STREAM_INSECURE_PRIVATE,
@@ -125,8 +125,7 @@ def planned_event(spec: RunSpec, n_private: Optional[int], sigma: float):
 
 def calibrate_noise(spec: RunSpec, n_private: Optional[int]) -> float:
     """sigma for the whole planned run (dp-accounting's calibration; never less privacy than asked)."""
-    return accountant(spec).calibrate(lambda sigma: planned_event(spec, n_private, sigma), spec.privacy.epsilon,
-                                      spec.delta_for(n_private))
+    return calibrate_sigma(spec, n_private, planned_event)
 
 
 def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None, dimension: Optional[int] = None):

@@ -22,3 +22,10 @@ def spec_sampler(spec, n_private: Optional[int] = None, generator: Optional[torc
     under add/remove that is the declared count, and ``n_private`` only says which rows exist to draw from
     (planning passes None). Without a generator it can only describe and wrap events, not draw."""
     return build_sampler(spec.sampling, n_private, generator, rows=spec.public_rows(n_private), seed=spec.seed)
+
+
+def calibrate_sigma(spec, n_private: Optional[int], planned_event) -> float:
+    """sigma for the whole planned run, ``planned_event(spec, n_private, sigma)`` its event (dp-accounting's
+    calibration with a fresh accountant per probe; never less privacy than asked)."""
+    return accountant(spec).calibrate(lambda sigma: planned_event(spec, n_private, sigma), spec.privacy.epsilon,
+                                      spec.delta_for(n_private))

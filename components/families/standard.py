@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import dp_accounting
 
-from components.families.common import accountant, spec_sampler
+from components.families.common import accountant, calibrate_sigma, spec_sampler
 
 
 class StandardFamily:
@@ -24,11 +24,6 @@ class StandardFamily:
         step = spec_sampler(spec, n_private).wrap(dp_accounting.GaussianDpEvent(sigma))
         return dp_accounting.SelfComposedDpEvent(step, spec.planned_steps(n_private))
 
-    def calibrate(self, spec, n_private: Optional[int]) -> float:
-        """sigma for the whole planned run (dp-accounting's calibration; never less privacy than asked)."""
-        return accountant(spec).calibrate(lambda sigma: self.planned_event(spec, n_private, sigma),
-                                          spec.privacy.epsilon, spec.delta_for(n_private))
-
     def resolve(self, spec, n_private: Optional[int] = None, dimension: Optional[int] = None):
         """sigma 'auto' is calibrated; an explicit sigma must meet the target epsilon; mechanism none
         resolves to a non-private run (epsilon = inf)."""
@@ -36,7 +31,7 @@ class StandardFamily:
         if spec.mechanism.kind == "none":
             return spec.resolved(n_private=n_private, noise_multiplier=None), rate, math.inf
         sigma = spec.mechanism.noise_multiplier
-        sigma = self.calibrate(spec, n_private) if sigma == "auto" else float(sigma)
+        sigma = calibrate_sigma(spec, n_private, self.planned_event) if sigma == "auto" else float(sigma)
         resolved = spec.resolved(n_private=n_private, noise_multiplier=sigma)
         eps = accountant(resolved).epsilon(self.planned_event(resolved, n_private, sigma),
                                            float(resolved.privacy.delta))
