@@ -22,8 +22,13 @@ run: install
 validate: install
 	$(VENV)/bin/privzo validate $(SPEC)
 
+# the suite in two parts: most of it on TEST_WORKERS processes (much of a test's time is waiting on a server
+# or a subprocess), then the `serial` tests alone: the local stack (one per checkout) and the Ray cluster,
+# whose 1 s health checks must not compete with another test for the CPU
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not serial"
+	$(PY) -m pytest -q -p no:cacheprovider -m serial
 
 bench: install
 	$(PY) -m pip install --quiet -e ".[dev,bench]"

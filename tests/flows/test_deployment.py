@@ -12,7 +12,7 @@ import mlflow
 import pytest
 import yaml
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 STACK = ROOT / "infra" / "local-stack.sh"

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
