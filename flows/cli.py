@@ -318,18 +318,27 @@ def _show_budget(args, ledger) -> int:
             f" (datasets there: {', '.join(known)})" if known else "")))
         return 0
     spent = ledger.spent(args.dataset)
+    blocks = ledger.blocks(args.dataset)
     if args.action == "show":
-        print(f"{args.dataset}: {shown(spent)} of {ds.lifetime_epsilon:g} epsilon spent, "
-              f"{shown_left(ds.lifetime_epsilon - spent)} left (delta {shown(ds.delta, 3)}, {ds.accountant}, "
+        print(f"{args.dataset}: epsilon {shown(spent)} spent of the lifetime {ds.lifetime_epsilon:g} (the largest over "
+              f"its {len(blocks)} block{'s' if len(blocks) != 1 else ''}; delta {shown(ds.delta, 3)}, {ds.accountant}, "
               f"{ds.neighboring})")
+        print(f"{'block':24} {'first charged (UTC)':20} {'charges':>7} {'committed':>10} {'with open':>10} "
+              f"{'lifetime':>9} {'rows':>6}")
+        for b in blocks:
+            print(f"{b.block[:24]:24} {b.created_at:%Y-%m-%d %H:%M:%S}  {b.charges:>7} {shown(b.committed_epsilon):>10} "
+                  f"{shown(b.epsilon):>10} {b.lifetime_epsilon:>9g} {'-' if b.rows is None else b.rows:>6}")
+        fits = ledger.next_fit(args.dataset)
+        # composition is not subtraction: what is left depends on the next run's shape
+        print(f"a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon {shown(fits)}"
+              if fits is not None else "no run shaped like the last one fits the blocks it read")
         return 0
     print(f"{'created (UTC)':20} {'run':24} {'status':10} {'steps':>11} {'run epsilon':>12}  fingerprint")
     for c in ledger.history(args.dataset):
         eps = ledger.run_epsilon(c)
         print(f"{c.created_at:%Y-%m-%d %H:%M:%S} {c.run_name[:24]:24} {c.status:10} "
               f"{c.steps_run:>5}/{c.steps_planned:<5} {'none' if eps is None else shown(eps):>12}  {c.fingerprint[:12]}")
-    print(f"total (exact composition): {shown(spent)} of {ds.lifetime_epsilon:g}, "
-          f"{shown_left(ds.lifetime_epsilon - spent)} left")
+    print(f"total (exact composition, the largest over its blocks): {shown(spent)} of {ds.lifetime_epsilon:g}")
     return 0
 
 

@@ -13,6 +13,21 @@ earlier runs have already spent.
 Reservation is one transaction holding the dataset's lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL:
 ``SELECT ... FOR UPDATE`` on the dataset's row), so concurrent runs cannot both fit into the same
 remaining budget.
+
+Budgets belong to blocks of the dataset (docs/design.md, "Blocks"): a charge is recorded on every block
+its run read, each block keeps the exact composition of its committed charges as a stored accountant
+state (``ComposedState``), and a reservation composes the run's planned event onto that state and the
+block's open reservations, so its cost does not grow with the block's history. A dataset's guarantee is
+the maximum over its blocks. A dataset charged before blocks existed is one block, ``all``, made from its
+charges the first time a reservation or commit touches it.
+
+Admission is a privacy filter, sound when a later run's parameters are chosen after seeing earlier
+models: under ``rdp`` a block admits a run while at least one of dp-accounting's fixed orders keeps the
+composed Renyi divergence within what the lifetime (epsilon, delta) allows there, which is exactly
+"dp-accounting's epsilon of the composition is within the lifetime" (the Renyi filter over fixed orders
+of Lecuyer's "Practical privacy filters and odometers with Renyi differential privacy", the rule
+PrivateKube applies to its blocks); under ``zcdp``, while the composed rho stays within the lifetime's
+rho (a zCDP filter).
 """
 from __future__ import annotations
 
@@ -21,7 +36,7 @@ import math
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional
+from typing import Iterable, List, Mapping, Optional, Sequence
 
 import dp_accounting
 from sqlalchemy import (Column, DateTime, Float, Integer, String, Text, create_engine, delete, event, insert, select,
@@ -30,19 +45,67 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from components.accountants import Accountant, describe_event, event_from_json, event_to_json
+from components.accountants.composed import ComposedState, scaled_noise
 from specs.sections import default_ledger
 
 RESERVED, COMMITTED, ABORTED = "reserved", "committed", "aborted"
+WHOLE = "all"  # the block of a dataset charged as one: every dataset before blocks, and any without them
 
 
 class BudgetExceeded(RuntimeError):
-    """The run would take the dataset past its lifetime epsilon; nothing was reserved."""
+    """The run would take a block of the dataset past its lifetime epsilon; nothing was reserved.
 
-    def __init__(self, dataset: str, remaining: float, requested: float, lifetime: float):
+    ``would_reach``: the block's composed epsilon with this run; ``fits``: the largest epsilon a run of the
+    same shape (more noise, same steps and sampling) can have and still compose within the lifetime, None if
+    none can; ``next_block``: the block whose arrival brings budget, None if no arrival can."""
+
+    def __init__(self, dataset: str, remaining: float, requested: float, lifetime: float, *, block: str = WHOLE,
+                 would_reach: Optional[float] = None, fits: Optional[float] = None, charges: int = 0,
+                 next_block: Optional[str] = None):
         self.dataset, self.remaining, self.requested, self.lifetime = dataset, remaining, requested, lifetime
-        super().__init__(
-            f"budget.lifetime_epsilon: dataset {dataset!r} has {max(remaining, 0.0):.4g} of {lifetime:.4g} epsilon "
-            f"left and this run needs {requested:.4g}; lower privacy.epsilon, or wait for new data")
+        self.block, self.would_reach, self.fits, self.next_block = block, would_reach, fits, next_block
+        where = f"dataset {dataset!r}" if block == WHOLE else f"block {block!r} of dataset {dataset!r}"
+        reach = "" if would_reach is None else (
+            f": composed with the {charges} charge{'s' if charges != 1 else ''} before it, it would reach "
+            f"{would_reach:.4g} of the lifetime {lifetime:.4g}")
+        fit = (f"a run of epsilon <= {fits:.4g} still fits (lower privacy.epsilon)" if fits is not None
+               else "no run fits any more")
+        if next_block is not None:
+            when = f"block {next_block!r} brings budget of its own when it arrives"
+        elif block == WHOLE:
+            when = ("new rows bring no budget to a dataset charged as one block (budget.blocks gives each period's "
+                    "rows a budget of their own)")
+        else:
+            when = "no block that the window can still choose has budget left"
+        super().__init__(f"budget.lifetime_epsilon: {where} cannot take this run of epsilon {requested:.4g}{reach}; "
+                         f"{fit}; {when}")
+
+
+@dataclass(frozen=True)
+class BlockTerms:
+    """A block a run reads: its id, and the lifetime it is registered with on first use. ``rows``: its
+    declared size, a public fact (never a count of its rows)."""
+
+    block: str
+    lifetime_epsilon: float
+    delta: float
+    rows: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block as ``blocks`` lists it: its terms, what its committed charges compose to, the epsilon with
+    its open reservations, and how many charges it holds."""
+
+    dataset: str
+    block: str
+    lifetime_epsilon: float
+    delta: float
+    rows: Optional[int]
+    committed_epsilon: float
+    epsilon: float
+    charges: int
+    created_at: dt.datetime
 
 
 class RowsExposed(RuntimeError):
@@ -127,6 +190,29 @@ class RowLayoutRow(_Base):
     __tablename__ = "privzo_row_layouts"
     dataset = Column(String(200), primary_key=True)
     layout = Column(Text, nullable=False)
+
+
+class BlockRow(_Base):
+    """A block of a dataset: its lifetime, and the exact composition of its committed charges (a
+    ``ComposedState``), updated by every commit so a reservation need not recompose the history."""
+
+    __tablename__ = "privzo_blocks"
+    dataset = Column(String(200), primary_key=True)
+    block = Column(String(200), primary_key=True)
+    lifetime_epsilon = Column(Float, nullable=False)
+    delta = Column(Float, nullable=False)
+    rows = Column(Integer, nullable=True)
+    committed = Column(Text, nullable=False)
+    created_at = Column(DateTime, nullable=False)
+
+
+class ChargeBlockRow(_Base):
+    """A charge on one block it read."""
+
+    __tablename__ = "privzo_charge_blocks"
+    charge_id = Column(String(36), primary_key=True)
+    block = Column(String(200), primary_key=True)
+    dataset = Column(String(200), nullable=False, index=True)
 
 
 class ChargeRow(_Base):
@@ -215,13 +301,114 @@ class PrivacyLedger:
         return Accountant(ds.accountant, ds.neighboring).epsilon(dp_accounting.ComposedDpEvent(events), ds.delta)
 
     def spent(self, dataset: str) -> float:
-        """Composed epsilon of every committed and reserved run on ``dataset`` at its delta."""
+        """The dataset's guarantee: the largest over its blocks of the composed epsilon of every committed and
+        reserved charge on the block, at the block's delta."""
         with Session(self.engine) as session, session.begin():
             ds = session.get(DatasetRow, dataset)
             if ds is None:
                 return 0.0
-            events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
-            return self._epsilon(ds, events)
+            blocks = self._block_rows(session, dataset)
+            if not blocks:  # charged before blocks: one block, not yet written as one
+                events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
+                return self._epsilon(ds, events)
+            return max(self._with_open(session, b).epsilon(b.delta) for b in blocks)
+
+    def blocks(self, dataset: str) -> List[Block]:
+        """The dataset's blocks in the order they were first charged."""
+        with Session(self.engine) as session, session.begin():
+            ds = session.get(DatasetRow, dataset)
+            if ds is None:
+                return []
+            rows = self._block_rows(session, dataset)
+            if not rows:
+                charges = [r for r in self._charges(session, dataset) if r.status != ABORTED]
+                committed = [event_from_json(r.executed_event) for r in charges if r.status == COMMITTED]
+                live = [self._live_event(r) for r in charges]
+                return [Block(dataset, WHOLE, ds.lifetime_epsilon, ds.delta, None, self._epsilon(ds, committed),
+                              self._epsilon(ds, live), len(charges), min((r.created_at for r in charges), default=_now()))]
+            out = []
+            for b in rows:
+                linked = self._linked(session, b)
+                out.append(Block(dataset, b.block, b.lifetime_epsilon, b.delta, b.rows,
+                                 ComposedState.from_json(b.committed).epsilon(b.delta),
+                                 self._with_open(session, b).epsilon(b.delta),
+                                 sum(1 for r in linked if r.status != ABORTED), b.created_at))
+            return out
+
+    def next_fit(self, dataset: str) -> Optional[float]:
+        """The largest epsilon a run shaped like the dataset's last charge (its noise scaled) can have and still
+        fit every block that charge read; None when the dataset has no charge or nothing fits."""
+        with Session(self.engine) as session, session.begin():
+            charges = [r for r in self._charges(session, dataset) if r.status != ABORTED]
+            ds = session.get(DatasetRow, dataset)
+            if not charges or ds is None:
+                return None
+            last = charges[-1]
+            read = set(session.scalars(select(ChargeBlockRow.block).where(ChargeBlockRow.charge_id == last.id)))
+            rows = [b for b in self._block_rows(session, dataset) if b.block in read]
+            planned = event_from_json(last.planned_event)
+            if not rows:  # charged before blocks: the history is the one block
+                events = [e for e in (self._live_event(r) for r in charges) if e is not None]
+                base = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed(events)
+                return self._largest_fit(base, planned, ds.lifetime_epsilon, ds.delta, 20)
+            fits = [self._largest_fit(self._with_open(session, b), planned, b.lifetime_epsilon, b.delta, 20)
+                    for b in rows]
+            return None if any(f is None for f in fits) else min(fits)
+
+    # ---------------------------------------------------------------- blocks
+    @staticmethod
+    def _block_rows(session: Session, dataset: str) -> List[BlockRow]:
+        return list(session.scalars(select(BlockRow).where(BlockRow.dataset == dataset)
+                                    .order_by(BlockRow.created_at, BlockRow.block)))
+
+    @staticmethod
+    def _linked(session: Session, block: BlockRow) -> List[ChargeRow]:
+        return list(session.scalars(
+            select(ChargeRow).join(ChargeBlockRow, ChargeBlockRow.charge_id == ChargeRow.id)
+            .where(ChargeBlockRow.dataset == block.dataset, ChargeBlockRow.block == block.block)
+            .order_by(ChargeRow.created_at)))
+
+    def _with_open(self, session: Session, block: BlockRow) -> ComposedState:
+        """The block's committed composition followed by its open reservations' planned events."""
+        reserved = session.scalars(
+            select(ChargeRow.planned_event).join(ChargeBlockRow, ChargeBlockRow.charge_id == ChargeRow.id)
+            .where(ChargeBlockRow.dataset == block.dataset, ChargeBlockRow.block == block.block,
+                   ChargeRow.status == RESERVED).order_by(ChargeRow.created_at))
+        return ComposedState.from_json(block.committed).composed([event_from_json(e) for e in reserved])
+
+    def _blocks_written(self, session: Session, ds: DatasetRow) -> None:
+        """A dataset charged before blocks existed becomes its one block: its committed charges composed in
+        the order they were made, every charge linked to it. Runs inside the caller's locked transaction."""
+        if session.scalars(select(BlockRow.block).where(BlockRow.dataset == ds.dataset)).first() is not None:
+            return
+        charges = self._charges(session, ds.dataset)
+        if not charges:
+            return
+        committed = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed(
+            [event_from_json(r.executed_event) for r in charges if r.status == COMMITTED])
+        session.add(BlockRow(dataset=ds.dataset, block=WHOLE, lifetime_epsilon=ds.lifetime_epsilon, delta=ds.delta,
+                             rows=None, committed=committed.to_json(), created_at=min(r.created_at for r in charges)))
+        session.execute(insert(ChargeBlockRow), [{"charge_id": r.id, "block": WHOLE, "dataset": ds.dataset}
+                                                 for r in charges])
+        session.flush()
+
+    @staticmethod
+    def _largest_fit(base: ComposedState, planned: dp_accounting.DpEvent, lifetime: float, delta: float,
+                     probes: int) -> Optional[float]:
+        """The largest epsilon (at ``delta``, floored to 4 significant digits) of ``planned`` with its noise
+        scaled up that still composes onto ``base`` within ``lifetime``; None if none does."""
+        def fits(factor: float) -> bool:
+            return base.composed([scaled_noise(planned, factor)]).epsilon(delta) <= lifetime
+
+        low, high = 1.0, 1e4
+        if not fits(high):
+            return None
+        for _ in range(probes):  # bisection in log scale: ``high`` always fits
+            middle = math.sqrt(low * high)
+            low, high = (low, middle) if fits(middle) else (middle, high)
+        alone = ComposedState(base.accountant).composed([scaled_noise(planned, high)]).epsilon(delta)
+        digits = 3 - math.floor(math.log10(alone)) if alone > 0 else 0
+        return math.floor(alone * 10 ** digits) / 10 ** digits
 
     def dataset(self, dataset: str) -> Optional[DatasetRow]:
         with Session(self.engine) as session:
@@ -268,7 +455,8 @@ class PrivacyLedger:
                 steps: int, lifetime_epsilon: float, delta: float, accountant: str, neighboring: str,
                 private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = (), row_layout: str = "",
                 legacy_layout: Optional[str] = None, legacy_rows: Optional[Mapping[str, str]] = None,
-                charge_id: Optional[str] = None) -> str:
+                charge_id: Optional[str] = None, blocks: Optional[Sequence[BlockTerms]] = None,
+                next_block: Optional[str] = None) -> str:
         """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon`` and no
         row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run; records
         ``private_rows``. Rows are matched by fingerprint, so ``row_layout`` (what fingerprints are computed
@@ -278,7 +466,11 @@ class PrivacyLedger:
         A dataset whose rows were recorded under ``legacy_layout`` (plain hashes, before rows were keyed) is
         re-keyed in the same transaction with ``legacy_rows`` (each of this run's rows: plain -> keyed),
         provided every recorded row is among them; otherwise the run is refused and nothing changes.
-        ``charge_id``: chosen by the caller, who records it before reserving (see flows.checkpoints)."""
+        ``charge_id``: chosen by the caller, who records it before reserving (see flows.checkpoints).
+
+        ``blocks``: the blocks the run reads (its window), each registered with its terms on first use; the
+        run is reserved on every one of them or on none. None: the dataset's one block. ``next_block``: for
+        a refusal's message, the block whose arrival brings budget."""
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
@@ -293,12 +485,33 @@ class PrivacyLedger:
                     f"privacy.accountant: dataset {dataset!r} is accounted with {ds.accountant} (set by its first "
                     f"run), which has no accounting for this run's {describe_event(planned)}; use a sampling it "
                     "accounts for, or a new budget.dataset")
-            events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
-            before = self._epsilon(ds, events)
-            after = self._epsilon(ds, events + [planned])
-            requested = self._epsilon(ds, [planned])
-            if not after <= ds.lifetime_epsilon:  # fails closed on nan / inf
-                raise BudgetExceeded(dataset, ds.lifetime_epsilon - before, requested, ds.lifetime_epsilon)
+            self._blocks_written(session, ds)
+            accountant = Accountant(ds.accountant, ds.neighboring)
+            increment = ComposedState(accountant).composed([planned])  # planned once, added to every block
+            requested = increment.epsilon(ds.delta)
+            window = list(blocks) if blocks is not None else [BlockTerms(WHOLE, ds.lifetime_epsilon, ds.delta)]
+            rows = []
+            for terms in window:
+                row = session.get(BlockRow, (dataset, terms.block))
+                if row is None:
+                    row = BlockRow(dataset=dataset, block=terms.block, lifetime_epsilon=terms.lifetime_epsilon,
+                                   delta=terms.delta, rows=terms.rows, committed=ComposedState(accountant).to_json(),
+                                   created_at=_now())
+                    session.add(row)
+                elif not (math.isclose(row.lifetime_epsilon, terms.lifetime_epsilon) and row.delta == terms.delta):
+                    raise ValueError(f"budget: block {terms.block!r} of dataset {dataset!r} is registered with lifetime "
+                                     f"epsilon {row.lifetime_epsilon:g} at delta {row.delta:g}, the spec says "
+                                     f"{terms.lifetime_epsilon:g} at {terms.delta:g}; they must match")
+                base = self._with_open(session, row)
+                after = base.plus(increment).epsilon(row.delta)
+                if not after <= row.lifetime_epsilon:  # fails closed on nan / inf
+                    probes = 10 if ds.accountant == "pld" else 20  # a PLD composition costs ~1000x an RDP one
+                    raise BudgetExceeded(
+                        dataset, row.lifetime_epsilon - base.epsilon(row.delta), requested, row.lifetime_epsilon,
+                        block=terms.block, would_reach=after, charges=base.count,
+                        fits=self._largest_fit(base, planned, row.lifetime_epsilon, row.delta, probes),
+                        next_block=next_block)
+                rows.append(row)
             recorded = session.get(RowLayoutRow, dataset)
             if recorded is None:
                 session.add(RowLayoutRow(dataset=dataset, layout=row_layout))
@@ -321,6 +534,9 @@ class PrivacyLedger:
                                status=RESERVED, planned_event=event_to_json(planned), steps_planned=steps,
                                steps_run=0, planned_epsilon=requested, created_at=_now(), updated_at=_now())
             session.add(charge)
+            session.flush()
+            session.execute(insert(ChargeBlockRow), [{"charge_id": charge.id, "block": r.block, "dataset": dataset}
+                                                     for r in rows])
             return charge.id
 
     @staticmethod
@@ -362,9 +578,15 @@ class PrivacyLedger:
                 return  # a retried commit whose first attempt went through
             if row is None or row.status != RESERVED:
                 raise ValueError(f"ledger: charge {charge_id} is not reserved (status {row.status if row else None})")
+            ds = self._lock(session, row.dataset)  # blocks' states are read, composed and written back
+            self._blocks_written(session, ds)  # before this charge is committed: it is composed below
             row.status, row.executed_event, row.steps_run = COMMITTED, event_to_json(executed), steps_run
             row.run_id = run_id or row.run_id
             row.updated_at = _now()
+            increment = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed([executed])
+            for link in session.scalars(select(ChargeBlockRow).where(ChargeBlockRow.charge_id == charge_id)):
+                block = session.get(BlockRow, (row.dataset, link.block))
+                block.committed = ComposedState.from_json(block.committed).plus(increment).to_json()
 
     def abort(self, charge_id: str) -> None:
         """Release a reservation whose run never queried private data."""

@@ -56,17 +56,38 @@ def test_total_is_the_exact_composition_not_a_sum(tmp_path):
     assert [c.status for c in ledger.history("patients")] == [COMMITTED, COMMITTED]
 
 
-def test_refusal_names_remaining_and_requested_and_writes_nothing(tmp_path):
+def test_refusal_names_what_still_fits_and_writes_nothing(tmp_path):
+    """The refusal says what the run would compose to, the largest epsilon a run of its shape can still have
+    (a run with that epsilon is admitted; a little more is not), and that new rows bring no budget to a
+    dataset charged as one block."""
+    from components.accountants.composed import scaled_noise
+
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
     one, two = composed_eps([run_event()]), composed_eps([run_event(), run_event()])
     lifetime = (one + two) / 2  # admits one run, not two (composition is sub-additive: two < 2 * one)
     _reserve(ledger, lifetime)
     with pytest.raises(BudgetExceeded) as info:
         _reserve(ledger, lifetime)
-    message = str(info.value)
-    assert "budget.lifetime_epsilon" in message and "left and this run needs" in message
-    assert info.value.requested == pytest.approx(one)
+    refusal = info.value
+    assert str(refusal) == (
+        f"budget.lifetime_epsilon: dataset 'patients' cannot take this run of epsilon {one:.4g}: composed with the 1 "
+        f"charge before it, it would reach {two:.4g} of the lifetime {lifetime:.4g}; a run of epsilon <= "
+        f"{refusal.fits:.4g} still fits (lower privacy.epsilon); new rows bring no budget to a dataset charged as one "
+        "block (budget.blocks gives each period's rows a budget of their own)")
+    assert refusal.requested == pytest.approx(one) and refusal.would_reach == pytest.approx(two, rel=1e-12)
     assert len(ledger.history("patients")) == 1
+    assert 0 < refusal.fits < one
+
+    def noise_for(epsilon):  # the run's shape, its noise raised until it costs ``epsilon`` alone
+        low, high = 1.0, 100.0
+        for _ in range(60):
+            middle = (low + high) / 2
+            low, high = (middle, high) if composed_eps([scaled_noise(run_event(), middle)]) > epsilon else (low, middle)
+        return high
+
+    with pytest.raises(BudgetExceeded):
+        _reserve(ledger, lifetime, scaled_noise(run_event(), noise_for(refusal.fits * 1.01)))
+    _reserve(ledger, lifetime, scaled_noise(run_event(), noise_for(refusal.fits)))
 
 
 def test_abort_releases_a_reservation(tmp_path):

@@ -300,7 +300,7 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     assert f"accuracy {first['eval/accuracy']:.4f}" in artifact and f"**Model guarantee:** {first['guarantee']}" in artifact
     assert "## Budget of dataset digits-patients" in artifact and f"| {first['run_id']} | {shown(first['epsilon'])} | 20/20 | committed |" in artifact
     assert "**total (exact composition)**" in artifact and "**left**" in artifact
-    with pytest.raises(BudgetExceeded, match="left and this run needs"):
+    with pytest.raises(BudgetExceeded, match="cannot take this run of epsilon .*; a run of epsilon <= .* still fits"):
         private_train(spec=tiny_spec_dict)
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -312,8 +312,8 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
         (refused,) = prefect.read_flow_runs(sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1)
         logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[refused.id])))]
     assert refused.state.type.value == "FAILED"
-    assert refused.state.message.startswith("budget.lifetime_epsilon: dataset 'digits-patients' has")
-    assert any("left and this run needs" in m for m in logs) and not any("Traceback" in m for m in logs), logs
+    assert refused.state.message.startswith("budget.lifetime_epsilon: dataset 'digits-patients' cannot take this run")
+    assert any("cannot take this run" in m for m in logs) and not any("Traceback" in m for m in logs), logs
     reseeded = {**tiny_spec_dict, "seed": tiny_spec_dict["seed"] + 1,
                 "privacy": {**tiny_spec_dict["privacy"], "epsilon": 0.01}}  # fits the budget, moves the split
     with pytest.raises(RowsExposed, match="were private in earlier runs on dataset 'digits-patients'"):
@@ -324,7 +324,9 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     assert history[0].run_id == first["run_id"]
     out = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "show", "digits-patients", "--ledger", ledger_url],
                          capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0 and "of 1.2 epsilon spent" in out.stdout
+    assert out.returncode == 0 and f"digits-patients: epsilon {shown(first['epsilon'])} spent of the lifetime 1.2 (the " \
+        "largest over its 1 block;" in out.stdout
+    assert "a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon " in out.stdout
     import contextlib
     import io
 
