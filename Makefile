@@ -27,8 +27,10 @@ validate: install
 # whose 1 s health checks must not compete with another test for the CPU
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not serial"
-	$(PY) -m pytest -q -p no:cacheprovider -m serial
+	status=0; \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -m serial || status=$$?; \
+	exit $$status
 
 bench: install
 	$(PY) -m pip install --quiet -e ".[dev,bench]"

@@ -3,12 +3,14 @@ where each kind's module registered its builder, and the run's family (component
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from components import models
 from components.data import SplitData
+from components.data.table import Table
 from components.estimators import Directions
 from components.estimators.public import PublicOracle, warm_start
 from components.families import family_for
@@ -27,11 +29,23 @@ from specs import RunSpec
 from specs.traits import ESTIMATORS as ESTIMATOR_TRAITS, MODELS as MODEL_TRAITS, NONSMOOTH
 
 
-def load_data(spec: RunSpec) -> SplitData:
+def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = None,
+              every_block: bool = False) -> SplitData:
+    """The spec's rows, split. ``select``: with data.blocks, the rows of the run's window (their indices),
+    chosen before the split, so rows of other blocks are in no part at all. ``every_block``: every row,
+    for checks that train nothing and release nothing (privzo validate and calibrate, a run's preflight:
+    N is declared, and the rows give only their shape and classes)."""
     split = spec.data.split
     # a file's text column is tokenised by the model's own tokenizer unless the source names one
     model_tokenizer = spec.model.weights if spec.model.kind == "hf" else None
-    table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None)
+    table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None,
+                          spec.data.blocks)
+    if spec.data.blocks is not None and not every_block:
+        if select is None:
+            raise ValueError("data.blocks: a run on blocks reads the rows of its window, which the private-train "
+                             "flow chooses and charges; run it with privzo run or a deployment (sweeps and audits "
+                             "do not read blocks)")
+        table = table.take(np.asarray(select(table), dtype=np.int64))
     return SPLITS[split.kind](spec, table, scale, lambda source: _table(source, model_tokenizer))
 
 
@@ -44,8 +58,11 @@ def _no_public_rows(spec: RunSpec) -> str:
     return "the split gave none; set data.split.public > 0"
 
 
-def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None):
-    """The source's rows and how to scale them."""
+def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None, blocks=None):
+    """The source's rows and how to scale them; ``blocks`` (data.blocks, file sources only) adds their
+    arrival and person columns."""
+    if blocks is not None:
+        return SOURCES[source.kind](source, model_tokenizer, public_flag, blocks=blocks)
     return SOURCES[source.kind](source, model_tokenizer, public_flag)
 
 

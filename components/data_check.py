@@ -81,16 +81,18 @@ def missing_column(field: str, name: str, columns: Sequence[str], filename: str)
 
 
 def column_problems(columns: Sequence[str], filename: str, *, label: str, features: Optional[Sequence[str]] = None,
-                    text: Optional[str] = None, public_flag: Optional[str] = None) -> List[str]:
-    """The columns the spec names that the file lacks (label, the public flag, the text, each feature), and a
-    file with nothing but the label to learn from."""
+                    text: Optional[str] = None, public_flag: Optional[str] = None,
+                    metadata: Sequence[Tuple[str, str]] = ()) -> List[str]:
+    """The columns the spec names that the file lacks (label, the public flag, the text, each feature, the
+    ``metadata`` (field, column) pairs of data.blocks), and a file with nothing but the label to learn from."""
     wanted = [("data.source.label", label)] + ([("data.split.column", public_flag)] if public_flag else [])
+    wanted += list(metadata)
     if text is not None:
         wanted.append(("data.source.text", text))
     else:
         wanted += [("data.source.features", name) for name in features or ()]
     problems = [p for p in (missing_column(field, name, columns, filename) for field, name in wanted) if p]
-    others = [c for c in columns if c not in (label, public_flag)]
+    others = [c for c in columns if c not in (label, public_flag, *(name for _, name in metadata))]
     if text is None and features is None and label in columns and not others:
         problems.append(f"data.source.features: {filename} has no column besides the label {label!r}")
     return problems
@@ -176,7 +178,7 @@ def _jsonl_columns(path: Path) -> List[str]:
 
 def file_problems(path, *, file_format: str, label: str, features: Optional[Sequence[str]] = None,
                   text: Optional[str] = None, public_flag: Optional[str] = None,
-                  hf_split: Optional[str] = None) -> List[str]:
+                  hf_split: Optional[str] = None, metadata: Sequence[Tuple[str, str]] = ()) -> List[str]:
     """Every problem ``components.data.load_file`` would refuse that the file's names show: the path, the
     format, unnamed or repeated columns, and the columns the spec names that are not there."""
     path = Path(path)
@@ -207,7 +209,7 @@ def file_problems(path, *, file_format: str, label: str, features: Optional[Sequ
         return []
     problems = name_problems(columns, path.name)
     return problems + column_problems(columns, filename, label=label, features=features, text=text,
-                                      public_flag=public_flag)
+                                      public_flag=public_flag, metadata=metadata)
 
 
 def first_line(err: Exception) -> str:
@@ -246,12 +248,16 @@ def images_problems(path, classes: Sequence[str]) -> List[str]:
     return []
 
 
-def source_problems(source, field: str = "data.source", public_flag: Optional[str] = None) -> List[str]:
+def source_problems(source, field: str = "data.source", public_flag: Optional[str] = None, blocks=None) -> List[str]:
     """A spec's data source (or public source, ``field`` data.split.public_source) checked by its names: file
-    and image sources; the packaged ones (sklearn, text, synthetic) have nothing to check."""
+    and image sources; the packaged ones (sklearn, text, synthetic) have nothing to check. ``blocks``
+    (data.blocks): its arrival and person columns must be there too."""
     if source.kind == "file":
+        metadata = [] if blocks is None else [("data.blocks.arrival", blocks.arrival)] + (
+            [("data.blocks.person", blocks.person)] if blocks.person else [])
         problems = file_problems(source.path, file_format=source.format, label=source.label, features=source.features,
-                                 text=source.text, public_flag=public_flag, hf_split=source.hf_split)
+                                 text=source.text, public_flag=public_flag, hf_split=source.hf_split,
+                                 metadata=metadata)
     elif source.kind == "images":
         problems = images_problems(source.path, source.classes)
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import specs
@@ -51,7 +52,8 @@ def cmd_validate(args) -> int:
     from components.data_check import source_problems  # standard library only: no torch
 
     split = spec.data.split
-    problems = source_problems(spec.data.source, "data.source", split.column if split.kind == "column" else None)
+    problems = source_problems(spec.data.source, "data.source", split.column if split.kind == "column" else None,
+                               spec.data.blocks)
     if split.kind == "source":
         problems += source_problems(split.public_source, "data.split.public_source")
     problems += missing_packages(spec)
@@ -77,7 +79,7 @@ def cmd_calibrate(args) -> int:
     from components import builders
     from components.families import family_for
 
-    data = builders.load_data(spec)
+    data = builders.load_data(spec, every_block=True)
     n = len(data.private)
     resolved, rate, eps = builders.plan(spec, data)
     family = family_for(resolved)
@@ -112,7 +114,7 @@ def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
     from components import builders
     from flows.checkpoints import resume_store
 
-    data = builders.load_data(spec)
+    data = builders.load_data(spec, every_block=True)
     builders.plan(spec, data)
     builders.check_model(spec, data.n_features, data.n_classes,
                          os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -279,6 +281,8 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_budget(args) -> int:
+    if args.action == "simulate":
+        return cmd_simulate(args)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -300,6 +304,38 @@ def cmd_budget(args) -> int:
         reason = getattr(err, "orig", None) or err  # the driver's own message, not SQLAlchemy's page of context
         where = url.render_as_string(hide_password=True)
         return _fail(f"--ledger: cannot read {where} ({str(reason).splitlines()[0]})")
+
+
+def cmd_simulate(args) -> int:
+    """Nights of a spec on blocks, played on a scratch ledger and MLflow store: a line a night, then the
+    blocks as the ledger holds them."""
+    import datetime as dt
+
+    spec = specs.load_spec(args.dataset)  # a bad spec fails here, in one line
+    if args.nights < 1:
+        return _fail(f"--nights: {args.nights} must be at least 1")
+    try:
+        first = dt.date.fromisoformat(args.first) if args.first else None
+    except ValueError:
+        return _fail(f"--first: {args.first!r} is not a date (YYYY-MM-DD)")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.reporting import shown
+    from flows.simulate import simulate
+
+    played = simulate(args.dataset, args.nights, first, Path(args.out) if args.out else None)
+    print(f"\n{spec.name}: {args.nights} nights on {played['folder']}")
+    print("| night | status | window | run epsilon | model epsilon |\n|---|---|---|---:|---:|")
+    for night in played["nights"]:
+        print(f"| {night.night} | {night.status} | {night.window} | "
+              f"{'' if night.epsilon is None else shown(night.epsilon)} | "
+              f"{'' if night.model_epsilon is None else shown(night.model_epsilon)} |")
+    print(f"\n| block | charges | epsilon | lifetime |\n|---|---:|---:|---:|")
+    for block in played["blocks"]:
+        print(f"| {block.block} | {block.charges} | {shown(block.epsilon)} | {block.lifetime_epsilon:g} |")
+    committed = sum(n.status == "committed" for n in played["nights"])
+    print(f"\n{committed} of {args.nights} nights committed; the largest block's epsilon {shown(played['spent'])} of "
+          f"its lifetime {played['lifetime']:g}")
+    return 0
 
 
 def _nothing_spent(dataset: str, where: str) -> str:
@@ -421,9 +457,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tracking-uri", default=None, help="default: the example specs' tracking.uri")
     p.add_argument("--experiment", default="privzo-reproduce", help="MLflow experiment")
     p.set_defaults(func=cmd_reproduce)
-    p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history")
-    p.add_argument("action", choices=["show", "history"])
-    p.add_argument("dataset")
+    p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history DATASET; "
+                                      "simulate SPEC plays nights of a spec on blocks on a scratch ledger")
+    p.add_argument("action", choices=["show", "history", "simulate"])
+    p.add_argument("dataset", metavar="DATASET|SPEC")
+    p.add_argument("--nights", type=int, default=60, help="simulate: how many nights (default 60)")
+    p.add_argument("--first", default=None, help="simulate: the first night, YYYY-MM-DD (default: the first whose "
+                   "window is full)")
+    p.add_argument("--out", default=None, help="simulate: the folder for its ledger, MLflow store and stream "
+                   "(default: a new temporary folder)")
     p.add_argument("--ledger", default=ledger_from_env(),
                    help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)

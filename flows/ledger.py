@@ -36,13 +36,13 @@ import math
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import dp_accounting
-from sqlalchemy import (Column, DateTime, Float, Integer, String, Text, create_engine, delete, event, insert, select,
-                        text)
+from sqlalchemy import (Column, DateTime, Float, Integer, String, Text, create_engine, delete, event, func, insert,
+                        select, text)
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Session
+from sqlalchemy.orm import DeclarativeBase, Session, deferred
 
 from components.accountants import Accountant, describe_event, event_from_json, event_to_json
 from components.accountants.composed import ComposedState, scaled_noise
@@ -61,7 +61,7 @@ class BudgetExceeded(RuntimeError):
 
     def __init__(self, dataset: str, remaining: float, requested: float, lifetime: float, *, block: str = WHOLE,
                  would_reach: Optional[float] = None, fits: Optional[float] = None, charges: int = 0,
-                 next_block: Optional[str] = None):
+                 next_block: Optional[str] = None, when: Optional[str] = None):
         self.dataset, self.remaining, self.requested, self.lifetime = dataset, remaining, requested, lifetime
         self.block, self.would_reach, self.fits, self.next_block = block, would_reach, fits, next_block
         where = f"dataset {dataset!r}" if block == WHOLE else f"block {block!r} of dataset {dataset!r}"
@@ -70,11 +70,13 @@ class BudgetExceeded(RuntimeError):
             f"{would_reach:.4g} of the lifetime {lifetime:.4g}")
         fit = (f"a run of epsilon <= {fits:.4g} still fits (lower privacy.epsilon)" if fits is not None
                else "no run fits any more")
-        if next_block is not None:
+        if when is not None:
+            pass
+        elif next_block is not None:
             when = f"block {next_block!r} brings budget of its own when it arrives"
         elif block == WHOLE:
-            when = ("new rows bring no budget to a dataset charged as one block (budget.blocks gives each period's "
-                    "rows a budget of their own)")
+            when = ("new rows bring no budget to a dataset charged as one block (data.blocks with budget.window "
+                    "gives each period's rows a budget of their own)")
         else:
             when = "no block that the window can still choose has budget left"
         super().__init__(f"budget.lifetime_epsilon: {where} cannot take this run of epsilon {requested:.4g}{reach}; "
@@ -128,6 +130,17 @@ class RowsUnmatched(RuntimeError):
             f"data.source: this run identifies rows differently from earlier runs on dataset {dataset!r} "
             f"({_layout_change(recorded, now)}), so the ledger cannot tell which rows they kept private; keep "
             "the source's columns and text settings of those runs, or charge a new dataset"))
+
+
+class RowsLaundered(RowsUnmatched):
+    """Rows this run would keep private are private rows of another dataset: the same people charged under a
+    second name would have a second budget."""
+
+    def __init__(self, dataset: str, other: str, n_rows: int):
+        RuntimeError.__init__(
+            self, f"budget.dataset: {n_rows} private rows of this run are private rows of dataset {other!r} in this "
+            f"ledger; the same people cannot have a second budget under {dataset!r}: charge them to {other!r}")
+        self.dataset, self.recorded, self.now, self.other = dataset, "", "", other
 
 
 class RowsUnrecognised(RowsUnmatched):
@@ -202,7 +215,8 @@ class BlockRow(_Base):
     lifetime_epsilon = Column(Float, nullable=False)
     delta = Column(Float, nullable=False)
     rows = Column(Integer, nullable=True)
-    committed = Column(Text, nullable=False)
+    committed = deferred(Column(Text, nullable=False))  # read only when composed onto (a PLD state is megabytes)
+    committed_epsilon = Column(Float, nullable=False)  # the committed composition's at the block's delta
     created_at = Column(DateTime, nullable=False)
 
 
@@ -213,6 +227,17 @@ class ChargeBlockRow(_Base):
     charge_id = Column(String(36), primary_key=True)
     block = Column(String(200), primary_key=True)
     dataset = Column(String(200), nullable=False, index=True)
+
+
+class RowBlockRow(_Base):
+    """The block a row (keyed fingerprint) was in when a run first saw it; with persons, the block a person
+    (keyed) first arrived in. Later runs read it, so a row written again with a new date keeps its block."""
+
+    __tablename__ = "privzo_row_blocks"
+    dataset = Column(String(200), primary_key=True)
+    kind = Column(String(8), primary_key=True)  # row | person
+    key = Column(String(64), primary_key=True)
+    block = Column(String(200), nullable=False)
 
 
 class ChargeRow(_Base):
@@ -311,7 +336,7 @@ class PrivacyLedger:
             if not blocks:  # charged before blocks: one block, not yet written as one
                 events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
                 return self._epsilon(ds, events)
-            return max(self._with_open(session, b).epsilon(b.delta) for b in blocks)
+            return max(self._block_epsilon(session, b) for b in blocks)
 
     def blocks(self, dataset: str) -> List[Block]:
         """The dataset's blocks in the order they were first charged."""
@@ -330,10 +355,17 @@ class PrivacyLedger:
             for b in rows:
                 linked = self._linked(session, b)
                 out.append(Block(dataset, b.block, b.lifetime_epsilon, b.delta, b.rows,
-                                 ComposedState.from_json(b.committed).epsilon(b.delta),
-                                 self._with_open(session, b).epsilon(b.delta),
+                                 b.committed_epsilon, self._block_epsilon(session, b),
                                  sum(1 for r in linked if r.status != ABORTED), b.created_at))
             return out
+
+    def recorded_blocks(self, dataset: str, kind: str, keys: Iterable[str]) -> Dict[str, str]:
+        """The blocks recorded for ``keys`` (keyed row fingerprints, or keyed persons: ``kind`` row | person)."""
+        wanted = set(keys)
+        with Session(self.engine) as session:
+            found = session.execute(select(RowBlockRow.key, RowBlockRow.block).where(
+                RowBlockRow.dataset == dataset, RowBlockRow.kind == kind))
+            return {k: b for k, b in found if k in wanted}
 
     def next_fit(self, dataset: str) -> Optional[float]:
         """The largest epsilon a run shaped like the dataset's last charge (its noise scaled) can have and still
@@ -368,6 +400,15 @@ class PrivacyLedger:
             .where(ChargeBlockRow.dataset == block.dataset, ChargeBlockRow.block == block.block)
             .order_by(ChargeRow.created_at)))
 
+    def _block_epsilon(self, session: Session, block: BlockRow) -> float:
+        """The block's epsilon with its open reservations; its stored committed one when it has none (a large
+        PLD state is then not even read)."""
+        has_open = session.scalars(
+            select(ChargeRow.id).join(ChargeBlockRow, ChargeBlockRow.charge_id == ChargeRow.id)
+            .where(ChargeBlockRow.dataset == block.dataset, ChargeBlockRow.block == block.block,
+                   ChargeRow.status == RESERVED)).first() is not None
+        return self._with_open(session, block).epsilon(block.delta) if has_open else block.committed_epsilon
+
     def _with_open(self, session: Session, block: BlockRow) -> ComposedState:
         """The block's committed composition followed by its open reservations' planned events."""
         reserved = session.scalars(
@@ -387,7 +428,8 @@ class PrivacyLedger:
         committed = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed(
             [event_from_json(r.executed_event) for r in charges if r.status == COMMITTED])
         session.add(BlockRow(dataset=ds.dataset, block=WHOLE, lifetime_epsilon=ds.lifetime_epsilon, delta=ds.delta,
-                             rows=None, committed=committed.to_json(), created_at=min(r.created_at for r in charges)))
+                             rows=None, committed=committed.to_json(), committed_epsilon=committed.epsilon(ds.delta),
+                             created_at=min(r.created_at for r in charges)))
         session.execute(insert(ChargeBlockRow), [{"charge_id": r.id, "block": WHOLE, "dataset": ds.dataset}
                                                  for r in charges])
         session.flush()
@@ -456,7 +498,9 @@ class PrivacyLedger:
                 private_rows: Iterable[str] = (), exposed_rows: Iterable[str] = (), row_layout: str = "",
                 legacy_layout: Optional[str] = None, legacy_rows: Optional[Mapping[str, str]] = None,
                 charge_id: Optional[str] = None, blocks: Optional[Sequence[BlockTerms]] = None,
-                next_block: Optional[str] = None) -> str:
+                next_block: Optional[str] = None, row_blocks: Optional[Mapping[str, str]] = None,
+                person_blocks: Optional[Mapping[str, str]] = None,
+                when: Optional[Callable[[List[str]], str]] = None) -> str:
         """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon`` and no
         row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run; records
         ``private_rows``. Rows are matched by fingerprint, so ``row_layout`` (what fingerprints are computed
@@ -470,7 +514,10 @@ class PrivacyLedger:
 
         ``blocks``: the blocks the run reads (its window), each registered with its terms on first use; the
         run is reserved on every one of them or on none. None: the dataset's one block. ``next_block``: for
-        a refusal's message, the block whose arrival brings budget."""
+        a refusal's message, the block whose arrival brings budget, or ``when``: what to say given every block
+        of the window without room (the window's own rule knows when it moves past them). ``row_blocks`` / ``person_blocks``: the
+        block of every row (person) the run saw, recorded where none is yet; one recorded otherwise since the
+        run read the ledger (a concurrent run saw the row first) refuses the run."""
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
@@ -490,12 +537,13 @@ class PrivacyLedger:
             increment = ComposedState(accountant).composed([planned])  # planned once, added to every block
             requested = increment.epsilon(ds.delta)
             window = list(blocks) if blocks is not None else [BlockTerms(WHOLE, ds.lifetime_epsilon, ds.delta)]
-            rows = []
+            rows, over = [], []
             for terms in window:
                 row = session.get(BlockRow, (dataset, terms.block))
                 if row is None:
                     row = BlockRow(dataset=dataset, block=terms.block, lifetime_epsilon=terms.lifetime_epsilon,
                                    delta=terms.delta, rows=terms.rows, committed=ComposedState(accountant).to_json(),
+                                   committed_epsilon=0.0,
                                    created_at=_now())
                     session.add(row)
                 elif not (math.isclose(row.lifetime_epsilon, terms.lifetime_epsilon) and row.delta == terms.delta):
@@ -505,12 +553,16 @@ class PrivacyLedger:
                 base = self._with_open(session, row)
                 after = base.plus(increment).epsilon(row.delta)
                 if not after <= row.lifetime_epsilon:  # fails closed on nan / inf
-                    probes = 10 if ds.accountant == "pld" else 20  # a PLD composition costs ~1000x an RDP one
-                    raise BudgetExceeded(
-                        dataset, row.lifetime_epsilon - base.epsilon(row.delta), requested, row.lifetime_epsilon,
-                        block=terms.block, would_reach=after, charges=base.count,
-                        fits=self._largest_fit(base, planned, row.lifetime_epsilon, row.delta, probes),
-                        next_block=next_block)
+                    over.append((terms.block, base, after, row))
+                rows.append(row)
+            if over:  # named by its oldest full block; ``when`` sees every full one
+                block, base, after, row = over[0]
+                probes = 10 if ds.accountant == "pld" else 20  # a PLD composition costs ~1000x an RDP one
+                raise BudgetExceeded(
+                    dataset, row.lifetime_epsilon - base.epsilon(row.delta), requested, row.lifetime_epsilon,
+                    block=block, would_reach=after, charges=base.count,
+                    fits=self._largest_fit(base, planned, row.lifetime_epsilon, row.delta, probes),
+                    next_block=next_block, when=when([b for b, *_ in over]) if when is not None else None)
                 rows.append(row)
             recorded = session.get(RowLayoutRow, dataset)
             if recorded is None:
@@ -528,8 +580,12 @@ class PrivacyLedger:
             if exposed:
                 raise RowsExposed(dataset, len(exposed))
             new_rows = set(private_rows) - known
+            self._refuse_laundering(session, dataset, new_rows)
             if new_rows:
                 session.execute(insert(PrivateRowRow), [{"dataset": dataset, "row": r} for r in sorted(new_rows)])
+            for kind, seen in (("row", row_blocks), ("person", person_blocks)):
+                if seen:
+                    self._record_blocks(session, dataset, kind, seen)
             charge = ChargeRow(id=charge_id or str(uuid.uuid4()), dataset=dataset, fingerprint=fingerprint, run_name=run_name,
                                status=RESERVED, planned_event=event_to_json(planned), steps_planned=steps,
                                steps_run=0, planned_epsilon=requested, created_at=_now(), updated_at=_now())
@@ -538,6 +594,36 @@ class PrivacyLedger:
             session.execute(insert(ChargeBlockRow), [{"charge_id": charge.id, "block": r.block, "dataset": dataset}
                                                      for r in rows])
             return charge.id
+
+    @staticmethod
+    def _refuse_laundering(session: Session, dataset: str, rows: set) -> None:
+        """Refuse rows already private under another dataset name (keyed fingerprints share one key)."""
+        ordered = sorted(rows)
+        for start in range(0, len(ordered), 500):  # SQLite caps the parameters of one statement
+            found = session.execute(
+                select(PrivateRowRow.dataset, func.count()).where(PrivateRowRow.row.in_(ordered[start:start + 500]),
+                                                                  PrivateRowRow.dataset != dataset)
+                .group_by(PrivateRowRow.dataset).order_by(func.count().desc())).first()
+            if found is not None:
+                other = found[0]
+                total = sum(session.scalar(select(func.count()).select_from(PrivateRowRow).where(
+                    PrivateRowRow.dataset == other, PrivateRowRow.row.in_(ordered[at:at + 500])))
+                    for at in range(0, len(ordered), 500))
+                raise RowsLaundered(dataset, other, int(total))
+
+    @staticmethod
+    def _record_blocks(session: Session, dataset: str, kind: str, seen: Mapping[str, str]) -> None:
+        recorded = dict(session.execute(select(RowBlockRow.key, RowBlockRow.block).where(
+            RowBlockRow.dataset == dataset, RowBlockRow.kind == kind)).all())
+        moved = [k for k, b in seen.items() if k in recorded and recorded[k] != b]
+        if moved:
+            raise RowsUnmatched(dataset, "", "", reason=(
+                f"data.blocks: {len(moved)} {kind}s of this run were recorded in other blocks by a run that saw them "
+                f"first while this one was loading; run again, so that it reads them in their recorded blocks"))
+        new = sorted(k for k in seen if k not in recorded)
+        if new:
+            session.execute(insert(RowBlockRow), [{"dataset": dataset, "kind": kind, "key": k, "block": seen[k]}
+                                                  for k in new])
 
     @staticmethod
     def _rekey(session: Session, dataset: str, keyed: Mapping[str, str]) -> None:
@@ -586,7 +672,8 @@ class PrivacyLedger:
             increment = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed([executed])
             for link in session.scalars(select(ChargeBlockRow).where(ChargeBlockRow.charge_id == charge_id)):
                 block = session.get(BlockRow, (row.dataset, link.block))
-                block.committed = ComposedState.from_json(block.committed).plus(increment).to_json()
+                state = ComposedState.from_json(block.committed).plus(increment)
+                block.committed, block.committed_epsilon = state.to_json(), state.epsilon(block.delta)
 
     def abort(self, charge_id: str) -> None:
         """Release a reservation whose run never queried private data."""

@@ -16,7 +16,9 @@ lost cluster, or released when nothing private ran). Report and guarantee text i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import json
 import logging
 import math
 import os
@@ -48,6 +50,7 @@ from components.estimators.directions import GENERATOR_VERSION
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
 from flows.checkpoints import Checkpointer, CheckpointStore, RunLocked, resume_store, spec_digest
+from flows.blocks import BlockView, Window, as_of_moment
 from flows.ledger import BudgetExceeded, RowsExposed, RowsUnmatched
 from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
 from flows.session import RunSession
@@ -119,12 +122,18 @@ class Plan:
     n_private: int
     sampling_rate: float
     planned_epsilon: float
+    window: Tuple[str, ...] = ()  # with data.blocks: the blocks the run reads
 
 
 @task(name="load-and-split", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_not_refused)
 @_checks_input
-def load_and_split(spec: specs.RunSpec) -> SplitData:
-    data = builders.load_data(spec)
+def load_and_split(spec: specs.RunSpec, view: Optional[BlockView] = None) -> SplitData:
+    """``view``: with data.blocks, the run's window; only its rows are loaded into any part."""
+    data = builders.load_data(spec, view.select if view is not None else None)
+    if view is not None:
+        get_run_logger().info("window of %d blocks as of %s: %s .. %s (the next block, %s, is still arriving)",
+                              len(view.window.blocks), view.window.as_of, view.window.blocks[0],
+                              view.window.blocks[-1], view.window.next_block)
     if spec.private_count_is_public:
         get_run_logger().info("split %s: %d public, %d private, %d test rows", spec.data.source.name,
                               len(data.public), len(data.private), len(data.test))
@@ -142,7 +151,7 @@ def calibrate(spec: specs.RunSpec, data: SplitData) -> Plan:
 
 
 @task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
-def reserve_budget(plan: Plan, data: SplitData, charge_id: str) -> Optional[str]:
+def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[BlockView] = None) -> Optional[str]:
     """Reserve the planned DpEvent on the dataset's lifetime budget, in one transaction, before any
     private row is queried; refuses (writing nothing) if the composed total would exceed it, or if a
     public or test row of this run was private in an earlier one."""
@@ -162,7 +171,9 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str) -> Optional[str]
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
         private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
         legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
-        charge_id=charge_id)
+        charge_id=charge_id, **({} if view is None else dict(
+            blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
+            person_blocks=view.seen_persons, when=view.when)))
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)
@@ -349,6 +360,27 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
 
 
 MODEL_EVENT = "model_dp_event.json"
+MODEL_BLOCK_EVENTS = "model_dp_events_by_block.json"
+
+
+def model_block_events(client: mlflow.MlflowClient, run_id: str, window: Tuple[str, ...],
+                       event: dp_accounting.DpEvent, composed: Optional[dp_accounting.DpEvent]
+                       ) -> Optional[Dict[str, dp_accounting.DpEvent]]:
+    """A model trained on blocks: for each block any run of its lineage read, the composition of those runs'
+    events on it (``event``, this run's, on each block of ``window``). A start trained before blocks counts
+    with its whole composition (``composed``, as ``model_event`` gives it) on every block of this window:
+    it read all of them. None where a start's events are unknown."""
+    source = client.get_run(run_id).data.tags.get("privzo.init_run_id")
+    if source is None:
+        return {block: event for block in window}
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            saved = json.loads(Path(client.download_artifacts(source, MODEL_BLOCK_EVENTS, folder)).read_text())
+        except (MlflowException, OSError):
+            return None if composed is None else {block: composed for block in window}
+    before = {block: event_from_json(text) for block, text in saved.items()}
+    return {**before, **{block: dp_accounting.ComposedDpEvent([before[block], event]) if block in before else event
+                         for block in window}}
 
 
 def model_event(client: mlflow.MlflowClient, run_id: str, spec: specs.RunSpec,
@@ -503,15 +535,16 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
 
 @flow(name="private-train", log_prints=True, validate_parameters=True)
 def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None,
-                  progress: bool = False, resume: Optional[str] = None) -> Dict[str, Any]:
+                  progress: bool = False, resume: Optional[str] = None, as_of: Optional[str] = None) -> Dict[str, Any]:
     """Train a model under differential privacy as declared by one run spec (a YAML path or a mapping).
 
     ``resume``: the run key of a killed run (its checkpoint folder name) or ``latest``; by default a
-    retried flow run resumes its own checkpoint. A refusal ends the flow run Failed with its line as the
-    state's message; called in-process, the refusal is raised.
+    retried flow run resumes its own checkpoint. ``as_of``: with data.blocks, the moment whose window the run
+    reads (ISO 8601; default: the flow run's scheduled start). A refusal ends the flow run Failed with its
+    line as the state's message; called in-process, the refusal is raised.
     """
     try:
-        return _private_train(spec_path, spec, progress, resume)
+        return _private_train(spec_path, spec, progress, resume, as_of)
     except Exception as err:
         if is_refusal(err):
             return Failed(message=refusal_line(err), data=err)
@@ -519,20 +552,25 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
 
 
 def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], progress: bool,
-                   resume: Optional[str]) -> Dict[str, Any]:
+                   resume: Optional[str], as_of: Optional[str] = None) -> Dict[str, Any]:
     with _checking_input():
         run_spec = _load(spec_path, spec)
+        # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
+        view = None if run_spec.data.blocks is None else BlockView(run_spec, Window.for_spec(
+            run_spec, as_of_moment(as_of or _saved_window(run_spec, resume))))
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
-    data = load_and_split(run_spec)
+    data = load_and_split(run_spec, view)
     plan = calibrate(run_spec, data)
+    if view is not None:
+        plan = dataclasses.replace(plan, window=view.window.blocks)
     resolved = plan.spec
     uri = resolved.tracking.uri
     # checkpoints bind to the keyed fingerprint: a plain hash of the private rows is never stored
     # (docs/design.md, Privacy invariants)
     fingerprint = released_fingerprint(data.private.fingerprint)
     store, saved = find_checkpoint(plan, fingerprint, resume, legacy=data.private.fingerprint)
-    session = RunSession(store, _RunLedger(plan, data), charge_id=saved["charge_id"] if saved else None,
+    session = RunSession(store, _RunLedger(plan, data, view), charge_id=saved["charge_id"] if saved else None,
                          resumed=saved is not None, keep=resolved.checkpoint.keep, resumable=cluster_lost)
     with session:  # settles the reservation and the folder exactly once, however this block is left
         with _checking_input():  # before any private step: the spec, the data or the start does not fit
@@ -550,7 +588,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
             built.loop.load_state_dict(saved["loop"], restore_privacy_steps=True)
         else:
             run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
-        checkpointer = Checkpointer(store, _binding(resolved, fingerprint, session.charge_id, run_id, built),
+        checkpointer = Checkpointer(store, _binding(resolved, fingerprint, session.charge_id, run_id, built, view),
                                     saved["loop"] if saved else None)
         session.track(checkpointer, run_id)
         get_run_logger().info("run key %s: checkpoints in %s (after a crash: %s run %s --resume %s)",
@@ -574,15 +612,15 @@ class _RunLedger:
     """The privacy ledger as a run session drives it (``flows.session``): reservation and commit go through
     this flow's tasks, so each shows as a Prefect task run."""
 
-    def __init__(self, plan: Plan, data: SplitData):
-        self.plan, self.data = plan, data
+    def __init__(self, plan: Plan, data: SplitData, view: Optional[BlockView] = None):
+        self.plan, self.data, self.view = plan, data, view
 
     @property
     def url(self) -> str:
         return self.plan.spec.budget.ledger
 
     def reserve(self, charge_id: str) -> None:
-        reserve_budget(self.plan, self.data, charge_id)
+        reserve_budget(self.plan, self.data, charge_id, self.view)
 
     def abort(self, charge_id: str) -> None:
         from flows.ledger import PrivacyLedger
@@ -592,8 +630,12 @@ class _RunLedger:
     def commit(self, charge_id: str, loop, run_id: Optional[str]) -> float:
         """Charge the steps ``loop`` executed, whatever happened; returns the dataset's budget left."""
         spec = self.plan.spec
+        from flows.ledger import PrivacyLedger
+
         left = commit_budget(spec, charge_id, event_to_json(loop.tracker.event()), loop.tracker.steps, run_id)
-        get_run_logger().info("%s", reporting.budget_left_line(spec.budget.dataset, left, spec.budget.lifetime_epsilon))
+        fits = PrivacyLedger(self.url).next_fit(spec.budget.dataset)
+        get_run_logger().info("%s", reporting.budget_left_line(spec.budget.dataset, spec.budget.lifetime_epsilon - left,
+                                                               spec.budget.lifetime_epsilon, fits))
         return left
 
 
@@ -610,7 +652,7 @@ def _result_summary(spec: specs.RunSpec, result: Dict[str, Any], markdown: bool)
 
 def budget_table(spec: specs.RunSpec) -> str:
     """The dataset's ledger as a markdown table (``flows.reporting.budget_table``): every run's epsilon, the
-    exact total and what is left."""
+    exact total and what a next run like the last still fits."""
     from flows.ledger import PrivacyLedger
 
     ledger = PrivacyLedger(spec.budget.ledger)
@@ -621,13 +663,27 @@ def budget_table(spec: specs.RunSpec) -> str:
     charges = [reporting.BudgetRow(c.run_id, ledger.run_epsilon(c), c.steps_run, c.steps_planned, c.status,
                                    c.created_at, c.run_name) for c in ledger.history(dataset)]
     return reporting.budget_table(dataset, where, ds.delta, ds.accountant, ds.neighboring, ds.lifetime_epsilon, spent,
-                                  charges)
+                                  charges, ledger.next_fit(dataset))
 
 
 def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str,
-             built: builders.Built) -> Dict[str, Any]:
+             built: builders.Built, view: Optional[BlockView] = None) -> Dict[str, Any]:
     return {"spec_digest": spec_digest(spec), "fingerprint": fingerprint, "charge_id": charge_id, "run_id": run_id,
-            "directions_version": GENERATOR_VERSION, "directions_stream": built.loop.backend.directions.stream}
+            "directions_version": GENERATOR_VERSION, "directions_stream": built.loop.backend.directions.stream,
+            **({} if view is None else {"window_as_of": view.window.as_of})}
+
+
+def _saved_window(spec: specs.RunSpec, resume: Optional[str]) -> Optional[str]:
+    """The moment whose window a run being resumed read (its checkpoint's), so it reads the same blocks
+    whenever it is resumed; None for a new run."""
+    from prefect.runtime import flow_run
+
+    store = resume_store(spec.checkpoint.dir, spec.name, resume)
+    if store is None and flow_run.get_id():  # a retried flow run resumes its own checkpoint
+        store = CheckpointStore(spec.checkpoint.dir, spec.name, str(flow_run.get_id()))
+    if store is None or not store.exists():
+        return None
+    return store.load().get("window_as_of")
 
 
 @task(name="reopen-run", cache_policy=NO_CACHE, retries=2)
@@ -690,7 +746,7 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
         "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
         "model_guarantee": spent.model_guarantee, "model_epsilon": spent.model_epsilon, "model_version": version,
-        **metrics,
+        "blocks": list(plan.window), **metrics,
     }, spent.report
 
 
@@ -753,12 +809,19 @@ def _log_spent(plan: Plan, data: SplitData, built: builders.Built, run_id: str, 
     client = mlflow.MlflowClient(uri)
     composed = model_event(client, run_id, resolved, built.loop.tracker.event())
     model_eps = model_epsilon(resolved, composed)
+    by_block = None
+    if plan.window:  # the model's guarantee is its largest block's, not the composition over blocks
+        by_block = model_block_events(client, run_id, plan.window, built.loop.tracker.event(), composed)
+        per_block = {b: model_epsilon(resolved, e) for b, e in (by_block or {}).items()}
+        model_eps = max(per_block.values()) if per_block else math.inf
+        tags["privzo.blocks"] = ",".join(plan.window)
     tags["dp.model_epsilon"] = shown(model_eps, 6)
     started = client.get_run(run_id).data.tags.get("privzo.init", "seed")
     continued = started.startswith("models:/")
     tags["dp.model_runs"] = str(model_runs(client, run_id) if continued else 1)
-    model_sentence = (summary.model_guarantee(model_eps, int(tags["dp.model_runs"]), started) if continued
-                      else summary.guarantee())
+    model_sentence = (summary.model_guarantee(
+        model_eps, int(tags["dp.model_runs"]), started, blocks=len(by_block or {}),
+        person_level=bool(resolved.data.blocks and resolved.data.blocks.person)) if continued else summary.guarantee())
     report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)},
                             model=model_sentence if continued else None)
     trained_on = _trained_on(resolved, data, summary.steps, started)
@@ -767,6 +830,8 @@ def _log_spent(plan: Plan, data: SplitData, built: builders.Built, run_id: str, 
     if continued:
         report += reporting.initialisation_paragraph(started, tags["dp.model_epsilon"], composed is not None)
     extra = {MODEL_EVENT: event_to_json(composed)} if composed is not None else {}
+    if by_block is not None:
+        extra[MODEL_BLOCK_EVENTS] = json.dumps({b: event_to_json(e) for b, e in sorted(by_block.items())})
     log_privacy(uri, run_id, tags, report, event_to_json(built.loop.tracker.event()),
                 journal_json(built.loop.journal), extra)
     return _Spent(summary, tags, model_sentence, model_eps, report, trained_on)

@@ -80,14 +80,21 @@ class PrivacySummary:
                 f"number of private rows{rows} is the same for every such neighbour, and the run uses and "
                 f"releases it.{zcdp}")
 
-    def model_guarantee(self, model_epsilon: float, runs: int, start: str) -> str:
+    def model_guarantee(self, model_epsilon: float, runs: int, start: str, blocks: int = 0,
+                        person_level: bool = False) -> str:
         """The guarantee of a model that continued ``start`` (a registered version): every run since a seed
-        initialisation composed. ``model_epsilon`` inf: a start's privacy events are unknown."""
+        initialisation composed; with ``blocks`` (data.blocks), per block, and the largest block's.
+        ``model_epsilon`` inf: a start's privacy events are unknown."""
         if not self.private:
             return self.guarantee()
         if not math.isfinite(model_epsilon):
             return (f"unknown: {start}, which this model continued, was trained by runs whose privacy events are "
                     f"not recorded; this run alone is {self.guarantee()}")
+        if blocks:
+            unit = "person" if person_level else "row"
+            return (self.guarantee_at(model_epsilon)[:-1] + f", the largest over the {blocks} blocks of data its {runs} "
+                    f"runs read (this one and {start} back to a seed initialisation) of the composition of the runs "
+                    f"that read each block: every {unit} is in one block, so it bounds every {unit}'s loss.")
         return (self.guarantee_at(model_epsilon)[:-1] + f", composed over the {runs} runs that trained it "
                 f"(this one and {start} back to a seed initialisation): it bounds every person's loss, whichever of "
                 "those runs they were in.")
@@ -269,15 +276,19 @@ class BudgetRow(NamedTuple):
     run_name: str
 
 
-def budget_left_line(dataset: str, left: float, lifetime_epsilon: float) -> str:
-    """What a run's commit left of its dataset's budget (rounded down: never overstated)."""
-    return f"dataset {dataset}: {shown_left(left)} of {lifetime_epsilon:g} epsilon left"
+def budget_left_line(dataset: str, spent: float, lifetime_epsilon: float, fits: Optional[float]) -> str:
+    """Where a run's commit left its dataset: what is spent (the largest block's composition) and the largest
+    epsilon a next run shaped like it still fits; composition is not subtraction, so no "left"."""
+    nxt = (f"a next run like this one fits up to epsilon {shown(fits)}" if fits is not None
+           else "no run like this one fits any more")
+    return f"dataset {dataset}: epsilon {shown(spent)} spent of the lifetime {lifetime_epsilon:g}; {nxt}"
 
 
 def budget_table(dataset: str, ledger: str, delta: float, accountant: str, neighboring: str, lifetime_epsilon: float,
-                 spent: float, charges: Iterable[BudgetRow]) -> str:
+                 spent: float, charges: Iterable[BudgetRow], fits: Optional[float] = None) -> str:
     """A dataset's ledger as a markdown table: every run's epsilon, the exact total (``spent``, the composition
-    of every run's event, never a sum) and what is left. ``ledger``: its address without a password."""
+    of every run's event, never a sum; with blocks the largest block's) and the largest epsilon a next run
+    shaped like the last still fits (``fits``). ``ledger``: its address without a password."""
     lines = [f"## Budget of dataset {dataset}", "",
              f"Ledger {ledger}: each run's epsilon alone, and the exact composition of all of them at delta "
              f"{shown(delta, 3)} ({accountant}, {neighboring}).", "",
@@ -287,5 +298,5 @@ def budget_table(dataset: str, ledger: str, delta: float, accountant: str, neigh
                      f"{charge.steps_run}/{charge.steps_planned} | {charge.status} | "
                      f"{charge.created_at:%Y-%m-%d %H:%M} | {charge.run_name} |")
     lines += [f"| **total (exact composition)** | **{shown(spent)} of {lifetime_epsilon:g}** | | | | |",
-              f"| **left** | **{shown_left(lifetime_epsilon - spent)}** | | | | |", ""]
+              f"| **a next run like the last fits up to** | **{'none' if fits is None else shown(fits)}** | | | | |", ""]
     return "\n".join(lines)

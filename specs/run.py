@@ -44,6 +44,21 @@ class RunSpec(Strict):
     budget: Optional[BudgetSpec] = None
     assumptions: Optional[AssumptionsSpec] = Field(None, description="What a theory preset assumes of the loss.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _window_declares_n(cls, data: Any) -> Any:
+        """With data.blocks, N is the blocks' declared size times the window's length: public facts only."""
+        if not isinstance(data, dict):
+            return data
+        d, b = data.get("data"), data.get("budget")
+        blocks = d.get("blocks") if isinstance(d, dict) else None
+        window = b.get("window") if isinstance(b, dict) else None
+        if isinstance(blocks, dict) and isinstance(window, dict) and d.get("declared_private_rows") is None:
+            per, length = blocks.get("declared_private_rows"), window.get("blocks")
+            if isinstance(per, int) and isinstance(length, int) and per > 0 and length > 0:
+                return {**data, "data": {**d, "declared_private_rows": per * length}}
+        return data
+
     @model_validator(mode="after")
     def _cross_field(self) -> "RunSpec":
         problems = cross_field_problems(self)

@@ -36,13 +36,14 @@ def load_sklearn(name: str) -> Table:
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
               tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None,
-              hf_split: Optional[str] = None) -> Table:
+              hf_split: Optional[str] = None, arrival: Optional[str] = None, person: Optional[str] = None) -> Table:
     """Rows of a CSV, Parquet or JSON Lines file, or of a Hugging Face ``save_to_disk`` folder (``hf_split``
     of a DatasetDict; a ClassLabel label column is read by its codes): the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
     max_length], as the text sources give); ``label`` mapped to its position in ``classes``; with
-    ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); exact duplicate
-    rows dropped.
+    ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); with ``arrival``
+    and ``person`` (data.blocks) those columns as written, as ``arrivals`` and ``persons`` (never features);
+    exact duplicate rows dropped.
 
     ``classes`` comes from the spec, never from the file: the model's output size is released, and a
     label set read from the data would tell whether a rare class occurs among the private rows.
@@ -84,6 +85,15 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if public_flag is not None:
         require("data.split.column", public_flag)
     flags = _flags(frame, public_flag) if public_flag is not None else None
+    meta = {}
+    for field, column in (("arrival", arrival), ("person", person)):
+        if column is not None:
+            require(f"data.blocks.{field}", column)
+            values = frame[column]
+            if values.isna().any() or (values.astype(str).str.strip() == "").any():
+                raise ValueError(f"data.blocks.{field}: column {column!r} has missing or empty values; every row "
+                                 f"needs its {field}")
+            meta[f"{field}s"] = values.astype(str).to_numpy(dtype=object)
     if text is not None:
         require("data.source.text", text)
         lines = frame[text]
@@ -98,8 +108,9 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         ids = encode(list(lines), pretrained.tokenizer(tokenizer), max_length)
         layout = f"file:label={label};text={text};tokenizer={tokenizer};max_length={max_length};classes=by-name"
         return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
-                                  class_names=tuple(str(c) for c in classes)))
-    names = list(features) if features is not None else [c for c in columns if c not in (label, public_flag)]
+                                  class_names=tuple(str(c) for c in classes), **meta))
+    names = list(features) if features is not None else [c for c in columns
+                                                         if c not in (label, public_flag, arrival, person)]
     for name in names:
         require("data.source.features", name)
     if label in names:
@@ -118,7 +129,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
                          "non-finite values, or values beyond float32's range (3.4e38); fill, drop or rescale them")
     layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name"
     return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
-                              columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes)))
+                              columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes), **meta))
 
 
 def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequence[Union[int, str]],
@@ -215,9 +226,11 @@ def _sklearn(source, model_tokenizer=None, public_flag=None):
 
 
 @SOURCES.register("file")
-def _file(source, model_tokenizer=None, public_flag=None):
-    """A file's text column is tokenised by the model's own tokenizer unless the source names one."""
+def _file(source, model_tokenizer=None, public_flag=None, blocks=None):
+    """A file's text column is tokenised by the model's own tokenizer unless the source names one; with
+    ``blocks`` (data.blocks) its arrival and person columns are read as metadata."""
     table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
                       features=source.features, text=source.text, tokenizer=source.tokenizer or model_tokenizer,
-                      max_length=source.max_length, public_flag=public_flag, hf_split=source.hf_split)
+                      max_length=source.max_length, public_flag=public_flag, hf_split=source.hf_split,
+                      arrival=blocks.arrival if blocks else None, person=blocks.person if blocks else None)
     return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale

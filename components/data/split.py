@@ -173,7 +173,7 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
     if drop_shared:
         public_fps = set(public_table.row_fingerprints())
         kept = np.asarray([i for i, fp in enumerate(fps) if fp not in public_fps], dtype=np.int64)
-        table = replace(table, features=table.features[kept], labels=table.labels[kept])
+        table = table.take(kept)
         fps = [fps[i] for i in kept]
     u_test, _ = _row_uniforms(fps, seed)
     n = len(table)

@@ -30,6 +30,15 @@ class Table:
     # name, not its position, so reordering or extending ``classes`` keeps every row (and its part of a
     # hashed split) where it was
     class_names: tuple | None = None
+    # with data.blocks: each row's arrival value and person, as written (public metadata, never features)
+    arrivals: np.ndarray | None = None
+    persons: np.ndarray | None = None
+
+    def take(self, index: np.ndarray) -> "Table":
+        """The rows at ``index``, every per-row field with them."""
+        pick = (lambda a: None if a is None else a[index])
+        return replace(self, features=self.features[index], labels=self.labels[index],
+                       public_flags=pick(self.public_flags), arrivals=pick(self.arrivals), persons=pick(self.persons))
 
     def __post_init__(self) -> None:
         if len(self.features) != len(self.labels):
@@ -83,4 +92,4 @@ def _unique_rows(table: Table) -> Table:
         all_public = np.ones(len(first), dtype=bool)
         np.logical_and.at(all_public, inverse, flags)
         flags = all_public[inverse][keep]
-    return replace(table, features=table.features[keep], labels=table.labels[keep], public_flags=flags)
+    return replace(table.take(keep), public_flags=flags)

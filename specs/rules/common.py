@@ -38,6 +38,7 @@ def cross_field_problems(spec) -> List[str]:
             problems.append(problem)
     if spec.budget is not None and not (spec.privacy and not spec.privacy.insecure_deterministic):
         problems.append("budget: only private runs are charged to a dataset's budget; remove budget")
+    problems += _block_problems(spec)
     if spec.budget is not None and spec.privacy is not None and spec.privacy.epsilon > spec.budget.lifetime_epsilon:
         problems.append("privacy.epsilon: larger than budget.lifetime_epsilon; lower it or raise the budget")
     if spec.privacy is not None and spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
@@ -126,6 +127,41 @@ def cross_field_problems(spec) -> List[str]:
         problems.append("data.source.scale: fixed is only known for digits and images; use public or none")
     if not file_text and (scale == "public" or (scale == "auto" and not fixed_range)) and not split.has_public:
         problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
+    return problems
+
+
+def _block_problems(spec) -> List[str]:
+    """data.blocks and budget.window go together, on a file whose rows can be matched as it grows."""
+    blocks, budget = spec.data.blocks, spec.budget
+    window = budget.window if budget is not None else None
+    if blocks is None:
+        return ["budget.window: chooses among data.blocks; give data.blocks or remove budget.window"] if window else []
+    problems = []
+    if budget is None or window is None:
+        problems.append("data.blocks: a block's budget is kept in the ledger and read through a window; give budget "
+                        "with budget.window (e.g. {blocks: 7})")
+    elif spec.data.declared_private_rows != blocks.declared_private_rows * window.blocks:
+        problems.append(f"data.declared_private_rows: with data.blocks it is data.blocks.declared_private_rows x "
+                        f"budget.window.blocks = {blocks.declared_private_rows * window.blocks}; remove it")
+    source = spec.data.source
+    if source.kind != "file":
+        problems.append(f"data.blocks: reads an arrival column of a file source, not data.source.kind {source.kind}")
+    else:
+        taken = {source.label: "data.source.label", **{c: "data.source.features" for c in source.features or ()}}
+        if source.text is not None:
+            taken[source.text] = "data.source.text"
+        if spec.data.split.kind == "column":
+            taken[spec.data.split.column] = "data.split.column"
+        for column in blocks.columns:
+            if column in taken:
+                problems.append(f"data.blocks: column {column!r} is public metadata and cannot also be "
+                                f"{taken[column]}")
+    if spec.data.split.kind not in ("hashed", "column"):
+        problems.append(f"data.split.kind: {spec.data.split.kind} moves rows between parts as blocks arrive; use "
+                        "hashed or column with data.blocks")
+    if spec.privacy is not None and spec.privacy.delta == "auto":
+        problems.append("privacy.delta: a block's lifetime (epsilon, delta) is fixed when it is first charged, so "
+                        "delta must be a number with data.blocks, not auto")
     return problems
 
 

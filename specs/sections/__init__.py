@@ -8,7 +8,7 @@ module defines X. The modules import only ``specs.base``, never one another.
 from specs.base import Probability
 from specs.sections.data import (
     SklearnSource, TextSource, FileSource, ImageFolderSource, PackagedImagesSource, SyntheticSource, Source,
-    FractionSplit, HashedSplit, ColumnSplit, SourceSplit, Split, DataSpec,
+    FractionSplit, HashedSplit, ColumnSplit, SourceSplit, Split, BlocksSpec, DataSpec,
 )
 from specs.sections.model import LinearModel, MlpModel, CnnModel, LoraSpec, HfModel, ObjectiveModel, ModelSpec
 from specs.sections.estimator import (
@@ -33,12 +33,13 @@ from specs.sections.execution import ExecutionSpec
 from specs.sections.tracking import TRACKING_URI_ENV, tracking_uri_from_env, TrackingSpec
 from specs.sections.checkpoint import CheckpointSpec
 from specs.sections.budget import (
-    DATASET_PATTERN, LEDGER_URL_ENV, ledger_from_env, BudgetSpec, default_ledger, sqlite_ledger_problem,
+    DATASET_PATTERN, LEDGER_URL_ENV, ledger_from_env, WindowSpec, BudgetSpec, default_ledger, sqlite_ledger_problem,
 )
 
 __all__ = [
     "Probability", "SklearnSource", "TextSource", "FileSource", "ImageFolderSource", "PackagedImagesSource",
-    "SyntheticSource", "Source", "FractionSplit", "HashedSplit", "ColumnSplit", "SourceSplit", "Split", "DataSpec",
+    "SyntheticSource", "Source", "FractionSplit", "HashedSplit", "ColumnSplit", "SourceSplit", "Split", "BlocksSpec",
+    "DataSpec",
     "LinearModel", "MlpModel", "CnnModel", "LoraSpec", "HfModel", "ObjectiveModel", "ModelSpec", "PublicWarmStart",
     "TwoPointEstimator", "DpgdZerothEstimator", "PazoMEstimator", "PazoPEstimator", "PazoSEstimator",
     "FirstOrderEstimator", "GepEstimator", "DopeSgdEstimator", "PdaDpmdEstimator", "ZoSpiderEstimator",
@@ -48,6 +49,6 @@ __all__ = [
     "SinglePassSampling", "SamplingSpec", "batch_size_of", "SgdOptimizer", "AdamOptimizer", "O2NC_CONSTANTS",
     "O2ncOptimizer", "KL_CONSTANTS", "KlSpiderOptimizer", "ProximalPointOptimizer", "AdaptiveNoisyGdOptimizer",
     "OptimizerSpec", "KlSpec", "AssumptionsSpec", "ExecutionSpec", "TRACKING_URI_ENV", "tracking_uri_from_env",
-    "TrackingSpec", "CheckpointSpec", "DATASET_PATTERN", "LEDGER_URL_ENV", "ledger_from_env", "BudgetSpec",
+    "TrackingSpec", "CheckpointSpec", "DATASET_PATTERN", "LEDGER_URL_ENV", "ledger_from_env", "WindowSpec", "BudgetSpec",
     "default_ledger", "sqlite_ledger_problem",
 ]

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from pydantic import Field, PositiveFloat, field_validator
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from specs.base import Strict
 
@@ -21,12 +23,23 @@ def ledger_from_env() -> str:
     return os.environ.get(LEDGER_URL_ENV, "").strip() or default_ledger()
 
 
+class WindowSpec(Strict):
+    """Which blocks a run reads, from public facts only (the run's scheduled time and the calendar): the
+    ``blocks`` most recent periods that ended before it. Rows of other blocks are not used at all."""
+
+    kind: Literal["last"] = "last"
+    blocks: PositiveInt = Field(..., description="How many sealed periods the run reads (e.g. 7 days).")
+
+
 class BudgetSpec(Strict):
-    """Lifetime privacy budget of a dataset, kept in the privacy ledger across runs."""
+    """Lifetime privacy budget of a dataset, kept in the privacy ledger across runs; with data.blocks, the
+    lifetime of each block."""
 
     dataset: str = Field(..., pattern=DATASET_PATTERN,
                          description="Ledger id of the people whose data this is (shared by every run on it).")
-    lifetime_epsilon: PositiveFloat
+    lifetime_epsilon: PositiveFloat = Field(..., description="The dataset's lifetime epsilon; with data.blocks, "
+                                            "each block's.")
+    window: Optional[WindowSpec] = Field(None, description="With data.blocks: the blocks a run reads.")
     ledger: str = Field(default_factory=ledger_from_env,
                         min_length=1,
                         description="SQLAlchemy URL (SQLite with an absolute path, PostgreSQL). Every run on one "

@@ -289,9 +289,39 @@ class SourceSplit(Strict):
 Split = Annotated[Union[FractionSplit, HashedSplit, ColumnSplit, SourceSplit], Field(discriminator="kind")]
 
 
+class BlocksSpec(Strict):
+    """How a file's rows fall into blocks, each with a privacy budget of its own (budget.window chooses the
+    blocks a run reads), from public metadata only: the period of a declared arrival column, never a row's
+    content or a count. A row's block is recorded in the ledger with its fingerprint the first time a run
+    sees it, so writing an old row again with a new date does not move it into fresh budget."""
+
+    arrival: str = Field(..., min_length=1, description="The column holding when each row arrived (a date or "
+                         "timestamp, read as UTC); public metadata, never a feature.")
+    period: Literal["day", "week", "month"] = Field("day", description="A block is the rows that arrived in one "
+                                                    "period: a UTC day, an ISO week (Monday first) or a month.")
+    person: Optional[str] = Field(None, min_length=1, description="A column naming each row's person: all of a "
+                                  "person's rows fall in the block of their first arrival, so the guarantee is per "
+                                  "person, not per row (event level). Public metadata, never a feature.")
+    declared_private_rows: PositiveInt = Field(..., description="A public upper bound on the private rows of one "
+                                               "block; a run's N (its sampling rate, steps and delta) is this times "
+                                               "the blocks in its window, never a count of their rows.")
+
+    @model_validator(mode="after")
+    def _distinct_columns(self):
+        if self.person is not None and self.person == self.arrival:
+            raise ValueError("person and arrival must be different columns")
+        return self
+
+    @property
+    def columns(self) -> tuple:
+        return (self.arrival,) + ((self.person,) if self.person else ())
+
+
 class DataSpec(Strict):
     source: Source
     split: Split = FractionSplit(kind="fraction")
+    blocks: Optional[BlocksSpec] = Field(None, description="Rows in blocks by arrival period, each block with a "
+                                         "budget of its own (with budget.window).")
     declared_private_rows: Optional[PositiveInt] = Field(
         None, description="N: a public constant standing for the number of private rows (an upper bound, or a "
         "count already published), never read from the data. With Poisson sampling under add/remove "

@@ -73,7 +73,7 @@ def test_refusal_names_what_still_fits_and_writes_nothing(tmp_path):
         f"budget.lifetime_epsilon: dataset 'patients' cannot take this run of epsilon {one:.4g}: composed with the 1 "
         f"charge before it, it would reach {two:.4g} of the lifetime {lifetime:.4g}; a run of epsilon <= "
         f"{refusal.fits:.4g} still fits (lower privacy.epsilon); new rows bring no budget to a dataset charged as one "
-        "block (budget.blocks gives each period's rows a budget of their own)")
+        "block (data.blocks with budget.window gives each period's rows a budget of their own)")
     assert refusal.requested == pytest.approx(one) and refusal.would_reach == pytest.approx(two, rel=1e-12)
     assert len(ledger.history("patients")) == 1
     assert 0 < refusal.fits < one
@@ -311,3 +311,60 @@ def test_a_retried_commit_that_went_through_is_not_an_error(tmp_path):
         ledger.commit(charge, executed, 150, "run-1")
     (row,) = ledger.history("patients")
     assert (row.status, row.steps_run) == ("committed", 120)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
+def test_racing_runs_on_overlapping_windows_never_overspend_a_block(tmp_path, request, backend):
+    """12 runs at once, each on a window of two of four daily blocks (d1 d2, d2 d3, d3 d4, ...), each block
+    admitting two runs: every block ends within its lifetime however the reservations and the commits that
+    fold each run into its blocks' stored states interleave, and each block's state is the composition of
+    exactly the charges on it."""
+    from flows.ledger import BlockTerms
+
+    url = f"sqlite:///{tmp_path / 'l.db'}" if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    one, two, three = (composed_eps([run_event()] * k) for k in (1, 2, 3))
+    lifetime = (two + three) / 2
+    windows = [(f"d{i}", f"d{i + 1}") for i in (1, 2, 3)] * 4
+    dataset = f"visits-{backend}"
+    PrivacyLedger(url)  # the tables, once
+
+    def attempt(window):
+        ledger = PrivacyLedger(url)
+        try:
+            charge = ledger.reserve(dataset=dataset, fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
+                                    lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove",
+                                    blocks=[BlockTerms(b, lifetime, DELTA, 100) for b in window])
+            ledger.commit(charge, run_event(), 200)
+            return window
+        except BudgetExceeded:
+            return None
+        finally:
+            ledger.engine.dispose()
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        admitted = [w for w in pool.map(attempt, windows) if w is not None]
+    ledger = PrivacyLedger(url)
+    on = {b.block: b for b in ledger.blocks(dataset)}
+    for block, listed in on.items():
+        runs = sum(block in w for w in admitted)
+        assert runs <= 2 and listed.charges == runs
+        assert listed.committed_epsilon == pytest.approx(composed_eps([run_event()] * runs), rel=1e-12)
+        assert listed.committed_epsilon <= lifetime
+    # d2 d3 twice leaves no room for the others; d1 d2 and d3 d4 twice each fill all four
+    assert 2 <= len(admitted) <= 4 and ledger.spent(dataset) <= lifetime
+
+
+def test_the_same_people_under_a_new_dataset_name_are_refused(tmp_path):
+    """Budget laundering: a new budget.dataset whose private rows are another dataset's private rows would
+    give the same people a second budget; refused in one line naming the other dataset, writing nothing."""
+    from flows.ledger import RowsLaundered
+
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    rows = [f"{i:064x}" for i in range(1200)]  # more than one statement's worth of parameters
+    _reserve(ledger, 100.0, private=rows[:1000], exposed=rows[1000:])
+    with pytest.raises(RowsLaundered, match=r"^budget.dataset: 600 private rows of this run are private rows of "
+                                            r"dataset 'patients' in this ledger; the same people cannot have a second "
+                                            r"budget under 'patients-v2': charge them to 'patients'$"):
+        _reserve(ledger, 100.0, dataset="patients-v2", private=rows[400:1200])
+    assert ledger.datasets() == ["patients"]
+    _reserve(ledger, 100.0, dataset="patients-v2", private=rows[1000:1200])  # new people: a budget of their own

@@ -1,0 +1,109 @@
+"""A run on blocks (data.blocks with budget.window): the window it reads, from public facts only (the flow
+run's scheduled time, the calendar and the spec), the rows of that window, and what the ledger records of
+the blocks its rows fell in.
+
+The window is chosen before any row is read; rows are then placed in blocks by their recorded block, their
+person's first arrival or their own arrival period (components/data/blocks.py), and rows outside the window
+are left out before the split, so they are in no part of the run at all.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+import specs
+from components.data.blocks import arrival_periods, next_after, open_period, row_blocks, sealed_periods
+from components.data.table import Table
+from flows.tracking import keyed_rows
+
+
+@dataclass(frozen=True)
+class Window:
+    """The blocks a run reads (oldest first), the moment they were chosen for, and the block in progress then
+    (the next one to bring budget)."""
+
+    blocks: Tuple[str, ...]
+    as_of: str
+    next_block: str
+
+    @classmethod
+    def for_spec(cls, spec: specs.RunSpec, as_of: dt.datetime) -> "Window":
+        period, length = spec.data.blocks.period, spec.budget.window.blocks
+        return cls(tuple(sealed_periods(as_of, period, length)), as_of.isoformat(), open_period(as_of, period))
+
+
+def as_of_moment(explicit: Optional[str] = None) -> dt.datetime:
+    """When the run counts as happening: ``explicit`` (ISO 8601), else the Prefect flow run's scheduled start
+    (a retried or late run of the 02:00 schedule reads the blocks of its own night), else now. UTC."""
+    if explicit:
+        try:
+            moment = dt.datetime.fromisoformat(explicit)
+        except ValueError:
+            raise ValueError(f"as_of: {explicit!r} is not an ISO 8601 date or time (e.g. 2026-11-27T02:00:00+00:00)") \
+                from None
+        return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+    try:
+        from prefect.runtime import flow_run
+
+        scheduled = flow_run.scheduled_start_time
+    except Exception:  # noqa: BLE001 - outside a flow run there is no schedule
+        scheduled = None
+    if scheduled is not None:
+        return dt.datetime.fromisoformat(str(scheduled.isoformat()))
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _keyed_persons(persons) -> List[str]:
+    # a person's id is private data as much as a row: only its keyed hash is stored
+    return keyed_rows([hashlib.sha256(b"person:" + str(p).encode("utf-8")).hexdigest() for p in persons])
+
+
+@dataclass
+class BlockView:
+    """The rows of one run's window, and the blocks of every row it saw (for the ledger, at reservation)."""
+
+    spec: specs.RunSpec
+    window: Window
+    seen_rows: Dict[str, str] = field(default_factory=dict)
+    seen_persons: Dict[str, str] = field(default_factory=dict)
+
+    def select(self, table: Table) -> np.ndarray:
+        """Indices of the table's rows whose block is in the window."""
+        from flows.ledger import PrivacyLedger
+
+        blocks_spec, budget = self.spec.data.blocks, self.spec.budget
+        ledger = PrivacyLedger(budget.ledger)
+        periods = arrival_periods(table.arrivals, blocks_spec.period, blocks_spec.arrival)
+        row_keys = keyed_rows(table.row_fingerprints())
+        person_keys = _keyed_persons(table.persons) if blocks_spec.person else None
+        blocks = row_blocks(
+            periods, row_keys, ledger.recorded_blocks(budget.dataset, "row", row_keys), person_keys,
+            ledger.recorded_blocks(budget.dataset, "person", person_keys) if person_keys else None)
+        # only rows of sealed periods are recorded: a row of the period in progress is seen again tomorrow
+        sealed = np.asarray([b < self.window.next_block for b in blocks])
+        self.seen_rows = {k: b for k, b, s in zip(row_keys, blocks, sealed) if s}
+        if person_keys is not None:
+            self.seen_persons = {k: b for k, b, s in zip(person_keys, blocks, sealed) if s}
+        chosen = set(self.window.blocks)
+        return np.flatnonzero([b in chosen for b in blocks])
+
+    def when(self, full: List[str]) -> str:
+        """When this spec's window leaves the newest of the ``full`` blocks behind: from that moment its runs
+        read only blocks after it."""
+        blocks = self.spec.data.blocks
+        length = self.spec.budget.window.blocks
+        newest = max(full)
+        moment = next_after(newest, blocks.period, length + 1)
+        return (f"runs from {moment} (UTC) on read blocks after {newest!r}, the newest block of this window without "
+                f"room: the window of {length} moves past it then")
+
+    def block_terms(self):
+        from flows.ledger import BlockTerms
+
+        spec = self.spec
+        return [BlockTerms(b, spec.budget.lifetime_epsilon, float(spec.privacy.delta),
+                           spec.data.blocks.declared_private_rows) for b in self.window.blocks]

@@ -1,0 +1,191 @@
+"""Runs on blocks (data.blocks with budget.window): the window comes from the schedule and the calendar only,
+rows keep the block they were first seen in, a person's rows stay in their first block, and a nightly run
+charges only the blocks it reads, so new days bring budget of their own."""
+import copy
+import datetime as dt
+
+import pandas as pd
+import pytest
+
+import specs
+from components.data import load_sklearn
+from flows.blocks import BlockView, Window
+from flows.ledger import BudgetExceeded, PrivacyLedger
+
+START = dt.date(2026, 11, 1)
+PER_DAY = 120
+
+
+def write_stream(path, days, persons=False, restamp=None):
+    """digits as a file that grew by PER_DAY rows a day from START: an ``arrived`` date per row (and a
+    ``patient`` per pair of rows, with ``persons``); ``restamp``: row positions written with that date instead."""
+    table = load_sklearn("digits")
+    n = days * PER_DAY
+    frame = pd.DataFrame(table.features[:n], columns=[f"px{i}" for i in range(64)])
+    frame["digit"] = table.labels[:n]
+    frame["arrived"] = [(START + dt.timedelta(days=i // PER_DAY)).isoformat() for i in range(n)]
+    if persons:  # patient k's rows arrive on day k % days and on the last day written
+        frame["patient"] = [f"p{i % PER_DAY}" for i in range(n)]
+    for row, day in (restamp or {}).items():
+        frame.loc[row, "arrived"] = day.isoformat()
+    frame.to_csv(path, index=False)
+    return path
+
+
+def stream_spec(tmp_path, window=3, persons=False, lifetime=3.0, epsilon=1.0):
+    return {
+        "name": "visits", "seed": 5,
+        "data": {"source": {"kind": "file", "path": str(tmp_path / "visits.csv"), "label": "digit",
+                            "classes": list(range(10))},
+                 "split": {"kind": "hashed", "public": 0.05, "test": 0.2},
+                 "blocks": {"arrival": "arrived", "period": "day", "declared_private_rows": 100,
+                            **({"person": "patient"} if persons else {})}},
+        "model": {"kind": "linear"},
+        "estimator": {"kind": "two_point", "queries": 2, "smoothing": 1e-3},
+        "mechanism": {"kind": "gaussian", "clip": 2.0},
+        "privacy": {"epsilon": epsilon, "delta": 1e-5, "accountant": "rdp"},
+        "sampling": {"kind": "poisson", "expected_batch_size": 32},
+        "optimizer": {"kind": "sgd", "lr": 0.02, "steps": 20},
+        "tracking": {"log_every": 20},
+        "budget": {"dataset": "visits", "lifetime_epsilon": lifetime, "ledger": f"sqlite:///{tmp_path / 'ledger.db'}",
+                   "window": {"blocks": window}},
+    }
+
+
+def night(day: int) -> dt.datetime:
+    return dt.datetime.combine(START + dt.timedelta(days=day), dt.time(2), tzinfo=dt.timezone.utc)
+
+
+def _table(spec):
+    from components.builders import _table
+
+    return _table(spec.data.source, None, None, spec.data.blocks)[0]
+
+
+def test_the_window_is_the_last_sealed_periods_whatever_the_rows_hold(tmp_path):
+    """The window is a function of the spec and the night alone; changing only private rows' contents changes
+    neither it nor which rows fall in it."""
+    write_stream(tmp_path / "visits.csv", days=6)
+    spec = specs.spec_from_dict(stream_spec(tmp_path))
+    window = Window.for_spec(spec, night(5))
+    assert window.blocks == ("2026-11-03", "2026-11-04", "2026-11-05") and window.next_block == "2026-11-06"
+    assert spec.data.declared_private_rows == 300  # N: 100 declared a block, 3 blocks
+    chosen = BlockView(spec, window).select(_table(spec))
+    assert list(chosen) == list(range(2 * PER_DAY, 5 * PER_DAY))  # days 3..5 of the file (0-based 2..4)
+
+    frame = pd.read_csv(tmp_path / "visits.csv")
+    frame.loc[frame.index[::2], "px10"] += 3.0  # other contents, the same arrivals
+    frame.to_csv(tmp_path / "visits.csv", index=False)
+    again = BlockView(spec, Window.for_spec(spec, night(5)))
+    assert again.window == window and list(again.select(_table(spec))) == list(chosen)
+    # by week and by month too: the calendar, not the data
+    assert Window.for_spec(specs.spec_from_dict({**stream_spec(tmp_path), "data": {
+        **stream_spec(tmp_path)["data"], "blocks": {"arrival": "arrived", "period": "week",
+                                                    "declared_private_rows": 500}}}), night(5)).blocks == \
+        ("2026-W42", "2026-W43", "2026-W44")
+
+
+def test_rows_written_again_with_a_new_date_keep_their_block(tmp_path):
+    """A run records the block of every row of a sealed period it saw; re-stamping those rows later does not
+    move them into a new (unspent) block."""
+    write_stream(tmp_path / "visits.csv", days=4)
+    spec = specs.spec_from_dict(stream_spec(tmp_path, window=1))
+    view = BlockView(spec, Window.for_spec(spec, night(4)))
+    chosen = view.select(_table(spec))
+    PrivacyLedger(spec.budget.ledger).reserve(
+        dataset="visits", fingerprint="f" * 64, run_name="night 4", planned=_event(), steps=20, lifetime_epsilon=3.0,
+        delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=view.block_terms(),
+        row_blocks=view.seen_rows)
+    assert list(chosen) == list(range(3 * PER_DAY, 4 * PER_DAY))
+    # the next night, day 4's rows are written again dated day 5, beside day 5's own rows
+    write_stream(tmp_path / "visits.csv", days=6, restamp={i: START + dt.timedelta(days=4)
+                                                          for i in range(3 * PER_DAY, 4 * PER_DAY)})
+    view = BlockView(spec, Window.for_spec(spec, night(5)))
+    assert view.window.blocks == ("2026-11-05",)
+    assert list(view.select(_table(spec))) == list(range(4 * PER_DAY, 5 * PER_DAY))  # day 5's own rows only
+
+
+def test_a_persons_later_rows_stay_in_the_block_of_their_first_arrival(tmp_path):
+    write_stream(tmp_path / "visits.csv", days=3, persons=True)
+    spec = specs.spec_from_dict(stream_spec(tmp_path, window=1, persons=True))
+    # every patient first arrived on day 1: day 2's and 3's rows belong to that block
+    first = BlockView(spec, Window.for_spec(spec, night(1)))
+    assert list(first.select(_table(spec))) == list(range(3 * PER_DAY))
+    later = BlockView(spec, Window.for_spec(spec, night(3)))
+    assert list(later.select(_table(spec))) == []  # nobody first arrived on day 3
+    assert len(set(first.seen_persons.values())) == 1 and len(first.seen_persons) == PER_DAY
+
+
+def _event(sigma=2.0):
+    import dp_accounting
+
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(sigma)), 20)
+
+
+def test_nightly_runs_on_a_window_go_on_as_days_arrive(prefect_server, tmp_path, mlflow_db, monkeypatch):
+    """Nights 3..8 on a window of 2 days, lifetime room for two runs a block: each night charges its two
+    blocks only, every block stays within its lifetime, and the run's rows are those blocks' only. One ledger
+    for the whole dataset: the old one (no blocks) would have refused from the third night on."""
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    d = stream_spec(tmp_path, window=2, lifetime=1.6, epsilon=1.0)
+    d["tracking"]["uri"] = mlflow_db
+    d["optimizer"]["init"] = "latest_registered"  # each night continues the last model
+    for day in range(3, 9):
+        write_stream(tmp_path / "visits.csv", days=day + 1)  # the day in progress is in the file already
+        result = private_train(spec=copy.deepcopy(d), as_of=night(day).isoformat())
+        assert result["model_version"] == str(day - 2)
+    ledger = PrivacyLedger(d["budget"]["ledger"])
+    blocks = {b.block: b for b in ledger.blocks("visits")}
+    assert sorted(blocks) == [f"2026-11-{k:02d}" for k in range(2, 9)]
+    assert all(b.epsilon <= 1.6 for b in blocks.values())
+    assert [blocks[f"2026-11-{k:02d}"].charges for k in range(2, 9)] == [1, 2, 2, 2, 2, 2, 1]
+    assert ledger.spent("visits") <= 1.6 and len(ledger.history("visits")) == 6
+    # a seventh run on night 8 again: block 11-07 (its third) is full, and the refusal says when budget comes
+    with pytest.raises(BudgetExceeded, match=r"^budget.lifetime_epsilon: block '2026-11-07' of dataset 'visits' "
+                                             r"cannot take this run .*; runs from 2026-11-10 \(UTC\) on read blocks "
+                                             r"after '2026-11-07', the newest block of this window without room"):
+        private_train(spec=copy.deepcopy(d), as_of=night(8).isoformat())
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_db)
+    (run,) = client.search_runs([client.get_experiment_by_name("visits").experiment_id],
+                                "attributes.status = 'FINISHED'", max_results=1, order_by=["attributes.start_time DESC"])
+    assert run.data.params["data.declared_private_rows"] == "200"
+    assert float(run.data.tags["dp.epsilon"]) <= 1.0 and run.data.tags["privzo.blocks"] == "2026-11-07,2026-11-08"
+    # the model of six runs: per block the composition of the runs that read it, the largest block's
+    version = client.get_model_version("visits", "6")
+    assert float(version.tags["dp.model_epsilon"]) == pytest.approx(ledger.spent("visits"), rel=1e-5)
+    assert float(version.tags["dp.model_epsilon"]) <= 1.6 and float(version.tags["dp.model_runs"]) == 6
+    assert "the largest over the 7 blocks of data its 6 runs read" in version.description
+
+
+def test_a_resumed_run_reads_the_window_it_started_with(prefect_server, tmp_path, mlflow_db, monkeypatch):
+    """Killed before its commit and resumed days later (more rows in the file, another calendar): the run reads
+    the window its checkpoint was written for, so the same private rows, and finishes its own charge."""
+    import sqlalchemy as sa
+
+    from flows.checkpoints import CheckpointStore
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    d = stream_spec(tmp_path, window=2)
+    d["tracking"]["uri"] = mlflow_db
+    d["checkpoint"] = {"dir": str(tmp_path / "checkpoints"), "keep": True}
+    write_stream(tmp_path / "visits.csv", days=5)
+    first = private_train(spec=copy.deepcopy(d), as_of=night(4).isoformat())
+    store = CheckpointStore(d["checkpoint"]["dir"], d["name"], first["run_key"])
+    (store.dir / "finished").unlink()  # as if killed after its last chunk, before the commit
+    ledger = PrivacyLedger(d["budget"]["ledger"])
+    (charge,) = ledger.history("visits")
+    with ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE privzo_charges SET status = 'reserved' WHERE id = :i"), {"i": charge.id})
+    assert store.load()["window_as_of"] == night(4).isoformat()
+    write_stream(tmp_path / "visits.csv", days=9)  # four more days arrived meanwhile
+    resumed = private_train(spec=copy.deepcopy(d), resume=first["run_key"])  # today: no as_of
+    assert resumed["run_key"] == first["run_key"]
+    assert {b.block for b in ledger.blocks("visits")} == {"2026-11-03", "2026-11-04"}
+    (charge,) = ledger.history("visits")
+    assert charge.status == "committed"
