@@ -104,3 +104,16 @@ def test_run_cost_extrapolates_a_cell_from_a_few_steps():
     assert c["planned_steps"] > 3 and c["warm_start_s"] > 0 and c["step_s"] > 0
     parts = c["load_s"] + c["warm_start_s"] + c["evaluation_s"] + c["step_s"] * c["planned_steps"]
     assert c["cell_s"] == pytest.approx(parts)
+
+
+def test_ledger_scale_times_reserve_and_commit_on_a_few_nights(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from bench.ledger_scale import main
+
+    out = tmp_path / "scale.json"
+    assert main(["--runs", "1", "3", "--accountants", "rdp", "--window", "2", "--out", str(out)]) == 0
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [(r["accountant"], r["layout"]) for r in rows] == [("rdp", "one block"), ("rdp", "daily blocks")]
+    assert all(set(r["ms"]) == {"1", "3"} and r["run_epsilon"] <= 2.0 for r in rows)

@@ -1,5 +1,6 @@
 """`privzo calibrate` prints, for every shipped spec, exactly what it printed before the package redesign
-(tests/golden/calibrate/, recorded from main at f23a888): the redesign moved code, not numbers. Two phrases
+(tests/golden/calibrate/, recorded from main at f23a888; specs added since, when they were added): the redesign
+moved code, not numbers. Two phrases
 of the nonsmooth family's directions line were reworded on purpose (they cited a document a reader does not
 have, and a paper by number); every number is as recorded."""
 from __future__ import annotations
@@ -28,11 +29,11 @@ _LOADED = {}
 _load_data = builders.load_data
 
 
-def _shared_load(spec):
+def _shared_load(spec, select=None, every_block=False):
     """The specs of one comparison share their data (27 of them three datasets): each is loaded once."""
     key = json.dumps([spec.seed, spec.data.model_dump(mode="json"), spec.model.model_dump(mode="json")])
     if key not in _LOADED:
-        _LOADED[key] = _load_data(spec)
+        _LOADED[key] = _load_data(spec, select, every_block)
     return _LOADED[key]
 
 

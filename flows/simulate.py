@@ -1,0 +1,131 @@
+"""The growing-data example, and nights of it played ahead of time.
+
+``write_stream`` makes the example's stream: scikit-learn's digits (shipped in its wheel) arriving
+``per_day`` rows a day from ``start``, in a fixed public order, each row with its arrival date and a
+patient (every patient comes back once, three days after their first visit). The file as of a moment holds
+every row arrived by then, the day in progress included, as a team's export would.
+
+``grow_stream`` is that export as a Prefect flow (deployment digits-stream-grow in infra/prefect.yaml, an
+hour before the nightly retrain digits-stream-nightly). ``simulate`` plays N nights of a spec on blocks on a scratch ledger and
+MLflow store: each night the file grows and the private-train flow runs as of 02:00 UTC that night.
+"""
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+from prefect import flow
+
+import specs
+
+STREAM_START = dt.date(2026, 9, 1)
+PER_DAY = 25
+RETURN_AFTER = 3  # days between a patient's two visits
+
+
+def stream_frame(as_of: dt.datetime, start: dt.date = STREAM_START, per_day: int = PER_DAY):
+    """The example stream's rows arrived by ``as_of`` (UTC): digits in a fixed order (seed 0, public), row i
+    arriving on day i // per_day; patient k's first visit is row 2k, their second row 2k+1 arrives
+    RETURN_AFTER days later."""
+    import pandas as pd
+
+    from components.data import load_sklearn
+
+    table = load_sklearn("digits")
+    order = np.random.default_rng(0).permutation(len(table))
+    frame = pd.DataFrame(table.features[order], columns=[f"px{i}" for i in range(64)])
+    frame["digit"] = table.labels[order]
+    index = np.arange(len(frame))
+    day = index // per_day + np.where(index % 2 == 1, RETURN_AFTER, 0)
+    frame["arrived"] = [(start + dt.timedelta(days=int(d))).isoformat() for d in day]
+    frame["patient"] = [f"patient-{k:05d}" for k in index // 2]
+    arrived = as_of.astimezone(dt.timezone.utc).date()
+    return frame[[dt.date.fromisoformat(a) <= arrived for a in frame["arrived"]]].reset_index(drop=True)
+
+
+def write_stream(path: Path, as_of: dt.datetime, **kwargs) -> int:
+    """The stream as of ``as_of`` written to ``path`` (CSV, replaced whole); returns its row count."""
+    frame = stream_frame(as_of, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".part")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)  # a run reading the file meanwhile sees the old one or the new one, whole
+    return len(frame)
+
+
+@flow(name="grow-stream", log_prints=True)
+def grow_stream(spec_path: str, as_of: Optional[str] = None) -> int:
+    """The example's nightly export: writes the spec's source file as of the flow run's scheduled time. The
+    stream goes on from where the file's rows start while they are current (its newest row arrived at most
+    a day before); a file that is missing or stale (the shipped one, from 2026-09-08) starts the stream again
+    8 days back, so the nightly retrain has a full window of 7 sealed days from its first night."""
+    import pandas as pd
+
+    from flows.blocks import as_of_moment
+
+    spec = specs.load_spec(spec_path)
+    path, moment = Path(spec.data.source.path), as_of_moment(as_of)
+    today = moment.astimezone(dt.timezone.utc).date()
+    start = today - dt.timedelta(days=8)
+    if path.is_file():
+        arrived = pd.read_csv(path, usecols=["arrived"])["arrived"].map(dt.date.fromisoformat)
+        if len(arrived) and arrived.max() >= today - dt.timedelta(days=1):
+            start = arrived.min()
+    rows = write_stream(path, moment, start=start)
+    print(f"{spec.data.source.path}: {rows} rows, arriving from {start}")
+    return rows
+
+
+@dataclass(frozen=True)
+class Night:
+    night: str
+    status: str  # committed | refused: the line
+    window: str
+    epsilon: Optional[float]
+    model_epsilon: Optional[float]
+
+
+def simulate(spec_path: str, nights: int, first: Optional[dt.date] = None,
+             folder: Optional[Path] = None) -> Dict[str, object]:
+    """``nights`` nights of the spec at 02:00 UTC from ``first`` (default: the first night whose window is
+    full), on a ledger, MLflow store and stream file of their own in ``folder`` (a new temporary folder by
+    default). Returns the nights and the blocks as the ledger has them after the last night."""
+    from flows.ledger import PrivacyLedger
+    from flows.private_train import private_train
+
+    spec = specs.load_spec(spec_path)
+    if spec.data.blocks is None or spec.budget is None or spec.budget.window is None:
+        raise ValueError("simulate: the spec reads no blocks; give data.blocks and budget.window")
+    folder = Path(folder or tempfile.mkdtemp(prefix="privzo-simulate-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    d = spec.model_dump(mode="json")
+    d["data"]["source"]["path"] = str(folder / "stream.csv")
+    d["tracking"]["uri"] = f"sqlite:///{folder / 'mlflow.db'}"
+    d["budget"]["ledger"] = f"sqlite:///{folder / 'ledger.db'}"
+    d["checkpoint"]["dir"] = str(folder / "checkpoints")
+    first = first or STREAM_START + dt.timedelta(days=spec.budget.window.blocks)
+    played: List[Night] = []
+    for n in range(nights):
+        moment = dt.datetime.combine(first + dt.timedelta(days=n), dt.time(2), tzinfo=dt.timezone.utc)
+        write_stream(folder / "stream.csv", moment)
+        state = private_train(spec=copy.deepcopy(d), as_of=moment.isoformat(), return_state=True)
+        if state.is_completed():
+            result = state.result()
+            played.append(Night(moment.date().isoformat(), "committed", _window(result), result["epsilon"],
+                                result["model_epsilon"]))
+        else:
+            played.append(Night(moment.date().isoformat(), f"refused: {state.message}", "", None, None))
+    ledger = PrivacyLedger(d["budget"]["ledger"])
+    return {"folder": str(folder), "nights": played, "blocks": ledger.blocks(spec.budget.dataset),
+            "lifetime": spec.budget.lifetime_epsilon, "spent": ledger.spent(spec.budget.dataset)}
+
+
+def _window(result: dict) -> str:
+    blocks = result.get("blocks") or []
+    return f"{blocks[0]} .. {blocks[-1]}" if blocks else ""
