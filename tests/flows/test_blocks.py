@@ -189,3 +189,19 @@ def test_a_resumed_run_reads_the_window_it_started_with(prefect_server, tmp_path
     assert {b.block for b in ledger.blocks("visits")} == {"2026-11-03", "2026-11-04"}
     (charge,) = ledger.history("visits")
     assert charge.status == "committed"
+
+
+def test_simulate_plays_nights_of_the_shipped_stream_example(prefect_server, tmp_path, monkeypatch):
+    """specs/examples/digits_stream.yaml as `privzo budget simulate` plays it: the stream grows each night, each
+    night's run reads its window of 7 days and commits, and the blocks hold one charge per night that read them."""
+    from flows.simulate import simulate
+    from tests.conftest import EXAMPLES
+
+    monkeypatch.chdir(tmp_path)
+    played = simulate(str(EXAMPLES / "digits_stream.yaml"), nights=2, folder=tmp_path / "sim")
+    assert [(n.night, n.status, n.window) for n in played["nights"]] == [
+        ("2026-09-08", "committed", "2026-09-01 .. 2026-09-07"), ("2026-09-09", "committed", "2026-09-02 .. 2026-09-08")]
+    assert played["nights"][0].epsilon <= 1.0 and played["nights"][1].model_epsilon > played["nights"][0].model_epsilon
+    charges = {b.block: b.charges for b in played["blocks"]}
+    assert charges == {**{f"2026-09-0{d}": 2 for d in range(2, 8)}, "2026-09-01": 1, "2026-09-08": 1}
+    assert played["spent"] <= played["lifetime"]
