@@ -10,7 +10,8 @@ Each block keeps its committed charges' composition as a stored accountant state
 one event onto it instead of the whole history. The lifetime is set high enough that no run is refused: this
 measures the cost, not the budget.
 
-    PYTHONPATH=. python bench/ledger_scale.py [--runs 1 60 365] [--accountants rdp pld] [--window 7] [--out F]
+    PYTHONPATH=. python bench/ledger_scale.py [--runs 1 60 365] [--accountants rdp pld] [--window 7]
+        [--layouts "one block" "daily blocks"] [--out F]
 """
 from __future__ import annotations
 
@@ -64,12 +65,14 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, nargs="+", default=[1, 60, 365])
     parser.add_argument("--accountants", nargs="+", default=["rdp", "pld"])
     parser.add_argument("--window", type=int, default=7)
+    parser.add_argument("--layouts", nargs="+", default=["one block", "daily blocks"],
+                        choices=["one block", "daily blocks"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for accountant in args.accountants:
-            for layout in ("one block", "daily blocks"):
+            for layout in args.layouts:
                 rows.append(play(accountant, layout, sorted(set(args.runs)), args.window, Path(folder)))
     marks = [str(n) for n in sorted(set(args.runs))]
     print(f"\n| accountant | layout | {' | '.join(f'run {n} (ms)' for n in marks)} | last / first |")

@@ -319,6 +319,8 @@ def cmd_simulate(args) -> int:
     except ValueError:
         return _fail(f"--first: {args.first!r} is not a date (YYYY-MM-DD)")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # each night loads the last version (init: latest_registered): no progress bar a night
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from flows.reporting import shown
     from flows.simulate import simulate
 
@@ -362,12 +364,13 @@ def _show_budget(args, ledger) -> int:
         print(f"{'block':24} {'first charged (UTC)':20} {'charges':>7} {'committed':>10} {'with open':>10} "
               f"{'lifetime':>9} {'rows':>6}")
         for b in blocks:
-            print(f"{b.block[:24]:24} {b.created_at:%Y-%m-%d %H:%M:%S}  {b.charges:>7} {shown(b.committed_epsilon):>10} "
-                  f"{shown(b.epsilon):>10} {b.lifetime_epsilon:>9g} {'-' if b.rows is None else b.rows:>6}")
+            print(f"{b.block[:24]:24} {b.created_at:%Y-%m-%d %H:%M:%S}  {b.charges:>7} "
+                  f"{shown(b.committed_epsilon):>10} {shown(b.epsilon):>10} {b.lifetime_epsilon:>9g} "
+                  f"{'-' if b.rows is None else b.rows:>6}")
         fits = ledger.next_fit(args.dataset)
         # composition is not subtraction: what is left depends on the next run's shape
-        print(f"a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon {shown(fits)}"
-              if fits is not None else "no run shaped like the last one fits the blocks it read")
+        print("a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon "
+              f"{shown(fits)}" if fits is not None else "no run shaped like the last one fits the blocks it read")
         return 0
     print(f"{'created (UTC)':20} {'run':24} {'status':10} {'steps':>11} {'run epsilon':>12}  fingerprint")
     for c in ledger.history(args.dataset):

@@ -350,7 +350,8 @@ class PrivacyLedger:
                 committed = [event_from_json(r.executed_event) for r in charges if r.status == COMMITTED]
                 live = [self._live_event(r) for r in charges]
                 return [Block(dataset, WHOLE, ds.lifetime_epsilon, ds.delta, None, self._epsilon(ds, committed),
-                              self._epsilon(ds, live), len(charges), min((r.created_at for r in charges), default=_now()))]
+                              self._epsilon(ds, live), len(charges),
+                              min((r.created_at for r in charges), default=_now()))]
             out = []
             for b in rows:
                 linked = self._linked(session, b)
@@ -514,10 +515,11 @@ class PrivacyLedger:
 
         ``blocks``: the blocks the run reads (its window), each registered with its terms on first use; the
         run is reserved on every one of them or on none. None: the dataset's one block. ``next_block``: for
-        a refusal's message, the block whose arrival brings budget, or ``when``: what to say given every block
-        of the window without room (the window's own rule knows when it moves past them). ``row_blocks`` / ``person_blocks``: the
-        block of every row (person) the run saw, recorded where none is yet; one recorded otherwise since the
-        run read the ledger (a concurrent run saw the row first) refuses the run."""
+        a refusal's message, the block whose arrival brings budget, or ``when``: what to say given every
+        block of the window without room (the window's own rule knows when it moves past them).
+        ``row_blocks`` / ``person_blocks``: the block of every row (person) the run saw, recorded where none
+        is yet; one recorded otherwise since the run read the ledger (a concurrent run saw the row first)
+        refuses the run."""
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
@@ -547,8 +549,8 @@ class PrivacyLedger:
                                    created_at=_now())
                     session.add(row)
                 elif not (math.isclose(row.lifetime_epsilon, terms.lifetime_epsilon) and row.delta == terms.delta):
-                    raise ValueError(f"budget: block {terms.block!r} of dataset {dataset!r} is registered with lifetime "
-                                     f"epsilon {row.lifetime_epsilon:g} at delta {row.delta:g}, the spec says "
+                    raise ValueError(f"budget: block {terms.block!r} of dataset {dataset!r} is registered with "
+                                     f"lifetime epsilon {row.lifetime_epsilon:g} at delta {row.delta:g}, the spec says "
                                      f"{terms.lifetime_epsilon:g} at {terms.delta:g}; they must match")
                 base = self._with_open(session, row)
                 after = base.plus(increment).epsilon(row.delta)
@@ -563,7 +565,6 @@ class PrivacyLedger:
                     block=block, would_reach=after, charges=base.count,
                     fits=self._largest_fit(base, planned, row.lifetime_epsilon, row.delta, probes),
                     next_block=next_block, when=when([b for b, *_ in over]) if when is not None else None)
-                rows.append(row)
             recorded = session.get(RowLayoutRow, dataset)
             if recorded is None:
                 session.add(RowLayoutRow(dataset=dataset, layout=row_layout))

@@ -6,8 +6,9 @@ patient (every patient comes back once, three days after their first visit). The
 every row arrived by then, the day in progress included, as a team's export would.
 
 ``grow_stream`` is that export as a Prefect flow (deployment digits-stream-grow in infra/prefect.yaml, an
-hour before the nightly retrain digits-stream-nightly). ``simulate`` plays N nights of a spec on blocks on a scratch ledger and
-MLflow store: each night the file grows and the private-train flow runs as of 02:00 UTC that night.
+hour before the nightly retrain digits-stream-nightly). ``simulate`` plays N nights of a spec on blocks on
+a scratch ledger and MLflow store: each night the file grows and the private-train flow runs as of 02:00 UTC
+that night.
 """
 from __future__ import annotations
 

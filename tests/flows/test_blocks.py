@@ -205,3 +205,25 @@ def test_simulate_plays_nights_of_the_shipped_stream_example(prefect_server, tmp
     charges = {b.block: b.charges for b in played["blocks"]}
     assert charges == {**{f"2026-09-0{d}": 2 for d in range(2, 8)}, "2026-09-01": 1, "2026-09-08": 1}
     assert played["spent"] <= played["lifetime"]
+
+
+def test_the_simulate_command_prints_the_nights_and_the_blocks(prefect_server, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import EXAMPLES, ROOT
+
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "simulate", str(EXAMPLES / "digits_stream.yaml"),
+                          "--nights", "1", "--out", str(tmp_path / "sim")], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(ROOT)},
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| 2026-09-08 | committed | 2026-09-01 .. 2026-09-07 | 1 | 1 |" in out.stdout
+    assert "| 2026-09-07 | 1 | 1 | 4 |" in out.stdout
+    assert out.stdout.rstrip().endswith("1 of 1 nights committed; the largest block's epsilon 1 of its lifetime 4")
+    assert "Downloading artifacts" not in out.stdout + out.stderr
+    bad = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "simulate", str(EXAMPLES / "digits_stream.yaml"),
+                          "--nights", "0"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == "privzo: error: --nights: 0 must be at least 1"
