@@ -62,12 +62,17 @@ class ComposedState:
         self._state = state if state is not None else accountant.fresh()
         self.count = count
 
+    def _copied(self) -> dp_accounting.PrivacyAccountant:
+        # the RDP accountant adds into its array in place, the others replace their state: copy what is
+        # mutable (a PLD's mass functions, megabytes, are never changed in place and are shared)
+        if isinstance(self._state, dp_accounting.pld.PLDAccountant):
+            return copy.copy(self._state)
+        return copy.deepcopy(self._state)
+
     def composed(self, events: Iterable[dp_accounting.DpEvent]) -> "ComposedState":
         """This composition followed by ``events``. Raises ValueError for an event the accountant cannot
         account for (the ledger refuses such a run before anything is written)."""
-        # the RDP accountant adds into its array in place, the others replace their state: copy what is mutable
-        state = copy.deepcopy(self._state) if not isinstance(self._state, dp_accounting.pld.PLDAccountant) \
-            else copy.copy(self._state)
+        state = self._copied()
         count = self.count
         for event in events:
             native = self.accountant.native(event)
@@ -87,8 +92,7 @@ class ComposedState:
             return self
         if self.count == 0:
             return other
-        state = copy.deepcopy(self._state) if not isinstance(self._state, dp_accounting.pld.PLDAccountant) \
-            else copy.copy(self._state)
+        state = self._copied()
         if isinstance(state, dp_accounting.rdp.RdpAccountant):
             if not np.array_equal(state._orders, other._state._orders):
                 raise ValueError("composed RDP states at different orders cannot be composed")
