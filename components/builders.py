@@ -162,6 +162,19 @@ def plan(spec: RunSpec, data: SplitData):
     return family.resolve(spec, len(data.private), dimension)
 
 
+def planned_before_rows(spec: RunSpec):
+    """The planned run's DpEvent from the spec alone, before any row is read: an add/remove run is planned
+    from its declared row count, and the theory families' model dimension comes from the rows' shape
+    (every block's, which trains nothing and releases nothing)."""
+    family = family_for(spec)
+    dimension = None
+    if family.needs_dimension:
+        shapes = load_data(spec, every_block=True)
+        dimension = model_dimension(spec, shapes.n_features, shapes.n_classes)
+    resolved, _, _ = family.resolve(spec, None, dimension)
+    return planned_event(resolved, None, float(resolved.mechanism.noise_multiplier))
+
+
 def device_for(spec: RunSpec) -> torch.device:
     """Where the model and its directions live. With Ray, ``auto`` takes a GPU only when the workers get
     GPUs too: the driver's replica and the workers' must draw directions on the same kind of device (a

@@ -15,6 +15,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from components.periods import partition_files
+
 SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 # the name pandas gives a column whose header cell is empty (an index written by to_csv without index=False)
 _PANDAS_UNNAMED = re.compile(r"Unnamed: \d+")
@@ -253,11 +255,20 @@ def source_problems(source, field: str = "data.source", public_flag: Optional[st
     and image sources; the packaged ones (sklearn, text, synthetic) have nothing to check. ``blocks``
     (data.blocks): its arrival and person columns must be there too."""
     if source.kind == "file":
-        metadata = [] if blocks is None else [("data.blocks.arrival", blocks.arrival)] + (
-            [("data.blocks.person", blocks.person)] if blocks.person else [])
-        problems = file_problems(source.path, file_format=source.format, label=source.label, features=source.features,
-                                 text=source.text, public_flag=public_flag, hf_split=source.hf_split,
-                                 metadata=metadata)
+        metadata = [] if blocks is None else [(f"data.blocks.{field}", column) for field, column in
+                                              (("arrival", blocks.arrival), ("person", blocks.person)) if column]
+        try:  # a partitioned folder: each of its files, named by period
+            paths = [p for p, _ in partition_files(source.path, blocks.period)] if blocks and blocks.partitioned \
+                else [source.path]
+        except ValueError as err:
+            return _renamed([str(err)], field)
+        problems = []
+        for path in paths:
+            problems = file_problems(path, file_format=source.format, label=source.label, features=source.features,
+                                     text=source.text, public_flag=public_flag, hf_split=source.hf_split,
+                                     metadata=metadata)
+            if problems:
+                break
     elif source.kind == "images":
         problems = images_problems(source.path, source.classes)
     else:

@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+import dp_accounting
 import numpy as np
 
 import specs
@@ -31,9 +32,41 @@ class Window:
     next_block: str
 
     @classmethod
-    def for_spec(cls, spec: specs.RunSpec, as_of: dt.datetime) -> "Window":
-        period, length = spec.data.blocks.period, spec.budget.window.blocks
-        return cls(tuple(sealed_periods(as_of, period, length)), as_of.isoformat(), open_period(as_of, period))
+    def for_spec(cls, spec: specs.RunSpec, as_of: dt.datetime,
+                 planned: Optional[dp_accounting.DpEvent] = None) -> "Window":
+        """``planned``: with a window with_budget, the run's event (planned before any row is read), which the
+        chosen blocks must have room for."""
+        period, window = spec.data.blocks.period, spec.budget.window
+        next_block = open_period(as_of, period)
+        if window.kind == "last":
+            return cls(tuple(sealed_periods(as_of, period, window.blocks)), as_of.isoformat(), next_block)
+        from flows.ledger import PrivacyLedger
+
+        first = open_period(dt.datetime.combine(window.since, dt.time(), dt.timezone.utc), period)
+        candidates = [b for b in sealed_periods(as_of, period, _periods_since(window.since, as_of, period))
+                      if b >= first][::-1]  # newest first
+        terms = _terms(spec, candidates)
+        ledger = PrivacyLedger(spec.budget.ledger)
+        chosen = ledger.blocks_with_room(spec.budget.dataset, terms, planned, window.blocks)
+        if not chosen and terms:  # none has room: refused here, as the reservation would, before any row is read
+            ledger.preview(spec.budget.dataset, planned, terms[:1], next_block)
+        if not chosen:
+            raise ValueError(f"budget.window.since: no period from {window.since} to {as_of.isoformat()} has ended "
+                             "yet; the first run reads the first sealed one")
+        return cls(tuple(sorted(chosen)), as_of.isoformat(), next_block)
+
+
+def _periods_since(since: dt.date, as_of: dt.datetime, period: str) -> int:
+    """At least the number of periods from the one holding ``since`` to the one before ``as_of``."""
+    days = (as_of.date() - since).days
+    return max(0, days if period == "day" else days // 7 + 1 if period == "week" else days // 28 + 1)
+
+
+def _terms(spec: specs.RunSpec, blocks) -> list:
+    from flows.ledger import BlockTerms
+
+    return [BlockTerms(b, spec.budget.lifetime_epsilon, float(spec.privacy.delta),
+                       spec.data.blocks.declared_private_rows) for b in blocks]
 
 
 def as_of_moment(explicit: Optional[str] = None) -> dt.datetime:
@@ -96,14 +129,41 @@ class BlockView:
         read only blocks after it."""
         blocks = self.spec.data.blocks
         length = self.spec.budget.window.blocks
+        if self.spec.budget.window.kind == "with_budget":
+            return (f"block {self.window.next_block!r} brings budget of its own once it is sealed (the window passes "
+                    "over blocks without room)")
         newest = max(full)
         moment = next_after(newest, blocks.period, length + 1)
         return (f"runs from {moment} (UTC) on read blocks after {newest!r}, the newest block of this window without "
                 f"room: the window of {length} moves past it then")
 
     def block_terms(self):
-        from flows.ledger import BlockTerms
+        return _terms(self.spec, self.window.blocks)
 
-        spec = self.spec
-        return [BlockTerms(b, spec.budget.lifetime_epsilon, float(spec.privacy.delta),
-                           spec.data.blocks.declared_private_rows) for b in self.window.blocks]
+
+def next_window(spec: specs.RunSpec, as_of: dt.datetime):
+    """What the next run of ``spec`` at ``as_of`` would read, and the state of each of its dataset's blocks
+    for runs like it: (window or None, the refusal's line or None, {block: next | retired | waiting}). A
+    block is retired when no later run of this spec can read it: the window ``last`` has moved past it, or,
+    with_budget, it has no room for this run (spending only grows). Reads the ledger, never a row."""
+    from components.builders import planned_before_rows
+    from flows.ledger import BudgetExceeded, PrivacyLedger
+
+    window = spec.budget.window
+    planned = planned_before_rows(spec) if window.kind == "with_budget" else None
+    try:
+        chosen, refusal = Window.for_spec(spec, as_of, planned), None
+    except BudgetExceeded as err:
+        chosen, refusal = None, str(err)
+    ledger = PrivacyLedger(spec.budget.ledger)
+    registered = [b.block for b in ledger.blocks(spec.budget.dataset)]
+    states = {}
+    if window.kind == "last":
+        first = sealed_periods(as_of, spec.data.blocks.period, window.blocks)[0]
+        for block in registered:
+            states[block] = "next" if chosen and block in chosen.blocks else "retired" if block < first else ""
+        return chosen, refusal, states
+    room = set(ledger.blocks_with_room(spec.budget.dataset, _terms(spec, registered), planned, len(registered)))
+    for block in registered:
+        states[block] = "next" if chosen and block in chosen.blocks else "waiting" if block in room else "retired"
+    return chosen, refusal, states

@@ -345,6 +345,33 @@ def _nothing_spent(dataset: str, where: str) -> str:
             "first run charged to it, and every run after is refused past it.")
 
 
+def _blocks_spec(args):
+    """--spec: the spec whose next run ``budget show`` describes (on blocks, charged to this dataset)."""
+    if not getattr(args, "spec", None):
+        return None
+    spec = specs.load_spec(args.spec)
+    if spec.data.blocks is None or spec.budget is None:
+        raise ValueError(f"--spec: {args.spec} reads no blocks (no data.blocks); give the spec of runs on blocks")
+    if spec.budget.dataset != args.dataset:
+        raise ValueError(f"--spec: {args.spec} charges dataset {spec.budget.dataset!r}, not {args.dataset!r}")
+    return spec
+
+
+def _next_window(args, spec):
+    if spec is None:
+        return None, None, {}
+    import datetime as dt
+
+    from flows.blocks import as_of_moment, next_window
+
+    try:
+        moment = as_of_moment(args.as_of)
+    except ValueError as err:
+        raise ValueError(f"--as-of: {str(err).split(': ', 1)[1]}") from None
+    return next_window(spec.model_copy(update={"budget": spec.budget.model_copy(update={"ledger": args.ledger})}),
+                       moment.astimezone(dt.timezone.utc))
+
+
 def _show_budget(args, ledger) -> int:
     from flows.reporting import shown, shown_left
 
@@ -355,6 +382,8 @@ def _show_budget(args, ledger) -> int:
         print(_nothing_spent(args.dataset, f"no run on it is recorded in {where}" + (
             f" (datasets there: {', '.join(known)})" if known else "")))
         return 0
+    spec = _blocks_spec(args)
+    window, refusal, states = _next_window(args, spec) if args.action == "show" else (None, None, {})
     spent = ledger.spent(args.dataset)
     blocks = ledger.blocks(args.dataset)
     if args.action == "show":
@@ -362,11 +391,16 @@ def _show_budget(args, ledger) -> int:
               f"its {len(blocks)} block{'s' if len(blocks) != 1 else ''}; delta {shown(ds.delta, 3)}, {ds.accountant}, "
               f"{ds.neighboring})")
         print(f"{'block':24} {'first charged (UTC)':20} {'charges':>7} {'committed':>10} {'with open':>10} "
-              f"{'lifetime':>9} {'rows':>6}")
+              f"{'lifetime':>9} {'rows':>6}" + ("  next run" if spec is not None else ""))
         for b in blocks:
             print(f"{b.block[:24]:24} {b.created_at:%Y-%m-%d %H:%M:%S}  {b.charges:>7} "
                   f"{shown(b.committed_epsilon):>10} {shown(b.epsilon):>10} {b.lifetime_epsilon:>9g} "
-                  f"{'-' if b.rows is None else b.rows:>6}")
+                  f"{'-' if b.rows is None else b.rows:>6}" + (f"  {states.get(b.block, '')}" if spec else ""))
+        if window is not None:
+            print(f"the next run of {spec.name} (as of {window.as_of}) reads {len(window.blocks)} block"
+                  f"{'s' if len(window.blocks) != 1 else ''}: {', '.join(window.blocks)}")
+        elif refusal is not None:
+            print(f"the next run of {spec.name} would be refused: {refusal}")
         fits = ledger.next_fit(args.dataset)
         # composition is not subtraction: what is left depends on the next run's shape
         print("a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon "
@@ -469,6 +503,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "window is full)")
     p.add_argument("--out", default=None, help="simulate: the folder for its ledger, MLflow store and stream "
                    "(default: a new temporary folder)")
+    p.add_argument("--spec", default=None, help="show: the spec of the runs on this dataset's blocks; adds the "
+                   "blocks its next run reads and those retired for it")
+    p.add_argument("--as-of", default=None, help="show --spec: the moment of that next run, ISO 8601 (default: now)")
     p.add_argument("--ledger", default=ledger_from_env(),
                    help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)

@@ -27,7 +27,11 @@ composed Renyi divergence within what the lifetime (epsilon, delta) allows there
 "dp-accounting's epsilon of the composition is within the lifetime" (the Renyi filter over fixed orders
 of Lecuyer's "Practical privacy filters and odometers with Renyi differential privacy", the rule
 PrivateKube applies to its blocks); under ``zcdp``, while the composed rho stays within the lifetime's
-rho (a zCDP filter).
+rho (a zCDP filter). Under ``pld`` the exact composition is a bound only for parameters fixed in advance,
+so a block admits a run only if it plans the same event as every run already charged to it, and a
+committed run is folded in as planned, whatever it executed: the runs on a block are then copies of one
+mechanism whose number the lifetime caps before any of them runs, and what an early stop or a choice to
+run again reveals is a function of those copies' outputs (post-processing).
 """
 from __future__ import annotations
 
@@ -315,10 +319,12 @@ class PrivacyLedger:
                                     .order_by(ChargeRow.created_at)))
 
     @staticmethod
-    def _live_event(row: ChargeRow) -> Optional[dp_accounting.DpEvent]:
+    def _live_event(row: ChargeRow, accountant: str = "") -> Optional[dp_accounting.DpEvent]:
+        """What a charge counts as: executed once committed (planned under pld), planned while reserved."""
         if row.status == ABORTED:
             return None
-        return event_from_json(row.executed_event if row.status == COMMITTED else row.planned_event)
+        counted = row.executed_event if row.status == COMMITTED and accountant != "pld" else row.planned_event
+        return event_from_json(counted)
 
     def _epsilon(self, ds: DatasetRow, events: List[dp_accounting.DpEvent]) -> float:
         if not events:
@@ -334,7 +340,8 @@ class PrivacyLedger:
                 return 0.0
             blocks = self._block_rows(session, dataset)
             if not blocks:  # charged before blocks: one block, not yet written as one
-                events = [e for e in (self._live_event(r) for r in self._charges(session, dataset)) if e is not None]
+                events = [e for e in (self._live_event(r, ds.accountant) for r in self._charges(session, dataset))
+                          if e is not None]
                 return self._epsilon(ds, events)
             return max(self._block_epsilon(session, b) for b in blocks)
 
@@ -347,8 +354,8 @@ class PrivacyLedger:
             rows = self._block_rows(session, dataset)
             if not rows:
                 charges = [r for r in self._charges(session, dataset) if r.status != ABORTED]
-                committed = [event_from_json(r.executed_event) for r in charges if r.status == COMMITTED]
-                live = [self._live_event(r) for r in charges]
+                committed = [self._live_event(r, ds.accountant) for r in charges if r.status == COMMITTED]
+                live = [self._live_event(r, ds.accountant) for r in charges]
                 return [Block(dataset, WHOLE, ds.lifetime_epsilon, ds.delta, None, self._epsilon(ds, committed),
                               self._epsilon(ds, live), len(charges),
                               min((r.created_at for r in charges), default=_now()))]
@@ -381,7 +388,7 @@ class PrivacyLedger:
             rows = [b for b in self._block_rows(session, dataset) if b.block in read]
             planned = event_from_json(last.planned_event)
             if not rows:  # charged before blocks: the history is the one block
-                events = [e for e in (self._live_event(r) for r in charges) if e is not None]
+                events = [e for e in (self._live_event(r, ds.accountant) for r in charges) if e is not None]
                 base = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed(events)
                 return self._largest_fit(base, planned, ds.lifetime_epsilon, ds.delta, 20)
             fits = [self._largest_fit(self._with_open(session, b), planned, b.lifetime_epsilon, b.delta, 20)
@@ -426,8 +433,9 @@ class PrivacyLedger:
         charges = self._charges(session, ds.dataset)
         if not charges:
             return
+        counted = "planned_event" if ds.accountant == "pld" else "executed_event"  # as commit folds them
         committed = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed(
-            [event_from_json(r.executed_event) for r in charges if r.status == COMMITTED])
+            [event_from_json(getattr(r, counted)) for r in charges if r.status == COMMITTED])
         session.add(BlockRow(dataset=ds.dataset, block=WHOLE, lifetime_epsilon=ds.lifetime_epsilon, delta=ds.delta,
                              rows=None, committed=committed.to_json(), committed_epsilon=committed.epsilon(ds.delta),
                              created_at=min(r.created_at for r in charges)))
@@ -535,36 +543,7 @@ class PrivacyLedger:
                     f"run), which has no accounting for this run's {describe_event(planned)}; use a sampling it "
                     "accounts for, or a new budget.dataset")
             self._blocks_written(session, ds)
-            accountant = Accountant(ds.accountant, ds.neighboring)
-            increment = ComposedState(accountant).composed([planned])  # planned once, added to every block
-            requested = increment.epsilon(ds.delta)
-            window = list(blocks) if blocks is not None else [BlockTerms(WHOLE, ds.lifetime_epsilon, ds.delta)]
-            rows, over = [], []
-            for terms in window:
-                row = session.get(BlockRow, (dataset, terms.block))
-                if row is None:
-                    row = BlockRow(dataset=dataset, block=terms.block, lifetime_epsilon=terms.lifetime_epsilon,
-                                   delta=terms.delta, rows=terms.rows, committed=ComposedState(accountant).to_json(),
-                                   committed_epsilon=0.0,
-                                   created_at=_now())
-                    session.add(row)
-                elif not (math.isclose(row.lifetime_epsilon, terms.lifetime_epsilon) and row.delta == terms.delta):
-                    raise ValueError(f"budget: block {terms.block!r} of dataset {dataset!r} is registered with "
-                                     f"lifetime epsilon {row.lifetime_epsilon:g} at delta {row.delta:g}, the spec says "
-                                     f"{terms.lifetime_epsilon:g} at {terms.delta:g}; they must match")
-                base = self._with_open(session, row)
-                after = base.plus(increment).epsilon(row.delta)
-                if not after <= row.lifetime_epsilon:  # fails closed on nan / inf
-                    over.append((terms.block, base, after, row))
-                rows.append(row)
-            if over:  # named by its oldest full block; ``when`` sees every full one
-                block, base, after, row = over[0]
-                probes = 10 if ds.accountant == "pld" else 20  # a PLD composition costs ~1000x an RDP one
-                raise BudgetExceeded(
-                    dataset, row.lifetime_epsilon - base.epsilon(row.delta), requested, row.lifetime_epsilon,
-                    block=block, would_reach=after, charges=base.count,
-                    fits=self._largest_fit(base, planned, row.lifetime_epsilon, row.delta, probes),
-                    next_block=next_block, when=when([b for b, *_ in over]) if when is not None else None)
+            rows, requested = self._admit(session, ds, planned, blocks, next_block, when)
             recorded = session.get(RowLayoutRow, dataset)
             if recorded is None:
                 session.add(RowLayoutRow(dataset=dataset, layout=row_layout))
@@ -595,6 +574,94 @@ class PrivacyLedger:
             session.execute(insert(ChargeBlockRow), [{"charge_id": charge.id, "block": r.block, "dataset": dataset}
                                                      for r in rows])
             return charge.id
+
+    def _admit(self, session: Session, ds: DatasetRow, planned: dp_accounting.DpEvent,
+               blocks: Optional[Sequence[BlockTerms]], next_block: Optional[str] = None,
+               when: Optional[Callable[[List[str]], str]] = None):
+        """The window's block rows (new ones added to ``session``) and the planned run's epsilon, if every block
+        can take ``planned``; raises ``BudgetExceeded`` (or ValueError) otherwise."""
+        dataset = ds.dataset
+        accountant = Accountant(ds.accountant, ds.neighboring)
+        increment = ComposedState(accountant).composed([planned])  # planned once, added to every block
+        requested = increment.epsilon(ds.delta)
+        window = list(blocks) if blocks is not None else [BlockTerms(WHOLE, ds.lifetime_epsilon, ds.delta)]
+        rows, over = [], []
+        for terms in window:
+            if ds.accountant == "pld":
+                self._refuse_another_event(session, dataset, terms.block, planned)
+            row = session.get(BlockRow, (dataset, terms.block))
+            if row is None:
+                row = BlockRow(dataset=dataset, block=terms.block, lifetime_epsilon=terms.lifetime_epsilon,
+                               delta=terms.delta, rows=terms.rows, committed=ComposedState(accountant).to_json(),
+                               committed_epsilon=0.0, created_at=_now())
+                session.add(row)
+            elif not (math.isclose(row.lifetime_epsilon, terms.lifetime_epsilon) and row.delta == terms.delta):
+                raise ValueError(f"budget: block {terms.block!r} of dataset {dataset!r} is registered with "
+                                 f"lifetime epsilon {row.lifetime_epsilon:g} at delta {row.delta:g}, the spec says "
+                                 f"{terms.lifetime_epsilon:g} at {terms.delta:g}; they must match")
+            base = self._with_open(session, row)
+            after = base.plus(increment).epsilon(row.delta)
+            if not after <= row.lifetime_epsilon:  # fails closed on nan / inf
+                over.append((terms.block, base, after, row))
+            rows.append(row)
+        if over:  # named by its oldest full block; ``when`` sees every full one
+            block, base, after, row = over[0]
+            probes = 10 if ds.accountant == "pld" else 20  # a PLD composition costs ~1000x an RDP one
+            raise BudgetExceeded(
+                dataset, row.lifetime_epsilon - base.epsilon(row.delta), requested, row.lifetime_epsilon,
+                block=block, would_reach=after, charges=base.count,
+                fits=self._largest_fit(base, planned, row.lifetime_epsilon, row.delta, probes),
+                next_block=next_block, when=when([b for b, *_ in over]) if when is not None else None)
+        return rows, requested
+
+    def blocks_with_room(self, dataset: str, candidates: Sequence[BlockTerms], planned: dp_accounting.DpEvent,
+                         limit: int) -> List[str]:
+        """The first ``limit`` of ``candidates``, in their order, that can take ``planned`` (with their committed
+        charges and open reservations; under pld, only a block whose runs plan this same event). Reads the
+        ledger's charges only, never a row: how a window with_budget chooses its blocks."""
+        chosen: List[str] = []
+        with Session(self.engine) as session:
+            ds = session.get(DatasetRow, dataset)
+            for terms in candidates:
+                if len(chosen) == limit:
+                    break
+                if ds is None:
+                    chosen.append(terms.block)
+                    continue
+                try:
+                    self._admit(session, ds, planned, [terms])
+                except (BudgetExceeded, ValueError):
+                    continue
+                chosen.append(terms.block)
+            session.rollback()  # blocks _admit added are registered by the reservation, not here
+        return chosen
+
+    def preview(self, dataset: str, planned: dp_accounting.DpEvent, blocks: Sequence[BlockTerms],
+                next_block: Optional[str] = None) -> None:
+        """Raise what ``reserve`` would raise for ``planned`` on ``blocks`` for lack of budget, writing nothing."""
+        with Session(self.engine) as session:
+            ds = session.get(DatasetRow, dataset)
+            if ds is not None:
+                try:
+                    self._admit(session, ds, planned, blocks, next_block)
+                finally:
+                    session.rollback()
+
+    @staticmethod
+    def _refuse_another_event(session: Session, dataset: str, block: str, planned: dp_accounting.DpEvent) -> None:
+        """Under pld, a block takes copies of one planned event only (see the module's note on filters)."""
+        others = session.scalars(
+            select(ChargeRow.id).join(ChargeBlockRow, ChargeBlockRow.charge_id == ChargeRow.id)
+            .where(ChargeBlockRow.dataset == dataset, ChargeBlockRow.block == block, ChargeRow.status != ABORTED,
+                   ChargeRow.planned_event != event_to_json(planned))).all()
+        if others:
+            where = f"dataset {dataset!r}" if block == WHOLE else f"block {block!r} of dataset {dataset!r}"
+            raise ValueError(
+                f"privacy.accountant: {where} is accounted with pld, exact only for runs whose parameters were "
+                f"fixed in advance, and this run plans another event than {len(others)} run"
+                f"{'s' if len(others) != 1 else ''} charged to it (its noise, steps or sampling differ); keep "
+                "them as they were, or account a new budget.dataset with rdp or zcdp, whose admission is a "
+                "privacy filter for parameters chosen as runs go")
 
     @staticmethod
     def _refuse_laundering(session: Session, dataset: str, rows: set) -> None:
@@ -670,7 +737,9 @@ class PrivacyLedger:
             row.status, row.executed_event, row.steps_run = COMMITTED, event_to_json(executed), steps_run
             row.run_id = run_id or row.run_id
             row.updated_at = _now()
-            increment = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed([executed])
+            # under pld a run counts as planned (see the module's note on filters)
+            folded = event_from_json(row.planned_event) if ds.accountant == "pld" else executed
+            increment = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed([folded])
             for link in session.scalars(select(ChargeBlockRow).where(ChargeBlockRow.charge_id == charge_id)):
                 block = session.get(BlockRow, (row.dataset, link.block))
                 state = ComposedState.from_json(block.committed).plus(increment)

@@ -46,6 +46,7 @@ from specs.sections import default_ledger
 from components import builders, models
 from components.accountants import Accountant, event_from_json, event_to_json
 from components.data import SplitData
+from components.data.blocks import open_period
 from components.estimators.directions import GENERATOR_VERSION
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
@@ -556,8 +557,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     with _checking_input():
         run_spec = _load(spec_path, spec)
         # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
-        view = None if run_spec.data.blocks is None else BlockView(run_spec, Window.for_spec(
-            run_spec, as_of_moment(as_of or _saved_window(run_spec, resume))))
+        view = None if run_spec.data.blocks is None else BlockView(run_spec, _window(run_spec, as_of, resume))
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
     data = load_and_split(run_spec, view)
@@ -670,11 +670,23 @@ def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], ru
              built: builders.Built, view: Optional[BlockView] = None) -> Dict[str, Any]:
     return {"spec_digest": spec_digest(spec), "fingerprint": fingerprint, "charge_id": charge_id, "run_id": run_id,
             "directions_version": GENERATOR_VERSION, "directions_stream": built.loop.backend.directions.stream,
-            **({} if view is None else {"window_as_of": view.window.as_of})}
+            **({} if view is None else {"window_as_of": view.window.as_of, "window_blocks": list(view.window.blocks)})}
 
 
-def _saved_window(spec: specs.RunSpec, resume: Optional[str]) -> Optional[str]:
-    """The moment whose window a run being resumed read (its checkpoint's), so it reads the same blocks
+def _window(spec: specs.RunSpec, as_of: Optional[str], resume: Optional[str]) -> Window:
+    """The blocks a run reads, chosen before any row is read; a resumed run reads the blocks it started with
+    (a window with_budget would choose again from a ledger its own reservation has changed)."""
+    saved = _saved_window(spec, resume)
+    moment = as_of_moment(as_of or (saved or {}).get("window_as_of"))
+    if saved and saved.get("window_blocks") and not as_of:
+        return Window(tuple(saved["window_blocks"]), saved["window_as_of"],
+                      open_period(moment, spec.data.blocks.period))
+    planned = builders.planned_before_rows(spec) if spec.budget.window.kind == "with_budget" else None
+    return Window.for_spec(spec, moment, planned)
+
+
+def _saved_window(spec: specs.RunSpec, resume: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The window a run being resumed read (its checkpoint's moment and blocks), so it reads the same blocks
     whenever it is resumed; None for a new run."""
     from prefect.runtime import flow_run
 
@@ -683,7 +695,8 @@ def _saved_window(spec: specs.RunSpec, resume: Optional[str]) -> Optional[str]:
         store = CheckpointStore(spec.checkpoint.dir, spec.name, str(flow_run.get_id()))
     if store is None or not store.exists():
         return None
-    return store.load().get("window_as_of")
+    saved = store.load()
+    return {k: saved.get(k) for k in ("window_as_of", "window_blocks")} if saved.get("window_as_of") else None
 
 
 @task(name="reopen-run", cache_policy=NO_CACHE, retries=2)

@@ -11,7 +11,7 @@ from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
 
-FORMATS = {"day": "%Y-%m-%d", "week": "%G-W%V", "month": "%Y-%m"}  # strings that sort as their periods do
+from components.periods import FORMATS, block_start
 
 
 def arrival_periods(values: Sequence, period: str, column: str) -> np.ndarray:
@@ -66,12 +66,7 @@ def open_period(as_of: dt.datetime, period: str) -> str:
 
 def next_after(block: str, period: str, count: int) -> str:
     """The start (a date) of the period ``count`` periods after ``block``."""
-    if period == "week":
-        start = dt.datetime.strptime(block + "-1", "%G-W%V-%u")
-    elif period == "month":
-        start = dt.datetime.strptime(block + "-01", "%Y-%m-%d")
-    else:
-        start = dt.datetime.strptime(block, "%Y-%m-%d")
+    start = block_start(block, period)
     for _ in range(count):
         start = start + dt.timedelta(days=1 if period == "day" else 7) if period != "month" else \
             (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)

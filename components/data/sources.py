@@ -12,6 +12,7 @@ from components.data_check import (HF_DATASETS_MISSING, HF_INDEX, NOT_SAVED_TO_D
 
 
 from components.data.table import Table, _unique_rows, content_fingerprint  # noqa: F401 (re-exported)
+from components.periods import partition_files
 from components.registry import SOURCES
 
 
@@ -36,14 +37,16 @@ def load_sklearn(name: str) -> Table:
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
               tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None,
-              hf_split: Optional[str] = None, arrival: Optional[str] = None, person: Optional[str] = None) -> Table:
+              hf_split: Optional[str] = None, arrival: Optional[str] = None, person: Optional[str] = None,
+              partitions: Optional[str] = None) -> Table:
     """Rows of a CSV, Parquet or JSON Lines file, or of a Hugging Face ``save_to_disk`` folder (``hf_split``
     of a DatasetDict; a ClassLabel label column is read by its codes): the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
     max_length], as the text sources give); ``label`` mapped to its position in ``classes``; with
     ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); with ``arrival``
     and ``person`` (data.blocks) those columns as written, as ``arrivals`` and ``persons`` (never features);
-    exact duplicate rows dropped.
+    with ``partitions`` (a period: day, week or month), ``path`` is a folder of files named by period, and a
+    row's arrival is the first day of its file's period; exact duplicate rows dropped.
 
     ``classes`` comes from the spec, never from the file: the model's output size is released, and a
     label set read from the data would tell whether a rare class occurs among the private rows.
@@ -51,29 +54,26 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     import pandas as pd
 
     path = Path(path)
-    kind = file_kind(path, file_format, hf_split)
-    try:
-        if kind == "hf_disk":
-            frame = _read_hf_disk(path, hf_split, label, classes, public_flag)
-        elif kind == "parquet":
-            frame = pd.read_parquet(path)
-        elif kind == "jsonl":  # one JSON object per line; strings stay strings (no date or number guessing)
-            frame = pd.read_json(path, lines=True, dtype=False, convert_dates=False)
-        else:
-            _check_csv_header(path)
-            # the label as written ('01' is not 1); text as written too: 'NA', 'None' or '1.0' are lines
-            as_written = {label: str, **({text: str} if text is not None else {})}
-            frame = pd.read_csv(path, dtype=as_written, keep_default_na=text is None)
-    except ValueError as err:
-        if str(err).startswith("data.source"):
-            raise
-        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first_line(err)}") from None
-    except Exception as err:  # noqa: BLE001 - the readers raise many types; the user needs the one line
-        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first_line(err)}") from None
-    columns = [str(c) for c in frame.columns]
-    frame.columns = columns
-    if kind != "csv":  # a CSV's header was checked as written, before pandas renamed its unnamed and repeated cells
-        _refuse(name_problems(columns, path.name))
+    arrived = None
+    if partitions is not None:  # one file per period: a row's arrival is its file's period
+        frames = []
+        for part, start in partition_files(path, partitions):
+            kind = file_kind(part, file_format)
+            if kind == "hf_disk":
+                raise ValueError(f"data.source.path: {part.name} in {path} is a folder; a partitioned source "
+                                 "holds csv, parquet or jsonl files, one per period")
+            frames.append((part, start, _read_frame(part, kind, label, text, classes, public_flag, hf_split)))
+        first = frames[0]
+        for part, _, frame in frames[1:]:
+            if list(frame.columns) != list(first[2].columns):
+                raise ValueError(f"data.source.path: {part.name} has columns {list(frame.columns)}, {first[0].name} "
+                                 f"has {list(first[2].columns)}; every file of {path.name} needs the same columns")
+        kept = [(start, f) for _, start, f in frames if len(f)]  # a period with no rows adds none
+        frame = pd.concat([f for _, f in kept], ignore_index=True) if kept else first[2]
+        arrived = np.concatenate([np.full(len(f), start, dtype=object) for start, f in kept]) if kept else None
+    else:
+        frame = _read_frame(path, file_kind(path, file_format, hf_split), label, text, classes, public_flag, hf_split)
+    columns = list(frame.columns)
     if len(frame) == 0:
         raise ValueError(f"data.source.path: {path} has no rows")
 
@@ -85,7 +85,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if public_flag is not None:
         require("data.split.column", public_flag)
     flags = _flags(frame, public_flag) if public_flag is not None else None
-    meta = {}
+    meta = {} if arrived is None else {"arrivals": arrived}
     for field, column in (("arrival", arrival), ("person", person)):
         if column is not None:
             require(f"data.blocks.{field}", column)
@@ -130,6 +130,36 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name"
     return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
                               columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes), **meta))
+
+
+def _read_frame(path: Path, kind: str, label: str, text: Optional[str], classes, public_flag: Optional[str],
+                hf_split: Optional[str]):
+    """One file's rows as a frame with its column names as text, their names checked; one line where it
+    cannot be read."""
+    import pandas as pd
+
+    try:
+        if kind == "hf_disk":
+            frame = _read_hf_disk(path, hf_split, label, classes, public_flag)
+        elif kind == "parquet":
+            frame = pd.read_parquet(path)
+        elif kind == "jsonl":  # one JSON object per line; strings stay strings (no date or number guessing)
+            frame = pd.read_json(path, lines=True, dtype=False, convert_dates=False)
+        else:
+            _check_csv_header(path)
+            # the label as written ('01' is not 1); text as written too: 'NA', 'None' or '1.0' are lines
+            as_written = {label: str, **({text: str} if text is not None else {})}
+            frame = pd.read_csv(path, dtype=as_written, keep_default_na=text is None)
+    except ValueError as err:
+        if str(err).startswith("data.source"):
+            raise
+        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first_line(err)}") from None
+    except Exception as err:  # noqa: BLE001 - the readers raise many types; the user needs the one line
+        raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first_line(err)}") from None
+    frame.columns = [str(c) for c in frame.columns]
+    if kind != "csv":  # a CSV's header was checked as written, before pandas renamed its unnamed and repeated cells
+        _refuse(name_problems(list(frame.columns), path.name))
+    return frame
 
 
 def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequence[Union[int, str]],
@@ -232,5 +262,6 @@ def _file(source, model_tokenizer=None, public_flag=None, blocks=None):
     table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
                       features=source.features, text=source.text, tokenizer=source.tokenizer or model_tokenizer,
                       max_length=source.max_length, public_flag=public_flag, hf_split=source.hf_split,
-                      arrival=blocks.arrival if blocks else None, person=blocks.person if blocks else None)
+                      arrival=blocks.arrival if blocks else None, person=blocks.person if blocks else None,
+                      partitions=blocks.period if blocks and blocks.partitioned else None)
     return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale

@@ -156,9 +156,16 @@ def _block_problems(spec) -> List[str]:
             if column in taken:
                 problems.append(f"data.blocks: column {column!r} is public metadata and cannot also be "
                                 f"{taken[column]}")
+    if blocks.partitioned and source.kind == "file" and source.format == "hf_disk":
+        problems.append("data.source.format: a partitioned folder holds csv, parquet or jsonl files, one per period; "
+                        "use auto or one of those")
     if spec.data.split.kind not in ("hashed", "column"):
         problems.append(f"data.split.kind: {spec.data.split.kind} moves rows between parts as blocks arrive; use "
                         "hashed or column with data.blocks")
+    if window is not None and window.kind == "with_budget" and spec.privacy is not None \
+            and spec.privacy.neighboring != "add_remove":
+        problems.append("budget.window.kind: with_budget chooses blocks with room for the planned run before any "
+                        "row is read, and under replace_one the plan needs the private count; use add_remove")
     if spec.privacy is not None and spec.privacy.delta == "auto":
         problems.append("privacy.delta: a block's lifetime (epsilon, delta) is fixed when it is first charged, so "
                         "delta must be a number with data.blocks, not auto")

@@ -1,12 +1,13 @@
 """The ``budget`` section: a dataset's lifetime privacy budget, and the ledger that keeps it across runs."""
 from __future__ import annotations
 
+import datetime as dt
 import os
 from typing import Optional
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from specs.base import Strict
 
@@ -24,11 +25,35 @@ def ledger_from_env() -> str:
 
 
 class WindowSpec(Strict):
-    """Which blocks a run reads, from public facts only (the run's scheduled time and the calendar): the
-    ``blocks`` most recent periods that ended before it. Rows of other blocks are not used at all."""
+    """Which blocks a run reads, from public facts only (the run's scheduled time, the calendar, the spec and
+    the ledger's charges): ``last``, the ``blocks`` most recent periods that ended before it; ``with_budget``,
+    the ``blocks`` most recent periods since ``since`` that still have room for the run, passing over those
+    whose budget is spent. Rows of other blocks are not used at all."""
 
-    kind: Literal["last"] = "last"
-    blocks: PositiveInt = Field(..., description="How many sealed periods the run reads (e.g. 7 days).")
+    kind: Literal["last", "with_budget"] = Field("last", description="last: the last `blocks` sealed periods, "
+                                                 "the run refused if one has no room; with_budget: the newest "
+                                                 "`blocks` sealed periods since `since` with room for the run.")
+    blocks: PositiveInt = Field(..., description="How many sealed periods the run reads (e.g. 7 days); with "
+                                "with_budget, at most this many (N is declared for this many).")
+    since: Optional[dt.date] = Field(None, description="with_budget: the first period of the stream (a date "
+                                     "in it); periods before it are never read.")
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _a_date(cls, value):
+        if isinstance(value, str):  # YAML reads an unquoted 2026-09-01 as a date; JSON and quotes give text
+            try:
+                return dt.date.fromisoformat(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a date (e.g. 2026-09-01)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _since_with_budget(self):
+        if (self.kind == "with_budget") != (self.since is not None):
+            raise ValueError("since: with_budget needs since (the stream's first day), last takes none"
+                             if self.kind == "with_budget" else "since: only with kind with_budget")
+        return self
 
 
 class BudgetSpec(Strict):

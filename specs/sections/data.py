@@ -291,12 +291,15 @@ Split = Annotated[Union[FractionSplit, HashedSplit, ColumnSplit, SourceSplit], F
 
 class BlocksSpec(Strict):
     """How a file's rows fall into blocks, each with a privacy budget of its own (budget.window chooses the
-    blocks a run reads), from public metadata only: the period of a declared arrival column, never a row's
-    content or a count. A row's block is recorded in the ledger with its fingerprint the first time a run
+    blocks a run reads), from public metadata only: the period of a declared arrival column, or of the file
+    a partitioned source folder holds the row in, never a row's content or a count. A row's block is recorded in the ledger with its fingerprint the first time a run
     sees it, so writing an old row again with a new date does not move it into fresh budget."""
 
-    arrival: str = Field(..., min_length=1, description="The column holding when each row arrived (a date or "
-                         "timestamp, read as UTC); public metadata, never a feature.")
+    arrival: Optional[str] = Field(None, min_length=1, description="The column holding when each row arrived (a "
+                                   "date or timestamp, read as UTC); public metadata, never a feature.")
+    partitioned: bool = Field(False, description="Instead of an arrival column: data.source.path is a folder of "
+                              "files, one per period, each named by the period its rows arrived in "
+                              "(2026-11-27.csv for a day, 2026-W48.parquet for a week, 2026-11.jsonl for a month).")
     period: Literal["day", "week", "month"] = Field("day", description="A block is the rows that arrived in one "
                                                     "period: a UTC day, an ISO week (Monday first) or a month.")
     person: Optional[str] = Field(None, min_length=1, description="A column naming each row's person: all of a "
@@ -308,13 +311,18 @@ class BlocksSpec(Strict):
 
     @model_validator(mode="after")
     def _distinct_columns(self):
+        if (self.arrival is None) == (not self.partitioned):
+            raise ValueError("arrival: give the arrival column, or partitioned: true for a folder of files named by "
+                             "period, not both" if self.partitioned else
+                             "arrival: give the column holding when each row arrived, or partitioned: true for a "
+                             "folder of files named by period")
         if self.person is not None and self.person == self.arrival:
             raise ValueError("person and arrival must be different columns")
         return self
 
     @property
     def columns(self) -> tuple:
-        return (self.arrival,) + ((self.person,) if self.person else ())
+        return tuple(c for c in (self.arrival, self.person) if c)
 
 
 class DataSpec(Strict):

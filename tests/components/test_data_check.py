@@ -181,7 +181,11 @@ def test_the_check_imports_neither_torch_nor_the_data_package():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"__future__", "csv", "json", "os", "re", "stat", "importlib.util", "pathlib", "typing",
-                        "pyarrow.parquet"}, imported
+                        "pyarrow.parquet", "components.periods"}, imported
+    periods = ast.parse((Path(__file__).resolve().parents[2] / "components" / "periods.py").read_text())
+    assert {alias.name for node in ast.walk(periods) if isinstance(node, ast.Import) for alias in node.names} | \
+        {node.module for node in ast.walk(periods) if isinstance(node, ast.ImportFrom)} <= \
+        {"__future__", "datetime", "os", "pathlib", "typing"}
 
 
 def test_every_named_dataset_and_model_says_which_package_ships_it():

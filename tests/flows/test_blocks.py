@@ -116,6 +116,91 @@ def test_a_persons_later_rows_stay_in_the_block_of_their_first_arrival(tmp_path)
     assert len(set(first.seen_persons.values())) == 1 and len(first.seen_persons) == PER_DAY
 
 
+def test_a_window_with_budget_passes_over_spent_blocks_reading_no_row(tmp_path):
+    """kind with_budget: the newest W sealed days since the stream began that still have room for the run.
+    The choice reads the ledger and the calendar only: it is made with the data file absent."""
+    from components.builders import planned_before_rows
+
+    raw = stream_spec(tmp_path, window=3)
+    raw["budget"]["window"] = {"kind": "with_budget", "blocks": 3, "since": START.isoformat()}
+    spec = specs.spec_from_dict(raw)
+    assert spec.data.declared_private_rows == 300  # N is declared for W blocks, however many are chosen
+    planned = planned_before_rows(spec)  # no file at tmp_path / "visits.csv": no row is read
+    assert Window.for_spec(spec, night(5), planned).blocks == ("2026-11-03", "2026-11-04", "2026-11-05")
+    ledger = PrivacyLedger(spec.budget.ledger)
+    for day in ("2026-11-04", "2026-11-05"):  # spent: a run of epsilon 2.95 (of 3) on each
+        ledger.reserve(dataset="visits", fingerprint="f" * 64, run_name="earlier", planned=_event(1.2), steps=20,
+                       lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove",
+                       blocks=_terms(spec, [day]))
+    window = Window.for_spec(spec, night(5), planned)
+    assert window.blocks == ("2026-11-01", "2026-11-02", "2026-11-03") and window.next_block == "2026-11-06"
+    assert Window.for_spec(spec, night(2), planned).blocks == ("2026-11-01", "2026-11-02")  # only two ended
+    for day in ("2026-11-01", "2026-11-02", "2026-11-03"):
+        ledger.reserve(dataset="visits", fingerprint="f" * 64, run_name="earlier", planned=_event(1.2), steps=20,
+                       lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove",
+                       blocks=_terms(spec, [day]))
+    with pytest.raises(BudgetExceeded, match=r"^budget.lifetime_epsilon: block '2026-11-05' of dataset 'visits' "
+                                             r"cannot take this run .* block '2026-11-06' brings budget of its own"):
+        Window.for_spec(spec, night(5), planned)
+    assert Window.for_spec(spec, night(7), planned).blocks == ("2026-11-06", "2026-11-07")
+
+
+def test_budget_show_with_the_spec_marks_the_next_window_and_the_retired_blocks(tmp_path, capsys):
+    import yaml
+
+    from flows.cli import main
+
+    raw = stream_spec(tmp_path, window=2)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(raw))
+    spec = specs.spec_from_dict(raw)
+    ledger = PrivacyLedger(spec.budget.ledger)
+    for days in (["2026-11-01", "2026-11-02"], ["2026-11-02", "2026-11-03"]):
+        ledger.reserve(dataset="visits", fingerprint="f" * 64, run_name="night", planned=_event(), steps=20,
+                       lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove",
+                       blocks=_terms(spec, days))
+    assert main(["budget", "show", "visits", "--ledger", spec.budget.ledger, "--spec", str(tmp_path / "spec.yaml"),
+                 "--as-of", "2026-11-05T02:00:00+00:00"]) == 0
+    out = capsys.readouterr().out
+    states = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("2026-11-0")}
+    assert states == {"2026-11-01": "retired", "2026-11-02": "retired", "2026-11-03": "next"}
+    assert "the next run of visits (as of 2026-11-05T02:00:00+00:00) reads 2 blocks: 2026-11-03, 2026-11-04" in out
+    assert main(["budget", "show", "visits", "--ledger", spec.budget.ledger, "--spec", str(tmp_path / "spec.yaml"),
+                 "--as-of", "yesterday"]) == 2
+    assert capsys.readouterr().out == ""  # a bad flag prints nothing but its one line (on stderr)
+
+
+def test_a_partitioned_folder_gives_each_row_its_files_period(tmp_path):
+    """A folder of files named by period (visits/2026-11-03.csv ...) falls into the same blocks as one file
+    with an arrival column; a file not named by a period is refused in one line."""
+    write_stream(tmp_path / "visits.csv", days=5)
+    frame = pd.read_csv(tmp_path / "visits.csv")
+    (tmp_path / "visits").mkdir()
+    for day, rows in frame.groupby("arrived"):
+        rows.drop(columns="arrived").to_csv(tmp_path / "visits" / f"{day}.csv", index=False)
+    (tmp_path / "visits" / "_SUCCESS").write_text("")  # a writer's mark, passed over
+    raw = stream_spec(tmp_path)
+    by_column = specs.spec_from_dict(raw)
+    raw["data"]["source"]["path"] = str(tmp_path / "visits")
+    raw["data"]["blocks"] = {"partitioned": True, "period": "day", "declared_private_rows": 100}
+    by_file = specs.spec_from_dict(raw)
+    window = Window.for_spec(by_file, night(5))
+    assert list(BlockView(by_file, window).select(_table(by_file))) == \
+        list(BlockView(by_column, window).select(_table(by_column))) == list(range(2 * PER_DAY, 5 * PER_DAY))
+    (tmp_path / "visits" / "notes.csv").write_text("x\n1\n")
+    with pytest.raises(ValueError, match=r"^data.source.path: 'notes.csv' in .* is not named by a day \(e.g. "
+                                         r"2026-11-27.csv\); name each file by the day its rows arrived in"):
+        _table(by_file)
+    with pytest.raises(specs.SpecError, match="arrival: give the arrival column, or partitioned: true"):
+        specs.spec_from_dict({**raw, "data": {**raw["data"], "blocks": {"arrival": "arrived", "partitioned": True,
+                                                                       "declared_private_rows": 100}}})
+
+
+def _terms(spec, days):
+    from flows.blocks import _terms as terms
+
+    return terms(spec, days)
+
+
 def _event(sigma=2.0):
     import dp_accounting
 

@@ -154,6 +154,27 @@ def test_an_adaptive_sequence_of_different_sigmas_stays_within_the_filter(tmp_pa
     assert min(room) <= lifetime + 1e-9
 
 
+def test_under_pld_a_block_takes_copies_of_one_planned_event_and_counts_them_as_planned(tmp_path):
+    """PLD's exact composition is a bound for parameters fixed in advance: a block accounted with pld admits
+    only the event its earlier runs planned (a run with other noise is refused in one line, writing nothing),
+    and a run stopped early counts as planned, so the number of runs is capped before any of them runs."""
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    planned, other = run_event(50, 1.2), run_event(50, 2.0)
+    charge = _reserve(ledger, planned, days("d1"), accountant="pld")
+    ledger.commit(charge, run_event(20, 1.2), 20)  # stopped at step 20 (a divergence, say): counted as planned
+    assert ledger.spent("visits") == pytest.approx(recomposed([planned], "pld"), rel=1e-9)
+    with pytest.raises(ValueError, match=r"^privacy.accountant: block 'd1' of dataset 'visits' is accounted with "
+                                         r"pld, exact only for runs whose parameters were fixed in advance, and this "
+                                         r"run plans another event than 1 run charged to it") as refused:
+        _reserve(ledger, other, days("d1", "d2"), accountant="pld")
+    assert "\n" not in str(refused.value) and len(ledger.history("visits")) == 1
+    assert [b.block for b in ledger.blocks("visits")] == ["d1"]
+    ledger.commit(_reserve(ledger, planned, days("d1", "d2"), accountant="pld"), planned, 50)
+    _reserve(ledger, other, days("d3"), accountant="pld")  # a block nobody charged yet takes any event
+    listed = {b.block: b for b in ledger.blocks("visits")}
+    assert listed["d1"].committed_epsilon == pytest.approx(recomposed([planned] * 2, "pld"), rel=1e-9)
+
+
 def test_the_refusal_names_the_block_that_brings_budget(tmp_path):
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
     lifetime = (recomposed([run_event()]) + recomposed([run_event()] * 2)) / 2

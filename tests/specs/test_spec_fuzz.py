@@ -356,6 +356,9 @@ def _run_case(case: Case, folder: Path, cli: bool) -> dict:
         return results
     path = folder / "spec.yaml"
     path.write_bytes(content)
+    for data in ("stream",):  # the examples' own data folders, which their relative paths name
+        if not (folder / data).exists():
+            (folder / data).symlink_to(EXAMPLES / data, target_is_directory=True)
     results["load_spec"] = outcome(lambda: specs.load_spec(path), lambda err: check_refusal(err, origin=str(path)))
     if cli:
         results["cli"] = validate_in_empty_home(path, results["load_spec"])
