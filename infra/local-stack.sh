@@ -14,6 +14,17 @@
 #                     (.privzo-stack/mlartifacts). The worker's flow runs get MLFLOW_TRACKING_URI (the
 #                     MLflow server) and PRIVZO_LEDGER_URL, so a spec that names no tracking.uri or
 #                     budget.ledger is logged to the server and charged to the shared ledger.
+#
+# PRIVZO_STACK_AUTH=1 puts every service behind its own authentication (the team stack's switches, on one
+# machine), with secrets from the environment or from files (NAME_FILE: a file holding NAME), never from
+# the repository; the stack refuses to start without one, naming it:
+#   PRIVZO_PREFECT_AUTH_STRING      Prefect's API and UI: "user:password" (the server's auth string)
+#   PRIVZO_MLFLOW_ADMIN_PASSWORD    MLflow basic-auth: user admin (manages users and permissions)
+#   PRIVZO_MLFLOW_WORKER_PASSWORD   user worker: what the Prefect worker's flow runs log and register as
+#   PRIVZO_MLFLOW_VIEWER_PASSWORD   user viewer: reads runs and models, writes nothing
+#   PRIVZO_RAY_TOKEN                with PRIVZO_STACK_RAY=1: the Ray head's token (RAY_AUTH_MODE=token)
+# PRIVZO_STACK_RAY=1 also starts a Ray head on 127.0.0.1 (PRIVZO_RAY_PORT, its dashboard and job API on
+# PRIVZO_RAY_DASHBOARD_PORT, 127.0.0.1 only).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/.venv/bin"
@@ -23,9 +34,25 @@ mlflow_port=${PRIVZO_MLFLOW_PORT:-5000}
 export PREFECT_API_URL="http://127.0.0.1:$prefect_port/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_HOME="${PREFECT_HOME:-$state/prefect-home}"
+ray_port=${PRIVZO_RAY_PORT:-6379}
+ray_dashboard_port=${PRIVZO_RAY_DASHBOARD_PORT:-8265}
+auth=${PRIVZO_STACK_AUTH:-0}
+with_ray=${PRIVZO_STACK_RAY:-0}
 db=${PRIVZO_STACK_DB:-sqlite}
 pg=postgresql+psycopg://privzo:privzo@127.0.0.1:5432
 case "$db" in sqlite|postgres) ;; *) echo "local-stack: PRIVZO_STACK_DB is sqlite or postgres, not $db" >&2; exit 2;; esac
+case "$auth" in 0|1) ;; *) echo "local-stack: PRIVZO_STACK_AUTH is 0 or 1, not $auth" >&2; exit 2;; esac
+
+secret() {  # NAME: $NAME, else the first line of the file $NAME_FILE; refuses to go on without either
+  local name=$1 file_var="${1}_FILE" value
+  value=${!name:-}
+  if [ -z "$value" ] && [ -n "${!file_var:-}" ]; then
+    [ -r "${!file_var}" ] || { echo "local-stack: $file_var names ${!file_var}, which cannot be read" >&2; return 2; }
+    value=$(head -n 1 "${!file_var}")
+  fi
+  [ -n "$value" ] || { echo "local-stack: PRIVZO_STACK_AUTH=1 needs $name (or $file_var, a file holding it)" >&2; return 2; }
+  printf '%s' "$value"
+}
 
 start() {  # name, command...: run in its own process group in the background, remember the group
   local name=$1; shift
@@ -34,14 +61,48 @@ start() {  # name, command...: run in its own process group in the background, r
   echo $! >"$state/$name.pid"
 }
 
-wait_http() {
-  for _ in $(seq 1 120); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 1; done
-  echo "local-stack: $1 did not answer; see $state/*.log" >&2; return 1
+wait_http() {  # url [curl options]: until it answers 2xx
+  local url=$1; shift
+  for _ in $(seq 1 120); do curl -sf "$@" "$url" >/dev/null 2>&1 && return 0; sleep 1; done
+  echo "local-stack: $url did not answer; see $state/*.log" >&2; return 1
+}
+
+stop_all() {  # every group is signalled at once and waited for together: stopping one by one summed their waits
+  groups=()
+  for name in prefect-worker ray-head mlflow prefect-server; do
+    if [ -f "$state/$name.pid" ]; then
+      pid=$(cat "$state/$name.pid")
+      kill -TERM -- "-$pid" 2>/dev/null && groups+=("$pid")   # the whole group: servers fork workers
+      rm -f "$state/$name.pid"
+    fi
+  done
+  for _ in $(seq 1 50); do
+    alive=()
+    for pid in "${groups[@]}"; do kill -0 -- "-$pid" 2>/dev/null && alive+=("$pid"); done
+    [ ${#alive[@]} -eq 0 ] && break
+    groups=("${alive[@]}")
+    sleep 0.2
+  done
+  for pid in "${groups[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
 }
 
 case "${1:-up}" in
   up)
+    prefect_server_env=(env)
+    mlflow_env=(env)
+    mlflow_app=()
+    prefect_curl=()
+    if [ "$auth" = 1 ]; then  # every secret first: nothing starts without all of them
+      prefect_auth=$(secret PRIVZO_PREFECT_AUTH_STRING)
+      case "$prefect_auth" in *:?*) ;; *) echo "local-stack: PRIVZO_PREFECT_AUTH_STRING is user:password" >&2; exit 2;; esac
+      mlflow_admin=$(secret PRIVZO_MLFLOW_ADMIN_PASSWORD)
+      mlflow_worker=$(secret PRIVZO_MLFLOW_WORKER_PASSWORD)
+      mlflow_viewer=$(secret PRIVZO_MLFLOW_VIEWER_PASSWORD)
+      if [ "$with_ray" = 1 ]; then ray_token=$(secret PRIVZO_RAY_TOKEN); fi
+    fi
     mkdir -p "$state" "$PREFECT_HOME"
+    chmod 700 "$state"
+    trap 'stop_all' EXIT  # a stack that did not come up whole is stopped, not left half running
     # flow runs name the UI their MLflow runs are browsed in (links in Prefect's logs and artifacts)
     worker_env=(env "PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
     if [ "$db" = postgres ]; then
@@ -56,14 +117,65 @@ case "${1:-up}" in
       artifacts=()
       worker_env+=("PRIVZO_MLFLOW_UI_STORE=$store")
     fi
-    start prefect-server "$bin/prefect" server start --host 127.0.0.1 --port "$prefect_port"
-    start mlflow "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" --backend-store-uri "$store" "${artifacts[@]}"
-    wait_http "http://127.0.0.1:$prefect_port/api/health"
+    if [ "$auth" = 1 ]; then
+      # Prefect: the server checks the auth string on every API call; its CLI and the worker send it
+      prefect_server_env+=("PREFECT_SERVER_API_AUTH_STRING=$prefect_auth")
+      export PREFECT_API_AUTH_STRING="$prefect_auth"
+      prefect_curl=(-u "$prefect_auth")
+      # MLflow: basic-auth, users in their own store; anyone signed in may read, only owners write
+      printf '[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///%s\nadmin_username = admin\n' \
+        "$state/mlflow-auth.db" >"$state/mlflow-auth.ini"
+      printf 'authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n' >>"$state/mlflow-auth.ini"
+      # the key of the UI's CSRF tokens: this stack's own, kept with its state
+      [ -s "$state/mlflow-secret-key" ] || (umask 077 && openssl rand -hex 32 >"$state/mlflow-secret-key")
+      mlflow_env+=("MLFLOW_AUTH_CONFIG_PATH=$state/mlflow-auth.ini" "MLFLOW_AUTH_ADMIN_PASSWORD=$mlflow_admin"
+                   "MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$state/mlflow-secret-key")" PRIVZO_MLFLOW_READ_ONLY_USERS=viewer)
+      mlflow_app=(--app-name privzo-auth)  # basic-auth, and a viewer creates nothing (flows/mlflow_app.py)
+      # the worker's flow runs log to the server as user worker, whatever store the stack keeps
+      worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "MLFLOW_TRACKING_USERNAME=worker"
+                   "MLFLOW_TRACKING_PASSWORD=$mlflow_worker" "PREFECT_API_AUTH_STRING=$prefect_auth")
+    fi
+    start prefect-server "${prefect_server_env[@]}" "$bin/prefect" server start --host 127.0.0.1 --port "$prefect_port"
+    start mlflow "${mlflow_env[@]}" "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" \
+      --backend-store-uri "$store" "${artifacts[@]}" "${mlflow_app[@]}"
+    if [ "$with_ray" = 1 ]; then
+      ray_env=(env RAY_USAGE_STATS_ENABLED=0)
+      if [ "$auth" = 1 ]; then
+        (umask 077 && printf '%s' "$ray_token" >"$state/ray-token")
+        ray_env+=(RAY_AUTH_MODE=token "RAY_AUTH_TOKEN_PATH=$state/ray-token")
+        worker_env+=(RAY_AUTH_MODE=token "RAY_AUTH_TOKEN_PATH=$state/ray-token")
+      fi
+      start ray-head "${ray_env[@]}" "$bin/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
+        --dashboard-host 127.0.0.1 --dashboard-port "$ray_dashboard_port" --num-cpus 1 --disable-usage-stats
+      worker_env+=("RAY_ADDRESS=127.0.0.1:$ray_port")
+    fi
+    wait_http "http://127.0.0.1:$prefect_port/api/health" "${prefect_curl[@]}"
     "$bin/prefect" work-pool inspect local >/dev/null 2>&1 || "$bin/prefect" work-pool create local --type process >/dev/null
     (cd "$root" && PRIVZO_ROOT="$root" "$bin/prefect" --no-prompt deploy --all --prefect-file infra/prefect.yaml >"$state/deploy.log" 2>&1)
     start prefect-worker "${worker_env[@]}" "$bin/prefect" worker start --pool local
     wait_http "http://127.0.0.1:$mlflow_port/health"
+    if [ "$auth" = 1 ]; then  # users worker and viewer, made (or their passwords set) by the admin
+      MLFLOW_TRACKING_URI="http://127.0.0.1:$mlflow_port" PRIVZO_MLFLOW_ADMIN_PASSWORD="$mlflow_admin" \
+        PRIVZO_MLFLOW_WORKER_PASSWORD="$mlflow_worker" PRIVZO_MLFLOW_VIEWER_PASSWORD="$mlflow_viewer" \
+        "$bin/python" "$root/infra/mlflow_users.py" >"$state/mlflow-users.log" 2>&1 ||
+        { echo "local-stack: MLflow users could not be made; see $state/mlflow-users.log" >&2; exit 1; }
+    fi
+    if [ "$with_ray" = 1 ]; then
+      if [ "$auth" = 1 ]; then
+        wait_http "http://127.0.0.1:$ray_dashboard_port/api/version" -H "Authorization: Bearer $ray_token"
+      else
+        wait_http "http://127.0.0.1:$ray_dashboard_port/api/version"
+      fi
+    fi
     echo "export PREFECT_API_URL=$PREFECT_API_URL PREFECT_HOME=$PREFECT_HOME"
+    if [ "$auth" = 1 ]; then  # the secrets by name, never by value
+      echo 'export PREFECT_API_AUTH_STRING="$PRIVZO_PREFECT_AUTH_STRING"'
+      echo "export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port MLFLOW_TRACKING_USERNAME=viewer"' MLFLOW_TRACKING_PASSWORD="$PRIVZO_MLFLOW_VIEWER_PASSWORD"'
+    fi
+    trap - EXIT
+    if [ "$with_ray" = 1 ]; then
+      echo "# Ray head 127.0.0.1:$ray_port, dashboard and job API http://127.0.0.1:$ray_dashboard_port/"
+    fi
     if [ "$db" = postgres ]; then
       echo "export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port PRIVZO_LEDGER_URL=$pg/privzo"
       echo "# PostgreSQL keeps running after 'down': infra/postgres/test-db.sh stop"
@@ -73,23 +185,7 @@ case "${1:-up}" in
     echo "#   $bin/privzo budget show sklearn-digits"
     ;;
   down)
-    # every group is signalled at once and waited for together: stopping one by one summed their waits
-    groups=()
-    for name in prefect-worker mlflow prefect-server; do
-      if [ -f "$state/$name.pid" ]; then
-        pid=$(cat "$state/$name.pid")
-        kill -TERM -- "-$pid" 2>/dev/null && groups+=("$pid")   # the whole group: servers fork workers
-        rm -f "$state/$name.pid"
-      fi
-    done
-    for _ in $(seq 1 50); do
-      alive=()
-      for pid in "${groups[@]}"; do kill -0 -- "-$pid" 2>/dev/null && alive+=("$pid"); done
-      [ ${#alive[@]} -eq 0 ] && break
-      groups=("${alive[@]}")
-      sleep 0.2
-    done
-    for pid in "${groups[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+    stop_all
     ;;
   *) echo "usage: $0 up|down" >&2; exit 2 ;;
 esac

@@ -93,16 +93,73 @@ def stack_databases():
         subprocess.run(["bash", str(POSTGRES), "stop"], capture_output=True, timeout=120)
 
 
-def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tmp_path, stack_databases):
-    """The team topology of infra/compose on one machine: a deployment run of a spec that names no store
-    is tracked by the MLflow server (runs and registry in PostgreSQL, artifacts served by it) and charged to
-    the PostgreSQL ledger, and Prefect keeps its flow runs in PostgreSQL."""
+def _secrets():
+    import secrets
+
+    return {"PRIVZO_PREFECT_AUTH_STRING": f"admin:{secrets.token_hex(12)}",
+            "PRIVZO_MLFLOW_ADMIN_PASSWORD": secrets.token_hex(12), "PRIVZO_MLFLOW_WORKER_PASSWORD": secrets.token_hex(12),
+            "PRIVZO_MLFLOW_VIEWER_PASSWORD": secrets.token_hex(12), "PRIVZO_RAY_TOKEN": secrets.token_hex(32)}
+
+
+def test_the_authenticated_stack_refuses_to_start_without_a_secret_naming_it(tmp_path):
+    env = dict(os.environ, PRIVZO_STACK_AUTH="1", PRIVZO_STACK_RAY="1", **_secrets())
+    del env["PRIVZO_MLFLOW_VIEWER_PASSWORD"]
+    (tmp_path / "worker-password").write_text(env.pop("PRIVZO_MLFLOW_WORKER_PASSWORD") + "\n")
+    env["PRIVZO_MLFLOW_WORKER_PASSWORD_FILE"] = str(tmp_path / "worker-password")  # a file is as good
+    up = subprocess.run(["bash", str(STACK), "up"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert up.returncode == 2 and up.stdout == ""
+    assert up.stderr == ("local-stack: PRIVZO_STACK_AUTH=1 needs PRIVZO_MLFLOW_VIEWER_PASSWORD (or "
+                         "PRIVZO_MLFLOW_VIEWER_PASSWORD_FILE, a file holding it)\n")
+    assert not list((ROOT / ".privzo-stack").glob("*.pid"))  # nothing started
+
+
+def _status(url, method="GET", auth=None, bearer=None, body=None) -> int:
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    if bearer:
+        request.add_header("Authorization", f"Bearer {bearer}")
+    try:
+        return urllib.request.urlopen(request, timeout=30).status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tmp_path, stack_databases,
+                                                                              monkeypatch):
+    """The team topology of infra/compose on one machine, every service behind its own authentication: a
+    deployment run (with the Prefect auth string) of a spec that names no store is tracked by the MLflow
+    server as user worker (runs and registry in PostgreSQL, artifacts served by it) and charged to the
+    PostgreSQL ledger, and Prefect keeps its flow runs in PostgreSQL. Without credentials the Prefect API,
+    MLflow (read and write) and Ray's job API refuse; a viewer reads but registers, tags and creates
+    nothing."""
     spec_path = one_epoch_retrain(tmp_path)
-    with local_stack(tmp_path, PRIVZO_STACK_DB="postgres") as (env, exports):
+    secrets = _secrets()
+    with local_stack(tmp_path, PRIVZO_STACK_DB="postgres", PRIVZO_STACK_AUTH="1", PRIVZO_STACK_RAY="1",
+                     PRIVZO_RAY_PORT=str(_free_port()), PRIVZO_RAY_DASHBOARD_PORT=str(_free_port()),
+                     **secrets) as (env, exports):
         server = f"http://127.0.0.1:{env['PRIVZO_MLFLOW_PORT']}"
         assert f"MLFLOW_TRACKING_URI={server} PRIVZO_LEDGER_URL={PG}/privzo" in exports
+        assert not any(value in exports for value in secrets.values())  # named, never printed
+        prefect_api, ray_jobs = env["PREFECT_API_URL"], f"http://127.0.0.1:{env['PRIVZO_RAY_DASHBOARD_PORT']}/api/jobs/"
+        assert _status(f"{prefect_api}/deployments/filter", "POST", body={}) == 401
+        assert _status(f"{prefect_api}/deployments/filter", "POST", auth="admin:wrong", body={}) == 401
+        assert _status(f"{server}/api/2.0/mlflow/experiments/search?max_results=1") == 401
+        assert _status(f"{server}/api/2.0/mlflow/experiments/create", "POST", body={"name": "x"}) == 401
+        assert _status(ray_jobs) == 401 and _status(ray_jobs, "POST", body={"entrypoint": "id"}) == 401
+        assert _status(ray_jobs, bearer="0" * 64) == 403
+        assert _status(ray_jobs, bearer=secrets["PRIVZO_RAY_TOKEN"]) == 200
+        env["PREFECT_API_AUTH_STRING"] = secrets["PRIVZO_PREFECT_AUTH_STRING"]
         deployment_run(env, spec_path)
 
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "viewer")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secrets["PRIVZO_MLFLOW_VIEWER_PASSWORD"])
         client = mlflow.MlflowClient(server)
         (finished,) = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
         assert finished.info.status == "FINISHED" and finished.info.artifact_uri.startswith("mlflow-artifacts:/")
@@ -117,6 +174,15 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
 
         (charge,) = PrivacyLedger(f"{PG}/privzo").history("sklearn-digits")
         assert charge.status == "committed" and charge.run_id == finished.info.run_id
+        from mlflow.exceptions import MlflowException
+
+        for forge in (lambda: client.create_model_version("digits-retrain", version.source, version.run_id),
+                      lambda: client.set_model_version_tag("digits-retrain", version.version, "dp.epsilon", "0.1"),
+                      lambda: client.update_model_version("digits-retrain", version.version, "epsilon 0.1"),
+                      lambda: client.create_registered_model("forged"), lambda: client.create_experiment("forged")):
+            with pytest.raises(MlflowException, match="PERMISSION_DENIED|403"):
+                forge()
+        assert client.get_model_version("digits-retrain", version.version).tags == version.tags
 
         import sqlalchemy as sa
 
@@ -142,7 +208,20 @@ def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
 
     services = _compose()["services"]
     worker = services["worker"]["environment"]
-    assert set(worker) == {"PREFECT_API_URL", TRACKING_URI_ENV, LEDGER_URL_ENV, KEY_ENV}
+    assert set(worker) == {"PREFECT_API_URL", TRACKING_URI_ENV, LEDGER_URL_ENV, KEY_ENV, "PREFECT_API_AUTH_STRING",
+                           "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}
+    # every service authenticated, with secrets the stack refuses to start without; PostgreSQL and Ray's
+    # dashboard (its job API runs code) are not published
+    assert worker["MLFLOW_TRACKING_USERNAME"] == "worker"
+    for secret in (worker["PREFECT_API_AUTH_STRING"], worker["MLFLOW_TRACKING_PASSWORD"],
+                   services["prefect-server"]["environment"]["PREFECT_SERVER_API_AUTH_STRING"],
+                   services["mlflow"]["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"],
+                   services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]):
+        assert secret.startswith("${PRIVZO_") and ":?" in secret
+    assert services["ray-head"]["environment"]["RAY_AUTH_MODE"] == "token"
+    assert "ports" not in services["postgres"] and "ports" not in services["ray-head"]
+    assert services["mlflow"]["command"][services["mlflow"]["command"].index("--app-name") + 1] == "privzo-auth"
+    assert "viewer" in services["mlflow"]["environment"]["PRIVZO_MLFLOW_READ_ONLY_USERS"]
     assert worker["PREFECT_API_URL"] == "http://prefect-server:4200/api" and worker[TRACKING_URI_ENV] == "http://mlflow:5000"
     assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://") and worker[LEDGER_URL_ENV].endswith("@postgres:5432/privzo")
     prefect_db = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
@@ -184,7 +263,8 @@ def test_compose_validates_the_stack_file():
     cmd = _compose_cli()
     if cmd is None:
         pytest.skip("no compose here: neither docker-compose nor docker's compose plugin answers 'version'")
-    env = dict(os.environ, PRIVZO_DB_PASSWORD="x", PRIVZO_FINGERPRINT_KEY="y" * 64)
+    env = dict(os.environ, PRIVZO_DB_PASSWORD="x", PRIVZO_FINGERPRINT_KEY="y" * 64, PRIVZO_MLFLOW_SECRET_KEY="z",
+               **_secrets())
     checked = subprocess.run([*cmd, "-f", str(COMPOSE / "compose.yaml"), "config", "-q"], env=env,
                              capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
@@ -204,12 +284,22 @@ def test_the_compose_mlflow_command_answers_the_worker_by_its_service_name(tmp_p
     cmd[cmd.index("--port") + 1] = str(port)
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
     cmd[0] = str(BIN / "mlflow")
+    # its auth configuration, with the users' store in this test's folder instead of the /mlauth volume
+    ini = (COMPOSE / "mlflow-auth.ini").read_text().replace("sqlite:////mlauth/basic_auth.db",
+                                                             f"sqlite:///{tmp_path / 'auth.db'}")
+    (tmp_path / "auth.ini").write_text(ini)
+    server_env = dict(QUICK, **os.environ, **_compose()["services"]["mlflow"]["environment"])
+    server_env.update(MLFLOW_AUTH_CONFIG_PATH=str(tmp_path / "auth.ini"), MLFLOW_AUTH_ADMIN_PASSWORD="admin-password-1",
+                      MLFLOW_FLASK_SERVER_SECRET_KEY="k" * 32)
     server = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True, env=dict(QUICK, **os.environ))
+                              start_new_session=True, env=server_env)
 
     def status(host):
+        import base64
+
         request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=1",
-                                         headers={"Host": host})
+                                         headers={"Host": host,
+                                                  "Authorization": "Basic " + base64.b64encode(b"admin:admin-password-1").decode()})
         try:
             return urllib.request.urlopen(request, timeout=5).status
         except urllib.error.HTTPError as err:
