@@ -454,6 +454,12 @@ def cmd_audit(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from flows.verify import verify_command
+
+    return verify_command(args.model, args.version, tracking_uri=args.tracking_uri, ledger_url=args.ledger)
+
+
 def cmd_schema(_args) -> int:
     print(specs.json_schema())
     return 0
@@ -529,6 +535,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: execution.threads, else 1)")
     p.add_argument("--no-log", action="store_true", help="print the report only; no MLflow run")
     p.set_defaults(func=cmd_audit)
+    p = sub.add_parser("verify", help="check a registered model version against the privacy ledger and the run "
+                       "that trained it (epsilon, tags, description, and the weights of seeded estimators)")
+    p.add_argument("model", metavar="MODEL", help="registered model name (the spec's name)")
+    p.add_argument("version", metavar="VERSION", nargs="?", default=None, help="default: its latest version")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--ledger", default=None,
+                   help="SQLAlchemy URL of the ledger (default: the budget.ledger of the run's spec)")
+    p.set_defaults(func=cmd_verify)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)

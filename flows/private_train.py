@@ -527,7 +527,8 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
     version = str(info.registered_model_version)
     for key, value in tags.items():  # registered models carry the DP tags
         client.set_model_version_tag(name, version, key, value)
-    if description:
+    if description:  # with the command that checks it against the ledger and the run (flows/verify.py)
+        description = f"{description}\n\n{reporting.verify_hint(name, version, tracking_uri)}"
         client.update_model_version(name, version, description=description)
         client.update_registered_model(name, description=reporting.registered_model_description(
             name, version, description))

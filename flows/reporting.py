@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import shlex
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Iterable, List, Mapping, NamedTuple, Optional
@@ -212,6 +213,16 @@ def run_description(guarantee: str, trained_on: str, model_guarantee: Optional[s
 def version_description(model_guarantee: str, run_id: str, guarantee: str, trained_on: str) -> str:
     """A registered version's description: it is the model, so the model's guarantee leads."""
     return f"**Model guarantee:** {model_guarantee}\n\n**Run {run_id} spent:** {guarantee}\n\n{trained_on}"
+
+
+def verify_hint(model_name: str, version: str, tracking_uri: Optional[str] = None) -> str:
+    """The line a registered version's description carries on how to check it. ``tracking_uri``: named when
+    given (the command's default is $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)."""
+    command = f"privzo verify {shlex.quote(str(model_name))} {shlex.quote(str(version))}"
+    if tracking_uri:
+        command += f" --tracking-uri {shlex.quote(tracking_uri)}"
+    return (f"Verify: `{command}` checks this version's guarantee, tags and weights against the privacy ledger "
+            "and the run that trained it.")
 
 
 def registered_model_description(name: str, version: str, description: str) -> str:

@@ -1,0 +1,666 @@
+"""``privzo verify``: a registered model version checked against the privacy ledger and the run that trained it.
+
+A version's dp.* tags and description are text anyone with write access to the registry can change, and its
+weights are an artifact anyone can log again under the same run. ``verify`` recomputes what they should say
+from what privzo recorded elsewhere and names the first disagreement in one line:
+
+1. **source run**: the version has a source run, and the run logged a privzo spec (``spec.yaml``) with a
+   ``budget`` (a version registered by hand has neither);
+2. **ledger charge**: the ledger (the spec's ``budget.ledger``, or the one given) holds a charge of the
+   spec's ``budget.dataset`` for that run id, and it is committed;
+3. **epsilon**: the charge's executed DpEvent is the run's ``dp_event.json``, and composed by the run's
+   accountant at its delta it gives the run's ``dp.epsilon`` (and the version's ``dp.run_epsilon``) at the
+   precision the tags are written with (``flows.reporting.shown``, 6 significant digits; the guarantee
+   sentences 4); ``dp.delta``, ``dp.accountant`` and ``dp.neighboring`` agree with the spec and the ledger;
+4. **model guarantee**: the model's events, recomposed from the ledger's committed charges of every run
+   of its lineage (``privzo.init_run_id`` back to a seed initialisation, per block with data.blocks, as
+   ``flows.private_train.model_event`` / ``model_block_events`` compose them), are the run's
+   ``model_dp_event*.json``, and give the version's ``dp.epsilon`` / ``dp.model_epsilon``, its
+   ``dp.guarantee`` and the guarantee lines of its description (docs/design.md, "MLflow conventions");
+5. **spec and fingerprint**: the run's params are its flattened spec, and the charge was reserved for that
+   spec (dataset, spec name, planned steps and planned DpEvent) and for the rows of the ``data.fingerprint``
+   tag (keyed; the ledger holds the same keyed fingerprint);
+6. **weights**: for estimators whose updates are purely seeded (the journal of ``(seed, coefficient)``
+   steps is the whole trajectory: two_point with sgd), the registered weights are the replay
+   (``components.optimizers.replay``) of the run's journal from its public initial weights: the seeded
+   initialisation (or the version it continued), after any public warm start. On CPU they must be equal bit
+   for bit; a run whose directions were drawn on a GPU is replayed on a GPU and must agree within
+   ``GPU_RTOL`` / ``GPU_ATOL``. Loading the public initial weights reads the spec's data source for its
+   shapes and public rows (as ``privzo calibrate`` does); nothing is trained on private rows or released.
+
+Nothing is charged, tagged or registered: the ledger and the MLflow store are only read (a SQLite ledger that
+does not exist is reported, never created). ``verify_command`` is what ``privzo verify`` runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import dp_accounting
+import mlflow
+import yaml
+from mlflow.exceptions import MlflowException
+
+import specs
+from specs.sections.tracking import tracking_uri_from_env
+from components.accountants import Accountant, event_from_json
+
+OK, FAILED, NOT_APPLICABLE, NOT_RUN = "ok", "failed", "not applicable", "not run"
+CHECKS = ("source run", "ledger charge", "epsilon", "model guarantee", "spec and fingerprint", "weights")
+
+# A run whose directions were drawn on a GPU (privzo.directions_stream cuda-*): the replay on a GPU draws the
+# same directions, but the update kernels may round differently (a cached direction against one drawn inside
+# the add), so the weights agree elementwise within |replayed - registered| <= GPU_ATOL + GPU_RTOL |registered|.
+GPU_RTOL, GPU_ATOL = 1e-5, 1e-6
+
+SPEC_ARTIFACT, EVENT_ARTIFACT, JOURNAL_ARTIFACT = "spec.yaml", "dp_event.json", "journal/journal.json"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | failed | not applicable | not run
+    detail: str  # one line: what was compared, or the mismatch
+
+
+@dataclass
+class VerifyReport:
+    model_name: str
+    version: str
+    run_id: Optional[str]
+    tracking_uri: str
+    ledger_url: Optional[str]
+    checks: List[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """Every check ok, or not applicable to this version (a check that did not run is not a pass)."""
+        return all(c.status in (OK, NOT_APPLICABLE) for c in self.checks) and len(self.checks) == len(CHECKS)
+
+    @property
+    def first_mismatch(self) -> Optional[str]:
+        """The first failed check's line, None if none failed."""
+        return next((c.detail for c in self.checks if c.status == FAILED), None)
+
+    def headline(self) -> str:
+        where = f"{self.model_name} version {self.version}"
+        if self.passed:
+            return f"{where}: verified against ledger {_shown_url(self.ledger_url)} and run {self.run_id}"
+        return f"{where}: FAILED: {self.first_mismatch or 'not every check ran'}"
+
+    def lines(self) -> List[str]:
+        """The headline, then one line per check."""
+        width = max(len(n) for n in CHECKS)
+        return [self.headline()] + [f"  {c.name:<{width}}  {c.status:<14}  {c.detail}" for c in self.checks]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def verify_command(model_name: str, version: Optional[str] = None, tracking_uri: Optional[str] = None,
+                   ledger_url: Optional[str] = None, out=None) -> int:
+    """``privzo verify``: print the report (its headline names the first mismatch); 0 when every check passes,
+    1 when one fails. A model or version that does not exist raises ValueError (the CLI's one-line error)."""
+    import sys
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line a check, no bars between
+    report = verify(model_name, version, tracking_uri, ledger_url)
+    print(str(report), file=out or sys.stdout)
+    return 0 if report.passed else 1
+
+
+class _Mismatch(Exception):
+    """A check failed: its one line."""
+
+
+def verify(model_name: str, version: Optional[str] = None, tracking_uri: Optional[str] = None,
+           ledger_url: Optional[str] = None) -> VerifyReport:
+    """Check registered model ``model_name`` version ``version`` (default: its latest) in ``tracking_uri``
+    (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db) against the privacy ledger (``ledger_url``,
+    default: the ledger its run's spec names) and its run. Raises ValueError when the model or version does
+    not exist; every other problem is a failed check in the report."""
+    uri = tracking_uri or tracking_uri_from_env()
+    client = mlflow.MlflowClient(uri)
+    found = _model_version(client, model_name, version)
+    with tempfile.TemporaryDirectory(prefix="privzo-verify-") as folder:
+        checker = _Verifier(client, uri, found, ledger_url, Path(folder))
+        return checker.checked()
+
+
+def _model_version(client: mlflow.MlflowClient, name: str, version: Optional[str]):
+    try:
+        if version is None:
+            versions = client.search_model_versions(f"name = '{name}'")
+            if not versions:
+                raise ValueError(f"verify: no registered model {name!r} in {client.tracking_uri}")
+            return max(versions, key=lambda v: int(v.version))
+        return client.get_model_version(name, str(version))
+    except MlflowException as err:
+        raise ValueError(f"verify: no version {version} of registered model {name!r} in {client.tracking_uri} "
+                         f"({str(err.message).splitlines()[0]})") from None
+
+
+def _shown_url(url: Optional[str]) -> str:
+    if not url:
+        return "(none)"
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)  # a team ledger's URL may hold a password
+    except Exception:  # noqa: BLE001 - only for display
+        return url
+
+
+def _pair(sentence: str) -> Optional[Tuple[str, str]]:
+    """The (epsilon, delta) a guarantee sentence states first, as written."""
+    found = re.search(r"\(([^,() ]+), ([^,() ]+)\)", sentence or "")
+    return (found.group(1), found.group(2)) if found else None
+
+
+def _paragraph_after(text: str, head: str) -> Optional[str]:
+    at = (text or "").find(head)
+    if at < 0:
+        return None
+    return text[at + len(head):].split("\n\n", 1)[0].strip()
+
+
+@dataclass
+class _Charge:
+    id: str
+    dataset: str
+    fingerprint: str
+    run_name: str
+    status: str
+    steps_planned: int
+    steps_run: int
+    planned: dp_accounting.DpEvent
+    executed: Optional[dp_accounting.DpEvent]
+    blocks: List[str]
+    ledger: str
+
+
+class _Verifier:
+    def __init__(self, client: mlflow.MlflowClient, uri: str, version, ledger_url: Optional[str], folder: Path):
+        self.client, self.uri, self.version, self.override, self.folder = client, uri, version, ledger_url, folder
+        self.name, self.number = version.name, str(version.version)
+        self.where = f"version {self.number}"
+        self._runs: Dict[str, Any] = {}
+        self._specs: Dict[str, specs.RunSpec] = {}
+        self._charges: Dict[str, _Charge] = {}
+        self._ledgers: Dict[str, Any] = {}
+        self.run = self.spec = self.charge = None
+        self.run_epsilon: Optional[float] = None
+        self.model_eps: Optional[float] = None
+
+    # ------------------------------------------------------------ the checks, in order
+    def checked(self) -> VerifyReport:
+        report = VerifyReport(self.name, self.number, self.version.run_id or None, self.uri, self.override)
+        steps = [self._source_run, self._ledger_charge, self._epsilon, self._model_guarantee,
+                 self._spec_and_fingerprint, self._weights]
+        needs = {"ledger charge": 1, "epsilon": 2, "model guarantee": 3, "spec and fingerprint": 2, "weights": 1}
+        done: Dict[str, str] = {}
+        for name, step in zip(CHECKS, steps):
+            blocking = [CHECKS[i] for i in range(needs.get(name, 0)) if done.get(CHECKS[i]) != OK]
+            if blocking:
+                status, detail = NOT_RUN, f"needs the {blocking[0]} check to pass"
+            else:
+                try:
+                    status, detail = step()
+                except _Mismatch as err:
+                    status, detail = FAILED, str(err)
+                except Exception as err:  # noqa: BLE001 - a store or ledger that cannot be read: not verified
+                    line = str(err).splitlines()[0] if str(err) else ""
+                    status, detail = FAILED, f"could not check: {type(err).__name__}: {line}"
+            done[name] = status
+            report.checks.append(Check(name, status, detail))
+            if name == "ledger charge" and self.charge is not None:
+                report.ledger_url = self.charge.ledger
+        return report
+
+    def _source_run(self) -> Tuple[str, str]:
+        run_id = self.version.run_id
+        if not run_id:
+            raise _Mismatch(f"{self.where} was registered by hand: it has no source run, so nothing records how it "
+                            "was trained or what it spent")
+        run = self._get_run(run_id)
+        if run is None:
+            raise _Mismatch(f"{self.where}'s source run {run_id} does not exist in {self.uri}")
+        spec = self._spec_of(run_id)
+        if spec is None:
+            raise _Mismatch(f"{self.where} was registered by hand: its run {run_id} is not a privzo run (it logged "
+                            f"no {SPEC_ARTIFACT})")
+        if spec.budget is None:
+            raise _Mismatch(f"{self.where}'s run {run_id} has no ledger charge: its spec {spec.name} has no budget "
+                            "section, so no ledger records what it spent")
+        if spec.privacy is None:
+            raise _Mismatch(f"{self.where}'s run {run_id} is not private (mechanism none): it has no guarantee to "
+                            "verify")
+        self.run, self.spec = run, spec
+        return OK, f"run {run_id} of spec {spec.name}, charged to dataset {spec.budget.dataset!r}"
+
+    def _ledger_charge(self) -> Tuple[str, str]:
+        charge = self._charge_of(self.run.info.run_id, self.spec)
+        self.charge = charge
+        return OK, (f"charge {charge.id} on dataset {charge.dataset!r} in {_shown_url(charge.ledger)}: committed, "
+                    f"{charge.steps_run} of {charge.steps_planned} planned steps")
+
+    def _epsilon(self) -> Tuple[str, str]:
+        from flows.reporting import shown
+
+        run_id, spec, charge = self.run.info.run_id, self.spec, self.charge
+        tags, vtags = self.run.data.tags, self.version.tags or {}
+        logged = self._artifact_event(run_id, EVENT_ARTIFACT)
+        if logged is None:
+            raise _Mismatch(f"run {run_id} logged no {EVENT_ARTIFACT}: what it spent is recorded only in the ledger")
+        if logged != charge.executed:
+            raise _Mismatch(f"run {run_id}'s {EVENT_ARTIFACT} is not the event the ledger committed for it "
+                            f"(charge {charge.id})")
+        privacy = spec.privacy
+        ledger_neighboring = self._dataset_neighboring(charge)
+        expected = {"dp.accountant": (privacy.accountant, "the run's spec accounts with"),
+                    "dp.neighboring": (privacy.neighboring, "the run's spec and the ledger's dataset are accounted "
+                                       "under"),
+                    "dp.delta": (shown(float(privacy.delta), 6), "the run's spec has delta")}
+        if ledger_neighboring is not None and ledger_neighboring != privacy.neighboring:
+            raise _Mismatch(f"run {run_id}'s spec is accounted under {privacy.neighboring}, the ledger accounts "
+                            f"dataset {charge.dataset!r} under {ledger_neighboring}")
+        for owner, held in (("run", tags), (self.where, vtags)):
+            for key, (value, says) in expected.items():
+                if held.get(key) != value:
+                    raise _Mismatch(f"{owner}'s {key} tag says {held.get(key)}, {says} {value}")
+        eps = Accountant(privacy.accountant, privacy.neighboring).epsilon(charge.executed, float(privacy.delta))
+        self.run_epsilon = eps
+        composes = f"the ledger's committed event composes to {shown(eps, 6)}"
+        if tags.get("dp.epsilon") != shown(eps, 6):
+            raise _Mismatch(f"run {run_id}'s dp.epsilon tag says {tags.get('dp.epsilon')}, {composes}")
+        if vtags.get("dp.run_epsilon") != shown(eps, 6):
+            raise _Mismatch(f"{self.where}'s dp.run_epsilon tag says {vtags.get('dp.run_epsilon')}, {composes}")
+        stated = _pair(tags.get("dp.guarantee", ""))
+        if spec.private and (stated is None or stated[0] != shown(eps)):
+            raise _Mismatch(f"run {run_id}'s dp.guarantee states epsilon {stated[0] if stated else 'none'}, the "
+                            f"ledger's committed event composes to {shown(eps)}")
+        if vtags.get("dp.run_guarantee") != tags.get("dp.guarantee"):
+            raise _Mismatch(f"{self.where}'s dp.run_guarantee is not its run's dp.guarantee "
+                            f"({vtags.get('dp.run_guarantee')!r})")
+        return OK, (f"the committed event composes to epsilon {shown(eps, 6)} at delta "
+                    f"{shown(float(privacy.delta), 6)} ({privacy.accountant}, {privacy.neighboring}), as the run's "
+                    "tags say")
+
+    def _model_guarantee(self) -> Tuple[str, str]:
+        from flows.private_train import MODEL_BLOCK_EVENTS, MODEL_EVENT, model_epsilon
+        from flows.reporting import shown
+
+        run, spec, charge = self.run, self.spec, self.charge
+        run_id, tags, vtags = run.info.run_id, run.data.tags, self.version.tags or {}
+        composed, runs = self._model_event(run, spec, charge.executed)
+        logged = self._artifact_event(run_id, MODEL_EVENT)
+        if logged is None and composed is not None and runs > 1 and tags.get("dp.model_epsilon") == "inf":
+            composed = None  # the run found a start's events unknown and says so: "unknown" is not a false claim
+        if composed is not None and logged != composed:
+            raise _Mismatch(f"run {run_id}'s {MODEL_EVENT} is not the composition of the ledger's committed events "
+                            f"of the {runs} run{'s' if runs != 1 else ''} that trained the model")
+        if composed is None and logged is not None:
+            raise _Mismatch(f"run {run_id} logged a {MODEL_EVENT}, but the ledger does not record every run of its "
+                            "lineage")
+        model_eps = model_epsilon(spec, composed)
+        window = [b for b in tags.get("privzo.blocks", "").split(",") if b]
+        if window:
+            expected_blocks = self._block_events(run, spec, window, charge.executed, composed)
+            logged_blocks = self._artifact_text(run_id, MODEL_BLOCK_EVENTS)
+            logged_blocks = None if logged_blocks is None else {
+                b: event_from_json(t) for b, t in json.loads(logged_blocks).items()}
+            if logged_blocks != expected_blocks:
+                raise _Mismatch(f"run {run_id}'s {MODEL_BLOCK_EVENTS} is not the per-block composition of the "
+                                "ledger's committed events of the runs that trained the model")
+            blocks = len(expected_blocks or {})
+            per_block = [model_epsilon(spec, e) for e in (expected_blocks or {}).values()]
+            model_eps = max(per_block) if per_block else math.inf
+        self.model_eps = model_eps
+        headline = model_eps if spec.private else self.run_epsilon
+        lineage = f"the ledger's committed events of its {runs} run{'s' if runs != 1 else ''} compose to"
+        checks = [(tags, f"run {run_id}", "dp.model_epsilon", model_eps), (vtags, self.where, "dp.epsilon", headline),
+                  (vtags, self.where, "dp.model_epsilon", model_eps)]
+        for held, owner, key, value in checks:
+            if held.get(key) != shown(value, 6):
+                raise _Mismatch(f"{owner}'s {key} tag says {held.get(key)}, {lineage} {shown(value, 6)}")
+        if tags.get("dp.model_runs") != str(runs):
+            raise _Mismatch(f"run {run_id}'s dp.model_runs tag says {tags.get('dp.model_runs')}, its lineage has "
+                            f"{runs} run{'s' if runs != 1 else ''}")
+        self._guarantee_sentence(f"{self.where}'s dp.guarantee", vtags.get("dp.guarantee", ""), model_eps, lineage)
+        description = self.version.description or ""
+        model_line = _paragraph_after(description, "**Model guarantee:** ")
+        if model_line is None:
+            raise _Mismatch(f"the description of {self.where} states no model guarantee")
+        self._guarantee_sentence(f"the description of {self.where}", model_line, model_eps, lineage)
+        run_line = _paragraph_after(description, f"**Run {run_id} spent:** ")
+        if run_line is None:
+            raise _Mismatch(f"the description of {self.where} does not state what run {run_id} spent")
+        self._guarantee_sentence(f"the description of {self.where} (run {run_id} spent)", run_line,
+                                 self.run_epsilon, "the ledger's committed event composes to")
+        if model_line != vtags.get("dp.guarantee") or run_line != tags.get("dp.guarantee"):
+            raise _Mismatch(f"the description of {self.where} does not state its dp.guarantee tag as the model's "
+                            f"guarantee and its run's dp.guarantee as what run {run_id} spent")
+        return OK, (f"model epsilon {shown(model_eps, 6)} over {runs} run{'s' if runs != 1 else ''}"
+                    + (f" (the largest of its {blocks} blocks)" if window else "")
+                    + ", as the version's tags and description state")
+
+    def _guarantee_sentence(self, what: str, sentence: str, eps: float, lineage: str) -> None:
+        from flows.reporting import shown
+
+        if not self.spec.private:
+            return
+        if not math.isfinite(eps):
+            if not sentence.startswith("unknown:"):
+                raise _Mismatch(f"{what} states a guarantee, but the ledger does not record every run of the model's "
+                                "lineage (its guarantee is unknown)")
+            return
+        stated = _pair(sentence)
+        if stated is None or stated[0] != shown(eps):
+            said = f"({stated[0]}, {stated[1]})-DP" if stated else "no (epsilon, delta)"
+            raise _Mismatch(f"{what} says {said}, {lineage} {shown(eps)}")
+        delta = shown(float(self.spec.privacy.delta), 3)
+        if stated[1] != delta:
+            raise _Mismatch(f"{what} states delta {stated[1]}, the run's delta is {delta}")
+
+    def _spec_and_fingerprint(self) -> Tuple[str, str]:
+        from components import builders
+        from flows.checkpoints import spec_digest
+
+        run, spec, charge = self.run, self.spec, self.charge
+        run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
+        for key, value in specs.flatten(spec).items():
+            if params.get(key) != value:
+                raise _Mismatch(f"run {run_id}'s param {key} is {params.get(key)!r}, its {SPEC_ARTIFACT} says "
+                                f"{value!r}")
+        fingerprint = tags.get("data.fingerprint")
+        if fingerprint != charge.fingerprint:
+            raise _Mismatch(f"run {run_id}'s data.fingerprint tag is {fingerprint}, the ledger charged rows of "
+                            f"fingerprint {charge.fingerprint}")
+        tagged = (self.version.tags or {}).get("data.fingerprint")
+        if tagged != fingerprint:
+            raise _Mismatch(f"{self.where}'s data.fingerprint tag is {tagged}, its run's is {fingerprint}")
+        if charge.run_name != spec.name:
+            raise _Mismatch(f"the ledger charged run {run_id} as spec {charge.run_name!r}, its {SPEC_ARTIFACT} is "
+                            f"{spec.name!r}")
+        if charge.steps_planned != spec.optimizer.steps:
+            raise _Mismatch(f"the ledger reserved {charge.steps_planned} steps for run {run_id}, its spec plans "
+                            f"{spec.optimizer.steps}")
+        if tags.get("dp.steps") != str(charge.steps_run):
+            raise _Mismatch(f"run {run_id}'s dp.steps tag says {tags.get('dp.steps')}, the ledger committed "
+                            f"{charge.steps_run} steps")
+        n_private = params.get("derived.n_private")
+        try:
+            planned = builders.planned_event(spec, int(n_private) if n_private else None,
+                                             float(spec.mechanism.noise_multiplier))
+        except (ValueError, TypeError) as err:
+            raise _Mismatch(f"run {run_id}'s spec does not plan an event: {str(err).splitlines()[0]}") from None
+        if planned != charge.planned:
+            raise _Mismatch(f"the ledger's reservation for run {run_id} planned another event than its spec plans "
+                            "(noise, sampling or steps differ)")
+        window = [b for b in tags.get("privzo.blocks", "").split(",") if b]
+        if window and sorted(window) != sorted(charge.blocks):
+            raise _Mismatch(f"run {run_id}'s privzo.blocks tag names {', '.join(window)}, the ledger charged it on "
+                            f"{', '.join(charge.blocks)}")
+        return OK, (f"params are the spec (digest {spec_digest(spec)[:12]}); the charge is for this spec and for the "
+                    f"rows of data.fingerprint {fingerprint[:12]}")
+
+    def _weights(self) -> Tuple[str, str]:
+        import torch
+
+        from specs.traits import ESTIMATORS as ESTIMATOR_TRAITS, SCALAR
+
+        spec, run = self.spec, self.run
+        traits = ESTIMATOR_TRAITS[spec.estimator.kind]
+        if not (traits.seeded_directions and traits.release == SCALAR and not traits.uses_public
+                and spec.optimizer.kind == "sgd"):
+            return NOT_APPLICABLE, (f"{spec.estimator.kind} with {spec.optimizer.kind}: its updates are not a journal "
+                                    "of seeded steps alone, so its weights cannot be replayed")
+        run_id, tags = run.info.run_id, run.data.tags
+        from components.estimators.directions import GENERATOR_VERSION
+
+        written = tags.get("privzo.directions_version")
+        if written != str(GENERATOR_VERSION):
+            raise _Mismatch(f"run {run_id}'s journal was drawn by direction generator v{written}, this privzo draws "
+                            f"v{GENERATOR_VERSION}: it cannot be replayed here")
+        stream = tags.get("privzo.directions_stream", f"cpu-torch-v{GENERATOR_VERSION}")
+        on_gpu = stream.startswith("cuda")
+        if on_gpu and not torch.cuda.is_available():
+            raise _Mismatch(f"run {run_id} drew its directions on a GPU ({stream}); replaying its journal needs a CUDA "
+                            "device, and this machine has none")
+        device = torch.device("cuda" if on_gpu else "cpu")
+        journal_text = self._artifact_text(run_id, JOURNAL_ARTIFACT)
+        if journal_text is None:
+            raise _Mismatch(f"run {run_id} logged no journal ({JOURNAL_ARTIFACT})")
+        registered = self._registered_model(self.client.get_model_version_download_uri(self.name, self.number))
+        if registered is None:
+            raise _Mismatch(f"{self.where}'s model cannot be loaded")
+        replayed, used = self._replay(run, spec, json.loads(journal_text), device, stream)
+        # every tensor of the model the spec builds (a registered graph may hold constants of its own besides)
+        mine, theirs = replayed.state_dict(), registered.state_dict()
+        if set(mine) - set(theirs):
+            raise _Mismatch(f"{self.where}'s weights are not the model its spec builds (it has no "
+                            f"{', '.join(sorted(set(mine) - set(theirs))[:3])})")
+        for key in mine:
+            a, b = mine[key].detach().cpu(), theirs[key].detach().cpu()
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise _Mismatch(f"{self.where}'s weights are not the model its spec builds ({key}: {tuple(b.shape)} "
+                                f"{b.dtype}, the spec builds {tuple(a.shape)} {a.dtype})")
+            same = torch.equal(a, b) if not on_gpu else bool(torch.allclose(a, b, rtol=GPU_RTOL, atol=GPU_ATOL))
+            if not same:
+                gap = float((a.double() - b.double()).abs().max()) if a.is_floating_point() else float("nan")
+                how = "bit for bit" if not on_gpu else f"within rtol {GPU_RTOL:g}, atol {GPU_ATOL:g}"
+                raise _Mismatch(f"{self.where}'s weights are not the replay of run {run_id}'s journal from its "
+                                f"{used} ({key} differs by up to {gap:.3g}; required {how})")
+        return OK, (f"the weights are the replay of {len(json.loads(journal_text))} journal entries from the {used}, "
+                    + ("bit for bit (CPU)" if not on_gpu else f"within rtol {GPU_RTOL:g}, atol {GPU_ATOL:g} (GPU)"))
+
+    # ------------------------------------------------------------ lineage
+    def _model_event(self, run, spec: specs.RunSpec, event) -> Tuple[Optional[dp_accounting.DpEvent], int]:
+        """The model's composed event as ``flows.private_train.model_event`` builds it, every run's event taken
+        from the ledger's committed charge; and the number of runs that trained it."""
+        source_id = run.data.tags.get("privzo.init_run_id")
+        if source_id is None:
+            return event, 1
+        source = self._get_run(source_id)
+        if source is None:
+            return None, 2
+        if source.data.tags.get("dp.neighboring") != spec.privacy.neighboring:
+            return None, 2
+        source_spec = self._spec_of(source_id)
+        if source_spec is None or source_spec.budget is None or source_spec.privacy is None:
+            raise _Mismatch(f"the model continues run {source_id}, which has no ledger charge: its epsilon is not in "
+                            "the ledger")
+        before, runs = self._model_event(source, source_spec, self._charge_of(source_id, source_spec).executed)
+        if before is None:
+            return None, runs + 1
+        return dp_accounting.ComposedDpEvent([before, event]), runs + 1
+
+    def _block_events(self, run, spec: specs.RunSpec, window: List[str], event, composed):
+        """Per block, as ``flows.private_train.model_block_events`` composes them, from the ledger."""
+        source_id = run.data.tags.get("privzo.init_run_id")
+        if source_id is None:
+            return {block: event for block in window}
+        source = self._get_run(source_id)
+        source_window = [b for b in (source.data.tags.get("privzo.blocks", "") if source else "").split(",") if b]
+        if source is None or not source_window:
+            return None if composed is None else {block: composed for block in window}
+        source_spec = self._spec_of(source_id)
+        if source_spec is None or source_spec.budget is None or source_spec.privacy is None:
+            raise _Mismatch(f"the model continues run {source_id}, which has no ledger charge: its epsilon is not in "
+                            "the ledger")
+        source_event = self._charge_of(source_id, source_spec).executed
+        source_composed, _ = self._model_event(source, source_spec, source_event)
+        before = self._block_events(source, source_spec, source_window, source_event, source_composed)
+        if before is None:
+            return None if composed is None else {block: composed for block in window}
+        return {**before, **{block: dp_accounting.ComposedDpEvent([before[block], event]) if block in before
+                             else event for block in window}}
+
+    # ------------------------------------------------------------ reading MLflow and the ledger
+    def _get_run(self, run_id: str):
+        if run_id not in self._runs:
+            try:
+                self._runs[run_id] = self.client.get_run(run_id)
+            except MlflowException:
+                self._runs[run_id] = None
+        return self._runs[run_id]
+
+    def _artifact_text(self, run_id: str, path: str) -> Optional[str]:
+        target = self.folder / run_id / path
+        if not target.exists():
+            try:
+                local = self.client.download_artifacts(run_id, path, str(self.folder / run_id))
+            except (MlflowException, OSError):
+                return None
+            target = Path(local)
+        return target.read_text() if target.is_file() else None
+
+    def _artifact_event(self, run_id: str, path: str) -> Optional[dp_accounting.DpEvent]:
+        text = self._artifact_text(run_id, path)
+        if text is None:
+            return None
+        try:
+            return event_from_json(text)
+        except (ValueError, TypeError, KeyError) as err:
+            raise _Mismatch(f"run {run_id}'s {path} is not a DpEvent ({str(err).splitlines()[0]})") from None
+
+    def _spec_of(self, run_id: str) -> Optional[specs.RunSpec]:
+        if run_id not in self._specs:
+            text = self._artifact_text(run_id, SPEC_ARTIFACT)
+            if text is None:
+                self._specs[run_id] = None
+            else:
+                try:
+                    self._specs[run_id] = specs.spec_from_dict(yaml.safe_load(text))
+                except (specs.SpecError, ValueError, yaml.YAMLError) as err:
+                    raise _Mismatch(f"run {run_id}'s {SPEC_ARTIFACT} is not a valid spec: "
+                                    f"{str(err).splitlines()[0]}") from None
+        return self._specs[run_id]
+
+    def _ledger(self, spec: specs.RunSpec):
+        """The ledger to read (the one given, else the spec's), never created where it does not exist."""
+        from sqlalchemy.engine import make_url
+
+        from flows.ledger import PrivacyLedger
+
+        url = self.override or spec.budget.ledger
+        if url not in self._ledgers:
+            parsed = make_url(url)
+            if parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database):
+                raise _Mismatch(f"ledger {_shown_url(url)} does not exist (no file {parsed.database}), so no charge "
+                                "records what the run spent")
+            self._ledgers[url] = PrivacyLedger(url)
+        return self._ledgers[url], url
+
+    def _charge_of(self, run_id: str, spec: specs.RunSpec) -> _Charge:
+        """The committed charge of ``run_id`` on the spec's dataset; a mismatch if there is none."""
+        if run_id in self._charges:
+            return self._charges[run_id]
+        from sqlalchemy import select
+        from sqlalchemy.orm import Session
+
+        from flows.ledger import ABORTED, COMMITTED, ChargeBlockRow, ChargeRow
+
+        ledger, url = self._ledger(spec)
+        dataset = spec.budget.dataset
+        with Session(ledger.engine) as session:
+            rows = list(session.scalars(select(ChargeRow).where(ChargeRow.run_id == run_id)
+                                        .order_by(ChargeRow.created_at)))
+            blocks = {r.id: sorted(session.scalars(select(ChargeBlockRow.block)
+                                                   .where(ChargeBlockRow.charge_id == r.id))) for r in rows}
+            session.expunge_all()
+        live = [r for r in rows if r.dataset == dataset and r.status != ABORTED]
+        if not live:
+            elsewhere = sorted({r.dataset for r in rows if r.dataset != dataset and r.status != ABORTED})
+            if elsewhere:
+                raise _Mismatch(f"run {run_id} is charged to dataset {elsewhere[0]!r} in {_shown_url(url)}, its spec "
+                                f"names {dataset!r}")
+            if rows:
+                raise _Mismatch(f"run {run_id}'s charge {rows[-1].id} in {_shown_url(url)} was aborted: the ledger "
+                                "counts nothing for it")
+            raise _Mismatch(f"run {run_id} has no charge in ledger {_shown_url(url)} (dataset {dataset!r}): nothing "
+                            "there records what it spent")
+        if len(live) > 1:
+            raise _Mismatch(f"run {run_id} has {len(live)} charges on dataset {dataset!r} in {_shown_url(url)}; a run "
+                            "is charged once")
+        row = live[0]
+        if row.status != COMMITTED:
+            raise _Mismatch(f"run {run_id}'s charge {row.id} in {_shown_url(url)} is {row.status}, not committed: the "
+                            "run did not finish (or is still running)")
+        charge = _Charge(row.id, row.dataset, row.fingerprint, row.run_name, row.status, row.steps_planned,
+                         row.steps_run, event_from_json(row.planned_event), event_from_json(row.executed_event),
+                         blocks[row.id], url)
+        self._charges[run_id] = charge
+        return charge
+
+    def _dataset_neighboring(self, charge: _Charge) -> Optional[str]:
+        ds = self._ledgers[charge.ledger].dataset(charge.dataset)
+        return None if ds is None else ds.neighboring
+
+    # ------------------------------------------------------------ weights
+    def _registered_model(self, artifact_uri: str):
+        import mlflow.pytorch
+
+        folder = self.folder / f"model-{abs(hash(artifact_uri))}"
+        try:
+            local = mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(folder),
+                                                        tracking_uri=self.uri)
+            return mlflow.pytorch.load_model(local, map_location="cpu")
+        except (MlflowException, OSError):
+            return None
+
+    def _replay(self, run, spec: specs.RunSpec, entries: List[dict], device, stream: str):
+        """The model its spec builds at the public initialisation (the seed's, or the version it continued),
+        after any public warm start, on ``device``, with the journal replayed; and what it started from."""
+        import torch
+
+        from components import builders, models
+        from components.estimators.public import warm_start
+        from components.optimizers import replay
+        from components.runtime.loop import JournalEntry
+
+        run_id, tags = run.info.run_id, run.data.tags
+        warm = getattr(spec.estimator, "public_warm_start", None)
+        if spec.data.blocks is not None and warm is not None:
+            raise _Mismatch(f"run {run_id} warm-started on the public rows of its window of blocks, which verify "
+                            "does not rebuild: its weights cannot be replayed here")
+        try:
+            data = builders.load_data(spec, every_block=True)
+        except (ValueError, OSError) as err:
+            raise _Mismatch(f"cannot load run {run_id}'s data source for its model's shapes and public rows: "
+                            f"{str(err).splitlines()[0]}") from None
+        model = builders.build_model(spec, data.n_features, data.n_classes)
+        started = tags.get("privzo.init", "seed")
+        used = "seeded initialisation"
+        if started.startswith("models:/"):
+            start_name, _, start_version = started[len("models:/"):].rpartition("/")
+            try:
+                uri = self.client.get_model_version_download_uri(start_name, start_version)
+            except MlflowException:
+                uri = None
+            start = None if uri is None else self._registered_model(uri)
+            if start is None:
+                raise _Mismatch(f"run {run_id} continued {started}, which cannot be loaded: its weights cannot be "
+                                "replayed")
+            model.load_state_dict(start.state_dict())
+            used = f"weights of {started}"
+        model = model.to(device)
+        if warm is not None:
+            features = torch.as_tensor(data.public.features, device=device)
+            labels = torch.as_tensor(data.public.labels, device=device)
+            warm_start(model, models.trainable_parameters(model), models.per_example_loss, features, labels,
+                       epochs=warm.epochs, lr=warm.lr, batch_size=warm.batch_size, seed=spec.seed)
+            used += " after its public warm start"
+        directions = builders.build_directions(spec, models.trainable_parameters(model))
+        if directions.stream != stream:
+            raise _Mismatch(f"run {run_id} drew its directions with {stream}, a replay here draws {directions.stream}")
+        journal = [JournalEntry(int(e["step"]), int(e["seed"]), float(e["coefficient"])) for e in entries]
+        opt = spec.optimizer
+        replay(directions, journal, opt.lr, opt.momentum, opt.weight_decay)
+        return model, used

@@ -1,0 +1,221 @@
+"""``flows.verify``: a registered version checked against the privacy ledger and its run. A fresh run passes every
+check; changed weights, a changed dp.epsilon tag, a rewritten description and a version registered by hand each
+fail with one line naming what."""
+import copy
+import os
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.e2e
+
+NAME = "tiny-digits"
+ROWS = np.zeros((2, 64), dtype="float32")  # what privzo's register_model logs as the input example
+
+
+@pytest.fixture(scope="module")
+def trained(prefect_server, mlflow_schema, tmp_path_factory):
+    """One tiny run (20 steps) charged to a SQLite ledger, its model registered as version 1; each test adds
+    the versions it needs and leaves version 1 as the run registered it."""
+    from flows.private_train import private_train
+    from tests.conftest import TINY, copy_mlflow_store
+
+    tmp_path = tmp_path_factory.mktemp("verify")
+    spec = copy.deepcopy(TINY)
+    spec["tracking"]["uri"] = copy_mlflow_store(mlflow_schema, tmp_path / "mlflow.db")
+    spec["optimizer"]["steps"] = 20
+    spec["privacy"]["epsilon"] = 1.0
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    spec["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        result = private_train(spec=spec)
+    finally:
+        os.chdir(cwd)
+    assert result["model_version"] == "1"
+    return result, spec["tracking"]["uri"], ledger, tmp_path
+
+
+@pytest.fixture
+def client(trained, monkeypatch):
+    monkeypatch.chdir(trained[3])
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    return mlflow.MlflowClient(trained[1])
+
+
+def _copy_of_version_1(client) -> str:
+    """A new version of the same logged model and run, with version 1's tags and description."""
+    first = client.get_model_version(NAME, "1")
+    copied = client.create_model_version(NAME, first.source, run_id=first.run_id, tags=first.tags,
+                                         description=first.description,
+                                         **({"model_id": first.model_id} if getattr(first, "model_id", None) else {}))
+    return str(copied.version)
+
+
+def _statuses(report):
+    return {c.name: c.status for c in report.checks}
+
+
+def test_a_fresh_run_passes_every_check(trained, client):
+    from flows.verify import CHECKS, verify
+
+    result, uri, ledger, _ = trained
+    report = verify(NAME, "1", tracking_uri=uri)
+    assert report.passed, str(report)
+    assert [c.name for c in report.checks] == list(CHECKS) and set(_statuses(report).values()) == {"ok"}
+    assert report.first_mismatch is None and report.run_id == result["run_id"] and report.ledger_url == ledger
+    assert report.headline() == f"{NAME} version 1: verified against ledger {ledger} and run {result['run_id']}"
+    assert "bit for bit (CPU)" in report.checks[-1].detail
+    assert verify(NAME, tracking_uri=uri).version == "1"  # the latest version, by default
+    import contextlib
+    import io
+
+    from flows.verify import verify_command
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert verify_command(NAME, "1", tracking_uri=uri) == 0
+    assert printed.getvalue() == str(report) + "\n" and len(printed.getvalue().splitlines()) == 1 + len(CHECKS)
+    # the version says how to check it, and the command a user types does it
+    assert f"Verify: `privzo verify {NAME} 1 --tracking-uri {uri}`" in client.get_model_version(NAME, "1").description
+    from flows.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(["verify", NAME, "1", "--tracking-uri", uri]) == 0
+    assert printed.getvalue() == str(report) + "\n"
+
+
+def test_weights_changed_after_registration_fail_the_replay(trained, client):
+    """Other weights logged to a new version of the same run, carrying version 1's tags and description."""
+    from flows.verify import verify
+
+    result, uri, _, _ = trained
+    model = mlflow.pytorch.load_model(client.get_model_version_download_uri(NAME, "1"))
+    with torch.no_grad():
+        next(model.parameters())[0, 0] += 1e-3
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(run_id=result["run_id"]):
+        info = mlflow.pytorch.log_model(model, name="model", registered_model_name=NAME, input_example=ROWS)
+    version = str(info.registered_model_version)
+    first = client.get_model_version(NAME, "1")
+    for key, value in first.tags.items():
+        client.set_model_version_tag(NAME, version, key, value)
+    client.update_model_version(NAME, version, description=first.description)
+
+    report = verify(NAME, version, tracking_uri=uri)
+    assert not report.passed
+    statuses = _statuses(report)
+    assert statuses.pop("weights") == "failed" and set(statuses.values()) == {"ok"}, str(report)
+    assert report.first_mismatch.startswith(f"version {version}'s weights are not the replay of run "
+                                            f"{result['run_id']}'s journal from its seeded initialisation")
+    assert "differs by up to 0.001" in report.first_mismatch and "bit for bit" in report.first_mismatch
+    assert report.headline() == f"{NAME} version {version}: FAILED: {report.first_mismatch}"
+
+
+def test_a_changed_epsilon_tag_is_named(trained, client):
+    from flows.verify import verify
+
+    uri = trained[1]
+    version = _copy_of_version_1(client)
+    assert verify(NAME, version, tracking_uri=uri).passed  # the copy is version 1 again
+    client.set_model_version_tag(NAME, version, "dp.epsilon", "2.5")
+    report = verify(NAME, version, tracking_uri=uri)
+    assert _statuses(report)["model guarantee"] == "failed"
+    assert report.first_mismatch == (f"version {version}'s dp.epsilon tag says 2.5, the ledger's committed events of "
+                                     "its 1 run compose to 1")
+    import contextlib
+    import io
+
+    from flows.verify import verify_command
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert verify_command(NAME, version, tracking_uri=uri) == 1
+    assert printed.getvalue().startswith(f"{NAME} version {version}: FAILED: {report.first_mismatch}\n")
+
+
+def test_a_rewritten_description_is_named(trained, client):
+    from flows.reporting import shown
+    from flows.verify import verify
+
+    uri = trained[1]
+    version = _copy_of_version_1(client)
+    description = client.get_model_version(NAME, version).description
+    delta = shown(float(client.get_run(trained[0]["run_id"]).data.params["privacy.delta"]), 3)
+    assert description.startswith(f"**Model guarantee:** (1, {delta})-DP")
+    client.update_model_version(NAME, version, description=description.replace(f"(1, {delta})-DP",
+                                                                               f"(0.5, {delta})-DP", 1))
+    report = verify(NAME, version, tracking_uri=uri)
+    assert _statuses(report)["model guarantee"] == "failed"
+    assert report.first_mismatch == (f"the description of version {version} says (0.5, {delta})-DP, the ledger's "
+                                     "committed events of its 1 run compose to 1")
+
+
+def test_a_continued_model_is_checked_against_its_whole_lineage(trained, client):
+    """A run that continues the latest version (a copy of version 1): its model's guarantee composes both runs'
+    committed charges, and its weights replay from that version's."""
+    from flows.private_train import private_train
+    from flows.verify import verify
+
+    result, uri, ledger, _ = trained
+    start = _copy_of_version_1(client)
+    from tests.conftest import TINY
+
+    again = copy.deepcopy(TINY)
+    again["tracking"]["uri"] = uri
+    again["optimizer"].update(steps=20, init="latest_registered")
+    again["privacy"]["epsilon"] = 1.0
+    again["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    second = private_train(spec=again)
+    report = verify(NAME, second["model_version"], tracking_uri=uri)
+    assert report.passed, str(report)
+    assert client.get_run(second["run_id"]).data.tags["privzo.init"] == f"models:/{NAME}/{start}"
+    assert "over 2 runs" in report.checks[3].detail and f"weights of models:/{NAME}/{start}" in report.checks[5].detail
+
+
+def test_a_version_registered_by_hand_fails_saying_so(trained, client):
+    """A model logged and registered with MLflow alone (no privzo run), and a version with no run at all."""
+    from components.models import linear
+    from flows.verify import verify
+
+    uri = trained[1]
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run() as run:
+        info = mlflow.pytorch.log_model(linear(64, 10), name="model", registered_model_name="by-hand",
+                                        input_example=ROWS)
+    report = verify("by-hand", str(info.registered_model_version), tracking_uri=uri)
+    assert not report.passed and report.checks[0].status == "failed"
+    assert report.first_mismatch == (f"version 1 was registered by hand: its run {run.info.run_id} is not a privzo "
+                                     "run (it logged no spec.yaml)")
+    assert {c.status for c in report.checks[1:]} == {"not run"}
+
+    client.create_model_version("by-hand", client.get_model_version_download_uri("by-hand", "1"))
+    report = verify("by-hand", "2", tracking_uri=uri)
+    assert report.first_mismatch.startswith("version 2 was registered by hand: it has no source run")
+
+
+def test_a_ledger_without_the_charge_fails_naming_it(trained, client, tmp_path):
+    from flows.ledger import PrivacyLedger
+    from flows.verify import verify
+
+    result, uri, _, _ = trained
+    missing = f"sqlite:///{tmp_path / 'nowhere.db'}"
+    report = verify(NAME, "1", tracking_uri=uri, ledger_url=missing)
+    assert report.first_mismatch.startswith(f"ledger {missing} does not exist")
+    assert not (tmp_path / "nowhere.db").exists()  # verify never creates a ledger
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    PrivacyLedger(other)
+    report = verify(NAME, "1", tracking_uri=uri, ledger_url=other)
+    assert report.first_mismatch == (f"run {result['run_id']} has no charge in ledger {other} (dataset "
+                                     "'digits-patients'): nothing there records what it spent")
+
+
+def test_an_unknown_version_is_an_error_and_the_hint_names_the_command(trained, client):
+    from flows.reporting import verify_hint
+    from flows.verify import verify
+
+    with pytest.raises(ValueError, match="no version 99 of registered model 'tiny-digits'"):
+        verify(NAME, "99", tracking_uri=trained[1])
+    assert verify_hint(NAME, "3").startswith("Verify: `privzo verify tiny-digits 3` checks")
+    assert "--tracking-uri 'sqlite:///a b.db'" in verify_hint(NAME, "3", "sqlite:///a b.db")
