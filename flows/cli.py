@@ -555,9 +555,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except RuntimeError as err:
         from flows.checkpoints import RunLocked
-        from flows.ledger import BudgetExceeded, RowsExposed, RowsUnmatched
+        from flows.ledger import BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched
 
-        if isinstance(err, (BudgetExceeded, RowsExposed, RowsUnmatched, RunLocked)):  # refusals, not crashes: one line
+        if isinstance(err, (BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched, RunLocked)):  # refusals: one line
             return _fail(str(err).splitlines()[0])
         from flows.private_train import cluster_lost
 

@@ -162,6 +162,36 @@ class RowsUnrecognised(RowsUnmatched):
         self.dataset, self.recorded, self.now = dataset, "", ""
 
 
+class LedgerUnavailable(RuntimeError):
+    """The ledger cannot be signed into or written with the caller's credentials: a run that would spend a
+    dataset's budget is refused before any row is read, with nothing charged."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"budget.ledger: cannot spend budget through {where} ({reason}); a run that spends a "
+                         "dataset's budget needs the ledger's own credentials (budget.ledger, or "
+                         "$PRIVZO_LEDGER_URL); nothing was read or charged")
+
+
+def ledger_for_spending(url: str) -> "PrivacyLedger":
+    """The ledger at ``url``, once it has signed the caller in and granted what a charge writes; raises
+    ``LedgerUnavailable`` in one line otherwise (a wrong password, a read-only role or file)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    where = make_url(url).render_as_string(hide_password=True)
+    try:
+        ledger = PrivacyLedger(url)
+        missing = ledger.missing_write_grants()
+    except SQLAlchemyError as err:
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()
+        raise LedgerUnavailable(where, reason[-1] if reason else type(err).__name__) from None
+    except OSError as err:
+        raise LedgerUnavailable(where, err.strerror or str(err)) from None
+    if missing:
+        raise LedgerUnavailable(where, f"this role may not write {missing[0]}")
+    return ledger
+
+
 def _layout_change(recorded: str, now: str) -> str:
     """The first difference between two row layouts ('source:key=value;...'), in words."""
     def parts(layout: str) -> dict:
@@ -303,6 +333,20 @@ class PrivacyLedger:
                 _Base.metadata.create_all(conn)
         else:
             _Base.metadata.create_all(self.engine)
+
+    def missing_write_grants(self) -> List[str]:
+        """The ledger's tables this connection may not write as a charge does (insert and update): none for
+        its owner; a read-only role (a viewer's) misses them all. A SQLite file must be writable."""
+        tables = sorted(_Base.metadata.tables)
+        if self.engine.dialect.name == "sqlite":
+            path = self.engine.url.database
+            return [] if not path or os.access(path, os.W_OK) else tables
+        if self.engine.dialect.name != "postgresql":
+            return []
+        with self.engine.connect() as conn:
+            return [t for t in tables if not conn.execute(
+                text("SELECT has_table_privilege(current_user, :t, 'INSERT') AND "
+                     "has_table_privilege(current_user, :t, 'UPDATE')"), {"t": t}).scalar()]
 
     @staticmethod
     def _engine_options(url: str) -> dict:

@@ -368,3 +368,42 @@ def test_the_same_people_under_a_new_dataset_name_are_refused(tmp_path):
         _reserve(ledger, 100.0, dataset="patients-v2", private=rows[400:1200])
     assert ledger.datasets() == ["patients"]
     _reserve(ledger, 100.0, dataset="patients-v2", private=rows[1000:1200])  # new people: a budget of their own
+
+
+@pytest.mark.e2e
+def test_a_caller_the_ledger_does_not_sign_in_is_refused_before_any_row_is_read(postgres_url, tmp_path):
+    """Spending budget is a privileged act: with a wrong password, or a role that may only read the ledger
+    (a viewer's), a run is refused in one line before its data is even opened (here it does not exist)."""
+    from flows.ledger import LedgerUnavailable, ledger_for_spending
+    from flows.private_train import _private_train
+
+    ledger_for_spending(postgres_url)  # the owner: its tables made, and it may write them
+    schema = postgres_url.split("search_path%3D")[1]
+    role = f"viewer_{schema}"
+    def as_postgres(*sql):  # roles are made by the server's superuser (the fixture's script ran as root)
+        subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
+                       check=True, capture_output=True, timeout=60)
+
+    import subprocess
+
+    as_postgres(f"CREATE ROLE {role} LOGIN PASSWORD 'viewer-password'", f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+                f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    try:
+        viewer = postgres_url.replace("privzo:privzo@", f"{role}:viewer-password@")
+        with pytest.raises(LedgerUnavailable, match=r"^budget.ledger: cannot spend budget through "
+                                                    rf"postgresql\+psycopg://{role}:\*\*\*@127.0.0.1:5432/privzo\?.* "
+                                                    r"\(this role may not write privzo_blocks\); a run that spends"):
+            ledger_for_spending(viewer)
+        spec = {"name": "patients", "seed": 0,
+                "data": {"source": {"kind": "file", "path": str(tmp_path / "absent.csv"), "label": "y",
+                                    "classes": [0, 1]}, "split": {"kind": "hashed", "public": 0.1, "test": 0.2},
+                         "declared_private_rows": 100},
+                "model": {"kind": "linear"}, "estimator": {"kind": "two_point"},
+                "mechanism": {"kind": "gaussian", "clip": 1.0}, "privacy": {"epsilon": 1.0, "delta": 1e-5},
+                "sampling": {"kind": "poisson", "expected_batch_size": 10}, "optimizer": {"kind": "sgd", "lr": 0.1, "steps": 5},
+                "budget": {"dataset": "patients", "lifetime_epsilon": 2.0,
+                           "ledger": postgres_url.replace("privzo:privzo@", "privzo:wrong-password@")}}
+        with pytest.raises(LedgerUnavailable, match=r"password authentication failed for user \"privzo\"\); a run"):
+            _private_train(None, spec, False, None)
+    finally:
+        as_postgres(f"DROP OWNED BY {role}", f"DROP ROLE {role}")
