@@ -5,8 +5,10 @@ retrains, driven in headless Chromium (Debian's, through Playwright).
 
 Starts infra/local-stack.sh on free ports with its stores in a scratch folder, runs
 specs/examples/digits_dpzero.yaml with `privzo run` and the digits-retrain-nightly deployment three times,
-then opens the experiment, run, chart, model and Prefect pages and asserts what each must show. --quick
-trains one epoch per run. Importable: check(workdir, quick, screenshots) returns what it verified and raises
+then opens the experiment, run, chart, model and Prefect pages and asserts what each must show. The stack
+runs with its authentication on (PRIVZO_STACK_AUTH=1, secrets made for the check): the browser signs in to
+MLflow as its read-only user viewer and to Prefect through its login page, after checking that neither
+shows anything without. --quick trains one epoch per run. Importable: check(workdir, quick, screenshots) returns what it verified and raises
 AssertionError naming the page and what was missing (with FAILED-<page>.png beside the screenshots).
 """
 from __future__ import annotations
@@ -124,7 +126,9 @@ def local_stack(workdir: Path) -> Iterator[Dict[str, str]]:
         env.pop(name, None)
     env.update(PRIVZO_PREFECT_PORT=str(_free_port()), PRIVZO_MLFLOW_PORT=str(_free_port()),
                PREFECT_HOME=str(workdir / "prefect-home"), PRIVZO_STACK_MLFLOW_STORE=tracking,
-               MLFLOW_TRACKING_URI=tracking, PRIVZO_LEDGER_URL=ledger)
+               MLFLOW_TRACKING_URI=tracking, PRIVZO_LEDGER_URL=ledger, PRIVZO_STACK_AUTH="1",
+               PRIVZO_PREFECT_AUTH_STRING=f"admin:{secrets.token_hex(12)}",
+               **{f"PRIVZO_MLFLOW_{user}_PASSWORD": secrets.token_hex(12) for user in ("ADMIN", "WORKER", "VIEWER")})
     # rows are fingerprinted under a key of this check's own, not this user's ~/.privzo key
     env.setdefault("PRIVZO_FINGERPRINT_KEY", secrets.token_hex(32))
     try:
@@ -135,8 +139,10 @@ def local_stack(workdir: Path) -> Iterator[Dict[str, str]]:
             raise AssertionError(f"local-stack.sh up did not finish in 400 s (logs: {STATE})") from None
         assert up.returncode == 0, f"local-stack.sh up failed: {_one_line(up.stderr or up.stdout)}"
         for line in up.stdout.splitlines():
-            if line.startswith("export "):
-                env.update(item.split("=", 1) for item in line.split()[1:] if "=" in item)
+            if line.startswith("export "):  # secrets are exported by name ("$PRIVZO_..."), never by value
+                for name, value in (item.split("=", 1) for item in line.split()[1:] if "=" in item):
+                    value = value.strip('"')
+                    env[name] = env[value[1:]] if value.startswith("$") else value
         yield env
     finally:
         subprocess.run(["bash", str(STACK), "down"], env=env, capture_output=True, timeout=120, cwd=ROOT)
@@ -217,6 +223,9 @@ class Facts:
     flow_runs: list  # the deployment's flow runs, newest first
     artifact_id: Optional[str]
     mlflow_log_line: Optional[str]  # the flow run's "MLflow run: ..." log line, if it logged one
+    mlflow_user: Optional[str] = None  # with the stack's authentication on: who the browser signs in as
+    mlflow_password: Optional[str] = None
+    prefect_auth: Optional[str] = None
 
     @property
     def latest(self):
@@ -232,8 +241,12 @@ def read_facts(env: Dict[str, str]) -> Facts:
     from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, DeploymentFilter,
                                                 DeploymentFilterId, LogFilter, LogFilterFlowRunId)
     from prefect.client.schemas.sorting import FlowRunSort
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
+    # read as the user the stack's exports name (viewer): MLflow's client takes it from the process environment
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        if name in env:
+            os.environ[name] = env[name]
     client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name(RETRAIN)
     assert experiment is not None, f"MLflow store has no experiment {RETRAIN}"
@@ -249,7 +262,8 @@ def read_facts(env: Dict[str, str]) -> Facts:
     assert main_runs and main_runs[0].info.status == "FINISHED", f"no FINISHED {MAIN} run in the MLflow store"
 
     api = env["PREFECT_API_URL"]
-    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as prefect:
+    auth = {PREFECT_API_AUTH_STRING: env["PREFECT_API_AUTH_STRING"]} if env.get("PREFECT_API_AUTH_STRING") else {}
+    with temporary_settings(updates={PREFECT_API_URL: api, **auth}), get_client(sync_client=True) as prefect:
         deployment = prefect.read_deployment_by_name(DEPLOYMENT)
         flow_runs = prefect.read_flow_runs(
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
@@ -264,6 +278,8 @@ def read_facts(env: Dict[str, str]) -> Facts:
     artifact = max(markdown, key=lambda a: a.created) if markdown else None
     return Facts(mlflow_ui=f"http://127.0.0.1:{env['PRIVZO_MLFLOW_PORT']}",
                  prefect_ui=api[: -len("/api")] if api.endswith("/api") else api,
+                 mlflow_user=env.get("MLFLOW_TRACKING_USERNAME"), mlflow_password=env.get("MLFLOW_TRACKING_PASSWORD"),
+                 prefect_auth=env.get("PREFECT_API_AUTH_STRING"),
                  experiment_id=experiment.experiment_id, experiment_tags=dict(experiment.tags), runs=runs,
                  version=version, deployment_id=str(deployment.id), flow_runs=flow_runs,
                  artifact_id=str(artifact.id) if artifact else None, mlflow_log_line=line)
@@ -568,13 +584,23 @@ def page_checks(f: Facts) -> List[tuple]:
         return f"links to {link.get_attribute('href')[-40:]} and version {RETRAINS}; accuracy {value:.4g}; " \
                f"{pair}; budget table of {len(budget)} rows"
 
+    def prefect_login(b: Browser) -> str:
+        # Prefect's UI asks for the server's auth string before it shows anything
+        field = b.element('input[type="password"]', "the login page's auth string field", timeout=FIRST_LOAD_MS)
+        field.fill(f.prefect_auth)
+        field.press("Enter")
+        b.text("Dashboard", "the dashboard after signing in", timeout=FIRST_LOAD_MS)
+        return "signed in with the auth string"
+
     mlflow_ui, prefect_ui = f.mlflow_ui, f.prefect_ui
+    login = [("prefect-login", f"{prefect_ui}/dashboard", prefect_login)] if f.prefect_auth else []
     return [
         ("mlflow-experiment", f"{mlflow_ui}/#/experiments/{f.experiment_id}{EXPERIMENT_VIEW}", experiment),
         ("mlflow-run", run_url, run),
         ("mlflow-run-charts", f"{run_url}/model-metrics", charts),
         ("mlflow-model-version", f"{mlflow_ui}/#/models/{RETRAIN}/versions/{RETRAINS}", model_version),
         ("mlflow-model", f"{mlflow_ui}/#/models/{RETRAIN}", model),
+        *login,
         ("prefect-deployment", f"{prefect_ui}/deployments/deployment/{f.deployment_id}", deployment),
         ("prefect-flow-run", f"{prefect_ui}/runs/flow-run/{f.flow_runs[0].id}", flow_run),
         ("prefect-artifact", f"{prefect_ui}/artifacts/artifact/{f.artifact_id}", artifact),
@@ -618,7 +644,23 @@ def check_pages(facts: Facts, screenshots: Optional[Path], keep_going: bool = Fa
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport=VIEWPORT)
+            if facts.mlflow_user:  # without credentials the MLflow UI shows nothing but the server's refusal
+                from playwright.sync_api import Error as PlaywrightError
+
+                stranger = browser.new_context(viewport=VIEWPORT)
+                try:  # headless Chromium, which cannot ask for a password, ends the navigation on the 401
+                    refused = str(stranger.new_page().goto(facts.mlflow_ui, timeout=FIRST_LOAD_MS).status)
+                except PlaywrightError as err:
+                    refused = "ERR_INVALID_AUTH_CREDENTIALS" if "ERR_INVALID_AUTH_CREDENTIALS" in str(err) else str(err)
+                finally:
+                    stranger.close()
+                assert refused in ("401", "ERR_INVALID_AUTH_CREDENTIALS"), \
+                    f"mlflow-login ({facts.mlflow_ui}): without credentials the UI answered {_one_line(refused)}"
+                verified.append(f"mlflow-login: without credentials {refused}; the pages below signed in as "
+                                f"{facts.mlflow_user}")
+                print(f"ok {verified[-1]}", flush=True)
+            credentials = {"username": facts.mlflow_user, "password": facts.mlflow_password} if facts.mlflow_user else None
+            context = browser.new_context(viewport=VIEWPORT, http_credentials=credentials)
             context.add_init_script(QUIET_MLFLOW)
             b = Browser(context.new_page(), screenshots)
             for name, url, checks in page_checks(facts):

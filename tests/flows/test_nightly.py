@@ -38,8 +38,11 @@ def nightly(tmp_path_factory):
         yield ui_check, env
 
 
-def test_prefect_deployment_runs_train_log_and_charge_the_ledger(nightly):
+def test_prefect_deployment_runs_train_log_and_charge_the_ledger(nightly, monkeypatch):
     _, env = nightly
+    # the stack runs with its authentication on: read as the user its exports name (viewer)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", env["MLFLOW_TRACKING_USERNAME"])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", env["MLFLOW_TRACKING_PASSWORD"])
     client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
     assert len(runs) == 3 and all(r.info.status == "FINISHED" and float(r.data.tags["dp.epsilon"]) <= 2.0 for r in runs)
