@@ -90,7 +90,7 @@ def report(result: AuditResult) -> str:
         f"- Canaries: random feature directions with random labels, scaled x{result.canary_scale:.3g} so that "
         f"{100 * result.share_at_clip:.1f}% of their per-example values reached the clip "
         f"(finite differences at +-C, gradients of norm C, losses at C). Background rows: "
-        f"{result.background_rows} ({result.background}). No private row of the spec was read.",
+        f"{result.background_rows} ({_background(result)}). No private row of the spec was read.",
         "- White-box: every release scored against each canary's clipped contribution at the public parameters "
         "of its step, the canaries' known overlap undone; black-box: each canary's loss drop from the public "
         "initial model to the final one. Separation: (mean score of included - mean of excluded) / pooled sd.",
@@ -104,6 +104,15 @@ def report(result: AuditResult) -> str:
                      f"claim stayed the one calibrated for sigma {result.noise_multiplier:.4g}.")
     lines += [f"- {note}" for note in result.notes]
     return "\n".join(lines) + "\n"
+
+
+def _background(result: AuditResult) -> str:
+    if not result.filled_rows:
+        return result.background
+    # the theory families plan from the spec's N rows: the audit's run has them, canaries and filled rows
+    public = result.background_rows - result.filled_rows
+    return (f"{result.filled_rows} filled by the audit to the spec's private row count, which its plan is for"
+            + (f", and {public} public" if public else ""))
 
 
 def _design(result: AuditResult) -> str:
@@ -125,7 +134,7 @@ def summary(result: AuditResult) -> Dict[str, Any]:
         "spec": result.spec_name, "estimator": result.estimator, "claimed_epsilon": result.claimed_epsilon,
         "delta": result.delta, "confidence": result.confidence, "canaries": result.canaries,
         "noise_multiplier": result.noise_multiplier, "noise_scale": result.noise_scale, "steps": result.steps,
-        "method": result.method, "runs": result.runs,
+        "method": result.method, "runs": result.runs, "filled_rows": result.filled_rows,
         "epsilon_lower": result.epsilon_lower, "exceeds_claim": result.exceeds_claim,
         "white_box": {"epsilon_lower": result.white_box.epsilon_lower, "guesses": result.white_box.guesses,
                       "correct": result.white_box.correct, "canaries_bounded": result.white_box.canaries_bounded,

@@ -527,7 +527,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--guesses", type=int, default=None, help="number of guesses (default: chosen without the truth)")
     p.add_argument("--runs", type=int, default=None,
                    help="1: one training run with many canaries; K >= 10: K runs of one canary each, "
-                        "Clopper-Pearson (default: 1, and 100 for PAZO-S, whose one run cannot tell canaries apart)")
+                        "Clopper-Pearson (default: 1, and 100 for PAZO-S and the KL optimizers, whose one run cannot tell "
+                        "canaries apart)")
     p.add_argument("--noise-scale", type=float, default=1.0,
                    help="self-test: multiply the noise by this while claiming the calibrated epsilon (0: no noise)")
     p.add_argument("--tracking-uri", default=None, help="default: the spec's tracking.uri")

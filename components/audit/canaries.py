@@ -83,6 +83,32 @@ def pick(canaries: CanarySet, index: int) -> CanarySet:
     return CanarySet(canaries.features[at], canaries.labels[at], alt, alt_y)
 
 
+def opposite_alternates(model, params, loss, canaries: CanarySet, device) -> CanarySet:
+    """Under replace-one a slot's template is its canary's contribution minus its alternate's, at most twice
+    the clip when the two point opposite ways. Per slot, the alternate kept is the drawn one or the mirrored
+    canary (-x, same label), whichever loss gradient at the current (public) parameters points further from
+    the canary's: a public choice made before the run. (Mirroring is no use where a row's loss is even in
+    it, as a squared residual of a row holding its own target is.)"""
+    if not canaries.replace_one:
+        raise ValueError("canaries: only replace-one slots have alternates")
+
+    def gradients(x, y):
+        return per_example_gradient_matrix(model, params, loss, torch.as_tensor(x, device=device),
+                                           torch.as_tensor(y, device=device)).double()
+
+    def cosine(a, b):
+        den = torch.linalg.vector_norm(a, dim=1) * torch.linalg.vector_norm(b, dim=1)
+        return torch.nan_to_num((a * b).sum(dim=1) / torch.clamp(den, min=1e-300), nan=1.0)
+
+    own = gradients(canaries.features, canaries.labels)
+    mirrored = -canaries.features
+    mirror = (cosine(own, gradients(mirrored, canaries.labels))
+              < cosine(own, gradients(canaries.alternate_features, canaries.alternate_labels))).cpu().numpy()
+    return CanarySet(canaries.features, canaries.labels,
+                     np.where(mirror[:, None], mirrored, canaries.alternate_features).astype(np.float32),
+                     np.where(mirror, canaries.labels, canaries.alternate_labels).astype(np.int64))
+
+
 def gradient_norms(model, params, loss, features: np.ndarray, labels: np.ndarray, device) -> np.ndarray:
     x = torch.as_tensor(features, device=device)
     y = torch.as_tensor(labels, device=device)

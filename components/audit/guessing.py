@@ -7,6 +7,8 @@ every count tried). Two ways:
 
 * ``mixture``: from the scores alone, through a two-Gaussian model of them. For white-box scores, sums
   over thousands of releases and close to Gaussian.
+* ``probit``: from the scores alone, when they are already standardized posterior estimates (the theory
+  families' ``VectorProbe.standardized_scores``): P(in) = Phi(score).
 * ``split``: a public half of the canaries, whose inclusion is then looked at, picks the share of guesses
   that bounds best on it; the bound is computed on the other half only. Conditioned on the first half's
   inclusion those canaries are fixed rows of the dataset, so the theorem applies to the second half as it
@@ -65,14 +67,16 @@ def posterior_in(scores: np.ndarray, iterations: int = 200) -> np.ndarray:
     return w
 
 
-def choose_guess_count(scores: np.ndarray, delta: float, confidence: float) -> int:
-    """The number of guesses whose bound the fitted mixture expects to be largest: for each candidate r,
-    the expected number of correct guesses among the r/2 highest and r/2 lowest scores under
-    ``posterior_in``, and the one-run bound that count would give. A function of the scores only."""
+def choose_guess_count(scores: np.ndarray, delta: float, confidence: float,
+                       posterior: Optional[np.ndarray] = None) -> int:
+    """The number of guesses whose bound the model expects to be largest: for each candidate r, the
+    expected number of correct guesses among the r/2 highest and r/2 lowest scores under ``posterior``
+    (P(in) per canary; default the fitted mixture's ``posterior_in``), and the one-run bound that count
+    would give. A function of the scores only."""
     m = len(scores)
     if m < 2:
         return m
-    w = posterior_in(scores)[np.argsort(scores, kind="stable")]
+    w = (posterior_in(scores) if posterior is None else np.asarray(posterior))[np.argsort(scores, kind="stable")]
     high = np.cumsum(w[::-1])  # expected "in" among the k highest
     low = np.cumsum(1.0 - w)  # expected "out" among the k lowest
     best, best_r = -1.0, m
@@ -86,9 +90,10 @@ def choose_guess_count(scores: np.ndarray, delta: float, confidence: float) -> i
     return best_r
 
 
-def pick_guess_count(scores: np.ndarray, delta: float, confidence: float, fixed: Optional[int]) -> int:
+def pick_guess_count(scores: np.ndarray, delta: float, confidence: float, fixed: Optional[int],
+                     posterior: Optional[np.ndarray] = None) -> int:
     if fixed is None:
-        return choose_guess_count(scores, delta, confidence)
+        return choose_guess_count(scores, delta, confidence, posterior)
     if not 1 <= fixed <= len(scores):
         raise ValueError(f"--guesses: {fixed} must be between 1 and the {len(scores)} canaries")
     return fixed

@@ -14,6 +14,12 @@ exactly the claimed (epsilon, delta) and the declared count is left as the spec 
 every canary slot always holds a row (the canary or its alternate), so the row count is the same whatever
 is included and is what the run is planned with.
 
+The theory families (O2NC's oracles over tree aggregation, scheduled or one-shot Gaussians; the KL paper's
+optimizers over planned or filtered Gaussians) are planned through their family exactly as their runs are
+(``resolve_privacy`` with the model's dimension), and their plans read the row count: under replace-one the
+audit's run has the spec's N private rows, the canary slots and rows the auditor fills (``_fillers``).
+Their d-dimensional releases are scored by ``components.audit.vectors.VectorProbe``.
+
 ``audit_many`` is the classic alternative: many runs with one canary each, a bound from Clopper-Pearson
 on the errors. It costs a training run per guess, and is the default only where one run has no power.
 """
@@ -26,6 +32,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
+from scipy import special
 
 from components import builders, models
 from components.audit.bounds import many_runs_epsilon, one_run_ceiling, one_run_epsilon
@@ -35,14 +42,17 @@ from components.audit.canaries import (
     draw_canaries,
     final_losses,
     gradient_norms,
+    opposite_alternates,
     pick,
     scale_for_clip,
     scaled,
 )
 from components.audit.guessing import count_correct, guesses, pick_guess_count, split_guess
+from components.audit.vectors import VectorProbe
 from components.data.split import Part, SplitData
 from components.randomness import private_generator, public_seed
-from specs.traits import DENSE, ESTIMATORS
+from components.registry import SOURCES
+from specs.traits import DENSE, ESTIMATORS, KL, SAMPLERS, STANDARD, family_of
 
 STREAM_AUDIT = 20  # public stream of the canaries (no other stream uses 20)
 
@@ -58,6 +68,10 @@ CLIP_MARGIN = 100.0
 # estimators whose one run cannot tell canaries apart (releases of losses at the clip: see default_runs), and
 # the training runs their audit makes by default
 SELECTION_ESTIMATORS = ("pazo_s",)
+# the KL paper's full-batch gradients: a canary far past the clip adds the same clipped vector (its own
+# direction) to every release, so one run's releases hold at most d directions' worth of canaries and
+# cannot tell many apart; many runs of one canary each can
+REPEATING_ESTIMATORS = ("full_gradient",)
 MANY_RUNS_DEFAULT = 100
 SINGLE_CANARY_POOL = 64
 
@@ -106,6 +120,7 @@ class AuditResult:
     # ``included`` and the scores are per run)
     method: str = "one-run"
     runs: int = 1
+    filled_rows: int = 0  # of the background rows, those the audit filled to the spec's N (theory families)
 
     @property
     def epsilon_lower(self) -> float:
@@ -161,13 +176,17 @@ class AuditResult:
         }
 
 
-def default_canaries(spec, planned=None) -> int:
-    """How many canaries by default. A d-dimensional release (DP-SGD, DPGD-0th, GEP) has room for many
-    canaries whose gradients barely overlap: 1000. A step of q scalar releases (DPZero, PAZO) carries
-    every sampled canary in the same q numbers, so each canary's score also holds the others' sampled
-    +-C: with m canaries in the run, the score of one separates in from out by about
-    sqrt(2 rate T q / m) standard deviations even with no noise at all. m = rate T q / 4 keeps that near 3
-    (between 100 and 1000). ``planned``: resolve_privacy's answer for ``spec``, if already at hand."""
+def default_canaries(spec, planned=None, rows: Optional[int] = None) -> int:
+    """How many canaries by default. A d-dimensional release (DP-SGD, DPGD-0th, GEP, O2NC's oracles, the KL
+    paper's gradients) has room for many canaries whose vectors barely overlap: 1000, and under replace-one
+    in the theory families at most a quarter of the spec's ``rows`` (their plan is for those rows; the audit
+    fills the others). A step of q scalar releases (DPZero, PAZO) carries every sampled canary in the same q
+    numbers, so each canary's score also holds the others' sampled +-C: with m canaries in the run, the
+    score of one separates in from out by about sqrt(2 rate T q / m) standard deviations even with no noise
+    at all. m = rate T q / 4 keeps that near 3 (between 100 and 1000). ``planned``: resolve_privacy's answer
+    for ``spec``, if already at hand."""
+    if family_of(spec) != STANDARD:
+        return 1000 if rows is None else max(4, min(1000, rows // 4))
     if ESTIMATORS[spec.estimator.kind].release == DENSE or spec.privacy.neighboring == "replace_one":
         return 1000
     resolved, rate, _ = planned if planned is not None else builders.resolve_privacy(spec, None)
@@ -186,18 +205,28 @@ def with_epsilon(spec, epsilon: float):
     return spec_from_dict(data)
 
 
-def _with_noise_multiplier(spec, sigma: float):
+def _with_noise_scale(spec, scale: float):
+    """``spec`` (resolved) with every noise multiplier of its mechanism times ``scale`` (the scheduled
+    Gaussians' two), the rest of its plan as it was."""
     data = spec.model_dump(mode="json")
-    data["mechanism"]["noise_multiplier"] = sigma
+    mech = data["mechanism"]
+    mech["noise_multiplier"] = float(mech["noise_multiplier"]) * scale
+    if mech.get("difference_noise_multiplier") is not None:
+        mech["difference_noise_multiplier"] = float(mech["difference_noise_multiplier"]) * scale
     return type(spec).model_validate(data)
 
 
 class NoiseOff:
     """A broken mechanism for testing the audit: the clip and every accounting fact of the real one, and
-    releases of the clipped sums with no noise at all."""
+    releases of the clipped sums with no noise at all. A running-sum mechanism (tree, scheduled Gaussians)
+    still runs, so that its position and sensitivity move on as the door expects, and its release is
+    replaced by the plain running sum of the increments, restarted every period; the KL paper's full-batch
+    mechanism releases the plain mean and norm, and its exponential mechanism picks the best score."""
 
     def __init__(self, inner):
         self._inner = inner
+        self._sum = None
+        self._position = 0
 
     def release_scalars(self, sums):
         return sums.detach().to(device="cpu", dtype=torch.float64)
@@ -208,14 +237,60 @@ class NoiseOff:
     def release_embedded(self, embedding, residual, residual_clip, embedding_share):
         return embedding.detach().to(device="cpu", dtype=torch.float64), list(residual)
 
+    def release_running_sum(self, increment):
+        self._inner.release_running_sum(increment)  # its noisy release is dropped
+        increment = [t.detach().to(torch.float64) for t in increment]
+        self._sum = increment if self._position == 0 else [s + t for s, t in zip(self._sum, increment)]
+        self._position += 1
+        out = [t.clone() for t in self._sum]
+        if self._position == self._inner.period:
+            self._position, self._sum = 0, None
+        return out
+
+    def reset(self) -> None:
+        self._inner.reset()
+        self._position, self._sum = 0, None
+
+    def release_mean(self, sums, std):
+        return self._inner.unnoised_mean(sums)
+
+    def release_norm(self, sums, std):
+        return math.sqrt(sum(float(t.pow(2).sum()) for t in self._inner.unnoised_mean(sums)))
+
+    def release_choice(self, scores, scale):
+        return int(np.argmin(np.asarray(scores, dtype=np.float64)))  # P(t) ~ exp(-scale s_t) with no noise
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class ScaledNoise:
+    """A broken KL-family mechanism: every release's noise multiplied by ``scale`` while the optimizer's plan
+    and the privacy filter keep charging the stds they asked for. (The Gaussian, tree and scheduled
+    mechanisms are broken through their spec's noise multipliers instead: their noise is drawn inside.)"""
+
+    def __init__(self, inner, scale: float):
+        self._inner = inner
+        self._scale = float(scale)
+
+    def release_mean(self, sums, std):
+        return self._inner.release_mean(sums, std * self._scale)
+
+    def release_norm(self, sums, std):
+        return self._inner.release_norm(sums, std * self._scale)
+
+    def release_choice(self, scores, scale):
+        # argmax(-scale s_t + c G_t) = argmax(-(scale / c) s_t + G_t): Gumbel noise times c
+        return self._inner.release_choice(scores, scale / self._scale)
+
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
 
 def audit_problem(spec) -> Optional[str]:
-    """Why this spec cannot be audited, in one line, or None."""
+    """Why this spec cannot be audited, in one line starting with the field that is the reason, or None."""
     if spec.mechanism.kind == "none":
-        return "mechanism.kind: none claims no privacy; there is nothing to audit (use kind: gaussian)"
+        return "mechanism.kind: none claims no privacy; there is nothing to audit (use a private mechanism)"
     source = spec.data.source
     if source.kind == "text" or (source.kind == "file" and getattr(source, "text", None) is not None) \
             or spec.model.kind == "hf":
@@ -244,16 +319,18 @@ def _direction_factor(spec, built) -> float:
 def bound_from_scores(threat: str, scores: np.ndarray, included: np.ndarray, delta: float, confidence: float,
                       guess_count: Optional[int] = None, method: str = "mixture", seed: int = 0) -> ThreatModelResult:
     """Guess on the canaries with the most extreme scores and turn the count of correct guesses into the
-    one-run bound; how many guesses: ``guess_count``, or chosen by ``method`` (components.audit.guessing)."""
+    one-run bound; how many guesses: ``guess_count``, or chosen by ``method`` (components.audit.guessing:
+    mixture, probit for standardized scores, split)."""
     m = len(scores)
-    if guess_count is not None or method == "mixture":
-        r = pick_guess_count(scores, delta, confidence, guess_count)
+    if guess_count is not None or method in ("mixture", "probit"):
+        posterior = special.ndtr(scores) if method == "probit" else None
+        r = pick_guess_count(scores, delta, confidence, guess_count, posterior)
         v = count_correct(guesses(scores, r), included)
         used, eps = m, one_run_epsilon(m, r, v, delta, confidence)
     elif method == "split":
         used, r, v, eps = split_guess(scores, included, delta, confidence, seed)
     else:
-        raise ValueError(f"guess method: unknown {method!r}; allowed: mixture, split")
+        raise ValueError(f"guess method: unknown {method!r}; allowed: mixture, probit, split")
     return ThreatModelResult(threat, eps, r, v, separation(scores, included), used)
 
 
@@ -292,7 +369,8 @@ def _check_arguments(spec, canaries, confidence, background, noise_scale) -> Non
 @dataclass
 class _Setup:
     """What every training run of one audit shares: the spec run in-process, its resolved plan and claim, the
-    canary slots scaled past the clip at x_0, and the background rows."""
+    canary slots scaled past the clip at x_0, and the background rows (the theory families' fillers
+    among them)."""
 
     spec: object
     resolved: object
@@ -303,16 +381,52 @@ class _Setup:
     bg_y: np.ndarray
     canary_seed: int
     notes: List[str]
+    theory: bool = False  # O2NC's or the KL paper's run: d-dimensional per-example releases (VectorProbe)
+    filled: int = 0  # of the background, the rows the audit filled to the spec's N (theory families)
+
+
+def _fillers(spec, data: SplitData, count: int, seed: int):
+    """``count`` rows the auditor writes besides its canaries, so that a theory family's run has the N rows
+    its plan is for: a synthetic problem's own simulator with the audit's seed (rows like the spec's, none
+    of them its), else random unit feature vectors with random labels (the canaries' draw, unscaled)."""
+    source = spec.data.source
+    if count <= 0:
+        return data.public.features[:0], data.public.labels[:0]
+    if source.kind == "synthetic":
+        drawn = source.model_copy(update={"data_seed": seed % 2**31, "rows": max(int(source.rows), count)})
+        table, _ = SOURCES[source.kind](drawn)
+        return table.features[:count].astype(np.float32), table.labels[:count].astype(np.int64)
+    unit = draw_canaries(count, data.n_features, data.n_classes, seed)
+    return unit.features, unit.labels
+
+
+def _largest_clip(resolved) -> float:
+    """The largest per-example bound the mechanism's clips set (a start's or a difference's)."""
+    mech = resolved.mechanism
+    return max(float(mech.clip), float(getattr(mech, "difference_clip", None) or 0.0))
 
 
 def _setup(spec, data: SplitData, canaries: Optional[int], background: str, seed: Optional[int]) -> _Setup:
     spec = _local(spec)
     replace_one = spec.privacy.neighboring == "replace_one"
+    theory = family_of(spec) != STANDARD
+    # the theory families' plans read the model's dimension, as a real run's does (builders.plan)
+    dimension = builders.model_dimension(spec, data.n_features, data.n_classes) if theory else None
+    # ...and under replace-one the spec's own row count N (public there): the audit's run has N rows, the
+    # canary slots and rows it fills
+    rows = len(data.private) if theory and replace_one else None
+    given = canaries is not None
     if canaries is None:  # the default needs the add/remove plan, which needs no rows: planned once
-        planned = None if replace_one else builders.resolve_privacy(spec, None)
-        canaries = default_canaries(spec, planned)
+        planned = None if replace_one else builders.resolve_privacy(spec, None, dimension)
+        canaries = default_canaries(spec, planned, rows)
     else:
         planned = None
+    if rows is not None and canaries > rows // 2:
+        # the theory families' plan is for the spec's N rows: the canary slots and the rows the audit fills
+        field = "--canaries" if given else "data"
+        raise ValueError(f"{field}: {canaries} canaries are more than half of the spec's {rows} private rows, which "
+                         f"its plan is for (the audit fills the others); give more rows, or at most {rows // 2} "
+                         "canaries (or --runs, one canary a run)")
     notes = (["privacy.insecure_deterministic: the run's noise and batches come from the public seed"]
              if spec.privacy.insecure_deterministic else [])
     canary_seed = public_seed(spec.seed if seed is None else seed, STREAM_AUDIT)
@@ -324,28 +438,48 @@ def _setup(spec, data: SplitData, canaries: Optional[int], background: str, seed
         bg_x, bg_y = data.public.features, data.public.labels
     else:
         bg_x, bg_y = data.public.features[:0], data.public.labels[:0]
+    filled = 0
+    if rows is not None:
+        bg_x, bg_y = bg_x[:rows - canaries], bg_y[:rows - canaries]
+        filled = rows - canaries - len(bg_y)
+        fx, fy = _fillers(spec, data, filled, public_seed(canary_seed, 2))
+        bg_x = np.concatenate([bg_x.astype(np.float32), fx.astype(np.float32)])
+        bg_y = np.concatenate([bg_y.astype(np.int64), fy.astype(np.int64)])
     # the claim audited: the spec's own plan. Under add/remove it needs no row count at all; under
     # replace-one every slot always holds a row, so the count is the slots plus the background, whatever
     # is included
     count = canaries + len(bg_y) if replace_one else None
-    resolved, _rate, claimed = planned if planned is not None else builders.resolve_privacy(spec, count)
+    if planned is not None:
+        resolved, _rate, claimed = planned
+    else:
+        resolved, _rate, claimed = builders.resolve_privacy(spec, count, dimension)
 
     # x_0: the public initialisation after any public warm start (no private row involved), where the
     # canaries' scale is set (a loop over the unscaled slots, never run: only its model is used)
-    unscaled = _audit_data(data, slots.features, slots.labels)
+    if theory:  # as many rows as the run will have: the single pass and the KL plans read the count
+        unscaled = _audit_data(data, np.concatenate([bg_x, slots.features[:canaries]]),
+                               np.concatenate([bg_y, slots.labels[:canaries]]))
+    else:
+        unscaled = _audit_data(data, slots.features, slots.labels)
     probe_built = builders.build_loop(resolved, unscaled, noise_generator=torch.Generator().manual_seed(0),
                                       sampling_generator=torch.Generator().manual_seed(0))
     builders.public_warm_start(resolved, probe_built)
     params = probe_built.loop.backend.directions.params
-    clip = float(spec.mechanism.clip)
-    target = CLIP_MARGIN * clip / _direction_factor(spec, probe_built)
+    if theory:
+        # a per-example vector (or each coefficient <g, u>, |u| = sqrt(d)) far past every clip of the run
+        target = CLIP_MARGIN * _largest_clip(resolved)
+    else:
+        target = CLIP_MARGIN * float(resolved.mechanism.clip) / _direction_factor(spec, probe_built)
     scale = scale_for_clip(probe_built.model, params, models.per_example_loss, slots, target, probe_built.device)
     slots = scaled(slots, scale)
+    if theory and replace_one:
+        slots = opposite_alternates(probe_built.model, params, models.per_example_loss, slots, probe_built.device)
     if canaries == 1:
         norms = gradient_norms(probe_built.model, params, models.per_example_loss, slots.features, slots.labels,
                                probe_built.device)
         slots = pick(slots, int(np.argmax(np.nan_to_num(norms, nan=-1.0))))
-    return _Setup(spec, resolved, float(claimed), slots, float(scale), bg_x, bg_y, canary_seed, notes)
+    return _Setup(spec, resolved, float(claimed), slots, float(scale), bg_x, bg_y, canary_seed, notes, theory,
+                  filled)
 
 
 @dataclass
@@ -358,25 +492,34 @@ class _Trained:
     sampling: str
 
 
-def _train(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
-           noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator],
-           on_step=None) -> _Trained:
-    slots, resolved = setup.slots, setup.resolved
-    replace_one = slots.replace_one
-    if replace_one:
+def _rows(setup: _Setup, included: np.ndarray):
+    """The run's rows: the background (and fillers), then each slot's canary if included, else its alternate
+    (replace-one) or nothing (add/remove)."""
+    slots = setup.slots
+    if slots.replace_one:
         cx = np.where(included[:, None], slots.features, slots.alternate_features)
         cy = np.where(included, slots.labels, slots.alternate_labels)
     else:
         cx, cy = slots.features[included], slots.labels[included]
     rows_x = np.concatenate([setup.bg_x, cx]) if len(setup.bg_y) else cx
     rows_y = np.concatenate([setup.bg_y, cy]) if len(setup.bg_y) else cy
-    audit_data = _audit_data(data, rows_x, rows_y)
+    return rows_x, rows_y
+
+
+def _train(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
+           noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator],
+           on_step=None) -> _Trained:
+    if setup.theory:
+        return _train_vectors(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step)
+    slots, resolved = setup.slots, setup.resolved
+    replace_one = slots.replace_one
+    audit_data = _audit_data(data, *_rows(setup, included))
 
     sigma = float(resolved.mechanism.noise_multiplier)
     clip = float(resolved.mechanism.clip)
     # a deliberately broken run draws noise of multiplier sigma * noise_scale; the claim stays the one
     # calibrated for sigma
-    run_spec = resolved if noise_scale in (0.0, 1.0) else _with_noise_multiplier(resolved, sigma * noise_scale)
+    run_spec = resolved if noise_scale in (0.0, 1.0) else _with_noise_scale(resolved, noise_scale)
     built = builders.build_loop(run_spec, audit_data, noise_generator=noise_generator,
                                 sampling_generator=sampling_generator)
     builders.public_warm_start(run_spec, built)
@@ -398,6 +541,76 @@ def _train(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: fl
     return _Trained(probe.decorrelated_scores(), loss_start - loss_end, probe.share_at_clip, loop.sampler.describe())
 
 
+def _release_model(kind: str, mechanism):
+    """How VectorProbe takes the mechanism's releases apart, and each one's noise std (the mechanism's own:
+    the claim's, or all of them scaled alike in a broken run, which leaves their ratios, all that the
+    scores use). The KL paper's mechanism states each release's std with the release."""
+    if kind == "tree_aggregation":
+        return "tree", (lambda position: mechanism.std)
+    if kind == "scheduled_gaussian":
+        return "differences", (lambda position: mechanism.stds[0 if position == 1 else 1])
+    if kind == "gaussian":
+        return None, (lambda position: mechanism.std)
+    return None, None
+
+
+def _probed_loop(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
+                 noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator]):
+    """The theory families' run of the spec on the rows (O2NC's oracles, the KL paper's gradients), its
+    mechanism broken as ``noise_scale`` asks, a VectorProbe attached: (built, probe)."""
+    slots, resolved = setup.slots, setup.resolved
+    audit_data = _audit_data(data, *_rows(setup, included))
+    kl = family_of(resolved) == KL
+    # a broken run: the tree's, the scheduled and the one-shot Gaussians' multipliers scaled in the spec (the
+    # rest of the plan as it was); the KL plan derives its releases from its multiplier, so there the
+    # mechanism scales each release's noise instead. The claim stays the one calibrated for sigma.
+    scaled_spec = noise_scale not in (0.0, 1.0) and not kl
+    run_spec = _with_noise_scale(resolved, noise_scale) if scaled_spec else resolved
+    built = builders.build_loop(run_spec, audit_data, noise_generator=noise_generator,
+                                sampling_generator=sampling_generator)
+    builders.public_warm_start(run_spec, built)
+    loop = built.loop
+    mechanism = loop.mechanism
+    if noise_scale == 0.0:
+        loop.mechanism = NoiseOff(mechanism)
+    elif kl and noise_scale != 1.0:
+        loop.mechanism = ScaledNoise(mechanism, noise_scale)
+    running, release_std = _release_model(resolved.mechanism.kind, mechanism)
+    if slots.replace_one and not SAMPLERS[resolved.sampling.kind].subsampled:
+        # which rows a batch holds is public (a single pass's order comes from the seed; a full batch holds
+        # all), and a slot's row is there whatever is included: the probe reads the batches
+        nb = len(setup.bg_y)
+
+        def both(x, y):  # every row as the backend holds it (float32 features), a slot's row as given
+            return (np.concatenate([setup.bg_x, x]).astype(np.float32),
+                    np.concatenate([setup.bg_y, y]).astype(np.int64))
+
+        where = dict(rows_in=both(slots.features, slots.labels),
+                     rows_out=both(slots.alternate_features, slots.alternate_labels),
+                     slot_of_row=np.concatenate([np.full(nb, -1), np.arange(len(slots))]))
+    else:
+        where = dict(background=(setup.bg_x.astype(np.float32), setup.bg_y.astype(np.int64)),
+                     rate=loop.sampler.rate)
+    probe = VectorProbe(slots, models.per_example_loss, built.device, running=running, release_std=release_std,
+                        **where)
+    probe.attach(loop)
+    return built, probe
+
+
+def _train_vectors(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
+                   noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator],
+                   on_step=None) -> _Trained:
+    """``_train`` for the theory families: the spec's loop on the rows, scored by VectorProbe (standardized
+    posterior estimates, see VectorProbe.standardized_scores)."""
+    built, probe = _probed_loop(setup, data, included, noise_scale, noise_generator, sampling_generator)
+    slots, device = setup.slots, built.device
+    loss_start = final_losses(built.model, models.per_example_loss, slots, device)
+    built.loop.run(setup.resolved.optimizer.steps, on_step=on_step)
+    loss_end = final_losses(built.model, models.per_example_loss, slots, device)
+    return _Trained(probe.standardized_scores(), loss_start - loss_end, probe.share_at_clip,
+                    built.loop.sampler.describe())
+
+
 def _result(setup: _Setup, trained: _Trained, *, canaries: int, confidence: float, background: str,
             noise_scale: float, white: ThreatModelResult, black: ThreatModelResult, seconds: float,
             included: np.ndarray, white_scores: np.ndarray, black_scores: np.ndarray, method: str = "one-run",
@@ -413,7 +626,7 @@ def _result(setup: _Setup, trained: _Trained, *, canaries: int, confidence: floa
         share_at_clip=trained.share_at_clip if share_at_clip is None else share_at_clip,
         white_box=white, black_box=black, seconds=seconds, threads=torch.get_num_threads(),
         notes=setup.notes, included=included, white_box_scores=white_scores, black_box_scores=black_scores,
-        method=method, runs=runs)
+        method=method, runs=runs, filled_rows=setup.filled)
 
 
 def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: float = 0.95,
@@ -440,7 +653,9 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
     trained = _train(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step)
 
     delta = float(setup.resolved.privacy.delta)
-    white = bound_from_scores("white_box", trained.white_scores, included, delta, confidence, guess_count)
+    # the theory families' white-box scores are standardized posterior estimates (VectorProbe)
+    white = bound_from_scores("white_box", trained.white_scores, included, delta, confidence, guess_count,
+                              method="probit" if setup.theory else "mixture")
     black = bound_from_scores("black_box", trained.black_scores, included, delta, confidence, guess_count,
                               method="split", seed=public_seed(setup.canary_seed, 1))
     return _result(setup, trained, canaries=canaries, confidence=confidence, background=background,
@@ -452,9 +667,12 @@ def default_runs(spec) -> int:
     """Training runs per audit by default: one (the one-run audit) except where a single run cannot tell
     canaries apart. PAZO-S releases sums of clipped losses at its candidate points; every canary at the
     clip adds the same C to each of them, so one run shows how many canaries were sampled but not which,
-    and its one-run bound is 0 whatever the noise. There, many runs with one canary each (Clopper-Pearson
-    on the errors) have power: 100 runs bound at most about 2.6 at delta ~1e-3 and confidence 0.95."""
-    return MANY_RUNS_DEFAULT if spec.estimator.kind in SELECTION_ESTIMATORS else 1
+    and its one-run bound is 0 whatever the noise. The KL paper's full-batch gradients put each canary's
+    same clipped vector in every release (REPEATING_ESTIMATORS). There, many runs with one canary each
+    (Clopper-Pearson on the errors) have power: 100 runs bound at most about 2.6 at delta ~1e-3 and
+    confidence 0.95."""
+    many = SELECTION_ESTIMATORS + REPEATING_ESTIMATORS
+    return MANY_RUNS_DEFAULT if spec.estimator.kind in many else 1
 
 
 def runs_problem(runs: int, canaries: Optional[int], guesses: Optional[int]) -> Optional[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -295,24 +295,24 @@ def _flat_loss(model: nn.Module, params, loss, query: PerExampleSphere):
     return flat, other, loss_at, sizes, shapes
 
 
-def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
-                query: PerExampleSphere) -> Tuple[torch.Tensor, ...]:
-    """sum_i clip(g_i) of a PerExampleSphere query, one float64 tensor per parameter. Each example's loss
-    is evaluated at its own perturbed points through torch.func (vmap over examples and directions of a
-    functional call), so no model copy is made; clipping follows the query's mode, a non-finite
-    coefficient counting as 0 in scalar mode and a non-finite g_i as nothing in vector mode."""
+def _sphere_rows(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor, query: PerExampleSphere,
+                 slots: List[int], shares: bool):
+    """A PerExampleSphere query's clipped per-example vectors g_i, a chunk of rows at a time: yields
+    ([rows, d] float64, the share of each row's clip reached or None). Each example's loss is evaluated at
+    its own perturbed points through torch.func (vmap over examples and directions of a functional call),
+    so no model copy is made; clipping follows the query's mode, a non-finite coefficient counting as 0 in
+    scalar mode and a non-finite g_i as nothing in vector mode. ``shares``: per row, the fraction of its
+    coefficients at the clip (scalar mode), or 1 when its vector was clipped (vector mode)."""
     flat, other, loss_at, sizes, shapes = _flat_loss(model, params, loss, query)
     dtype, device = flat.dtype, flat.device
     d = sum(sizes)
     m = query.directions
     lam = query.smoothing
     values = vmap(vmap(loss_at, in_dims=(0, None, None)), in_dims=(0, 0, 0))
-    total = torch.zeros(d, dtype=torch.float64, device=device)
     independent = query.kind == "independent_difference"
     drawn = 2 * m if independent else m  # an independent difference has m more directions at its other point
     points = 2 if query.kind in ("central", "one_sided_difference") else 4
     chunk = max(1, SPHERE_POINT_BYTES // max(1, points * m * d * flat.element_size()))
-    slots = example_slots(query, x, y)
     for start in range(0, len(y), chunk):
         xs, ys = x[start:start + chunk], y[start:start + chunk]
         u = torch.stack([example_directions(query.seed, slot, drawn, d)
@@ -334,12 +334,26 @@ def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor
                 c = torch.cat([at(flat) - at(flat, -1.0), at(other, 1.0, second) - at(other, -1.0, second)],
                               dim=1) / (2 * lam)
                 c[:, m:] *= -1.0
+        share = None
         if query.clip_mode == "scalar" and not math.isinf(query.clip):
-            c = torch.nan_to_num(c, nan=0.0).clamp(-query.clip, query.clip)
+            c = torch.nan_to_num(c, nan=0.0)
+            if shares:
+                share = (c.abs() >= query.clip).double().mean(dim=1)
+            c = c.clamp(-query.clip, query.clip)
         g = torch.einsum("bm,bmd->bd", c, u) / m
         if query.clip_mode == "vector" and not math.isinf(query.clip):
             factors = _clip_factors(torch.linalg.vector_norm(g, dim=1), query.clip)
             g = _finite_rows(g, factors) * factors[:, None]
+            share = (factors < 1).double() if shares else None
+        yield g, share
+
+
+def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                query: PerExampleSphere) -> Tuple[torch.Tensor, ...]:
+    """sum_i clip(g_i) of a PerExampleSphere query, one float64 tensor per parameter (``_sphere_rows``)."""
+    sizes, shapes = [p.numel() for p in params], [p.shape for p in params]
+    total = torch.zeros(sum(sizes), dtype=torch.float64, device=params[0].device)
+    for g, _ in _sphere_rows(model, params, loss, x, y, query, example_slots(query, x, y), False):
         total += g.sum(dim=0)
     return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
 
@@ -354,11 +368,12 @@ def example_ball_points(seed: int, slot: int, count: int, dimension: int) -> tor
     return g * (radii[:, None] / torch.linalg.vector_norm(g, dim=1, keepdim=True))
 
 
-def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
-              query: PerExampleBall) -> Tuple[torch.Tensor, ...]:
-    """sum_i clip(g_i) of a PerExampleBall query, one float64 tensor per parameter: per-example gradients at
-    every example's own perturbed points through torch.func (vmap over examples and points of grad of a
-    functional call), a bounded number of points at a time; a non-finite g_i counts as nothing."""
+def _ball_rows(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor, query: PerExampleBall,
+               slots: List[int], shares: bool):
+    """A PerExampleBall query's clipped per-example vectors, a chunk of rows at a time (as ``_sphere_rows``):
+    per-example gradients at every example's own perturbed points through torch.func (vmap over examples
+    and points of grad of a functional call), a bounded number of points at a time; a non-finite g_i
+    counts as nothing."""
     flat, other, loss_at, sizes, shapes = _flat_loss(model, params, loss, query)
     dtype, device = flat.dtype, flat.device
     d = sum(sizes)
@@ -368,8 +383,6 @@ def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
     per_point = 4 * d * flat.element_size()  # the point, its gradient and the float64 sum's share
     points = max(1, min(m, SPHERE_POINT_BYTES // per_point))  # perturbations of one example at a time
     rows = max(1, SPHERE_POINT_BYTES // (per_point * points))
-    total = torch.zeros(d, dtype=torch.float64, device=device)
-    slots = example_slots(query, x, y)
     for start in range(0, len(y), rows):
         xs, ys = x[start:start + rows], y[start:start + rows]
         ball = torch.stack([example_ball_points(query.seed, slot, m * len(centres), d)
@@ -382,22 +395,32 @@ def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
                     step = (query.smoothing * ball[:, c * m + lo:c * m + min(m, lo + points)]).to(dtype)
                     g += sign * gradients(centre + step, xs, ys).detach().double().sum(dim=1)
         g /= m
+        share = None
         if not math.isinf(query.clip):
             factors = _clip_factors(torch.linalg.vector_norm(g, dim=1), query.clip)
             g = _finite_rows(g, factors) * factors[:, None]
+            share = (factors < 1).double() if shares else None
+        yield g, share
+
+
+def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+              query: PerExampleBall) -> Tuple[torch.Tensor, ...]:
+    """sum_i clip(g_i) of a PerExampleBall query, one float64 tensor per parameter (``_ball_rows``)."""
+    sizes, shapes = [p.numel() for p in params], [p.shape for p in params]
+    total = torch.zeros(sum(sizes), dtype=torch.float64, device=params[0].device)
+    for g, _ in _ball_rows(model, params, loss, x, y, query, example_slots(query, x, y), False):
         total += g.sum(dim=0)
     return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
 
 
-def exact_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
-                        query: PerExampleGradientAt) -> Tuple[torch.Tensor, ...]:
-    """sum_i clip(g_i) of a PerExampleGradientAt query, one float64 tensor per parameter (per-example gradients
-    through torch.func, a bounded number of rows at a time; a non-finite g_i counts as nothing)."""
+def _exact_gradient_rows(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                         query: PerExampleGradientAt, shares: bool):
+    """A PerExampleGradientAt query's clipped per-example gradients, a bounded number of rows at a time
+    (per-example gradients through torch.func; a non-finite g_i counts as nothing)."""
     flat, other, loss_at, sizes, shapes = _flat_loss(model, params, loss, query)
     d = sum(sizes)
     gradients = vmap(grad(loss_at), in_dims=(None, 0, 0))
     rows = max(1, SPHERE_POINT_BYTES // (4 * d * flat.element_size()))
-    total = torch.zeros(d, dtype=torch.float64, device=flat.device)
     for start in range(0, len(y), rows):
         xs, ys = x[start:start + rows], y[start:start + rows]
         with torch.enable_grad():
@@ -405,11 +428,50 @@ def exact_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torc
                 g = gradients(flat if other is None else other, xs, ys).detach().double()
             else:
                 g = (gradients(flat, xs, ys).detach().double() - gradients(other, xs, ys).detach().double())
+        share = None
         if not math.isinf(query.clip):
             factors = _clip_factors(torch.linalg.vector_norm(g, dim=1), query.clip)
             g = _finite_rows(g, factors) * factors[:, None]
+            share = (factors < 1).double() if shares else None
+        yield g, share
+
+
+def exact_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
+                        query: PerExampleGradientAt) -> Tuple[torch.Tensor, ...]:
+    """sum_i clip(g_i) of a PerExampleGradientAt query, one float64 tensor per parameter
+    (``_exact_gradient_rows``)."""
+    sizes, shapes = [p.numel() for p in params], [p.shape for p in params]
+    total = torch.zeros(sum(sizes), dtype=torch.float64, device=params[0].device)
+    for g, _ in _exact_gradient_rows(model, params, loss, x, y, query, False):
         total += g.sum(dim=0)
     return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
+
+
+def per_example_vectors(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor,
+                        query: PerExampleSphere, slots: Optional[List[int]] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each row's clipped vector of a per-example query (sphere, ball or exact gradient), [rows, d] float64
+    flattened in the parameters' order, and the share of its clip it reached: what the row adds to the
+    backend's sum, computed by the same code. For the audit's canaries (rows it writes), never for private
+    rows. ``slots``: the rows' places in their step's batch, which their directions are drawn from
+    (default: first_slot onward; a keyed query draws from the rows' content whatever is given)."""
+    params = directions.params
+    d = sum(p.numel() for p in params)
+    if len(y) == 0:
+        return (torch.zeros(0, d, dtype=torch.float64, device=params[0].device),
+                torch.zeros(0, dtype=torch.float64, device=params[0].device))
+    if query.keyed_by_row or slots is None:
+        slots = example_slots(query, x, y)
+    if isinstance(query, PerExampleGradientAt):
+        parts = _exact_gradient_rows(model, params, loss, x, y, query, True)
+    elif isinstance(query, PerExampleBall):
+        parts = _ball_rows(model, params, loss, x, y, query, list(slots), True)
+    else:
+        parts = _sphere_rows(model, params, loss, x, y, query, list(slots), True)
+    vectors, shares = zip(*parts)
+    share = torch.cat([torch.zeros(len(g), dtype=torch.float64, device=g.device) if s is None else s
+                       for g, s in zip(vectors, shares)])
+    return torch.cat(vectors), share
 
 
 def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
