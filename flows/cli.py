@@ -527,8 +527,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--guesses", type=int, default=None, help="number of guesses (default: chosen without the truth)")
     p.add_argument("--runs", type=int, default=None,
                    help="1: one training run with many canaries; K >= 10: K runs of one canary each, "
-                        "Clopper-Pearson (default: 1, and 100 for PAZO-S and the KL optimizers, whose one run cannot tell "
-                        "canaries apart)")
+                        "Clopper-Pearson (default: 1, and 100 for PAZO-S and the KL optimizers, whose one run "
+                        "cannot tell canaries apart)")
     p.add_argument("--noise-scale", type=float, default=1.0,
                    help="self-test: multiply the noise by this while claiming the calibrated epsilon (0: no noise)")
     p.add_argument("--tracking-uri", default=None, help="default: the spec's tracking.uri")
@@ -558,7 +558,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from flows.checkpoints import RunLocked
         from flows.ledger import BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched
 
-        if isinstance(err, (BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched, RunLocked)):  # refusals: one line
+        # refusals, not crashes: one line
+        if isinstance(err, (BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched, RunLocked)):
             return _fail(str(err).splitlines()[0])
         from flows.private_train import cluster_lost
 

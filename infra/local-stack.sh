@@ -84,6 +84,9 @@ stop_all() {  # every group is signalled at once and waited for together: stoppi
     sleep 0.2
   done
   for pid in "${groups[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  if [ -f "$state/ray-temp-dir" ]; then
+    rm -rf "$(cat "$state/ray-temp-dir")" "$state/ray-temp-dir"
+  fi
 }
 
 case "${1:-up}" in
@@ -145,8 +148,13 @@ case "${1:-up}" in
         ray_env+=(RAY_AUTH_MODE=token "RAY_AUTH_TOKEN_PATH=$state/ray-token")
         worker_env+=(RAY_AUTH_MODE=token "RAY_AUTH_TOKEN_PATH=$state/ray-token")
       fi
+      # a temp folder of its own (short: Ray's socket paths have a length limit), so that the head's address
+      # file is not /tmp/ray's, which every later ray.init() on this machine would try to join after `down`
+      ray_temp=$(mktemp -d /tmp/privzo-ray-XXXXXX)
+      echo "$ray_temp" >"$state/ray-temp-dir"
       start ray-head "${ray_env[@]}" "$bin/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
-        --dashboard-host 127.0.0.1 --dashboard-port "$ray_dashboard_port" --num-cpus 1 --disable-usage-stats
+        --dashboard-host 127.0.0.1 --dashboard-port "$ray_dashboard_port" --num-cpus 1 --disable-usage-stats \
+        --temp-dir "$ray_temp"
       worker_env+=("RAY_ADDRESS=127.0.0.1:$ray_port")
     fi
     wait_http "http://127.0.0.1:$prefect_port/api/health" "${prefect_curl[@]}"

@@ -659,7 +659,8 @@ def check_pages(facts: Facts, screenshots: Optional[Path], keep_going: bool = Fa
                 verified.append(f"mlflow-login: without credentials {refused}; the pages below signed in as "
                                 f"{facts.mlflow_user}")
                 print(f"ok {verified[-1]}", flush=True)
-            credentials = {"username": facts.mlflow_user, "password": facts.mlflow_password} if facts.mlflow_user else None
+            credentials = ({"username": facts.mlflow_user, "password": facts.mlflow_password}
+                           if facts.mlflow_user else None)
             context = browser.new_context(viewport=VIEWPORT, http_credentials=credentials)
             context.add_init_script(QUIET_MLFLOW)
             b = Browser(context.new_page(), screenshots)
