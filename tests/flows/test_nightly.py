@@ -10,7 +10,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+# beside the rest of the suite (its stack mostly waits on its servers and worker), but on one xdist worker as
+# one group: the local stack of this checkout is started once at a time (test_deployment's runs in the
+# serial part, after)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
