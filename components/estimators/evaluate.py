@@ -351,11 +351,7 @@ def _sphere_rows(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tenso
 def sphere_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
                 query: PerExampleSphere) -> Tuple[torch.Tensor, ...]:
     """sum_i clip(g_i) of a PerExampleSphere query, one float64 tensor per parameter (``_sphere_rows``)."""
-    sizes, shapes = [p.numel() for p in params], [p.shape for p in params]
-    total = torch.zeros(sum(sizes), dtype=torch.float64, device=params[0].device)
-    for g, _ in _sphere_rows(model, params, loss, x, y, query, example_slots(query, x, y), False):
-        total += g.sum(dim=0)
-    return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
+    return _summed(params, _sphere_rows(model, params, loss, x, y, query, example_slots(query, x, y), False))
 
 
 def example_ball_points(seed: int, slot: int, count: int, dimension: int) -> torch.Tensor:
@@ -406,11 +402,7 @@ def _ball_rows(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
 def ball_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
               query: PerExampleBall) -> Tuple[torch.Tensor, ...]:
     """sum_i clip(g_i) of a PerExampleBall query, one float64 tensor per parameter (``_ball_rows``)."""
-    sizes, shapes = [p.numel() for p in params], [p.shape for p in params]
-    total = torch.zeros(sum(sizes), dtype=torch.float64, device=params[0].device)
-    for g, _ in _ball_rows(model, params, loss, x, y, query, example_slots(query, x, y), False):
-        total += g.sum(dim=0)
-    return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
+    return _summed(params, _ball_rows(model, params, loss, x, y, query, example_slots(query, x, y), False))
 
 
 def _exact_gradient_rows(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor,
@@ -440,9 +432,15 @@ def exact_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torc
                         query: PerExampleGradientAt) -> Tuple[torch.Tensor, ...]:
     """sum_i clip(g_i) of a PerExampleGradientAt query, one float64 tensor per parameter
     (``_exact_gradient_rows``)."""
+    return _summed(params, _exact_gradient_rows(model, params, loss, x, y, query, False))
+
+
+def _summed(params, rows) -> Tuple[torch.Tensor, ...]:
+    """The sum of per-example rows (chunks of [b, d] float64 vectors, as the ``_*_rows`` generators yield
+    them), split into one float64 tensor per parameter."""
     sizes, shapes = [p.numel() for p in params], [p.shape for p in params]
     total = torch.zeros(sum(sizes), dtype=torch.float64, device=params[0].device)
-    for g, _ in _exact_gradient_rows(model, params, loss, x, y, query, False):
+    for g, _ in rows:
         total += g.sum(dim=0)
     return tuple(t.view(s) for t, s in zip(torch.split(total, sizes), shapes))
 

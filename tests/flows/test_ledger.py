@@ -1,4 +1,5 @@
 """Privacy ledger: exact composition, atomic reservations, commit of executed steps."""
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import dp_accounting
@@ -130,7 +131,9 @@ def postgres_url():
     with engine.begin() as conn:
         conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
     engine.dispose()
-    if state == "started":  # stop only what the tests started
+    # stop only what the tests started, and never under xdist: this fixture runs once per worker, and the
+    # worker that started the server may finish while another still uses it
+    if state == "started" and not os.environ.get("PYTEST_XDIST_WORKER"):
         subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
 
 

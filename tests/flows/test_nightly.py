@@ -10,10 +10,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-# beside the rest of the suite (its stack mostly waits on its servers and worker), but on one xdist worker as
-# one group: the local stack of this checkout is started once at a time (test_deployment's runs in the
-# serial part, after)
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
