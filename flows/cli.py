@@ -283,6 +283,8 @@ def cmd_reproduce(args) -> int:
 def cmd_budget(args) -> int:
     if args.action == "simulate":
         return cmd_simulate(args)
+    if args.action in ("init", "grant"):
+        return cmd_budget_owner(args)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -304,6 +306,70 @@ def cmd_budget(args) -> int:
         reason = getattr(err, "orig", None) or err  # the driver's own message, not SQLAlchemy's page of context
         where = url.render_as_string(hide_password=True)
         return _fail(f"--ledger: cannot read {where} ({str(reason).splitlines()[0]})")
+
+
+def _init_terms(args):
+    """The terms ``budget init`` registers: a spec's (its budget and privacy sections), or the flags'."""
+    from flows.ledger import DatasetTerms
+
+    if args.delta is not None and not 0 < args.delta < 1:
+        raise ValueError(f"--delta: {args.delta:g} is not between 0 and 1")
+    if args.spec:
+        if args.lifetime_epsilon is not None:
+            raise ValueError("--lifetime-epsilon: give the terms by --spec or by flags, not both")
+        spec = specs.load_spec(args.spec)
+        if spec.budget is None:
+            raise ValueError(f"--spec: {args.spec} has no budget section, so it charges no dataset")
+        if spec.budget.dataset != args.dataset:
+            raise ValueError(f"--spec: {args.spec} charges dataset {spec.budget.dataset!r}, not {args.dataset!r}")
+        terms = DatasetTerms.of(spec)
+        if terms.delta is not None and args.delta is not None:
+            raise ValueError(f"--delta: {args.spec} gives its delta ({terms.delta:g}); --delta is for a spec whose "
+                             "privacy.delta is auto")
+        return DatasetTerms(terms.dataset, terms.lifetime_epsilon, terms.delta if args.delta is None else args.delta,
+                            terms.accountant, terms.neighboring)
+    if args.lifetime_epsilon is None or args.delta is None:
+        raise ValueError(f"{'--delta' if args.lifetime_epsilon else '--lifetime-epsilon'}: budget init needs --spec "
+                         "SPEC, or --lifetime-epsilon and --delta")
+    if not args.lifetime_epsilon > 0:
+        raise ValueError(f"--lifetime-epsilon: {args.lifetime_epsilon:g} is not above 0")
+    import re
+
+    from specs.sections.budget import DATASET_PATTERN
+
+    if not re.fullmatch(DATASET_PATTERN, args.dataset):
+        raise ValueError(f"DATASET: {args.dataset!r} is not a dataset id (a letter or digit, then letters, digits "
+                         "and . _ : -)")
+    return DatasetTerms(args.dataset, args.lifetime_epsilon, args.delta, args.accountant, args.neighboring)
+
+
+def cmd_budget_owner(args) -> int:
+    """The ledger owner's acts: ``init`` registers a dataset's lifetime, ``grant`` gives a role a worker's or
+    a viewer's rights. Both need the credentials of the ledger's owner (a worker's are refused)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from flows.ledger import PrivacyLedger, _driver_reason, _shown_where
+
+    where = _shown_where(args.ledger)
+    try:
+        terms = _init_terms(args) if args.action == "init" else None
+        ledger = PrivacyLedger(args.ledger)
+        if args.action == "grant":
+            for statement in ledger.grant(args.dataset, read_only=args.read_only):
+                print(statement)
+            print(f"{args.dataset} may now {'read' if args.read_only else 'read and charge registered datasets of'} "
+                  f"the ledger {where}")
+            return 0
+        if not ledger.may_register():
+            return _fail(f"--ledger: this role may not register datasets in {where}; a dataset's lifetime is set "
+                         "with the ledger owner's credentials")
+        new = ledger.register(terms)
+    except SQLAlchemyError as err:
+        return _fail(f"--ledger: {where}: {_driver_reason(err)}")
+    print(f"{terms.dataset}: {'registered' if new else 'already registered'} in {where} with lifetime epsilon "
+          f"{terms.lifetime_epsilon:g} at delta {terms.delta:g} ({terms.accountant}, {terms.neighboring}); runs "
+          "charged to it are admitted within that, each block's own with data.blocks")
+    return 0
 
 
 def cmd_simulate(args) -> int:
@@ -341,8 +407,9 @@ def cmd_simulate(args) -> int:
 
 
 def _nothing_spent(dataset: str, where: str) -> str:
-    return (f"{dataset}: nothing spent yet: {where}. Its lifetime budget is the budget.lifetime_epsilon of the "
-            "first run charged to it, and every run after is refused past it.")
+    return (f"{dataset}: nothing spent yet: {where}. Its lifetime budget is what its owner registers (privzo "
+            "budget init), else the budget.lifetime_epsilon of the first run charged to it; every run after is "
+            "refused past it.")
 
 
 def _blocks_spec(args):
@@ -386,6 +453,13 @@ def _show_budget(args, ledger) -> int:
     window, refusal, states = _next_window(args, spec) if args.action == "show" else (None, None, {})
     spent = ledger.spent(args.dataset)
     blocks = ledger.blocks(args.dataset)
+    if not ledger.history(args.dataset):  # registered by its owner (privzo budget init), not yet charged
+        print(f"{args.dataset}: registered with lifetime epsilon {ds.lifetime_epsilon:g} at delta {shown(ds.delta, 3)} "
+              f"({ds.accountant}, {ds.neighboring}); no run has been charged to it yet")
+        if window is not None:
+            print(f"the next run of {spec.name} (as of {window.as_of}) reads {len(window.blocks)} block"
+                  f"{'s' if len(window.blocks) != 1 else ''}: {', '.join(window.blocks)}")
+        return 0
     if args.action == "show":
         print(f"{args.dataset}: epsilon {shown(spent)} spent of the lifetime {ds.lifetime_epsilon:g} (the largest over "
               f"its {len(blocks)} block{'s' if len(blocks) != 1 else ''}; delta {shown(ds.delta, 3)}, {ds.accountant}, "
@@ -501,9 +575,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--experiment", default="privzo-reproduce", help="MLflow experiment")
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history DATASET; "
-                                      "simulate SPEC plays nights of a spec on blocks on a scratch ledger")
-    p.add_argument("action", choices=["show", "history", "simulate"])
-    p.add_argument("dataset", metavar="DATASET|SPEC")
+                                      "simulate SPEC plays nights of a spec on blocks on a scratch ledger; the "
+                                      "ledger owner's: init DATASET registers its lifetime, grant ROLE")
+    p.add_argument("action", choices=["show", "history", "simulate", "init", "grant"])
+    p.add_argument("dataset", metavar="DATASET|SPEC|ROLE")
     p.add_argument("--nights", type=int, default=60, help="simulate: how many nights (default 60)")
     p.add_argument("--first", default=None, help="simulate: the first night, YYYY-MM-DD (default: the first whose "
                    "window is full)")
@@ -512,6 +587,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--spec", default=None, help="show: the spec of the runs on this dataset's blocks; adds the "
                    "blocks its next run reads and those retired for it")
     p.add_argument("--as-of", default=None, help="show --spec: the moment of that next run, ISO 8601 (default: now)")
+    p.add_argument("--lifetime-epsilon", type=float, default=None, help="init: the dataset's lifetime epsilon "
+                   "(each block's with data.blocks); or --spec SPEC, whose budget and privacy give the terms")
+    p.add_argument("--delta", type=float, default=None, help="init: the lifetime's delta (with --spec: only "
+                   "where its privacy.delta is auto)")
+    p.add_argument("--accountant", choices=["rdp", "pld", "zcdp"], default="rdp", help="init: (default rdp)")
+    p.add_argument("--neighboring", choices=["add_remove", "replace_one"], default="add_remove",
+                   help="init: (default add_remove)")
+    p.add_argument("--read-only", action="store_true", help="grant: a viewer's rights (read), not a worker's")
     p.add_argument("--ledger", default=ledger_from_env(),
                    help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
     p.set_defaults(func=cmd_budget)

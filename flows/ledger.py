@@ -10,9 +10,17 @@ refuses a run that would use one of them as public or test data (both are used w
 split change between runs, or new rows that move the split, would otherwise expose people whose privacy
 earlier runs have already spent.
 
-Reservation is one transaction holding the dataset's lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL:
-``SELECT ... FOR UPDATE`` on the dataset's row), so concurrent runs cannot both fit into the same
-remaining budget.
+Reservation is one transaction holding the dataset's lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: an
+advisory lock on the dataset's name), so concurrent runs cannot both fit into the same remaining budget.
+
+A dataset's terms (its lifetime epsilon and delta, accountant and neighbouring relation) are its owner's to
+set. On PostgreSQL the ledger has roles (``grant``): the owner of its tables registers datasets
+(``register``, ``privzo budget init``); a worker may read everything and charge registered datasets
+(insert charges and blocks, move a charge from reserved to committed or aborted, fold it into its blocks)
+but may not register or change a dataset, delete any row, or give a block other terms than its dataset's
+(a foreign key ties every block to its dataset's lifetime and delta); a viewer only reads. A run whose role
+may not register an unregistered dataset is refused before any row is read. A SQLite ledger is one
+person's: whoever may write the file is its owner, and a dataset's first run registers it.
 
 Budgets belong to blocks of the dataset (docs/design.md, "Blocks"): a charge is recorded on every block
 its run read, each block keeps the exact composition of its committed charges as a stored accountant
@@ -43,8 +51,9 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import dp_accounting
-from sqlalchemy import (Column, DateTime, Float, Integer, String, Text, create_engine, delete, event, func, insert,
-                        select, text)
+from sqlalchemy import (Column, DateTime, Float, ForeignKeyConstraint, Integer, String, Text, UniqueConstraint,
+                        create_engine, delete, event, func, insert, select, text)
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, deferred
 
@@ -54,6 +63,18 @@ from specs.sections import default_ledger
 
 RESERVED, COMMITTED, ABORTED = "reserved", "committed", "aborted"
 WHOLE = "all"  # the block of a dataset charged as one: every dataset before blocks, and any without them
+
+# What a worker (a role that runs specs) may write, besides reading every table: table -> the columns it may
+# update. Nothing may be deleted, a dataset's terms are the owner's (privzo_datasets is not here), and a
+# block's terms are fixed by its foreign key; rows keep the block they were first seen in.
+WORKER_GRANTS: Dict[str, tuple] = {
+    "privzo_charges": ("status", "executed_event", "steps_run", "run_id", "updated_at"),
+    "privzo_charge_blocks": (),
+    "privzo_blocks": ("committed", "committed_epsilon"),
+    "privzo_private_rows": (),
+    "privzo_row_blocks": (),
+    "privzo_row_layouts": (),
+}
 
 
 class BudgetExceeded(RuntimeError):
@@ -172,19 +193,65 @@ class LedgerUnavailable(RuntimeError):
                          "$PRIVZO_LEDGER_URL); nothing was read or charged")
 
 
-def ledger_for_spending(url: str) -> "PrivacyLedger":
-    """The ledger at ``url``, once it has signed the caller in and granted what a charge writes; raises
-    ``LedgerUnavailable`` in one line otherwise (a wrong password, a read-only role or file)."""
+class DatasetNotRegistered(LedgerUnavailable):
+    """A run would charge a dataset the ledger has not registered, and its role may not register one: a
+    dataset's lifetime is set by the ledger's owner, never by whoever runs a spec."""
+
+    def __init__(self, dataset: str, where: str):
+        RuntimeError.__init__(
+            self, f"budget.dataset: {dataset!r} is not registered in the ledger {where}, and this role may not "
+            "register it (a dataset's lifetime is set by the ledger's owner: privzo budget init "
+            f"{dataset} --spec SPEC --ledger OWNER_URL); nothing was read or charged")
+
+
+@dataclass(frozen=True)
+class DatasetTerms:
+    """What a dataset is registered with: its lifetime (epsilon, delta), the accountant that composes its
+    charges and the neighbouring relation they are accounted under."""
+
+    dataset: str
+    lifetime_epsilon: float
+    delta: Optional[float]  # None: delta auto with no declared N, known once the private rows are counted
+    accountant: str
+    neighboring: str
+
+    @classmethod
+    def of(cls, spec) -> "DatasetTerms":
+        """The terms a run spec with a budget charges its dataset under."""
+        try:  # delta auto is 1/N where N is declared (a public fact); otherwise it waits for the rows
+            delta: Optional[float] = spec.delta_for()
+        except ValueError:
+            delta = None if spec.privacy.delta == "auto" else float(spec.privacy.delta)
+        return cls(spec.budget.dataset, float(spec.budget.lifetime_epsilon), delta, spec.privacy.accountant,
+                   spec.privacy.neighboring)
+
+
+def _shown_where(url: str) -> str:
     from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)  # a team ledger's URL holds a password
+
+
+def _driver_reason(err: BaseException) -> str:
+    reason = str(getattr(err, "orig", None) or err).strip().splitlines()
+    return reason[-1] if reason else type(err).__name__
+
+
+def ledger_for_spending(url: str, terms: Optional[DatasetTerms] = None) -> "PrivacyLedger":
+    """The ledger at ``url``, once it has signed the caller in and granted what a charge writes, and, given
+    ``terms``, once the dataset is registered with them (or this role may register it); raises
+    ``LedgerUnavailable`` (``DatasetNotRegistered``) or ValueError (other terms) in one line otherwise: a
+    wrong password, a read-only role or file, a worker's run on a dataset nobody registered."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    where = make_url(url).render_as_string(hide_password=True)
+    where = _shown_where(url)
     try:
         ledger = PrivacyLedger(url)
         missing = ledger.missing_write_grants()
+        if not missing and terms is not None:
+            ledger.check_registration(terms)
     except SQLAlchemyError as err:
-        reason = str(getattr(err, "orig", None) or err).strip().splitlines()
-        raise LedgerUnavailable(where, reason[-1] if reason else type(err).__name__) from None
+        raise LedgerUnavailable(where, _driver_reason(err)) from None
     except OSError as err:
         raise LedgerUnavailable(where, err.strerror or str(err)) from None
     if missing:
@@ -216,6 +283,8 @@ class _Base(DeclarativeBase):
 
 class DatasetRow(_Base):
     __tablename__ = "privzo_datasets"
+    # what a block's foreign key names: a block's terms can only be its dataset's
+    __table_args__ = (UniqueConstraint("dataset", "lifetime_epsilon", "delta", name="privzo_datasets_terms"),)
     dataset = Column(String(200), primary_key=True)
     lifetime_epsilon = Column(Float, nullable=False)
     delta = Column(Float, nullable=False)
@@ -244,6 +313,11 @@ class BlockRow(_Base):
     ``ComposedState``), updated by every commit so a reservation need not recompose the history."""
 
     __tablename__ = "privzo_blocks"
+    # a worker may add blocks but not choose their lifetime: it is the dataset's, which only the owner writes
+    __table_args__ = (ForeignKeyConstraint(
+        ["dataset", "lifetime_epsilon", "delta"],
+        ["privzo_datasets.dataset", "privzo_datasets.lifetime_epsilon", "privzo_datasets.delta"],
+        name="privzo_blocks_terms"),)
     dataset = Column(String(200), primary_key=True)
     block = Column(String(200), primary_key=True)
     lifetime_epsilon = Column(Float, nullable=False)
@@ -321,6 +395,7 @@ class PrivacyLedger:
             def _sqlite(dbapi_connection, _record):  # noqa: ANN001 - DB-API connection
                 dbapi_connection.isolation_level = None  # we issue BEGIN IMMEDIATE ourselves
                 dbapi_connection.execute("PRAGMA busy_timeout = 60000")
+                dbapi_connection.execute("PRAGMA foreign_keys = ON")  # a block's terms are its dataset's
 
             @event.listens_for(self.engine, "begin")
             def _begin(conn):  # noqa: ANN001
@@ -335,18 +410,107 @@ class PrivacyLedger:
             _Base.metadata.create_all(self.engine)
 
     def missing_write_grants(self) -> List[str]:
-        """The ledger's tables this connection may not write as a charge does (insert and update): none for
-        its owner; a read-only role (a viewer's) misses them all. A SQLite file must be writable."""
-        tables = sorted(_Base.metadata.tables)
+        """What of the ledger this connection may not write as a charge does (``WORKER_GRANTS``), as
+        "TABLE" or "COLUMN of TABLE": none for its owner or a worker; a read-only role (a viewer's) misses
+        them all. A SQLite file must be writable."""
         if self.engine.dialect.name == "sqlite":
             path = self.engine.url.database
-            return [] if not path or os.access(path, os.W_OK) else tables
+            return [] if not path or os.access(path, os.W_OK) else sorted(WORKER_GRANTS)
         if self.engine.dialect.name != "postgresql":
             return []
+        missing = []
         with self.engine.connect() as conn:
-            return [t for t in tables if not conn.execute(
-                text("SELECT has_table_privilege(current_user, :t, 'INSERT') AND "
-                     "has_table_privilege(current_user, :t, 'UPDATE')"), {"t": t}).scalar()]
+            for table, columns in sorted(WORKER_GRANTS.items()):
+                if not conn.execute(text("SELECT has_table_privilege(current_user, :t, 'INSERT')"), {"t": table}).scalar():
+                    missing.append(table)
+                    continue
+                missing += [f"{c} of {table}" for c in columns if not conn.execute(
+                    text("SELECT has_column_privilege(current_user, :t, :c, 'UPDATE')"), {"t": table, "c": c}).scalar()]
+        return missing
+
+    def may_register(self) -> bool:
+        """Whether this connection may register datasets (the owner's act): a SQLite file's writer always."""
+        if self.engine.dialect.name != "postgresql":
+            return True
+        with self.engine.connect() as conn:
+            return bool(conn.execute(text("SELECT has_table_privilege(current_user, :t, 'INSERT')"),
+                                     {"t": DatasetRow.__tablename__}).scalar())
+
+    def check_registration(self, terms: DatasetTerms) -> None:
+        """Before any row is read: the dataset is registered with ``terms``, or unregistered and this role may
+        register it (its first run then does); raises ``DatasetNotRegistered`` or ValueError otherwise."""
+        ds = self.dataset(terms.dataset)
+        if ds is None:
+            if not self.may_register():
+                raise DatasetNotRegistered(terms.dataset, _shown_where(self.url))
+            return
+        self._check_terms(ds, terms.lifetime_epsilon, terms.accountant, terms.neighboring)
+
+    def register(self, terms: DatasetTerms) -> bool:
+        """Register ``terms.dataset`` with its terms (the owner's act); False if it already is, with the same
+        ones. Raises ValueError naming the registered terms if they differ: a lifetime is never changed, so
+        what runs were admitted under stays what the dataset's guarantee is."""
+        if terms.delta is None:
+            raise ValueError("budget init: a lifetime's delta is a number (privacy.delta auto is 1/N of one run; "
+                             "give --delta)")
+        with Session(self.engine) as session, session.begin():
+            ds = self._lock(session, terms.dataset)
+            if ds is not None:
+                if not (math.isclose(ds.lifetime_epsilon, terms.lifetime_epsilon) and ds.delta == terms.delta
+                        and ds.accountant == terms.accountant and ds.neighboring == terms.neighboring):
+                    raise ValueError(
+                        f"budget init: dataset {terms.dataset!r} is registered with lifetime epsilon "
+                        f"{ds.lifetime_epsilon:g} at delta {ds.delta:g}, {ds.accountant}, {ds.neighboring}; a "
+                        "registered lifetime is never changed (register the people under a new dataset name)")
+                return False
+            Accountant(terms.accountant, terms.neighboring)  # an unknown accountant fails here, not in a run
+            session.add(DatasetRow(dataset=terms.dataset, lifetime_epsilon=terms.lifetime_epsilon, delta=terms.delta,
+                                   accountant=terms.accountant, neighboring=terms.neighboring))
+            return True
+
+    def grant(self, role: str, read_only: bool = False) -> List[str]:
+        """Give ``role`` (an existing PostgreSQL role) what a worker needs (``WORKER_GRANTS``: read
+        everything, charge registered datasets) or, ``read_only``, what a viewer needs (read everything);
+        the statements run, in order. Only the tables' owner may grant; nothing else is given (no delete, no
+        dataset registration, no lifetime)."""
+        import re
+
+        if self.engine.dialect.name != "postgresql":
+            raise ValueError(f"budget grant: a {self.engine.dialect.name} ledger has no roles (whoever may write "
+                             "its file may spend it); roles need a PostgreSQL ledger")
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", role):
+            raise ValueError(f"budget grant: {role!r} is not a role name (lower-case letters, digits and _, "
+                             "starting with a letter or _)")
+        statements = ["GRANT USAGE ON SCHEMA {schema} TO {role}"]
+        statements += [f"GRANT SELECT ON {t} TO {{role}}" for t in sorted(_Base.metadata.tables)]
+        if not read_only:
+            for table, columns in sorted(WORKER_GRANTS.items()):
+                statements.append(f"GRANT INSERT ON {table} TO {{role}}")
+                if columns:
+                    statements.append(f"GRANT UPDATE ({', '.join(columns)}) ON {table} TO {{role}}")
+        with self.engine.begin() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).scalar()
+            if not exists:
+                raise ValueError(f"budget grant: there is no role {role!r} on this server; its administrator "
+                                 f"creates it first (CREATE ROLE {role} LOGIN PASSWORD '...')")
+            schema = conn.execute(text("SELECT current_schema()")).scalar()
+            # PostgreSQL only warns when a role without the grant option grants: check ownership first
+            owner = conn.execute(text("SELECT pg_has_role(current_user, tableowner, 'USAGE') FROM pg_tables "
+                                      "WHERE schemaname = current_schema() AND tablename = :t"),
+                                 {"t": DatasetRow.__tablename__}).scalar()
+            if not owner:
+                raise ValueError("budget grant: only the ledger's owner (the role that owns its tables) grants; "
+                                 "connect with the owner's credentials")
+            fks = {fk["name"] for fk in sa_inspect(conn).get_foreign_keys(BlockRow.__tablename__)}
+            if "privzo_blocks_terms" not in fks:  # a ledger made before blocks were tied to their dataset's terms
+                statements[:0] = [
+                    "ALTER TABLE privzo_datasets ADD CONSTRAINT privzo_datasets_terms UNIQUE (dataset, lifetime_epsilon, delta)",
+                    "ALTER TABLE privzo_blocks ADD CONSTRAINT privzo_blocks_terms FOREIGN KEY (dataset, lifetime_epsilon, "
+                    "delta) REFERENCES privzo_datasets (dataset, lifetime_epsilon, delta)"]
+            done = [s.format(schema=schema, role=role) for s in statements]
+            for statement in done:
+                conn.execute(text(statement))
+        return done
 
     @staticmethod
     def _engine_options(url: str) -> dict:
@@ -565,16 +729,37 @@ class PrivacyLedger:
         provided every recorded row is among them; otherwise the run is refused and nothing changes.
         ``charge_id``: chosen by the caller, who records it before reserving (see flows.checkpoints).
 
-        ``blocks``: the blocks the run reads (its window), each registered with its terms on first use; the
+        ``blocks``: the blocks the run reads (its window), each registered with its dataset's terms on first use; the
         run is reserved on every one of them or on none. None: the dataset's one block. ``next_block``: for
         a refusal's message, the block whose arrival brings budget, or ``when``: what to say given every
         block of the window without room (the window's own rule knows when it moves past them).
         ``row_blocks`` / ``person_blocks``: the block of every row (person) the run saw, recorded where none
         is yet; one recorded otherwise since the run read the ledger (a concurrent run saw the row first)
         refuses the run."""
+        from sqlalchemy.exc import DBAPIError
+
+        try:
+            return self._reserve(dataset=dataset, fingerprint=fingerprint, run_name=run_name, planned=planned,
+                                 steps=steps, lifetime_epsilon=lifetime_epsilon, delta=delta, accountant=accountant,
+                                 neighboring=neighboring, private_rows=private_rows, exposed_rows=exposed_rows,
+                                 row_layout=row_layout, legacy_layout=legacy_layout, legacy_rows=legacy_rows,
+                                 charge_id=charge_id, blocks=blocks, next_block=next_block, row_blocks=row_blocks,
+                                 person_blocks=person_blocks, when=when)
+        except DBAPIError as err:
+            # a role refused a write mid-reservation (a worker re-keying a dataset's rows: the owner's act);
+            # the transaction rolled back, so nothing was written
+            if "permission denied" not in _driver_reason(err) and "violates foreign key" not in _driver_reason(err):
+                raise
+            raise LedgerUnavailable(_shown_where(self.url), _driver_reason(err)) from None
+
+    def _reserve(self, *, dataset, fingerprint, run_name, planned, steps, lifetime_epsilon, delta, accountant,
+                 neighboring, private_rows, exposed_rows, row_layout, legacy_layout, legacy_rows, charge_id, blocks,
+                 next_block, row_blocks, person_blocks, when) -> str:
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
+                if not self.may_register():
+                    raise DatasetNotRegistered(dataset, _shown_where(self.url))
                 ds = DatasetRow(dataset=dataset, lifetime_epsilon=lifetime_epsilon, delta=delta,
                                 accountant=accountant, neighboring=neighboring)
                 session.add(ds)
@@ -634,15 +819,16 @@ class PrivacyLedger:
             if ds.accountant == "pld":
                 self._refuse_another_event(session, dataset, terms.block, planned)
             row = session.get(BlockRow, (dataset, terms.block))
+            registered = row if row is not None else ds  # a new block takes its dataset's terms
+            if not (math.isclose(registered.lifetime_epsilon, terms.lifetime_epsilon) and registered.delta == terms.delta):
+                raise ValueError(f"budget: block {terms.block!r} of dataset {dataset!r} is registered with "
+                                 f"lifetime epsilon {registered.lifetime_epsilon:g} at delta {registered.delta:g}, "
+                                 f"the spec says {terms.lifetime_epsilon:g} at {terms.delta:g}; they must match")
             if row is None:
-                row = BlockRow(dataset=dataset, block=terms.block, lifetime_epsilon=terms.lifetime_epsilon,
-                               delta=terms.delta, rows=terms.rows, committed=ComposedState(accountant).to_json(),
+                row = BlockRow(dataset=dataset, block=terms.block, lifetime_epsilon=ds.lifetime_epsilon,
+                               delta=ds.delta, rows=terms.rows, committed=ComposedState(accountant).to_json(),
                                committed_epsilon=0.0, created_at=_now())
                 session.add(row)
-            elif not (math.isclose(row.lifetime_epsilon, terms.lifetime_epsilon) and row.delta == terms.delta):
-                raise ValueError(f"budget: block {terms.block!r} of dataset {dataset!r} is registered with "
-                                 f"lifetime epsilon {row.lifetime_epsilon:g} at delta {row.delta:g}, the spec says "
-                                 f"{terms.lifetime_epsilon:g} at {terms.delta:g}; they must match")
             base = self._with_open(session, row)
             after = base.plus(increment).epsilon(row.delta)
             if not after <= row.lifetime_epsilon:  # fails closed on nan / inf
@@ -753,9 +939,10 @@ class PrivacyLedger:
 
     def _lock(self, session: Session, dataset: str) -> Optional[DatasetRow]:
         if self.engine.dialect.name == "postgresql":
-            # serialise reservations of one dataset; the first run creates the row under an advisory lock
+            # serialise reservations, commits and the registration of one dataset (an advisory lock, not FOR
+            # UPDATE: that needs UPDATE on the dataset's row, which a worker is not given)
             session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:d))"), {"d": dataset})
-            return session.scalars(select(DatasetRow).where(DatasetRow.dataset == dataset).with_for_update()).first()
+            return session.scalars(select(DatasetRow).where(DatasetRow.dataset == dataset)).first()
         return session.get(DatasetRow, dataset)  # SQLite: BEGIN IMMEDIATE already holds the write lock
 
     @staticmethod

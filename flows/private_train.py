@@ -52,7 +52,8 @@ from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
 from flows.checkpoints import Checkpointer, CheckpointStore, RunLocked, resume_store, spec_digest
 from flows.blocks import BlockView, Window, as_of_moment
-from flows.ledger import BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched, ledger_for_spending
+from flows.ledger import (BudgetExceeded, DatasetTerms, LedgerUnavailable, RowsExposed, RowsUnmatched,
+                          ledger_for_spending)
 from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
 from flows.session import RunSession
 from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
@@ -557,8 +558,8 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                    resume: Optional[str], as_of: Optional[str] = None) -> Dict[str, Any]:
     with _checking_input():
         run_spec = _load(spec_path, spec)
-        if run_spec.budget is not None:  # a caller the ledger does not sign in reads no row
-            ledger_for_spending(run_spec.budget.ledger)
+        if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row
+            ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
         # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
         view = None if run_spec.data.blocks is None else BlockView(run_spec, _window(run_spec, as_of, resume))
     if run_spec.execution.threads:

@@ -23,6 +23,10 @@
 #   PRIVZO_MLFLOW_WORKER_PASSWORD   user worker: what the Prefect worker's flow runs log and register as
 #   PRIVZO_MLFLOW_VIEWER_PASSWORD   user viewer: reads runs and models, writes nothing
 #   PRIVZO_RAY_TOKEN                with PRIVZO_STACK_RAY=1: the Ray head's token (RAY_AUTH_MODE=token)
+#   PRIVZO_LEDGER_WORKER_PASSWORD   with PRIVZO_STACK_DB=postgres: the ledger's role privzo_worker, what the
+#                                   Prefect worker charges as; it may charge registered datasets only. The
+#                                   ledger's owner (privzo) registers each dataset's lifetime first:
+#                                   privzo budget init DATASET --spec SPEC --ledger OWNER_URL
 # PRIVZO_STACK_RAY=1 also starts a Ray head on 127.0.0.1 (PRIVZO_RAY_PORT, its dashboard and job API on
 # PRIVZO_RAY_DASHBOARD_PORT, 127.0.0.1 only).
 set -euo pipefail
@@ -102,6 +106,7 @@ case "${1:-up}" in
       mlflow_worker=$(secret PRIVZO_MLFLOW_WORKER_PASSWORD)
       mlflow_viewer=$(secret PRIVZO_MLFLOW_VIEWER_PASSWORD)
       if [ "$with_ray" = 1 ]; then ray_token=$(secret PRIVZO_RAY_TOKEN); fi
+      if [ "$db" = postgres ]; then ledger_worker=$(secret PRIVZO_LEDGER_WORKER_PASSWORD); fi
     fi
     mkdir -p "$state" "$PREFECT_HOME"
     chmod 700 "$state"
@@ -114,7 +119,20 @@ case "${1:-up}" in
       export PREFECT_API_DATABASE_CONNECTION_URL="${pg/+psycopg/+asyncpg}/prefect"
       store="$pg/mlflow"
       artifacts=(--artifacts-destination "$state/mlartifacts")
-      worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "PRIVZO_LEDGER_URL=$pg/privzo")
+      ledger_url="$pg/privzo"
+      if [ "$auth" = 1 ]; then
+        # the worker charges as privzo_worker, which the ledger's owner (privzo) grants a worker's rights:
+        # it may charge registered datasets, never register one or change a lifetime (flows/ledger.py)
+        role_sql="DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'privzo_worker') THEN
+          CREATE ROLE privzo_worker LOGIN; END IF; END \$\$; ALTER ROLE privzo_worker PASSWORD :'pw';"
+        printf '%s' "$role_sql" | su postgres -c "psql -q -v ON_ERROR_STOP=1 -v pw=$(printf '%q' "$ledger_worker") -d privzo" \
+          >"$state/ledger-roles.log" 2>&1 &&
+        "$bin/privzo" budget grant privzo_worker --ledger "$pg/privzo" >>"$state/ledger-roles.log" 2>&1 ||
+          { echo "local-stack: the ledger's worker role could not be made; see $state/ledger-roles.log" >&2; exit 1; }
+        quoted=$("$bin/python" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$ledger_worker")
+        ledger_url="postgresql+psycopg://privzo_worker:$quoted@127.0.0.1:5432/privzo"
+      fi
+      worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "PRIVZO_LEDGER_URL=$ledger_url")
     else
       store=${PRIVZO_STACK_MLFLOW_STORE:-sqlite:///mlflow.db}
       artifacts=()
@@ -186,6 +204,10 @@ case "${1:-up}" in
     fi
     if [ "$db" = postgres ]; then
       echo "export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port PRIVZO_LEDGER_URL=$pg/privzo"
+      if [ "$auth" = 1 ]; then
+        echo "# the worker charges the ledger as privzo_worker, registered datasets only; as its owner, first:"
+        echo "#   $bin/privzo budget init DATASET --spec SPEC"
+      fi
       echo "# PostgreSQL keeps running after 'down': infra/postgres/test-db.sh stop"
     fi
     echo "# Prefect UI http://127.0.0.1:$prefect_port/   MLflow UI http://127.0.0.1:$mlflow_port/"

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Dict, List, Optional, Tuple, Union, get_args,
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from specs.run import NAME_PATTERN, RunSpec
+from specs.run import NAME_PATTERN, RunSpec, released_dump
 from specs.sections import DATASET_PATTERN
 
 
@@ -275,7 +275,8 @@ def _shown(value: Any, limit: int = 80) -> str:
 
 
 def dump_yaml(spec: RunSpec) -> str:
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    """The spec as YAML, as it is logged (spec.yaml): no URL's password (``released_dump``)."""
+    return yaml.safe_dump(released_dump(spec), sort_keys=False)
 
 
 def json_schema() -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Dict, Optional
 
 from pydantic import Field, model_validator
@@ -184,8 +185,26 @@ class RunSpec(Strict):
         return RunSpec.model_validate(data)
 
 
+_URL_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]+):[^@/\s]*@")
+
+
+def without_passwords(value: Any) -> Any:
+    """``value`` (a dumped spec) with the password of every URL in it shown as ***: a team's ledger or
+    store URL holds its role's password, and a spec is logged where every reader of MLflow sees it."""
+    if isinstance(value, dict):
+        return {k: without_passwords(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_passwords(v) for v in value]
+    return _URL_PASSWORD.sub(r"\1:***@", value) if isinstance(value, str) else value
+
+
+def released_dump(spec: RunSpec) -> Dict[str, Any]:
+    """The spec as it is logged and released (params, spec.yaml): every field, no URL's password."""
+    return without_passwords(spec.model_dump(mode="json"))
+
+
 def flatten(spec: RunSpec) -> Dict[str, str]:
-    """Flattened ``section.key`` -> string view of the spec (MLflow params)."""
+    """Flattened ``section.key`` -> string view of the spec (MLflow params), no URL's password."""
     out: Dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -195,7 +214,7 @@ def flatten(spec: RunSpec) -> Dict[str, str]:
         else:
             out[prefix] = "null" if value is None else str(value)
 
-    walk("", spec.model_dump(mode="json"))
+    walk("", released_dump(spec))
     return out
 
 

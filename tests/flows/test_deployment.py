@@ -98,7 +98,8 @@ def _secrets():
 
     return {"PRIVZO_PREFECT_AUTH_STRING": f"admin:{secrets.token_hex(12)}",
             "PRIVZO_MLFLOW_ADMIN_PASSWORD": secrets.token_hex(12), "PRIVZO_MLFLOW_WORKER_PASSWORD": secrets.token_hex(12),
-            "PRIVZO_MLFLOW_VIEWER_PASSWORD": secrets.token_hex(12), "PRIVZO_RAY_TOKEN": secrets.token_hex(32)}
+            "PRIVZO_MLFLOW_VIEWER_PASSWORD": secrets.token_hex(12), "PRIVZO_RAY_TOKEN": secrets.token_hex(32),
+            "PRIVZO_LEDGER_WORKER_PASSWORD": secrets.token_hex(12)}
 
 
 def test_the_authenticated_stack_refuses_to_start_without_a_secret_naming_it(tmp_path):
@@ -155,6 +156,17 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert _status(ray_jobs) == 401 and _status(ray_jobs, "POST", body={"entrypoint": "id"}) == 401
         assert _status(ray_jobs, bearer="0" * 64) == 403
         assert _status(ray_jobs, bearer=secrets["PRIVZO_RAY_TOKEN"]) == 200
+        # the worker charges the ledger as privzo_worker: registered datasets only, and only the owner registers
+        from flows.ledger import PrivacyLedger
+
+        worker_ledger = PrivacyLedger(f"{PG}/privzo".replace("privzo:privzo@", "privzo_worker:"
+                                                             f"{secrets['PRIVZO_LEDGER_WORKER_PASSWORD']}@"))
+        assert worker_ledger.missing_write_grants() == [] and not worker_ledger.may_register()
+        worker_ledger.engine.dispose()
+        registered = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "init", "sklearn-digits", "--spec",
+                                     str(spec_path), "--ledger", f"{PG}/privzo"],
+                                    capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert registered.returncode == 0 and "sklearn-digits: registered in" in registered.stdout, registered.stderr
         env["PREFECT_API_AUTH_STRING"] = secrets["PRIVZO_PREFECT_AUTH_STRING"]
         deployment_run(env, spec_path)
 
@@ -164,13 +176,13 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         (finished,) = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
         assert finished.info.status == "FINISHED" and finished.info.artifact_uri.startswith("mlflow-artifacts:/")
         assert finished.data.params["tracking.uri"] == server  # the resolved spec says where it went
-        assert finished.data.params["budget.ledger"] == f"{PG}/privzo"
+        # the worker's ledger role, its password never logged (every MLflow reader sees the params)
+        assert finished.data.params["budget.ledger"] == "postgresql+psycopg://privzo_worker:***@127.0.0.1:5432/privzo"
+        assert not any(secret in str(finished.data.params) for secret in secrets.values())
         report = Path(client.download_artifacts(finished.info.run_id, "privacy_report.md", str(tmp_path)))
         assert finished.data.tags["dp.guarantee"] in report.read_text()
         (version,) = client.search_model_versions("name='digits-retrain'")
         assert version.run_id == finished.info.run_id and version.tags["dp.epsilon"] == finished.data.tags["dp.epsilon"]
-
-        from flows.ledger import PrivacyLedger
 
         (charge,) = PrivacyLedger(f"{PG}/privzo").history("sklearn-digits")
         assert charge.status == "committed" and charge.run_id == finished.info.run_id
@@ -224,6 +236,11 @@ def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
     assert "viewer" in services["mlflow"]["environment"]["PRIVZO_MLFLOW_READ_ONLY_USERS"]
     assert worker["PREFECT_API_URL"] == "http://prefect-server:4200/api" and worker[TRACKING_URI_ENV] == "http://mlflow:5000"
     assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://") and worker[LEDGER_URL_ENV].endswith("@postgres:5432/privzo")
+    # the worker charges as the ledger's worker role, which the owner grants before the worker starts
+    assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://privzo_worker:${PRIVZO_LEDGER_WORKER_PASSWORD:?")
+    assert services["ledger-grants"]["command"] == ["privzo", "budget", "grant", "privzo_worker"]
+    assert services["worker"]["depends_on"]["ledger-grants"] == {"condition": "service_completed_successfully"}
+    assert "CREATE ROLE privzo_worker LOGIN PASSWORD :'pw'" in (COMPOSE / "postgres-roles.sh").read_text()
     prefect_db = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
     assert prefect_db.startswith("postgresql+asyncpg://") and prefect_db.endswith("@postgres:5432/prefect")
     mlflow_cmd = services["mlflow"]["command"]

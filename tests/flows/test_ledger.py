@@ -410,3 +410,94 @@ def test_a_caller_the_ledger_does_not_sign_in_is_refused_before_any_row_is_read(
             _private_train(None, spec, False, None)
     finally:
         as_postgres(f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
+@pytest.mark.e2e
+def test_only_the_ledgers_owner_registers_a_lifetime_and_a_worker_only_charges_registered_datasets(
+        postgres_url, tmp_path, capsys):
+    """A dataset's lifetime is the ledger owner's to set (privzo budget init); a worker role (privzo budget
+    grant) charges registered datasets, is refused before any row is read on one nobody registered, and can
+    neither register, change a lifetime, give a block other terms, nor delete a charge; a viewer reads."""
+    import subprocess
+
+    import sqlalchemy as sa
+
+    from flows.cli import main
+    from flows.ledger import DatasetNotRegistered, DatasetTerms, LedgerUnavailable, ledger_for_spending
+    from flows.private_train import _private_train
+
+    schema = postgres_url.split("search_path%3D")[1]
+    worker, viewer = f"worker_{schema}", f"viewer_{schema}"
+
+    def as_postgres(*sql):  # roles are made by the server's superuser (the fixture's script ran as root)
+        subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
+                       check=True, capture_output=True, timeout=60)
+
+    owner_url = postgres_url
+    worker_url = postgres_url.replace("privzo:privzo@", f"{worker}:worker-password@")
+    viewer_url = postgres_url.replace("privzo:privzo@", f"{viewer}:viewer-password@")
+    as_postgres(f"CREATE ROLE {worker} LOGIN PASSWORD 'worker-password'",
+                f"CREATE ROLE {viewer} LOGIN PASSWORD 'viewer-password'")
+    try:
+        assert main(["budget", "init", "clinic", "--lifetime-epsilon", "10", "--delta", str(DELTA),
+                     "--ledger", owner_url]) == 0
+        assert "clinic: registered in" in capsys.readouterr().out
+        assert main(["budget", "grant", worker, "--ledger", owner_url]) == 0
+        assert main(["budget", "grant", viewer, "--read-only", "--ledger", owner_url]) == 0
+        capsys.readouterr()
+
+        # the worker charges the registered dataset, on blocks it adds with the dataset's terms
+        ledger = ledger_for_spending(worker_url, DatasetTerms("clinic", 10.0, DELTA, "rdp", "add_remove"))
+        from flows.ledger import BlockTerms
+
+        charge = ledger.reserve(dataset="clinic", fingerprint="f" * 64, run_name="night", planned=run_event(),
+                                steps=200, lifetime_epsilon=10.0, delta=DELTA, accountant="rdp",
+                                neighboring="add_remove", private_rows=["a" * 64],
+                                blocks=[BlockTerms("2026-11-26", 10.0, DELTA, 10)])
+        ledger.commit(charge, run_event(), 200, run_id="r1")
+        assert ledger.status(charge) == COMMITTED
+
+        # ... and is refused, before any row is read, on a dataset nobody registered (its file does not exist)
+        with pytest.raises(DatasetNotRegistered, match=r"^budget.dataset: 'other' is not registered in the ledger "
+                                                       rf"postgresql\+psycopg://{worker}:\*\*\*@.*privzo budget init"):
+            ledger_for_spending(worker_url, DatasetTerms("other", 3.0, DELTA, "rdp", "add_remove"))
+        spec = {"name": "other", "seed": 0,
+                "data": {"source": {"kind": "file", "path": str(tmp_path / "absent.csv"), "label": "y",
+                                    "classes": [0, 1]}, "split": {"kind": "hashed", "public": 0.1, "test": 0.2},
+                         "declared_private_rows": 100},
+                "model": {"kind": "linear"}, "estimator": {"kind": "two_point"},
+                "mechanism": {"kind": "gaussian", "clip": 1.0}, "privacy": {"epsilon": 1.0, "delta": DELTA},
+                "sampling": {"kind": "poisson", "expected_batch_size": 10},
+                "optimizer": {"kind": "sgd", "lr": 0.1, "steps": 5},
+                "budget": {"dataset": "other", "lifetime_epsilon": 2.0, "ledger": worker_url}}
+        with pytest.raises(DatasetNotRegistered, match="nothing was read or charged$"):
+            _private_train(None, spec, False, None)
+        assert main(["budget", "init", "other", "--lifetime-epsilon", "9", "--delta", str(DELTA),
+                     "--ledger", worker_url]) == 2
+        assert "this role may not register datasets" in capsys.readouterr().err
+        assert main(["budget", "grant", viewer, "--ledger", worker_url]) == 2
+        assert "only the ledger's owner" in capsys.readouterr().err
+
+        # what privzo never asks of a worker, the database refuses it too
+        engine = sa.create_engine(worker_url)
+        refused = {
+            "UPDATE privzo_datasets SET lifetime_epsilon = 100": "permission denied",
+            "INSERT INTO privzo_datasets VALUES ('mine', 100, 0.5, 'rdp', 'add_remove')": "permission denied",
+            "UPDATE privzo_blocks SET lifetime_epsilon = 100": "permission denied",
+            "DELETE FROM privzo_charges": "permission denied",
+            "DELETE FROM privzo_private_rows": "permission denied",
+            "INSERT INTO privzo_blocks VALUES ('clinic', '2026-11-27', 100, 1e-5, 10, '{}', 0, now())":
+                "violates foreign key constraint",
+        }
+        for statement, reason in refused.items():
+            with pytest.raises(sa.exc.DBAPIError, match=reason), engine.begin() as conn:
+                conn.execute(sa.text(statement))
+        engine.dispose()
+
+        # the viewer reads the budget and may not spend it
+        assert main(["budget", "show", "clinic", "--ledger", viewer_url]) == 0
+        assert "clinic: epsilon" in capsys.readouterr().out
+        with pytest.raises(LedgerUnavailable, match=r"this role may not write privzo_blocks"):
+            ledger_for_spending(viewer_url)
+    finally:
+        as_postgres(f"DROP OWNED BY {worker}", f"DROP ROLE {worker}", f"DROP OWNED BY {viewer}", f"DROP ROLE {viewer}")
