@@ -155,8 +155,8 @@ def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path
 
 @pytest.mark.parametrize("ledger, code, stream, message", [
     (None, 0, "out", "patients: nothing spent yet: no run has been charged to sqlite:///{home}/.privzo/privacy-ledger.db "
-     "yet (no file {home}/.privzo/privacy-ledger.db). Its lifetime budget is the budget.lifetime_epsilon of the first "
-     "run charged to it"),
+     "yet (no file {home}/.privzo/privacy-ledger.db). Its lifetime budget is what its owner registers (privzo budget "
+     "init), else the budget.lifetime_epsilon of the first run charged to it"),
     ("sqlite:///missing/l.db", 0, "out", "patients: nothing spent yet: no run has been charged to sqlite:///missing/l.db"),
     ("notaurl", 2, "err", "privzo: error: --ledger: 'notaurl' is not a database URL"),
 ])
