@@ -43,6 +43,29 @@ class DataUnreadable(RuntimeError):
     """A worker's node cannot read the spec's data source."""
 
 
+class ModelChanged(RuntimeError):
+    """A worker built other weights than the driver from the same spec (another model folder or package on
+    its node): its forward passes would compute another function than the one the driver trains."""
+
+
+def frozen_digests(model: torch.nn.Module, trainable) -> Dict[str, str]:
+    """name -> digest of the bytes, dtype and shape of every parameter and buffer outside ``trainable``: what
+    a replica builds from the spec alone and the driver never pushes (a pretrained model's frozen weights).
+    The trainable ones are pushed by the driver when a worker starts, so they need not agree here."""
+    import hashlib
+
+    pushed = {id(p) for p in trainable}
+    out: Dict[str, str] = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if id(tensor) in pushed:
+            continue
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        h = hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        h.update(flat.view(torch.uint8).numpy().tobytes())
+        out[name] = h.hexdigest()[:32]
+    return out
+
+
 class PlacementError(RuntimeError):
     """The cluster cannot place the workers the spec asks for."""
 
@@ -75,16 +98,19 @@ class ReplicaWorker:
     def __init__(self, assemble, spec: Dict[str, Any]):
         self.node = ray.util.get_node_ip_address()
         self.error: Optional[str] = None
+        self.weights: Dict[str, str] = {}
         try:
             self.rows_digest, self.backend = assemble(spec)
+            self.weights = frozen_digests(self.backend.model, self.backend.directions.params)
         except Exception as err:  # told to the driver, in one line, by identify()
             self.rows_digest, self.backend, self.error = None, None, first_line(err)
         self._scope: Optional[contextlib.ExitStack] = None
         self._seeds: tuple = ()
 
     def identify(self) -> tuple:
-        """(node address, ordered digest of the rows this replica loaded, why it could not load them)."""
-        return self.node, self.rows_digest, self.error
+        """(node address, ordered digest of the rows this replica loaded, why it could not load them, the
+        digests of the weights it built and the driver does not push)."""
+        return self.node, self.rows_digest, self.error, self.weights
 
     def _enter(self, seeds) -> None:
         seeds = tuple(seeds)
@@ -232,6 +258,7 @@ class RayBackend:
         self.model = local.model
         self._spec = spec
         self._assemble = assemble
+        self._weights: Optional[Dict[str, str]] = None  # the driver's frozen weights, digested once
         self._address = address
         self._gpus = gpus_per_worker
         self._cpus = cpus_per_worker
@@ -290,7 +317,7 @@ class RayBackend:
             worker = ReplicaWorker.options(num_cpus=self._cpus, num_gpus=self._gpus,
                                            scheduling_strategy=strategy).remote(self._assemble, self._spec)
             try:
-                node, digest, error = ray.get(worker.identify.remote(), timeout=PLACEMENT_TIMEOUT_S)
+                node, digest, error, weights = ray.get(worker.identify.remote(), timeout=PLACEMENT_TIMEOUT_S)
                 break
             except ray.exceptions.GetTimeoutError:
                 ray.kill(worker)
@@ -312,6 +339,15 @@ class RayBackend:
             raise DataChanged(f"data.source: a Ray worker loaded different private or public rows than the driver "
                               f"(on node {node}: the data changed after the run started, or that node holds "
                               "another copy); every node must read the same rows")
+        if self._weights is None:
+            self._weights = frozen_digests(self.model, self.directions.params)
+        differ = [name for name, value in self._weights.items() if weights.get(name) != value]
+        differ += [name for name in weights if name not in self._weights]
+        if differ:
+            ray.kill(worker)
+            raise ModelChanged(f"model: the Ray worker on node {node} built other weights than the driver from the "
+                               f"same spec ({len(differ)} tensors differ, first {differ[0]}); every node must read the "
+                               "same model folder or the same version of its package")
         ray.get(worker.load_parameters.remote([p.detach().cpu() for p in self.directions.params],
                                               self.optimizer.state_dict()))
         return worker

@@ -220,3 +220,27 @@ def test_workers_read_an_image_folder_and_refuse_one_that_changed(ray_cluster, t
         Image.new("L", (8, 8), shade).save(tmp_path / "digits" / "seven" / f"late-{shade}.png")
     with pytest.raises(DataChanged):
         _start_workers(resolved, data)
+
+
+def replica_of_another_model(spec_dict: dict) -> tuple:
+    """A worker whose node holds another copy of the pretrained model: one frozen weight differs."""
+    digest, backend = builders.build_replica(spec_dict)
+    with torch.no_grad():
+        backend.model.encoder.embeddings.word_embeddings.weight[0, 0] += 1.0
+    return digest, backend
+
+
+def test_a_worker_that_builds_other_frozen_weights_is_refused(ray_cluster, tiny_spec_dict, monkeypatch):
+    """The driver pushes only the trainable parameters; the frozen encoder each worker loads itself. A worker
+    whose copy differs would train another function, so it is refused before any query, naming a tensor."""
+    from components.runtime.ray_backend import ModelChanged
+
+    tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot", "max_length": 16}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "head"}
+    tiny_spec_dict["sampling"]["expected_batch_size"] = 16
+    spec, data, resolved = _driver_read(tiny_spec_dict)
+    monkeypatch.setattr(builders, "build_replica", replica_of_another_model)
+    with pytest.raises(ModelChanged, match=r"^model: the Ray worker on node .* built other weights than the driver "
+                                           r"from the same spec \(1 tensors differ, first "
+                                           r"encoder.embeddings.word_embeddings.weight\); every node must read"):
+        _start_workers(resolved, data)
