@@ -19,11 +19,26 @@ each process's data is also capped at that budget, so that an estimate that was 
 allocation error (the batch is then halved again) instead of the machine running out of memory.
 
     python bench/memory.py [--model transformer|mlp] [--device cpu|cuda] [--methods dpzero dp_sgd ...]
+
+``--model decoder`` measures the memory planner (components/memory.py) instead: a Llama decoder built from its
+config with random weights (memory does not depend on the weights' values), read by label words, in fp32 and
+bf16; inference, DPZero in regenerate and cache mode, and DP-SGD, each in a fresh process. The measure is the
+peak of torch's own CPU allocations (torch.profiler with profile_memory: every allocation and free with the
+running total), from just before the first step to the end: bytes, not pages, so neither the interpreter and
+its libraries (a few hundred MiB of RSS) nor the allocator's caching blur a difference the size of one module.
+tracemalloc sees none of it (torch allocates outside Python's allocator), and ru_maxrss counts what was
+imported, the malloc arenas' retained pages and here the profiler's own event buffers (hundreds of MiB for
+regenerate mode's per-chunk ops): not printed. Each measurement is printed next to the planner's estimate of
+the same step (weights, the step, the rows; no checkpoint or optimizer state) and their ratio.
+
+    python bench/memory.py --model decoder [--quick] [--config JSON|config.json] [--precisions fp32 bf16]
+                           [--task label_words|completion] [--batch 8] [--length 64]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -147,16 +162,179 @@ def out_of_memory(stderr: str) -> bool:
     return any(s in stderr for s in ("can't allocate memory", "out of memory", "MemoryError"))
 
 
+# a Llama decoder whose weights dominate the process: 8 layers of hidden 768, a 32,000-token vocabulary
+DECODER = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
+               num_key_value_heads=12, vocab_size=32000, max_position_embeddings=512)
+QUICK = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=4, vocab_size=4000, max_position_embeddings=128)
+DECODER_CASES = ("inference", "regenerate", "cache", "dp_sgd")
+PLANNED_AS = {"inference": "inference", "regenerate": "two_point", "cache": "two_point", "dp_sgd": "first_order"}
+MARKER = 7_777_777  # bytes of a tensor allocated and freed where the measured window starts: found in the trace
+
+
+def decoder_config(text: str, quick: bool):
+    """A JSON object of LlamaConfig fields over the bench's decoder, or a path to a config.json (a folder or
+    the file) of any causal architecture privzo reads."""
+    from transformers import AutoConfig, LlamaConfig
+
+    path = Path(text) if text else None
+    if path is not None and path.exists():
+        return AutoConfig.from_pretrained(str(path.parent if path.is_file() else path))
+    return LlamaConfig(**{**(QUICK if quick else DECODER), **(json.loads(text) if text else {})})
+
+
+def planned_decoder(case: str, config, precision: str, batch: int, length: int, task: str = "label_words"):
+    """The planner's estimate of the step ``case`` runs: weights, the step's extra and the rows (no checkpoint,
+    no optimizer state: the bench keeps neither)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from components import memory
+    from components.models.lm import freeze_lm_
+
+    element = memory.PRECISION_BYTES[precision]
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    freeze_lm_(lm, "all", "bench")
+    sizes = memory.module_sizes(lm, element, lm_config=config)
+    rows = batch * 3 * length * 8 + batch * 8  # int64 [b, 3, L] and the labels
+    settings = memory.Settings(PLANNED_AS[case], batch, length, cache=case == "cache", rows_bytes=rows,
+                               checkpoint=False, completion=task == "completion")
+    return memory.estimate(sizes, settings).step + rows
+
+
+def measure_decoder(case: str, config, precision: str, batch: int, length: int, task: str = "label_words") -> dict:
+    """Peak bytes of torch's CPU allocations over two steps of ``case`` (one for DP-SGD), model included."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    import bench.step_cost as sc
+    from components import models
+    from components.accountants import Accountant, PrivacyTracker
+    from components.estimators import Directions, FirstOrderEstimator, TwoPointEstimator
+    from components.mechanisms import GaussianMechanism
+    from components.models.lm import CompletionScorer, LabelWordClassifier, freeze_lm_
+    from components.optimizers import Sgd
+    from components.randomness import private_generator
+    from components.runtime import LocalBackend, PrivateLoop
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            lm = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        freeze_lm_(lm, "all", "bench")
+        model = (CompletionScorer(lm, True, "lm_head") if task == "completion"
+                 else LabelWordClassifier(lm, True, "lm_head", [5, 6]))
+        g = torch.Generator().manual_seed(0)
+        x = torch.stack([torch.randint(10, config.vocab_size, (batch, length), generator=g),
+                         torch.ones(batch, length, dtype=torch.long), torch.zeros(batch, length, dtype=torch.long)], 1)
+        # label words: each row reads its last position; a completion: its last quarter is scored (never the
+        # last position, which predicts nothing)
+        x[:, 2, -1 if task == "label_words" else slice(-length // 4 - 1, -1)] = 1
+        y = torch.randint(0, 2, (batch,), generator=g)
+        params = models.trainable_parameters(model)
+        marker = torch.empty(MARKER, dtype=torch.uint8)  # the window starts at its allocation
+        del marker
+        if case == "inference":
+            for _ in range(2):
+                with torch.inference_mode():
+                    models.per_example_loss(model, x, y)
+        else:
+            d = Directions(params, "gaussian")
+            estimator = FirstOrderEstimator() if case == "dp_sgd" else TwoPointEstimator(1, 1e-3)
+            backend = LocalBackend(model, d, Sgd(d, lr=1e-6), x, y, cache_directions=case == "cache")
+            mech = GaussianMechanism(1.0, 1.0, estimator.queries_per_step, "add_remove", private_generator())
+            loop = PrivateLoop(backend, sc.FixedBatch(batch), estimator, mech,
+                               PrivacyTracker(Accountant("rdp"), mech.step_event(), 1e-5), seed=0)
+            loop.run(1 if case == "dp_sgd" else 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        with open(f"{tmp}/trace.json") as f:
+            trace = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+    events = [e["args"] for e in sorted(trace, key=lambda e: e["ts"])]  # a stable sort: ties keep their order
+    freed = next(i for i, a in enumerate(events) if a["Bytes"] == -MARKER)  # the window: after the marker
+    peak = max(a["Total Allocated"] for a in events[freed:])
+    return {"peak": peak, "params": sum(p.numel() for p in params)}
+
+
+def decoder_main(args) -> None:
+    config = decoder_config(args.config, args.quick)
+    batch, length = args.batch or (4 if args.quick else 8), args.length or (32 if args.quick else 64)
+    if args.child:
+        print(json.dumps(measure_decoder(args.child, config, args.precision, batch, length, args.task)))
+        return
+    results = []
+    for precision in args.precisions:
+        for case in args.cases:
+            out = subprocess.run([sys.executable, __file__, "--model", "decoder", "--child", case, "--precision",
+                                  precision, "--config", args.config, "--batch", str(batch), "--length", str(length),
+                                  "--task", args.task]
+                                 + (["--quick"] if args.quick else []), capture_output=True, text=True)
+            if out.returncode != 0:
+                last = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+                sys.exit(f"bench/memory.py: decoder {case} {precision} failed: {last}")
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            r.update(case=case, precision=precision,
+                     planned=planned_decoder(case, config, precision, batch, length, args.task))
+            results.append(r)
+    print(f"# peak of torch's CPU allocations (torch.profiler, profile_memory), {os.cpu_count()} CPU cores; "
+          f"{config.model_type} decoder: hidden {config.hidden_size}, {config.num_hidden_layers} layers, MLP "
+          f"{config.intermediate_size}, vocabulary {config.vocab_size}, {results[0]['params']:,} parameters, all "
+          f"trainable; batch {batch} x {length} tokens, {args.task.replace('_', ' ')}")
+    print(f"{'case':11} {'precision':9} {'measured MiB':>12} {'planned MiB':>11} {'planned/meas.':>13} "
+          f"{'/ inference':>11}")
+    base = {r["precision"]: r["peak"] for r in results if r["case"] == "inference"}
+    for r in results:
+        versus = f"{r['peak'] / base[r['precision']]:11.3f}" if r["precision"] in base else f"{'-':>11}"
+        print(f"{r['case']:11} {r['precision']:9} {r['peak'] / MIB:12.1f} {r['planned'] / MIB:11.1f} "
+              f"{r['planned'] / r['peak']:13.3f} {versus}")
+    if not args.quick:
+        print("\n".join(planned_large()))
+
+
+# Llama-2-7B's shape, planned from its config alone: what the planner says where no CPU run could measure it
+LARGE = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+             num_key_value_heads=32, vocab_size=32000)
+
+
+def planned_large(batch: int = 16, length: int = 128) -> list:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**LARGE)
+    cells = [(precision, case, planned_decoder(case, config, precision, batch, length))
+             for precision in ("fp32", "bf16") for case in DECODER_CASES]
+    base = {precision: bytes_ for precision, case, bytes_ in cells if case == "inference"}
+    return [f"# planned only, Llama-2-7B's shape (no weights), batch {batch} x {length}: "
+            + "; ".join(f"{precision} {case} {bytes_ / 2**30:.1f} GiB ({bytes_ / base[precision]:.2f}x)"
+                        for precision, case, bytes_ in cells)]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="transformer", choices=["transformer", "mlp"])
+    parser.add_argument("--model", default="transformer", choices=["transformer", "mlp", "decoder"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
                         help="inference, the baseline, always runs")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="decoder: a hidden-128, 2-layer decoder, batch 4 x 32")
+    parser.add_argument("--config", default="", help="decoder: a JSON object of LlamaConfig fields, or a "
+                        "config.json path")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--cases", nargs="+", default=list(DECODER_CASES), choices=DECODER_CASES)
+    parser.add_argument("--task", default="label_words", choices=["label_words", "completion"],
+                        help="decoder: classification by label words, or a completion's loss (logits at every token)")
+    parser.add_argument("--length", type=int, default=0, help="decoder: tokens per row (default 64; --quick 32)")
+    parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.model == "decoder":
+        decoder_main(args)
+        return
     if args.child:
         if args.limit and args.device == "cpu":
             # anonymous memory past the budget fails to allocate instead of pushing the machine out of memory

@@ -10,6 +10,7 @@ import torch
 
 from components import models
 from components.data import SplitData
+from components.data.prompts import prompt_of
 from components.data.table import Table
 from components.estimators import Directions
 from components.estimators.public import PublicOracle, warm_start
@@ -36,17 +37,19 @@ def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = N
     for checks that train nothing and release nothing (privzo validate and calibrate, a run's preflight:
     N is declared, and the rows give only their shape and classes)."""
     split = spec.data.split
-    # a file's text column is tokenised by the model's own tokenizer unless the source names one
-    model_tokenizer = spec.model.weights if spec.model.kind == "hf" else None
+    # a file's text column is tokenised by the model's own tokenizer unless the source names one, and a
+    # language model's rows are its prompt filled with each text
+    model_tokenizer = spec.model.weights if MODEL_TRAITS[spec.model.kind].reads == "tokens" else None
+    prompt = prompt_of(spec.model)
     table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None,
-                          spec.data.blocks)
+                          spec.data.blocks, prompt)
     if spec.data.blocks is not None and not every_block:
         if select is None:
             raise ValueError("data.blocks: a run on blocks reads the rows of its window, which the private-train "
                              "flow chooses and charges; run it with privzo run or a deployment (sweeps and audits "
                              "do not read blocks)")
         table = table.take(np.asarray(select(table), dtype=np.int64))
-    return SPLITS[split.kind](spec, table, scale, lambda source: _table(source, model_tokenizer))
+    return SPLITS[split.kind](spec, table, scale, lambda source: _table(source, model_tokenizer, prompt=prompt))
 
 
 def _no_public_rows(spec: RunSpec) -> str:
@@ -58,12 +61,11 @@ def _no_public_rows(spec: RunSpec) -> str:
     return "the split gave none; set data.split.public > 0"
 
 
-def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None, blocks=None):
+def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None, blocks=None, prompt=None):
     """The source's rows and how to scale them; ``blocks`` (data.blocks, file sources only) adds their
-    arrival and person columns."""
-    if blocks is not None:
-        return SOURCES[source.kind](source, model_tokenizer, public_flag, blocks=blocks)
-    return SOURCES[source.kind](source, model_tokenizer, public_flag)
+    arrival and person columns; ``prompt`` (a language model's; text sources only) fills its template."""
+    extra = {k: v for k, v in (("blocks", blocks), ("prompt", prompt)) if v is not None}
+    return SOURCES[source.kind](source, model_tokenizer, public_flag, **extra)
 
 
 def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
@@ -79,6 +81,11 @@ def check_model(spec: RunSpec, n_features: int, n_classes: int, memory_bytes: in
         from components import pretrained
 
         pretrained.model_path(spec.model.weights)
+        if prompt_of(spec.model) is not None:  # a language model: its architecture, adapters and label words
+            from components.models.lm import check_language_model
+
+            check_language_model(spec.model, n_classes)
+            return
         if spec.model.lora is not None:
             lora = spec.model.lora
             models.check_adapter_targets(pretrained.encoder_skeleton(spec.model.weights), lora.targets, lora.rank)

@@ -84,3 +84,72 @@ def encoder_skeleton(name: str):
         model = AutoModel.from_config(config)
     model.pooler = None  # as encoder() leaves it
     return model
+
+
+# The language-model architectures privzo reads, by their config's model_type: (objective, the attribute
+# holding the LM head). The head is applied to the hidden state of the positions a row reads only (one for
+# label words, not the whole sequence), which is the model's own function for these architectures: their
+# *ForCausalLM / *ForMaskedLM forward is base model -> head, with no logit scaling or soft-capping after it.
+LANGUAGE_MODELS: Dict[str, tuple] = {
+    "llama": ("causal", "lm_head"),
+    "mistral": ("causal", "lm_head"),
+    "qwen2": ("causal", "lm_head"),
+    "gpt2": ("causal", "lm_head"),
+    "opt": ("causal", "lm_head"),
+    "bert": ("masked", "cls"),
+    "roberta": ("masked", "lm_head"),
+}
+_KIND_OF = {"causal": "causal_lm", "masked": "masked_lm"}
+
+
+def language_model_type(path: str, objective: str) -> str:
+    """The folder's model_type, checked against the closed table and against ``objective`` (causal or
+    masked), from its config alone (nothing else read)."""
+    from transformers import AutoConfig
+
+    missing = package_missing("hf", "model.kind")
+    if missing:
+        raise ValueError(missing)
+    config = AutoConfig.from_pretrained(model_path(path), local_files_only=True)
+    model_type = config.model_type
+    known = [t for t, (o, _) in LANGUAGE_MODELS.items() if o == objective]
+    if model_type not in LANGUAGE_MODELS:
+        raise ValueError(f"model.path: {path} holds a {model_type!r} model; model.kind {_KIND_OF[objective]} reads "
+                         f"{', '.join(known)}")
+    found = LANGUAGE_MODELS[model_type][0]
+    if found != objective:
+        raise ValueError(f"model.kind: {_KIND_OF[objective]}, but {path} holds a {model_type!r} model, a {found} LM; "
+                         f"use model.kind: {_KIND_OF[found]}")
+    return model_type
+
+
+def language_model(path: str, objective: str, dtype_name: str = "float32"):
+    """The folder's language model with its LM head, in ``dtype_name`` (float32, bfloat16 or float16), in eval
+    mode (no dropout: both forward passes of a finite difference must see one function). Every weight comes
+    from the folder: a missing one would be drawn from torch's global RNG and differ between replicas, so it
+    is an error, as in ``encoder``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    language_model_type(path, objective)
+    loader = AutoModelForCausalLM if objective == "causal" else AutoModelForMaskedLM
+    with torch.random.fork_rng(devices=[]):  # the global RNG is never advanced, whatever the loader draws
+        model, info = loader.from_pretrained(model_path(path), local_files_only=True, dtype=getattr(torch, dtype_name),
+                                             output_loading_info=True)
+    missing = [str(k) for k in (*info["missing_keys"], *info["mismatched_keys"])]
+    if missing:
+        raise RuntimeError(f"model.path: {path}: {len(missing)} weights missing (first: {sorted(missing)[0]}); save "
+                           "the whole model there (save_pretrained of its *ForCausalLM or *ForMaskedLM class)")
+    return model.eval()
+
+
+def language_model_skeleton(path: str, objective: str):
+    """The language model's modules on the meta device, from its config alone (no weights read): enough to
+    check layer names before a run starts."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    language_model_type(path, objective)
+    config = AutoConfig.from_pretrained(model_path(path), local_files_only=True)
+    with torch.device("meta"):
+        return (AutoModelForCausalLM if objective == "causal" else AutoModelForMaskedLM).from_config(config)

@@ -30,10 +30,13 @@ RESERVATION = "reservation.json"
 
 def spec_digest(spec) -> str:
     """What must not change between a run and its resumption: the resolved spec except checkpoint and
-    tracking cadence (both only say where and how often to write) and direction prefetching (the same
-    values, drawn earlier)."""
-    body = spec.model_dump(mode="json", exclude={"checkpoint": True, "tracking": {"log_every"},
-                                                 "execution": {"prefetch_directions"}})
+    tracking cadence (both only say where and how often to write), how the model is registered, direction
+    prefetching (the same values, drawn earlier) and the passwords in its URLs (a role's password may be
+    rotated between a crash and its resumption)."""
+    from specs.run import without_passwords
+
+    body = without_passwords(spec.model_dump(mode="json", exclude={
+        "checkpoint": True, "tracking": {"log_every", "register_as"}, "execution": {"prefetch_directions"}}))
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -59,6 +59,8 @@ def cmd_validate(args) -> int:
     problems += missing_packages(spec)
     if problems:
         raise specs.SpecError("; ".join(problems))
+    from components import memory  # a model sized by its config is planned here; torch only for such a model
+    memory.check_fits(spec)
     if spec.privacy is None:
         privacy = "NOT private (mechanism none)"
     elif spec.privacy.insecure_deterministic:
@@ -86,8 +88,11 @@ def cmd_calibrate(args) -> int:
     dimension = builders.model_dimension(resolved, data.n_features, data.n_classes) if family.needs_dimension else None
     for line in family.describe_plan(resolved, n, dimension):  # what the family's preset derived
         print(line)
+    from components import memory
+    memory_lines = memory.check_data(resolved, data)  # peak memory against the device's, refused when over
     if resolved.privacy is None:
         print(f"mechanism none: no noise, not private ({resolved.optimizer.steps} steps)")
+        print("\n".join(memory_lines))
         return 0
     sigma = float(resolved.mechanism.noise_multiplier)
     nominal = "" if resolved.private else "  NOT private: nominal only"
@@ -104,6 +109,7 @@ def cmd_calibrate(args) -> int:
     if resolved.privacy.accountant == "zcdp":
         rho = builders.accountant(resolved).rho(builders.planned_event(resolved, n, sigma))
         print(f"zCDP rho:                 {rho:.6g}{nominal}")
+    print("\n".join(memory_lines))
     return 0
 
 
@@ -118,6 +124,8 @@ def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
     builders.plan(spec, data)
     builders.check_model(spec, data.n_features, data.n_classes,
                          os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    from components import memory
+    memory.check_data(spec, data)  # the plan's peak against the device's memory
     resume_store(spec.checkpoint.dir, spec.name, resume)
 
 

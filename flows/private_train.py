@@ -56,6 +56,8 @@ from flows.ledger import (BudgetExceeded, DatasetTerms, LedgerUnavailable, RowsE
                           ledger_for_spending)
 from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
 from flows.session import RunSession
+from flows.transcript import (REGISTER_TAG, Transcript, load_weights, log_transcript_model, replays_to, transcript_of,
+                              weights_bytes)
 from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
                             experiment_url, released_fingerprint, run_name, run_url, tool, training_experiment,
                             ui_command, version_url)
@@ -430,7 +432,8 @@ def initial_weights(spec: specs.RunSpec, built: builders.Built, source: Optional
     """Load the registered version found by ``registered_source`` into the model (and its replicas)."""
     if source is None:
         return {"privzo.init": "seed" if spec.optimizer.init == "seed" else "seed (no registered version yet)"}
-    model = mlflow.pytorch.load_model(source["privzo.init"], map_location="cpu")
+    # a transcript version is replayed, a weights version loaded as logged
+    model = load_weights(source["privzo.init"], tracking_uri=spec.tracking.uri)
     builders.load_weights(built, model.state_dict())
     get_run_logger().info("initialised from %s", source["privzo.init"])
     return source
@@ -513,22 +516,39 @@ def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: st
 
 @task(name="register-model", cache_policy=NO_CACHE)
 def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_shape: Tuple[int, ...], row_dtype: str,
-                   name: str, tags: Dict[str, str], description: str = "") -> str:
+                   name: str, tags: Dict[str, str], description: str = "",
+                   transcript: Optional[Transcript] = None) -> str:
     """``row_shape``/``row_dtype``: of one input row (float features, or token ids and mask for text).
     ``tags`` lead with the model's guarantee (dp.epsilon, dp.guarantee: every run that trained it), the
-    run's own spend beside it (dp.run_*); ``description`` is the version's, headed by the same."""
+    run's own spend beside it (dp.run_*); ``description`` is the version's, headed by the same.
+    ``transcript``: register it (an MLflow pyfunc that rebuilds the weights by replay) in place of the weights."""
     mlflow.set_tracking_uri(tracking_uri)
+    # all-zero rows: the exported graph needs an example input, and no real row may be logged
+    example = np.zeros((2, *row_shape), dtype=row_dtype)  # 2 rows: batch size stays dynamic
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.pytorch.log_model(
-            model.cpu(), name="model", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-            # all-zero rows: the exported graph needs an example input, and no real row may be logged
-            input_example=np.zeros((2, *row_shape), dtype=row_dtype),  # 2 rows: batch size stays dynamic
-            registered_model_name=name)
+        if transcript is None:
+            info = mlflow.pytorch.log_model(
+                model.cpu(), name="model", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                input_example=example, registered_model_name=name)
+        else:  # the signature from the trained model's output, so logging replays nothing
+            was_training = model.training
+            with torch.no_grad():
+                output = model.eval()(torch.from_numpy(example).to(next(model.parameters()).device)).cpu().numpy()
+            model.train(was_training)
+            info = log_transcript_model(transcript, example, output, name)
     client = mlflow.MlflowClient(tracking_uri)
     version = str(info.registered_model_version)
-    for key, value in tags.items():  # registered models carry the DP tags
+    sizes = {}
+    if transcript is not None:  # what it weighs against the weights it stands for
+        sizes = {REGISTER_TAG: "transcript", "privzo.transcript_bytes": str(len(transcript.to_json().encode())),
+                 "privzo.weights_bytes": str(weights_bytes(model))}
+    for key, value in {**tags, **sizes}.items():  # registered models carry the DP tags
         client.set_model_version_tag(name, version, key, value)
     if description:  # with the command that checks it against the ledger and the run (flows/verify.py)
+        if transcript is not None:
+            description += "\n\n" + reporting.transcript_paragraph(
+                name, version, len(transcript.journal), transcript.start, int(sizes["privzo.transcript_bytes"]),
+                int(sizes["privzo.weights_bytes"]), transcript.directions_stream)
         description = f"{description}\n\n{reporting.verify_hint(name, version, tracking_uri)}"
         client.update_model_version(name, version, description=description)
         client.update_registered_model(name, description=reporting.registered_model_description(
@@ -558,6 +578,8 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                    resume: Optional[str], as_of: Optional[str] = None) -> Dict[str, Any]:
     with _checking_input():
         run_spec = _load(spec_path, spec)
+        from components.memory import check_fits
+        check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
         if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row
             ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
         # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
@@ -731,8 +753,10 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
     if init_tags:  # a new run (a resumed one's checkpoint holds its initial and warm-started weights)
         mlflow.MlflowClient(uri).log_batch(run_id, tags=[RunTag(k, v) for k, v in init_tags.items()])
         warm_steps = public_warm_start(resolved, built)
-        if warm_steps:
-            log_metrics(uri, run_id, {"public/warm_start_steps": warm_steps, **evaluate(built, data)}, 0)
+        # the model before any private step, on the test and public rows only: a baseline for every curve, and
+        # a pretrained language model's zero-shot score
+        start = {"public/warm_start_steps": warm_steps} if warm_steps else {}
+        log_metrics(uri, run_id, {**start, **evaluate(built, data)}, 0)
         checkpointer.save(built.loop)  # step 0: binds this key to the reservation before any private query
 
     bar = None
@@ -855,17 +879,28 @@ def _log_spent(plan: Plan, data: SplitData, built: builders.Built, run_id: str, 
 
 
 def _register(plan: Plan, data: SplitData, built: builders.Built, run_id: str, spent: _Spent) -> str:
-    """Register the model, its version headed by the model's guarantee with the run's spend beside it."""
+    """Register the model, its version headed by the model's guarantee with the run's spend beside it; with
+    ``tracking.register_as: transcript``, its transcript, once a replay has rebuilt the trained weights from it."""
     resolved, tags = plan.spec, spent.tags
     version_tags = {k: v for k, v in tags.items() if k != DESCRIPTION}
     version_tags.update({  # a version is the model: its headline is the model's guarantee, the run's spend beside it
         "dp.epsilon": tags["dp.model_epsilon"] if resolved.private else tags["dp.epsilon"],
         "dp.guarantee": spent.model_guarantee, "dp.run_epsilon": tags["dp.epsilon"],
         "dp.run_guarantee": tags["dp.guarantee"]})
+    transcript = None
+    if resolved.tracking.register_as == "transcript":
+        init = mlflow.MlflowClient(resolved.tracking.uri).get_run(run_id).data.tags.get("privzo.init")
+        transcript = transcript_of(resolved, built.model, built.loop.journal, built.loop.backend.directions.stream,
+                                   run_id, init, (data.n_features, data.n_classes))
+        problem = replays_to(transcript, built.model, resolved.tracking.uri)
+        if problem:  # never register a transcript that loads as other weights: the trained ones are at hand
+            get_run_logger().warning("tracking.register_as: transcript: %s; registering the weights instead", problem)
+            transcript = None
     return register_model(resolved.tracking.uri, run_id, built.model, data.test.features.shape[1:],
                           str(data.test.features.dtype), resolved.name, version_tags,
                           description=reporting.version_description(spent.model_guarantee, run_id,
-                                                                    spent.summary.guarantee(), spent.trained_on))
+                                                                    spent.summary.guarantee(), spent.trained_on),
+                          transcript=transcript)
 
 
 def model_runs(client: mlflow.MlflowClient, run_id: str) -> int:

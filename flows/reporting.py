@@ -215,6 +215,30 @@ def version_description(model_guarantee: str, run_id: str, guarantee: str, train
     return f"**Model guarantee:** {model_guarantee}\n\n**Run {run_id} spent:** {guarantee}\n\n{trained_on}"
 
 
+def byte_size(n: int) -> str:
+    """1,234 B, 12.3 kB, 90.9 MB: decimal units, three significant digits."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:,} B"
+
+
+def transcript_paragraph(model_name: str, version: str, entries: int, start: str, transcript_bytes: int,
+                         weights_bytes: int, stream: str) -> str:
+    """A transcript version's paragraph: what it holds instead of weights, and how to load it."""
+    uri = f"models:/{model_name}/{version}"
+    started = "the seeded initialisation" if start == "seed" else f"the weights of {start}"
+    check = ("on a CUDA device (its directions were drawn on a GPU, whose rounding differs within a tolerance, so "
+             "the trained weights' SHA-256 is not compared there)" if stream.startswith("cuda") else
+             "and checks the result against the trained weights' SHA-256")
+    return (f"**Transcript:** this version holds no weights: it is the run's resolved spec, its journal of {entries} "
+            f"(seed, coefficient) entries and a reference to its public initial weights ({started}, after any public "
+            f"warm start), {byte_size(transcript_bytes)} in place of {byte_size(weights_bytes)} of weights. Loading "
+            f"replays the journal {check}: "
+            f"`mlflow.pyfunc.load_model({uri!r})` for predictions, `flows.transcript.load_weights({uri!r})` for the "
+            "torch module (both need privzo installed).")
+
+
 def verify_hint(model_name: str, version: str, tracking_uri: Optional[str] = None) -> str:
     """The line a registered version's description carries on how to check it. ``tracking_uri``: named when
     given (the command's default is $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)."""

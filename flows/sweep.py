@@ -100,6 +100,8 @@ class HeadlineMetric:
 # headline is those of them it has: a spec needs no declaration, and a new problem's metric is one row here.
 METRICS: Dict[str, HeadlineMetric] = {
     "accuracy": HeadlineMetric("test accuracy", "test accuracy (%)", True, False),
+    # a causal LM's completions (components/models/lm.py): greedy decoding gives the completion exactly
+    "exact_match": HeadlineMetric("test exact match", "test exact match (%)", True, False),
     "excess_risk": HeadlineMetric("excess risk", "excess risk", False, True),
     "goldstein_certificate": HeadlineMetric("Goldstein certificate", "Goldstein certificate", False, True),
     "grad_norm": HeadlineMetric("gradient norm", "gradient norm", False, True),

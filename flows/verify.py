@@ -25,8 +25,12 @@ from what privzo recorded elsewhere and names the first disagreement in one line
    (``components.optimizers.replay``) of the run's journal from its public initial weights: the seeded
    initialisation (or the version it continued), after any public warm start. On CPU they must be equal bit
    for bit; a run whose directions were drawn on a GPU is replayed on a GPU and must agree within
-   ``GPU_RTOL`` / ``GPU_ATOL``. Loading the public initial weights reads the spec's data source for its
-   shapes and public rows (as ``privzo calibrate`` does); nothing is trained on private rows or released.
+   ``flows.transcript.GPU_RTOL`` / ``GPU_ATOL``. Loading the public initial weights reads the spec's data
+   source for its shapes and public rows (as ``privzo calibrate`` does); nothing is trained on private rows or
+   released. A **transcript** version (``tracking.register_as: transcript``, flows/transcript.py) holds no
+   weights: the replay is what it is. It must hold the run's spec, journal, directions stream and start, be
+   privzo's pyfunc, and load as ``mlflow.pyfunc.load_model`` loads it, which replays the journal (the one
+   replay both share) and, on a CPU stream, refuses weights whose SHA-256 is not the trained weights'.
 
 Nothing is charged, tagged or registered: the ledger and the MLflow store are only read (a SQLite ledger that
 does not exist is reported, never created). ``verify_command`` is what ``privzo verify`` runs.
@@ -54,10 +58,6 @@ from components.accountants import Accountant, event_from_json
 OK, FAILED, NOT_APPLICABLE, NOT_RUN = "ok", "failed", "not applicable", "not run"
 CHECKS = ("source run", "ledger charge", "epsilon", "model guarantee", "spec and fingerprint", "weights")
 
-# A run whose directions were drawn on a GPU (privzo.directions_stream cuda-*): the replay on a GPU draws the
-# same directions, but the update kernels may round differently (a cached direction against one drawn inside
-# the add), so the weights agree elementwise within |replayed - registered| <= GPU_ATOL + GPU_RTOL |registered|.
-GPU_RTOL, GPU_ATOL = 1e-5, 1e-6
 
 SPEC_ARTIFACT, EVENT_ARTIFACT, JOURNAL_ARTIFACT = "spec.yaml", "dp_event.json", "journal/journal.json"
 
@@ -161,6 +161,15 @@ def _pair(sentence: str) -> Optional[Tuple[str, str]]:
     """The (epsilon, delta) a guarantee sentence states first, as written."""
     found = re.search(r"\(([^,() ]+), ([^,() ]+)\)", sentence or "")
     return (found.group(1), found.group(2)) if found else None
+
+
+def _holds(mapping: Any, dotted: str) -> bool:
+    """Whether a logged spec mapping has the flattened key ``dotted`` (``tracking.register_as``)."""
+    for part in dotted.split("."):
+        if not isinstance(mapping, dict) or part not in mapping:
+            return False
+        mapping = mapping[part]
+    return True
 
 
 def _paragraph_after(text: str, head: str) -> Optional[str]:
@@ -374,7 +383,10 @@ class _Verifier:
 
         run, spec, charge = self.run, self.spec, self.charge
         run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
+        logged = yaml.safe_load(self._artifact_text(run_id, SPEC_ARTIFACT) or "") or {}
         for key, value in specs.flatten(spec).items():
+            if key not in params and not _holds(logged, key):
+                continue  # a field privzo gained after this run was logged, read at its default
             if params.get(key) != value:
                 raise _Mismatch(f"run {run_id}'s param {key} is {params.get(key)!r}, its {SPEC_ARTIFACT} says "
                                 f"{value!r}")
@@ -413,34 +425,44 @@ class _Verifier:
     def _weights(self) -> Tuple[str, str]:
         import torch
 
-        from specs.traits import ESTIMATORS as ESTIMATOR_TRAITS, SCALAR
+        from components.estimators.directions import GENERATOR_VERSION
+        from flows.transcript import (GPU_ATOL, GPU_RTOL, ReplayError, journal_is_trajectory, replay_device,
+                                      replay_weights, start_of, transcript_in)
 
         spec, run = self.spec, self.run
-        traits = ESTIMATOR_TRAITS[spec.estimator.kind]
-        if not (traits.seeded_directions and traits.release == SCALAR and not traits.uses_public
-                and spec.optimizer.kind == "sgd"):
+        if not journal_is_trajectory(spec):
             return NOT_APPLICABLE, (f"{spec.estimator.kind} with {spec.optimizer.kind}: its updates are not a journal "
                                     "of seeded steps alone, so its weights cannot be replayed")
         run_id, tags = run.info.run_id, run.data.tags
-        from components.estimators.directions import GENERATOR_VERSION
-
-        written = tags.get("privzo.directions_version")
-        if written != str(GENERATOR_VERSION):
-            raise _Mismatch(f"run {run_id}'s journal was drawn by direction generator v{written}, this privzo draws "
-                            f"v{GENERATOR_VERSION}: it cannot be replayed here")
         stream = tags.get("privzo.directions_stream", f"cpu-torch-v{GENERATOR_VERSION}")
-        on_gpu = stream.startswith("cuda")
-        if on_gpu and not torch.cuda.is_available():
-            raise _Mismatch(f"run {run_id} drew its directions on a GPU ({stream}); replaying its journal needs a CUDA "
-                            "device, and this machine has none")
-        device = torch.device("cuda" if on_gpu else "cpu")
+        try:
+            if tags.get("privzo.directions_version") != str(GENERATOR_VERSION):
+                raise ReplayError(f"run {run_id}'s journal was drawn by direction generator "
+                                  f"v{tags.get('privzo.directions_version')}, this privzo draws v{GENERATOR_VERSION}: "
+                                  "it cannot be replayed here")
+            on_gpu = replay_device(stream, f"run {run_id}").type == "cuda"
+        except ReplayError as err:
+            raise _Mismatch(str(err)) from None
         journal_text = self._artifact_text(run_id, JOURNAL_ARTIFACT)
         if journal_text is None:
             raise _Mismatch(f"run {run_id} logged no journal ({JOURNAL_ARTIFACT})")
-        registered = self._registered_model(self.client.get_model_version_download_uri(self.name, self.number))
+        entries = json.loads(journal_text)
+        local = self._download(f"models:/{self.name}/{self.number}")
+        try:
+            transcript = None if local is None else transcript_in(local)
+        except ReplayError as err:
+            raise _Mismatch(f"{self.where} holds a transcript privzo cannot read: {err}") from None
+        if transcript is not None:  # the replay is what the version is: check what it holds, then load it
+            return self._transcript(local, transcript, entries, stream)
+        registered = self._pytorch_model(local)
         if registered is None:
             raise _Mismatch(f"{self.where}'s model cannot be loaded")
-        replayed, used = self._replay(run, spec, json.loads(journal_text), device, stream)
+        try:
+            replayed, used = replay_weights(
+                spec, entries, owner=f"run {run_id}", stream=stream, directions_version=str(GENERATOR_VERSION),
+                start=start_of(tags.get("privzo.init")), load_start=self._load_start)
+        except ReplayError as err:
+            raise _Mismatch(str(err)) from None
         # every tensor of the model the spec builds (a registered graph may hold constants of its own besides)
         mine, theirs = replayed.state_dict(), registered.state_dict()
         if set(mine) - set(theirs):
@@ -457,8 +479,40 @@ class _Verifier:
                 how = "bit for bit" if not on_gpu else f"within rtol {GPU_RTOL:g}, atol {GPU_ATOL:g}"
                 raise _Mismatch(f"{self.where}'s weights are not the replay of run {run_id}'s journal from its "
                                 f"{used} ({key} differs by up to {gap:.3g}; required {how})")
-        return OK, (f"the weights are the replay of {len(json.loads(journal_text))} journal entries from the {used}, "
+        return OK, (f"the weights are the replay of {len(entries)} journal entries from the {used}, "
                     + ("bit for bit (CPU)" if not on_gpu else f"within rtol {GPU_RTOL:g}, atol {GPU_ATOL:g} (GPU)"))
+
+    def _transcript(self, local: Path, transcript, entries: List[dict], stream: str) -> Tuple[str, str]:
+        """A transcript version holds no weights: the replay of its journal is the model. It must hold what the run
+        recorded (its spec, journal, directions and start), be privzo's pyfunc, and load: loading replays the
+        journal and refuses weights whose SHA-256 is not the trained weights' (on a CPU stream)."""
+        import mlflow.pyfunc
+
+        from flows.transcript import ReplayError, TranscriptModel, start_of
+
+        run_id, tags = self.run.info.run_id, self.run.data.tags
+        held = {"run": (transcript.run_id, run_id),
+                "spec": (transcript.spec, self._artifact_text(run_id, SPEC_ARTIFACT)),
+                "journal": (transcript.entries(), entries), "directions stream": (transcript.directions_stream, stream),
+                "direction generator": (transcript.directions_version, tags.get("privzo.directions_version")),
+                "start": (transcript.start, start_of(tags.get("privzo.init")))}
+        for what, (theirs, recorded) in held.items():
+            if theirs != recorded:
+                raise _Mismatch(f"{self.where} is a transcript whose {what} is not run {run_id}'s, so it does not "
+                                "replay the run's trajectory")
+        try:  # as a user loads it: the pickled pyfunc's own load_context replays
+            loaded = mlflow.pyfunc.load_model(str(local), model_config={"tracking_uri": self.uri})
+        except ReplayError as err:
+            raise _Mismatch(f"{self.where} is a transcript that does not load: {err}") from None
+        python_model = loaded.unwrap_python_model()
+        if type(python_model) is not TranscriptModel:
+            raise _Mismatch(f"{self.where} holds a transcript, but its pyfunc is {type(python_model).__qualname__}, "
+                            "not privzo's TranscriptModel: loading it need not replay the journal")
+        on_gpu = transcript.directions_stream.startswith("cuda")
+        how = ("equal bit for bit (CPU) to the weights it registered (their SHA-256)" if not on_gpu else
+               "on a GPU (its rounding differs from run to run, so the registered SHA-256 is not compared)")
+        return OK, (f"a transcript, no weights: loading it replays {len(entries)} journal entries from the "
+                    f"{python_model.started}, {how}")
 
     # ------------------------------------------------------------ lineage
     def _model_event(self, run, spec: specs.RunSpec, event) -> Tuple[Optional[dp_accounting.DpEvent], int]:
@@ -550,6 +604,15 @@ class _Verifier:
         from flows.ledger import PrivacyLedger
 
         url = self.override or spec.budget.ledger
+        if ":***@" in url:  # logged without its password (specs.run.without_passwords): the caller's own URL
+            from specs.run import without_passwords
+            from specs.sections import LEDGER_URL_ENV
+
+            own = os.environ.get(LEDGER_URL_ENV, "")
+            if not own or without_passwords(own) != url:
+                raise _Mismatch(f"the run's spec names its ledger {url} without its password; give --ledger with "
+                                f"credentials that may read it, or set ${LEDGER_URL_ENV} to it")
+            url = own
         if url not in self._ledgers:
             parsed = make_url(url)
             if parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database):
@@ -604,63 +667,31 @@ class _Verifier:
         return None if ds is None else ds.neighboring
 
     # ------------------------------------------------------------ weights
-    def _registered_model(self, artifact_uri: str):
-        import mlflow.pytorch
+    def _download(self, model_uri: str) -> Optional[Path]:
+        from flows.transcript import download_version
 
-        folder = self.folder / f"model-{abs(hash(artifact_uri))}"
         try:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(folder),
-                                                        tracking_uri=self.uri)
-            return mlflow.pytorch.load_model(local, map_location="cpu")
+            return download_version(model_uri, self.uri, self.folder)
         except (MlflowException, OSError):
             return None
 
-    def _replay(self, run, spec: specs.RunSpec, entries: List[dict], device, stream: str):
-        """The model its spec builds at the public initialisation (the seed's, or the version it continued),
-        after any public warm start, on ``device``, with the journal replayed; and what it started from."""
-        import torch
+    @staticmethod
+    def _pytorch_model(local: Optional[Path]):
+        import mlflow.pytorch
 
-        from components import builders, models
-        from components.estimators.public import warm_start
-        from components.optimizers import replay
-        from components.runtime.loop import JournalEntry
-
-        run_id, tags = run.info.run_id, run.data.tags
-        warm = getattr(spec.estimator, "public_warm_start", None)
-        if spec.data.blocks is not None and warm is not None:
-            raise _Mismatch(f"run {run_id} warm-started on the public rows of its window of blocks, which verify "
-                            "does not rebuild: its weights cannot be replayed here")
         try:
-            data = builders.load_data(spec, every_block=True)
-        except (ValueError, OSError) as err:
-            raise _Mismatch(f"cannot load run {run_id}'s data source for its model's shapes and public rows: "
-                            f"{str(err).splitlines()[0]}") from None
-        model = builders.build_model(spec, data.n_features, data.n_classes)
-        started = tags.get("privzo.init", "seed")
-        used = "seeded initialisation"
-        if started.startswith("models:/"):
-            start_name, _, start_version = started[len("models:/"):].rpartition("/")
-            try:
-                uri = self.client.get_model_version_download_uri(start_name, start_version)
-            except MlflowException:
-                uri = None
-            start = None if uri is None else self._registered_model(uri)
-            if start is None:
-                raise _Mismatch(f"run {run_id} continued {started}, which cannot be loaded: its weights cannot be "
-                                "replayed")
-            model.load_state_dict(start.state_dict())
-            used = f"weights of {started}"
-        model = model.to(device)
-        if warm is not None:
-            features = torch.as_tensor(data.public.features, device=device)
-            labels = torch.as_tensor(data.public.labels, device=device)
-            warm_start(model, models.trainable_parameters(model), models.per_example_loss, features, labels,
-                       epochs=warm.epochs, lr=warm.lr, batch_size=warm.batch_size, seed=spec.seed)
-            used += " after its public warm start"
-        directions = builders.build_directions(spec, models.trainable_parameters(model))
-        if directions.stream != stream:
-            raise _Mismatch(f"run {run_id} drew its directions with {stream}, a replay here draws {directions.stream}")
-        journal = [JournalEntry(int(e["step"]), int(e["seed"]), float(e["coefficient"])) for e in entries]
-        opt = spec.optimizer
-        replay(directions, journal, opt.lr, opt.momentum, opt.weight_decay)
-        return model, used
+            return None if local is None else mlflow.pytorch.load_model(str(local), map_location="cpu")
+        except (MlflowException, OSError):
+            return None
+
+    def _load_start(self, ref: str):
+        """The version a run continued (``models:/NAME/VERSION``), weights or transcript; None where it cannot
+        be loaded (a transcript's own reason is raised)."""
+        from flows.transcript import ReplayError, load_weights
+
+        try:
+            return load_weights(ref, tracking_uri=self.uri, folder=self.folder)
+        except ReplayError:
+            raise
+        except (MlflowException, OSError, ValueError):
+            return None

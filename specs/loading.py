@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from specs.run import NAME_PATTERN, RunSpec, released_dump
 from specs.sections import DATASET_PATTERN
+from specs.traits import MODELS
 
 
 # characters that end a line for str.splitlines (and so for a terminal or a log reader)
@@ -146,14 +147,16 @@ def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
                             "path, ~/... for your own home, or a path relative to the spec's folder")
         owner[key] = os.path.normpath(path if os.path.isabs(path) else os.path.abspath(folder / path))
 
-    written_model_path = model.get("path") if model.get("kind") == "hf" else None
-    if model.get("kind") == "hf":
+    # the pretrained kinds (hf, causal_lm, masked_lm) read a folder; any other kind has no path to anchor
+    pretrained = MODELS.get(model.get("kind")) if isinstance(model.get("kind"), str) else None
+    written_model_path = model.get("path") if pretrained is not None and pretrained.pretrained else None
+    if written_model_path is not None:
         anchor(model, "path", "model.path")
     for source, field in ((section.get("source"), "data.source"), (split.get("public_source"),
                                                                    "data.split.public_source")):
         if not isinstance(source, dict):
             continue
-        if source.get("kind") in ("file", "images"):
+        if source.get("kind") in ("file", "completions", "images"):
             anchor(source, "path", f"{field}.path")
         tokenizer = source.get("tokenizer")
         if written_model_path is not None and tokenizer == written_model_path:

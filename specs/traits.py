@@ -117,13 +117,17 @@ MODELS: Dict[str, ModelTraits] = {
     "mlp": ModelTraits("numbers", False, True),
     "cnn": ModelTraits("numbers", False, True),
     "hf": ModelTraits("tokens", True, False),
+    "causal_lm": ModelTraits("tokens", True, False),
+    "masked_lm": ModelTraits("tokens", True, False),
     "objective": ModelTraits("objective", False, True),
 }
 
 
 @dataclass(frozen=True)
 class SourceTraits:
-    rows: str                  # "numbers", "tokens", "numbers_or_tokens" (a file with or without a text column), "objective"
+    # "numbers", "tokens", "numbers_or_tokens" (a file with or without a text column), "completions" (a causal LM's
+    # prompt and completion tokens), "objective"
+    rows: str
     known_range: Optional[bool]  # pixel values of a known range (scale: fixed); None: decided by the source's name
     packaged: bool             # ships inside a Python package (checked without importing it)
 
@@ -133,6 +137,7 @@ SOURCES: Dict[str, SourceTraits] = {
     "sklearn": SourceTraits("numbers", None, True),
     "text": SourceTraits("tokens", False, True),
     "file": SourceTraits("numbers_or_tokens", False, False),
+    "completions": SourceTraits("completions", False, False),
     "images": SourceTraits("numbers", True, False),
     "packaged_images": SourceTraits("numbers", True, True),
     "synthetic": SourceTraits("objective", False, False),
@@ -199,6 +204,11 @@ def known_range(source) -> bool:
 RUNNING_SUM_ESTIMATORS = kinds(ESTIMATORS, running_sums=True)      # zo_spider, fo_spider
 NONSMOOTH_ESTIMATORS = kinds(ESTIMATORS, family=NONSMOOTH)         # O2NC's oracles
 SEEDED_DIRECTION_ESTIMATORS = kinds(ESTIMATORS, seeded_directions=True)
+# Whose journal of (seed, coefficient) steps is the whole trajectory: scalars along seeded directions, no public
+# rows inside a step, applied by sgd (components.optimizers.replay). privzo verify replays their weights, and
+# only they may register a transcript (tracking.register_as).
+JOURNAL_ESTIMATORS = kinds(ESTIMATORS, seeded_directions=True, release=SCALAR, uses_public=False)  # two_point
+JOURNAL_OPTIMIZERS = ("sgd",)
 MULTI_PASS_SAMPLERS = kinds(SAMPLERS, multi_pass=True)
 KL_OPTIMIZERS = kinds(OPTIMIZERS, family=KL)
 KL_PROBLEMS = tuple(problem for problem, family in PROBLEMS.items() if family == KL)

@@ -42,6 +42,20 @@ def test_memory_runs_the_first_order_methods_on_the_mlp():
     assert rows["dp_sgd"][7] == "1.000"  # its extra against itself
 
 
+def test_memory_measures_the_planner_on_a_small_decoder():
+    """Each case in its own process, its peak of torch's CPU allocations next to components/memory.py's estimate:
+    within 15% on a tiny decoder too, where activations weigh as much as the weights."""
+    out = subprocess.run([sys.executable, "bench/memory.py", "--model", "decoder", "--quick", "--precisions", "fp32",
+                          "--cases", "inference", "regenerate", "dp_sgd"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    cases = ("inference", "regenerate", "cache", "dp_sgd")
+    rows = {r[0]: r for r in (line.split() for line in out.stdout.splitlines()) if r and r[0] in cases}
+    assert list(rows) == ["inference", "regenerate", "dp_sgd"]
+    assert all(0.85 <= float(r[4]) <= 1.15 for r in rows.values()), out.stdout  # planned / measured
+    assert float(rows["dp_sgd"][2]) > float(rows["regenerate"][2]) > float(rows["inference"][2])
+
+
 def test_memory_halves_a_batch_whose_estimate_is_over_the_budget():
     from bench.memory import batch_that_fits, estimated_extra
 

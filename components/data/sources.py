@@ -38,7 +38,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
               tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None,
               hf_split: Optional[str] = None, arrival: Optional[str] = None, person: Optional[str] = None,
-              partitions: Optional[str] = None) -> Table:
+              partitions: Optional[str] = None, prompt=None) -> Table:
     """Rows of a CSV, Parquet or JSON Lines file, or of a Hugging Face ``save_to_disk`` folder (``hf_split``
     of a DatasetDict; a ClassLabel label column is read by its codes): the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
@@ -46,7 +46,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     ``public_flag`` that column's true/false as ``public_flags`` (and never a feature); with ``arrival``
     and ``person`` (data.blocks) those columns as written, as ``arrivals`` and ``persons`` (never features);
     with ``partitions`` (a period: day, week or month), ``path`` is a folder of files named by period, and a
-    row's arrival is the first day of its file's period; exact duplicate rows dropped.
+    row's arrival is the first day of its file's period; with ``prompt`` (a language model's), each text is
+    filled into its template (int64 [n, 3, max_length], components/data/prompts.py); exact duplicate rows dropped.
 
     ``classes`` comes from the spec, never from the file: the model's output size is released, and a
     label set read from the data would tell whether a rare class occurs among the private rows.
@@ -100,13 +101,19 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         if lines.isna().any() or (lines.astype(str).str.strip() == "").any():
             raise ValueError(f"data.source.text: column {text!r} has missing or empty values; fill or drop them first")
         from components import pretrained
+        from components.data.prompts import encode_prompted
         from components.data.text import encode
 
         if not lines.map(lambda v: isinstance(v, str)).all():
             raise ValueError(f"data.source.text: column {text!r} holds values that are not text (numbers, lists or "
                              "objects); give every row a string")
-        ids = encode(list(lines), pretrained.tokenizer(tokenizer), max_length)
+        if prompt is None:
+            ids = encode(list(lines), pretrained.tokenizer(tokenizer), max_length)
+        else:
+            ids = encode_prompted(list(lines), pretrained.tokenizer(tokenizer), max_length, prompt)
         layout = f"file:label={label};text={text};tokenizer={tokenizer};max_length={max_length};classes=by-name"
+        if prompt is not None:
+            layout += f";{prompt.layout}"
         return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
                                   class_names=tuple(str(c) for c in classes), **meta))
     names = list(features) if features is not None else [c for c in columns
@@ -256,12 +263,13 @@ def _sklearn(source, model_tokenizer=None, public_flag=None):
 
 
 @SOURCES.register("file")
-def _file(source, model_tokenizer=None, public_flag=None, blocks=None):
-    """A file's text column is tokenised by the model's own tokenizer unless the source names one; with
-    ``blocks`` (data.blocks) its arrival and person columns are read as metadata."""
+def _file(source, model_tokenizer=None, public_flag=None, blocks=None, prompt=None):
+    """A file's text column is tokenised by the model's own tokenizer unless the source names one (through a
+    language model's ``prompt``, if any); with ``blocks`` (data.blocks) its arrival and person columns are read
+    as metadata."""
     table = load_file(source.path, file_format=source.format, label=source.label, classes=source.classes,
                       features=source.features, text=source.text, tokenizer=source.tokenizer or model_tokenizer,
                       max_length=source.max_length, public_flag=public_flag, hf_split=source.hf_split,
                       arrival=blocks.arrival if blocks else None, person=blocks.person if blocks else None,
-                      partitions=blocks.period if blocks and blocks.partitioned else None)
+                      partitions=blocks.period if blocks and blocks.partitioned else None, prompt=prompt)
     return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale

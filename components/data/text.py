@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from components import pretrained
+from components.data.prompts import Prompt, encode_prompted
 from components.data.table import Table
 from components.data_check import package_missing
 from components.registry import SOURCES
@@ -81,7 +82,7 @@ def encode(lines: List[str], tokenizer, max_length: int) -> np.ndarray:
 
 
 def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_length: int, *,
-              classes: Optional[Sequence[str]] = None) -> Table:
+              classes: Optional[Sequence[str]] = None, prompt: Optional[Prompt] = None) -> Table:
     """One row per line, labelled by its topic's position; ids and mask padded/truncated to ``max_length``.
 
     Content is what the model reads (the ids after truncation). Repeated content keeps its first row;
@@ -89,7 +90,8 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
     can land in two splits, which are checked disjoint on content fingerprints.
 
     ``classes`` (topic names) labels a topic by its position there instead, so a corpus of the same task
-    gives the same classes; a class without a topic simply has no rows.
+    gives the same classes; a class without a topic simply has no rows. ``prompt``: a language model's rows,
+    each line filled into its template (components/data/prompts.py).
     """
     names = [topic for topic, _lines in topics] if classes is None else list(classes)
     stray = [topic for topic, _lines in topics if topic not in names]
@@ -100,7 +102,8 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
     if not lines:
         raise ValueError(f"data.source: {name} has no lines")
     labels = np.asarray([names.index(topic) for topic, topic_lines in topics for _ in topic_lines], dtype=np.int64)
-    features = encode(lines, tokenizer, max_length)
+    features = encode(lines, tokenizer, max_length) if prompt is None else encode_prompted(
+        lines, tokenizer, max_length, prompt)
     first: Dict[bytes, int] = {}
     label_sets: Dict[bytes, set] = {}
     for i in range(len(lines)):
@@ -111,17 +114,19 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
     return Table(name, features[keep], labels[keep], len(names), None)
 
 
-def load_text(name: str, max_length: int, tokenizer: str) -> Table:
+def load_text(name: str, max_length: int, tokenizer: str, prompt: Optional[Prompt] = None) -> Table:
     if name not in CORPORA:
         raise ValueError(f"data.source.name: unknown text corpus {name!r}; allowed: {', '.join(CORPORA)}")
     corpus = CORPORA[name]
     classes = None if corpus.translates is None else [
         topic for topic, _ in read_topics(CORPORA[corpus.translates].directory())]
     table = tokenised(name, read_topics(corpus.directory()), pretrained.tokenizer(tokenizer), max_length,
-                      classes=classes)
-    return replace(table, layout=f"text:{name};tokenizer={tokenizer};max_length={max_length}")
+                      classes=classes, prompt=prompt)
+    layout = f"text:{name};tokenizer={tokenizer};max_length={max_length}"
+    return replace(table, layout=layout if prompt is None else f"{layout};{prompt.layout}")
 
 
 @SOURCES.register("text")
-def _text(source, model_tokenizer=None, public_flag=None):
-    return load_text(source.name, source.max_length, source.tokenizer or model_tokenizer), "none"  # ids: no scale
+def _text(source, model_tokenizer=None, public_flag=None, prompt=None):
+    # ids: no scale
+    return load_text(source.name, source.max_length, source.tokenizer or model_tokenizer, prompt), "none"

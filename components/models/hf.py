@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-TRAINABLE = ("head", "bias", "lora", "all")
+TRAINABLE = ("head", "bias", "lora", "all_but_embeddings", "all")
 
 
 class TextClassifier(nn.Module):
@@ -29,17 +29,27 @@ class TextClassifier(nn.Module):
         return self.head(pooled)
 
 
+def _widths(module: nn.Module):
+    """(in, out) of a Linear layer, or of transformers' Conv1D (GPT-2's linear layers, weight stored [in, out],
+    which peft adapts too); None for any other module."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None and module.weight.dim() == 2:
+        return tuple(module.weight.shape)
+    return None
+
+
 def check_adapter_targets(encoder: nn.Module, targets, rank: int) -> None:
     """Every target must name Linear layers of the encoder (peft matches the end of a module's name), and
     the rank must be below their widths (a larger one trains more parameters than the layer has)."""
-    linear = {name: m for name, m in encoder.named_modules() if isinstance(m, nn.Linear)}
+    linear = {name: _widths(m) for name, m in encoder.named_modules() if _widths(m) is not None}
     for target in targets:
-        matched = [m for name, m in linear.items() if name == target or name.endswith("." + target)]
+        matched = [w for name, w in linear.items() if name == target or name.endswith("." + target)]
         if not matched:
             known = sorted({name.rsplit(".", 1)[-1] for name in linear})
             raise ValueError(f"model.lora.targets: no Linear layer of the encoder is named {target!r}; its Linear "
                              f"layers are named {', '.join(known)}")
-        widest = min(min(m.in_features, m.out_features) for m in matched)
+        widest = min(min(w) for w in matched)
         if rank >= widest:
             raise ValueError(f"model.lora.rank: {rank} is not below the width {widest} of the {target!r} layers; "
                              f"use a rank under {widest}")
@@ -72,13 +82,15 @@ def add_adapters_(encoder: nn.Module, rank: int, alpha: float, targets, generato
 
 def freeze_(model: TextClassifier, trainable: str) -> None:
     """Mark what the run may change: ``head`` the linear head; ``bias`` the head and every encoder bias,
-    LayerNorm's included (BitFit); ``lora`` the head and the adapters; ``all`` everything. Directions and
-    updates are built from ``requires_grad`` parameters only, so a frozen parameter is never perturbed
-    nor moved."""
+    LayerNorm's included (BitFit); ``lora`` the head and the adapters; ``all_but_embeddings`` everything but
+    the encoder's embedding tables (word, position, token type); ``all`` everything. Directions and updates
+    are built from ``requires_grad`` parameters only, so a frozen parameter is never perturbed nor moved."""
     if trainable not in TRAINABLE:
         raise ValueError(f"model.trainable: unknown {trainable!r}; allowed: {', '.join(TRAINABLE)}")
+    tables = {id(m.weight) for m in model.encoder.modules() if isinstance(m, nn.Embedding)}
     for name, p in model.encoder.named_parameters():
         p.requires_grad_(trainable == "all" or (trainable == "bias" and name.endswith("bias"))
-                         or (trainable == "lora" and ".lora_" in name))
+                         or (trainable == "lora" and ".lora_" in name)
+                         or (trainable == "all_but_embeddings" and id(p) not in tables))
     for p in model.head.parameters():
         p.requires_grad_(True)

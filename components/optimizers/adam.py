@@ -13,42 +13,57 @@ import torch
 
 from components.estimators.directions import Directions
 from components.estimators.queries import Update
+from components.optimizers.sgd import MasterWeights, add_direction_, master_weights
 from components.registry import OPTIMIZERS
 
 
 class Adam:
     def __init__(self, directions: Directions, lr: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, master_weights: bool = False):
         self.directions = directions
         self.lr = lr
+        self.master = MasterWeights(directions.params) if master_weights else None
+        if self.master is not None and not self.master.active:
+            self.master = None
+        # AdamW steps the float32 master copies where there are some (their moments float32 too)
+        targets = self.master.allocate() if self.master is not None else directions.params
         # foreach=False: the same per-tensor arithmetic on every replica and device count, so Ray replicas
         # and a resumed run reproduce the driver's parameters exactly
-        self._adam = torch.optim.AdamW(directions.params, lr=lr, betas=tuple(betas), eps=eps,
+        self._adam = torch.optim.AdamW(targets, lr=lr, betas=tuple(betas), eps=eps,
                                        weight_decay=weight_decay, foreach=False)
 
     @torch.no_grad()
     def apply(self, update: Update) -> None:
-        for i, p in enumerate(self.directions.params):
-            grad = torch.zeros_like(p)
+        targets = self.master.begin_step() if self.master is not None else self.directions.params
+        for i, t in enumerate(targets):
+            grad = torch.zeros_like(t)
             for seed, coef in update.terms:
-                self.directions.add_to_(seed, i, grad, coef)
+                add_direction_(self.directions, seed, i, grad, coef)
             for tensors, coef in update.dense:
-                grad.add_(tensors[i], alpha=coef)
-            p.grad = grad
+                grad.add_(tensors[i].to(grad.dtype), alpha=coef)
+            t.grad = grad
         self._adam.step()
-        for p in self.directions.params:
-            p.grad = None
+        for t in targets:
+            t.grad = None
+        if self.master is not None:
+            self.master.round_into_parameters()
 
     def state_dict(self) -> dict:
         # a snapshot: torch hands out its live moment tensors, which the next step would change under a
         # checkpoint kept in memory (a retried chunk rewinds to it)
-        return {"adam": copy.deepcopy(self._adam.state_dict())}
+        state = {"adam": copy.deepcopy(self._adam.state_dict())}
+        if self.master is not None:
+            state["master"] = self.master.state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        if self.master is not None:
+            with torch.no_grad():
+                self.master.load(state.get("master"))
         self._adam.load_state_dict(state["adam"])
 
 
 @OPTIMIZERS.register("adam")
 def _adam(spec, directions, model=None, n_private=None):
     opt = spec.optimizer
-    return Adam(directions, opt.lr, opt.betas, opt.eps, opt.weight_decay)
+    return Adam(directions, opt.lr, opt.betas, opt.eps, opt.weight_decay, master_weights(spec))

@@ -354,7 +354,7 @@ class RayBackend:
 
     def worker_nodes(self) -> List[str]:
         """The node address of each worker, in worker order."""
-        return [node for node, _, _ in ray.get([w.identify.remote() for w in self.workers])]
+        return [info[0] for info in ray.get([w.identify.remote() for w in self.workers])]
 
     @property
     def n_private(self) -> int:

@@ -7,7 +7,8 @@ from typing import List, Optional
 from specs.rules.kl import kl_problems
 from specs.rules.nonsmooth import nonsmooth_problems
 from specs.rules.standard import standard_problems
-from specs.traits import ESTIMATORS, KL_OPTIMIZERS, NONSMOOTH_ESTIMATORS, known_range
+from specs.traits import (ESTIMATORS, JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS, KL_OPTIMIZERS, MODELS,
+                          NONSMOOTH_ESTIMATORS, SOURCES, kinds, known_range)
 
 
 def cross_field_problems(spec) -> List[str]:
@@ -39,6 +40,7 @@ def cross_field_problems(spec) -> List[str]:
     if spec.budget is not None and not (spec.privacy and not spec.privacy.insecure_deterministic):
         problems.append("budget: only private runs are charged to a dataset's budget; remove budget")
     problems += _block_problems(spec)
+    problems += _transcript_problems(spec)
     if spec.budget is not None and spec.privacy is not None and spec.privacy.epsilon > spec.budget.lifetime_epsilon:
         problems.append("privacy.epsilon: larger than budget.lifetime_epsilon; lower it or raise the budget")
     if spec.privacy is not None and spec.privacy.neighboring == "replace_one" and spec.sampling.kind == "poisson":
@@ -108,10 +110,12 @@ def cross_field_problems(spec) -> List[str]:
     if split.kind == "source":
         problems += _public_source_problems(source, split.public_source)
     file_text = source.kind == "file" and source.text is not None
-    text, hf = source.kind == "text" or file_text, spec.model.kind == "hf"
-    if hf and not text:
-        problems.append("model.kind: hf reads token ids; use data.source.kind: text, or a file source with a "
-                        "text column")
+    # hf, causal_lm and masked_lm read token ids made by their own tokenizer
+    text, hf = source.kind == "text" or file_text, MODELS[spec.model.kind].reads == "tokens"
+    completions = SOURCES[source.kind].rows == "completions"
+    if hf and not text and not completions:
+        problems.append(f"model.kind: {spec.model.kind} reads token ids; use data.source.kind: text, or a file source "
+                        "with a text column")
     if file_text and source.text == source.label:
         problems.append("data.source.text: the label column cannot also be the text")
     if text and hf and source.tokenizer not in (None, spec.model.weights):
@@ -119,7 +123,9 @@ def cross_field_problems(spec) -> List[str]:
                         "the ids must index the model's own vocabulary")
     if text and not hf:
         field = "data.source.text" if file_text else "data.source.kind: text"
-        problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: hf")
+        problems.append(f"{field} gives token ids, which model.kind {spec.model.kind} cannot read; use model.kind: "
+                        f"{' or '.join(kinds(MODELS, reads='tokens'))}")
+    problems += _prompt_problems(spec, completions)
     # 'auto' standardises with the public rows, except pixels of a known range (digits, images) and text (ids)
     fixed_range = known_range(source)
     scale = getattr(source, "scale", "none")
@@ -127,6 +133,44 @@ def cross_field_problems(spec) -> List[str]:
         problems.append("data.source.scale: fixed is only known for digits and images; use public or none")
     if not file_text and (scale == "public" or (scale == "auto" and not fixed_range)) and not split.has_public:
         problems.append("data.source.scale: public standardisation needs data.split.public > 0; set scale: none")
+    return problems
+
+
+def _transcript_problems(spec) -> List[str]:
+    """tracking.register_as: transcript registers the journal in place of the weights, so the journal must be the
+    whole trajectory, from public initial weights a replay rebuilds (flows/transcript.py)."""
+    if spec.tracking.register_as != "transcript":
+        return []
+    est, opt = spec.estimator.kind, spec.optimizer.kind
+    if est not in JOURNAL_ESTIMATORS or opt not in JOURNAL_OPTIMIZERS:
+        return [f"tracking.register_as: transcript rebuilds the weights by replaying the journal of (seed, "
+                f"coefficient) steps, which is the whole trajectory only for estimator.kind "
+                f"{' or '.join(JOURNAL_ESTIMATORS)} with optimizer.kind {' or '.join(JOURNAL_OPTIMIZERS)} (found {est} "
+                f"with {opt}); use register_as: weights"]
+    if spec.data.blocks is not None and getattr(spec.estimator, "public_warm_start", None) is not None:
+        return ["tracking.register_as: transcript cannot rebuild a public warm start on a window of data.blocks (its "
+                "public rows move with the window); remove estimator.public_warm_start or use register_as: weights"]
+    return []
+
+
+def _prompt_problems(spec, completions: bool) -> List[str]:
+    """A language model's prompt and the rows it reads: label words with labelled text, one word per class;
+    a completion prompt with (prompt, completion) rows, and those rows with nothing else."""
+    prompt = getattr(spec.model, "prompt", None)
+    generation = prompt is not None and prompt.kind == "completion"
+    problems = []
+    if completions and not generation:
+        found = f"model.kind {spec.model.kind}" + (f" with prompt.kind {prompt.kind}" if prompt is not None else "")
+        problems.append(f"data.source.kind: completions gives (prompt, completion) rows, read only by model.kind "
+                        f"causal_lm with prompt.kind: completion (found {found}); use that model, or a text source")
+    if generation and not completions:
+        problems.append("model.prompt.kind: completion scores each row's completion; use data.source.kind: "
+                        "completions (prompt and completion columns), or prompt.kind: label_words for labelled text")
+    source = spec.data.source
+    if prompt is not None and prompt.kind == "label_words" and source.kind == "file" \
+            and len(prompt.words) != len(source.classes):
+        problems.append(f"model.prompt.words: {len(prompt.words)} words for the {len(source.classes)} "
+                        "data.source.classes; give one word per class, in the order of the classes")
     return problems
 
 
@@ -173,9 +217,12 @@ def _block_problems(spec) -> List[str]:
 
 
 def _tokens(source) -> Optional[tuple]:
-    """What a source's rows are made of: None for numbers, (tokenizer, length) for token ids."""
+    """What a source's rows are made of: None for numbers, (tokenizer, length) for token ids, (completions,
+    length) for a causal LM's prompts and completions."""
     if source.kind == "text" or (source.kind == "file" and source.text is not None):
         return (source.tokenizer, source.max_length)
+    if SOURCES[source.kind].rows == "completions":
+        return ("completions", source.max_length)
     return None
 
 

@@ -7,10 +7,14 @@ module defines X. The modules import only ``specs.base``, never one another.
 """
 from specs.base import Probability
 from specs.sections.data import (
-    SklearnSource, TextSource, FileSource, ImageFolderSource, PackagedImagesSource, SyntheticSource, Source,
+    SklearnSource, TextSource, FileSource, CompletionsSource, ImageFolderSource, PackagedImagesSource, SyntheticSource,
+    Source,
     FractionSplit, HashedSplit, ColumnSplit, SourceSplit, Split, BlocksSpec, DataSpec,
 )
-from specs.sections.model import LinearModel, MlpModel, CnnModel, LoraSpec, HfModel, ObjectiveModel, ModelSpec
+from specs.sections.model import (
+    LinearModel, MlpModel, CnnModel, LoraSpec, HfModel, CausalLabelWords, MaskedLabelWords, CompletionPrompt, CausalLmModel,
+    MaskedLmModel, ObjectiveModel, ModelSpec,
+)
 from specs.sections.estimator import (
     PublicWarmStart, TwoPointEstimator, DpgdZerothEstimator, PazoMEstimator, PazoPEstimator, PazoSEstimator,
     FirstOrderEstimator, GepEstimator, DopeSgdEstimator, PdaDpmdEstimator, ZoSpiderEstimator, FoSpiderEstimator,
@@ -37,10 +41,12 @@ from specs.sections.budget import (
 )
 
 __all__ = [
-    "Probability", "SklearnSource", "TextSource", "FileSource", "ImageFolderSource", "PackagedImagesSource",
+    "Probability", "SklearnSource", "TextSource", "FileSource", "CompletionsSource", "ImageFolderSource",
+    "PackagedImagesSource",
     "SyntheticSource", "Source", "FractionSplit", "HashedSplit", "ColumnSplit", "SourceSplit", "Split", "BlocksSpec",
     "DataSpec",
-    "LinearModel", "MlpModel", "CnnModel", "LoraSpec", "HfModel", "ObjectiveModel", "ModelSpec", "PublicWarmStart",
+    "LinearModel", "MlpModel", "CnnModel", "LoraSpec", "HfModel", "CausalLabelWords", "MaskedLabelWords",
+    "CompletionPrompt", "CausalLmModel", "MaskedLmModel", "ObjectiveModel", "ModelSpec", "PublicWarmStart",
     "TwoPointEstimator", "DpgdZerothEstimator", "PazoMEstimator", "PazoPEstimator", "PazoSEstimator",
     "FirstOrderEstimator", "GepEstimator", "DopeSgdEstimator", "PdaDpmdEstimator", "ZoSpiderEstimator",
     "FoSpiderEstimator", "ZoNaiveEstimator", "FullGradientEstimator", "EstimatorSpec", "GaussianMechanism",

@@ -112,6 +112,41 @@ class FileSource(Strict):
         return PurePath(self.path).name
 
 
+class CompletionsSource(Strict):
+    """(prompt, completion) rows for generation, from a CSV, Parquet or JSON Lines file or a Hugging Face
+    ``save_to_disk`` folder: one example per row (add/remove neighbours are rows). Each row becomes the causal
+    LM's token ids of the prompt (filled into model.prompt.template) followed by its completion, the
+    completion's tokens marked as the ones scored; read by ``model.kind: causal_lm`` with ``prompt.kind:
+    completion``. Ray workers read the same path."""
+
+    kind: Literal["completions"]
+    path: str = Field(..., min_length=1, description="The file, or the save_to_disk folder. A relative path is "
+                      "taken from the folder of the spec file it is written in.")
+    format: Literal["auto", "csv", "parquet", "jsonl", "hf_disk"] = Field(
+        "auto", description="As data.source.kind file: auto goes by the suffix (a folder is hf_disk).")
+    hf_split: Optional[str] = Field(None, min_length=1, description="With hf_disk: the DatasetDict's split to "
+                                    "read (default: its only split).")
+    prompt: str = Field(..., min_length=1, description="The column holding each row's prompt (the template's "
+                        "{text}).")
+    completion: str = Field(..., min_length=1, description="The column holding each row's completion: the "
+                            "tokens the loss and exact match score.")
+    max_length: int = Field(64, ge=2, le=4096, description="Tokens per row, prompt and completion together; a "
+                            "longer prompt is cut at its end (the template and the completion are kept whole).")
+
+    @model_validator(mode="after")
+    def _two_columns(self):
+        if self.prompt == self.completion:
+            raise ValueError("completion: must be another column than prompt")
+        if self.hf_split is not None and self.format not in ("auto", "hf_disk"):
+            raise ValueError(f"hf_split applies to format hf_disk only, not {self.format}; remove hf_split")
+        return self
+
+    @property
+    def name(self) -> str:
+        """What reports and logs call the source: the file's name."""
+        return PurePath(self.path).name
+
+
 class ImageFolderSource(Strict):
     """Images in one folder per class, ``path/<class>/<image>`` (torchvision's ImageFolder layout): every
     image file is one example (add/remove neighbours are images, so one person's data should be one
@@ -204,8 +239,8 @@ class SyntheticSource(Strict):
         return self.dimension ** 0.5 * min(abs(self.start - 1), abs(self.start + 1))
 
 
-Source = Annotated[Union[SklearnSource, TextSource, FileSource, ImageFolderSource, PackagedImagesSource,
-                         SyntheticSource],
+Source = Annotated[Union[SklearnSource, TextSource, FileSource, CompletionsSource, ImageFolderSource,
+                         PackagedImagesSource, SyntheticSource],
                    Field(discriminator="kind")]
 
 

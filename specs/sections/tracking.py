@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, PositiveInt, field_validator
 
@@ -28,6 +28,11 @@ class TrackingSpec(Strict):
                      f"http(s)://. Default: ${TRACKING_URI_ENV}, else sqlite:///mlflow.db.")
     experiment: Optional[str] = Field(None, description="MLflow experiment; default: the spec name.")
     log_every: PositiveInt = Field(50, description="Steps between metric points (epsilon, eval).")
+    register_as: Literal["weights", "transcript"] = Field(
+        "weights", description="What the registered model version holds. weights: the trained PyTorch model. "
+        "transcript: the resolved spec, the run's journal of (seed, coefficient) steps and a reference to its "
+        "public initial weights (kilobytes, no weights), an MLflow pyfunc whose loading rebuilds the weights by "
+        "replay (flows/transcript.py); only where the journal is the whole trajectory (two_point with sgd).")
 
     @field_validator("uri")
     @classmethod

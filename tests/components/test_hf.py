@@ -56,7 +56,8 @@ def test_builds_from_the_package_and_forwards_a_few_rows(hf_spec_dict, text_data
     assert not torch.equal(_model(other, text_data).head.weight, model.head.weight)
 
 
-@pytest.mark.parametrize("trainable, tensors", [("head", 2), ("bias", 2 + 1 + 6 * 8), ("all", 2 + 101)])
+@pytest.mark.parametrize("trainable, tensors", [("head", 2), ("bias", 2 + 1 + 6 * 8), ("all", 2 + 101),
+                                                ("all_but_embeddings", 2 + 101 - 3)])
 def test_trainable_chooses_what_requires_grad(hf_spec_dict, text_data, trainable, tensors):
     model = _model(hf_spec_dict, text_data, trainable=trainable)
     params = dict(model.named_parameters())
@@ -64,6 +65,9 @@ def test_trainable_chooses_what_requires_grad(hf_spec_dict, text_data, trainable
     assert len(chosen) == tensors and {"head.weight", "head.bias"} <= chosen
     if trainable == "bias":
         assert all(n.endswith("bias") for n in chosen - {"head.weight"})
+    if trainable == "all_but_embeddings":  # word, position and token-type tables frozen; their LayerNorm trains
+        assert not any(n.endswith("_embeddings.weight") for n in chosen)
+        assert "encoder.embeddings.LayerNorm.weight" in chosen
     assert [id(p) for p in models.trainable_parameters(model)] == [id(params[n]) for n in params if n in chosen]
 
 

@@ -196,6 +196,15 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                 forge()
         assert client.get_model_version("digits-retrain", version.version).tags == version.tags
 
+        # a viewer checks the version: the logged ledger URL has no password, so verify asks for one
+        from flows.verify import verify
+
+        monkeypatch.delenv("PRIVZO_LEDGER_URL", raising=False)
+        asked = verify("digits-retrain", version.version, tracking_uri=server)
+        assert not asked.passed and "without its password; give --ledger" in asked.first_mismatch
+        checked = verify("digits-retrain", version.version, tracking_uri=server, ledger_url=f"{PG}/privzo")
+        assert checked.passed, checked.first_mismatch
+
         import sqlalchemy as sa
 
         engine = sa.create_engine(f"{PG}/prefect")

@@ -1,0 +1,135 @@
+"""The memory plan (components/memory.py): its ordering of the estimators on a decoder built from its config alone,
+the one-line refusal of a spec over the device's memory (privzo validate and the run refuse before any row), and
+a small model's plan from its shapes. bench/memory.py --model decoder measures the estimates."""
+import dataclasses
+
+import pandas as pd
+import pytest
+import yaml
+
+import specs
+from components import memory
+from tests.components import tiny_lm
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("memory")
+    pd.DataFrame(tiny_lm.reviews(40)).to_csv(root / "reviews.csv", index=False)
+    tiny_lm.save_model(root / "llama", "llama")
+    return root
+
+
+def _spec(files, estimator, **model):
+    return {"name": "memory", "seed": 1,
+            "data": {"declared_private_rows": 30, "source": {"kind": "file", "path": str(files / "reviews.csv"),
+                                                             "label": "label", "classes": ["neg", "pos"],
+                                                             "text": "text", "max_length": 16},
+                     "split": {"kind": "fraction", "test": 0.2}},
+            "model": {"kind": "causal_lm", "path": str(files / "llama"), "trainable": "all",
+                      "prompt": {"kind": "label_words", "template": "{text} it was", "words": ["bad", "good"]},
+                      **model},
+            "estimator": estimator, "mechanism": {"kind": "gaussian", "clip": 1.0},
+            "privacy": {"epsilon": 8.0, "delta": 1e-5}, "sampling": {"kind": "poisson", "expected_batch_size": 8},
+            "optimizer": {"kind": "sgd", "lr": 0.1, "steps": 2}}
+
+
+REGENERATE = {"kind": "two_point", "queries": 1, "perturbation": "regenerate"}
+CACHE = {"kind": "two_point", "queries": 1, "perturbation": "cache"}
+DP_SGD = {"kind": "first_order"}
+
+
+def test_a_decoder_is_planned_from_its_config_in_the_order_its_estimators_need(files):
+    plans = {name: memory.plan(specs.spec_from_dict(_spec(files, est)))
+             for name, est in (("regenerate", REGENERATE), ("cache", CACHE), ("first_order", DP_SGD))}
+    sizes = plans["regenerate"].sizes
+    assert sizes.trainable == 20_896 and sizes.weights >= 4 * sizes.trainable  # the tiny llama, fp32
+    inference = memory.estimate(sizes, dataclasses.replace(plans["regenerate"].settings, estimator="inference"))
+    steps = {name: p.step for name, p in plans.items()}
+    assert steps["first_order"] > steps["cache"] > steps["regenerate"]
+    # regenerate holds one module's perturbed parameters over inference; cache a direction and a perturbed copy
+    assert steps["regenerate"] - inference.step == sizes.scratch < sizes.trainable_bytes
+    assert steps["cache"] - inference.step == sizes.trainable_bytes + sizes.swapped
+    assert plans["regenerate"].settings.batch == 8 + 12  # Poisson: 8 + 4 sqrt(8), rounded up
+    bf16_spec = specs.spec_from_dict(_spec(files, REGENERATE, precision="bf16"))
+    bf16 = memory.plan(bf16_spec)
+    assert bf16.sizes.weights < 0.6 * sizes.weights
+    # float32 master copies of the trainable parameters, where the model keeps them: the optimizer's state, and
+    # cloned into every checkpoint
+    masters = 4 * sizes.trainable if getattr(bf16_spec.model, "master_weights", False) else 0
+    assert bf16.settings.optimizer_state == masters
+    assert dict(bf16.parts)["last checkpoint"] == bf16.sizes.trainable_bytes + masters
+    lora = memory.plan(specs.spec_from_dict(_spec(files, DP_SGD, trainable="lora")))
+    # rank 8 on q_proj (32 -> 32) and v_proj (32 -> 16) of 2 layers
+    assert lora.sizes.trainable == 2 * 8 * (32 + 32 + 32 + 16)
+    assert lora.step < plans["first_order"].step
+
+
+def test_a_spec_over_the_device_memory_is_refused_in_one_line_with_the_numbers(files, monkeypatch):
+    dp_sgd = specs.spec_from_dict(_spec(files, DP_SGD))
+    planned = memory.plan(dp_sgd)
+    need, light = planned.peak, memory.plan(specs.spec_from_dict(_spec(files, REGENERATE))).peak
+    device = (need + light) // 2
+    monkeypatch.setenv(memory.MEMORY_ENV, str(device))
+    with pytest.raises(ValueError) as err:
+        memory.check_fits(dp_sgd)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"execution: the run needs about {memory.shown(need)} at its peak "
+                              f"({memory.shown(planned.sizes.weights)} of weights and first_order: float64 sums and "
+                              "per-example gradients of 20,896 trainable parameters")
+    assert f"the device has {memory.shown(device)} ({memory.MEMORY_ENV})" in message
+    assert "estimator.kind: two_point with perturbation: regenerate (about" in message
+    memory.check_fits(specs.spec_from_dict(_spec(files, REGENERATE)))  # fits: no error
+    monkeypatch.setenv(memory.MEMORY_ENV, str(planned.sizes.weights - 1))
+    with pytest.raises(ValueError, match=r"what fits: nothing with these weights, which alone need .* a smaller "
+                                         r"model, or model.precision: bf16$"):
+        memory.check_fits(dp_sgd)
+
+
+def test_validate_and_calibrate_refuse_it_and_calibrate_prints_the_plan(files, tmp_path, monkeypatch, capsys):
+    from flows import cli
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_spec(files, DP_SGD)))
+    monkeypatch.setenv(memory.MEMORY_ENV, str(2 ** 20))
+    for command in ("validate", "calibrate"):
+        assert cli.main([command, str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("privzo: error: execution: the run needs about") and "\n" not in err
+        assert "the device has 1 MiB" in err
+    monkeypatch.setenv(memory.MEMORY_ENV, str(2 ** 30))
+    assert cli.main(["calibrate", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-4].startswith("peak memory (estimate):") and "first_order" in lines[-4]
+    assert lines[-1] == f"  device memory:          1 GiB ({memory.MEMORY_ENV})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+
+
+def test_a_linear_model_is_planned_from_its_shapes(tiny_spec_dict):
+    spec = specs.spec_from_dict(tiny_spec_dict)  # linear on digits, two_point, Poisson batch 64
+    assert memory.plan(spec) is None  # its size needs the data's shapes: planned by calibrate and the preflight
+    memory.check_fits(spec)  # nothing to check before the rows
+    p = memory.plan(spec, n_features=64, n_classes=10, n_private=1385, n_eval=360)
+    assert p.sizes.trainable == 650 and p.sizes.weights == 650 * 4
+    assert p.settings.batch == 64 + 32 and p.settings.eval_rows == 360
+    assert 650 * 4 < p.step < 2 ** 20 and p.peak < 2 ** 21
+    tiny_spec_dict["optimizer"] = {"kind": "adam", "lr": 0.01, "steps": 60}
+    adam = memory.plan(specs.spec_from_dict(tiny_spec_dict), n_features=64, n_classes=10, n_private=1385, n_eval=360)
+    assert (adam.settings.optimizer_state, adam.settings.optimizer_step) == (2 * 650 * 4, 650 * 4)  # moments, gradient
+    assert adam.peak > p.peak
+
+
+def test_the_guide_states_what_the_planner_says_of_a_7b_decoder():
+    """docs/guide/specs-and-data.md's example: Llama-2-7B's shape in bf16, planned from its config alone."""
+    from bench.memory import LARGE, planned_decoder
+    from tests.conftest import ROOT
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**LARGE)
+    planned = {case: planned_decoder(case, config, "bf16", 16, 128) for case in ("inference", "regenerate", "dp_sgd")}
+    guide = " ".join((ROOT / "docs" / "guide" / "specs-and-data.md").read_text().split())
+    said = (f"so a step on 7B parameters needs about {planned['dp_sgd'] / 2**30:.0f} GiB in bf16 where DPZero's in "
+            f"regenerate mode needs {planned['regenerate'] / 2**30:.0f} GiB, "
+            f"{planned['regenerate'] / planned['inference']:.2f}× its inference")
+    assert said in guide, said
