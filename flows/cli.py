@@ -356,9 +356,9 @@ def cmd_budget_owner(args) -> int:
     a viewer's rights. Both need the credentials of the ledger's owner (a worker's are refused)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from flows.ledger import PrivacyLedger, _driver_reason, _shown_where
+    from flows.ledger import PrivacyLedger, driver_reason, shown_url
 
-    where = _shown_where(args.ledger)
+    where = shown_url(args.ledger)
     try:
         terms = _init_terms(args) if args.action == "init" else None
         ledger = PrivacyLedger(args.ledger)
@@ -373,7 +373,7 @@ def cmd_budget_owner(args) -> int:
                          "with the ledger owner's credentials")
         new = ledger.register(terms)
     except SQLAlchemyError as err:
-        return _fail(f"--ledger: {where}: {_driver_reason(err)}")
+        return _fail(f"--ledger: {where}: {driver_reason(err)}")
     print(f"{terms.dataset}: {'registered' if new else 'already registered'} in {where} with lifetime epsilon "
           f"{terms.lifetime_epsilon:g} at delta {terms.delta:g} ({terms.accountant}, {terms.neighboring}); runs "
           "charged to it are admitted within that, each block's own with data.blocks")

@@ -226,13 +226,20 @@ class DatasetTerms:
                    spec.privacy.neighboring)
 
 
-def _shown_where(url: str) -> str:
-    from sqlalchemy.engine import make_url
+def shown_url(url: Optional[str]) -> str:
+    """A database URL as it may be shown: its password as ***, since a team ledger's URL holds one."""
+    if not url:
+        return "(none)"
+    try:
+        from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)  # a team ledger's URL holds a password
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - only for display
+        return url
 
 
-def _driver_reason(err: BaseException) -> str:
+def driver_reason(err: BaseException) -> str:
+    """The database driver's own last line of an error (not SQLAlchemy's page of context)."""
     reason = str(getattr(err, "orig", None) or err).strip().splitlines()
     return reason[-1] if reason else type(err).__name__
 
@@ -244,14 +251,14 @@ def ledger_for_spending(url: str, terms: Optional[DatasetTerms] = None) -> "Priv
     wrong password, a read-only role or file, a worker's run on a dataset nobody registered."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    where = _shown_where(url)
+    where = shown_url(url)
     try:
         ledger = PrivacyLedger(url)
         missing = ledger.missing_write_grants()
         if not missing and terms is not None:
             ledger.check_registration(terms)
     except SQLAlchemyError as err:
-        raise LedgerUnavailable(where, _driver_reason(err)) from None
+        raise LedgerUnavailable(where, driver_reason(err)) from None
     except OSError as err:
         raise LedgerUnavailable(where, err.strerror or str(err)) from None
     if missing:
@@ -442,7 +449,7 @@ class PrivacyLedger:
         ds = self.dataset(terms.dataset)
         if ds is None:
             if not self.may_register():
-                raise DatasetNotRegistered(terms.dataset, _shown_where(self.url))
+                raise DatasetNotRegistered(terms.dataset, shown_url(self.url))
             return
         self._check_terms(ds, terms.lifetime_epsilon, terms.accountant, terms.neighboring)
 
@@ -748,9 +755,9 @@ class PrivacyLedger:
         except DBAPIError as err:
             # a role refused a write mid-reservation (a worker re-keying a dataset's rows: the owner's act);
             # the transaction rolled back, so nothing was written
-            if "permission denied" not in _driver_reason(err) and "violates foreign key" not in _driver_reason(err):
+            if "permission denied" not in driver_reason(err) and "violates foreign key" not in driver_reason(err):
                 raise
-            raise LedgerUnavailable(_shown_where(self.url), _driver_reason(err)) from None
+            raise LedgerUnavailable(shown_url(self.url), driver_reason(err)) from None
 
     def _reserve(self, *, dataset, fingerprint, run_name, planned, steps, lifetime_epsilon, delta, accountant,
                  neighboring, private_rows, exposed_rows, row_layout, legacy_layout, legacy_rows, charge_id, blocks,
@@ -759,7 +766,7 @@ class PrivacyLedger:
             ds = self._lock(session, dataset)
             if ds is None:
                 if not self.may_register():
-                    raise DatasetNotRegistered(dataset, _shown_where(self.url))
+                    raise DatasetNotRegistered(dataset, shown_url(self.url))
                 ds = DatasetRow(dataset=dataset, lifetime_epsilon=lifetime_epsilon, delta=delta,
                                 accountant=accountant, neighboring=neighboring)
                 session.add(ds)

@@ -54,6 +54,7 @@ from mlflow.exceptions import MlflowException
 import specs
 from specs.sections.tracking import tracking_uri_from_env
 from components.accountants import Accountant, event_from_json
+from flows.ledger import shown_url
 
 OK, FAILED, NOT_APPLICABLE, NOT_RUN = "ok", "failed", "not applicable", "not run"
 CHECKS = ("source run", "ledger charge", "epsilon", "model guarantee", "spec and fingerprint", "weights")
@@ -91,7 +92,7 @@ class VerifyReport:
     def headline(self) -> str:
         where = f"{self.model_name} version {self.version}"
         if self.passed:
-            return f"{where}: verified against ledger {_shown_url(self.ledger_url)} and run {self.run_id}"
+            return f"{where}: verified against ledger {shown_url(self.ledger_url)} and run {self.run_id}"
         return f"{where}: FAILED: {self.first_mismatch or 'not every check ran'}"
 
     def lines(self) -> List[str]:
@@ -144,17 +145,6 @@ def _model_version(client: mlflow.MlflowClient, name: str, version: Optional[str
     except MlflowException as err:
         raise ValueError(f"verify: no version {version} of registered model {name!r} in {client.tracking_uri} "
                          f"({str(err.message).splitlines()[0]})") from None
-
-
-def _shown_url(url: Optional[str]) -> str:
-    if not url:
-        return "(none)"
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)  # a team ledger's URL may hold a password
-    except Exception:  # noqa: BLE001 - only for display
-        return url
 
 
 def _pair(sentence: str) -> Optional[Tuple[str, str]]:
@@ -256,7 +246,7 @@ class _Verifier:
     def _ledger_charge(self) -> Tuple[str, str]:
         charge = self._charge_of(self.run.info.run_id, self.spec)
         self.charge = charge
-        return OK, (f"charge {charge.id} on dataset {charge.dataset!r} in {_shown_url(charge.ledger)}: committed, "
+        return OK, (f"charge {charge.id} on dataset {charge.dataset!r} in {shown_url(charge.ledger)}: committed, "
                     f"{charge.steps_run} of {charge.steps_planned} planned steps")
 
     def _epsilon(self) -> Tuple[str, str]:
@@ -616,7 +606,7 @@ class _Verifier:
         if url not in self._ledgers:
             parsed = make_url(url)
             if parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database):
-                raise _Mismatch(f"ledger {_shown_url(url)} does not exist (no file {parsed.database}), so no charge "
+                raise _Mismatch(f"ledger {shown_url(url)} does not exist (no file {parsed.database}), so no charge "
                                 "records what the run spent")
             self._ledgers[url] = PrivacyLedger(url)
         return self._ledgers[url], url
@@ -642,19 +632,19 @@ class _Verifier:
         if not live:
             elsewhere = sorted({r.dataset for r in rows if r.dataset != dataset and r.status != ABORTED})
             if elsewhere:
-                raise _Mismatch(f"run {run_id} is charged to dataset {elsewhere[0]!r} in {_shown_url(url)}, its spec "
+                raise _Mismatch(f"run {run_id} is charged to dataset {elsewhere[0]!r} in {shown_url(url)}, its spec "
                                 f"names {dataset!r}")
             if rows:
-                raise _Mismatch(f"run {run_id}'s charge {rows[-1].id} in {_shown_url(url)} was aborted: the ledger "
+                raise _Mismatch(f"run {run_id}'s charge {rows[-1].id} in {shown_url(url)} was aborted: the ledger "
                                 "counts nothing for it")
-            raise _Mismatch(f"run {run_id} has no charge in ledger {_shown_url(url)} (dataset {dataset!r}): nothing "
+            raise _Mismatch(f"run {run_id} has no charge in ledger {shown_url(url)} (dataset {dataset!r}): nothing "
                             "there records what it spent")
         if len(live) > 1:
-            raise _Mismatch(f"run {run_id} has {len(live)} charges on dataset {dataset!r} in {_shown_url(url)}; a run "
+            raise _Mismatch(f"run {run_id} has {len(live)} charges on dataset {dataset!r} in {shown_url(url)}; a run "
                             "is charged once")
         row = live[0]
         if row.status != COMMITTED:
-            raise _Mismatch(f"run {run_id}'s charge {row.id} in {_shown_url(url)} is {row.status}, not committed: the "
+            raise _Mismatch(f"run {run_id}'s charge {row.id} in {shown_url(url)} is {row.status}, not committed: the "
                             "run did not finish (or is still running)")
         charge = _Charge(row.id, row.dataset, row.fingerprint, row.run_name, row.status, row.steps_planned,
                          row.steps_run, event_from_json(row.planned_event), event_from_json(row.executed_event),

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.flows.forging import dress_as
+
 pytestmark = pytest.mark.e2e
 
 NAME = "tiny-digits-transcript"
@@ -184,10 +186,7 @@ def test_a_transcript_that_is_not_the_run_s_fails_verify_and_loading(runs, clien
     with mlflow.start_run(run_id=transcript.run_id):
         info = log_transcript_model(edited, rows, np.zeros((2, 10), dtype="float32"), NAME)
     version = str(info.registered_model_version)
-    second = client.get_model_version(NAME, "2")
-    for key, value in second.tags.items():
-        client.set_model_version_tag(NAME, version, key, value)
-    client.update_model_version(NAME, version, description=second.description)
+    dress_as(client, NAME, version, client.get_model_version(NAME, "2"))
     report = verify(NAME, version, tracking_uri=uri)
     assert [c.status for c in report.checks][-1] == "failed" and report.checks[-1].name == "weights"
     assert report.first_mismatch == (f"version {version} is a transcript whose journal is not run "

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.flows.forging import dress_as
+
 pytestmark = pytest.mark.e2e
 
 NAME = "tiny-digits"
@@ -99,10 +101,7 @@ def test_weights_changed_after_registration_fail_the_replay(trained, client):
     with mlflow.start_run(run_id=result["run_id"]):
         info = mlflow.pytorch.log_model(model, name="model", registered_model_name=NAME, input_example=ROWS)
     version = str(info.registered_model_version)
-    first = client.get_model_version(NAME, "1")
-    for key, value in first.tags.items():
-        client.set_model_version_tag(NAME, version, key, value)
-    client.update_model_version(NAME, version, description=first.description)
+    dress_as(client, NAME, version, client.get_model_version(NAME, "1"))
 
     report = verify(NAME, version, tracking_uri=uri)
     assert not report.passed
