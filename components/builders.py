@@ -108,8 +108,8 @@ def build_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Modu
 def model_dimension(spec: RunSpec, n_features: int, n_classes: int) -> int:
     """d: the trainable parameters of the spec's model (from its shapes; pretrained models are not sized)."""
     if not MODEL_TRAITS[spec.model.kind].sized_from_shapes:
-        raise ValueError("optimizer.kind: o2nc needs the model's dimension before training; a pretrained "
-                         "encoder is not supported")
+        raise ValueError(f"optimizer.kind: {spec.optimizer.kind} needs the model's dimension before training; a "
+                         f"pretrained model (model.kind {spec.model.kind}) is not supported")
     return sum(p.numel() for p in _meta_model(spec, n_features, n_classes).parameters())
 
 

@@ -132,6 +132,62 @@ def package_missing(name: str, field: str) -> Optional[str]:
             f"`{extra}` extra: pip install -e '.[{extra}]'")
 
 
+# A packaged text corpus (components/data/text.py reads its lines): the folder of its topic files inside the
+# package SHIPPED names, and the corpus whose topics are its classes (None: its own). A class is a topic
+# file's name, in file-name order, so validate knows a corpus's classes from its file names alone.
+TEXT_CORPORA = {"chatterbot": ("data/english", None), "chatterbot_italian": ("data/italian", "chatterbot")}
+
+
+def topic_files(directory) -> List[Path]:
+    """A chatterbot-style corpus's topic files (``*.yml``, ``*.yaml``), in file-name order: their names are its
+    topics, and the order is its classes' (so labels are stable)."""
+    return sorted(p for p in Path(directory).iterdir() if p.suffix in (".yml", ".yaml"))
+
+
+def corpus_folder(name: str) -> Path:
+    """Where a text corpus's topic files are (located without importing its package)."""
+    missing = package_missing(name, "data.source.name")
+    if missing:
+        raise ValueError(missing)
+    locations = find_spec(SHIPPED[name][0]).submodule_search_locations
+    return Path(list(locations)[0]) / TEXT_CORPORA[name][0]
+
+
+def corpus_classes(name: str) -> List[str]:
+    """A text corpus's classes: its topics, or those of the corpus it translates."""
+    return [p.stem for p in topic_files(corpus_folder(TEXT_CORPORA[name][1] or name))]
+
+
+def topic_problem(name: str, topics: Sequence[str], classes: Sequence[str]) -> Optional[str]:
+    """data.source.topics naming a topic that is not one of the corpus's classes (one line, naming them)."""
+    unknown = [t for t in topics if t not in classes]
+    if not unknown:
+        return None
+    return f"data.source.topics: {unknown[0]!r} is not a topic of {name}; allowed: {', '.join(classes)}"
+
+
+def label_word_problem(n_words: int, n_classes: int) -> Optional[str]:
+    """One label word per class: the line the language model's loader refuses a mismatch with."""
+    if n_words == n_classes:
+        return None
+    return (f"model.prompt.words: {n_words} words for the {n_classes} classes of data.source; give one word per "
+            "class, in the order of the classes")
+
+
+def text_problems(source, words: Optional[Sequence[str]] = None) -> List[str]:
+    """A text source's topics against its corpus's, and ``words`` (a label-word prompt's) against its classes:
+    the topics it selects, else every topic of the corpus."""
+    if package_missing(source.name, "data.source.name"):
+        return []  # refused by the package check, in its own line
+    classes = corpus_classes(source.name)
+    problem = topic_problem(source.name, source.topics, classes) if source.topics is not None else None
+    if problem:
+        return [problem]
+    if words is not None:
+        problem = label_word_problem(len(words), len(source.topics if source.topics is not None else classes))
+    return [problem] if problem else []
+
+
 HF_DATASETS_MISSING = "data.source.format: hf_disk needs Hugging Face datasets (pip install 'privzo[datasets]')"
 NOT_SAVED_TO_DISK = ("is not a folder written by save_to_disk (no dataset_info.json and state.json, nor "
                      "dataset_dict.json)")
@@ -250,10 +306,12 @@ def images_problems(path, classes: Sequence[str]) -> List[str]:
     return []
 
 
-def source_problems(source, field: str = "data.source", public_flag: Optional[str] = None, blocks=None) -> List[str]:
+def source_problems(source, field: str = "data.source", public_flag: Optional[str] = None, blocks=None,
+                    words: Optional[Sequence[str]] = None) -> List[str]:
     """A spec's data source (or public source, ``field`` data.split.public_source) checked by its names: file
-    and image sources; the packaged ones (sklearn, text, synthetic) have nothing to check. ``blocks``
-    (data.blocks): its arrival and person columns must be there too."""
+    and image sources, and a text corpus's topics (with ``words``, a label-word prompt's, one per class); the
+    other packaged ones (sklearn, synthetic) have nothing to check. ``blocks`` (data.blocks): its arrival and
+    person columns must be there too."""
     if source.kind == "file":
         metadata = [] if blocks is None else [(f"data.blocks.{field}", column) for field, column in
                                               (("arrival", blocks.arrival), ("person", blocks.person)) if column]
@@ -271,6 +329,8 @@ def source_problems(source, field: str = "data.source", public_flag: Optional[st
                 break
     elif source.kind == "images":
         problems = images_problems(source.path, source.classes)
+    elif source.kind == "text":
+        problems = text_problems(source, words)
     else:
         return []
     return _renamed(problems, field)

@@ -52,8 +52,10 @@ def cmd_validate(args) -> int:
     from components.data_check import source_problems  # standard library only: no torch
 
     split = spec.data.split
+    prompt = getattr(spec.model, "prompt", None)  # label words: one per class of a text corpus, counted by name
+    words = prompt.words if prompt is not None and prompt.kind == "label_words" else None
     problems = source_problems(spec.data.source, "data.source", split.column if split.kind == "column" else None,
-                               spec.data.blocks)
+                               spec.data.blocks, words=words)
     if split.kind == "source":
         problems += source_problems(split.public_source, "data.split.public_source")
     problems += missing_packages(spec)
@@ -568,7 +570,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--tracking-uri", default=None, help="default: the first spec's tracking.uri")
     p.add_argument("--experiment", default="privzo-sweep")
-    p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it)")
+    p.add_argument("--out", default=None, help="write the markdown table here (plus .csv and .png beside it); the "
+                   "table and CSV are rewritten after every finished cell")
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("reproduce", help="the papers' rate experiments (nonsmooth: E1 to E5 of the two nonsmooth papers; kl: E6 "
                        "to E9 of the KL paper (Menart et al.); dpzero: Figure 1 of DPZero)")

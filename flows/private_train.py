@@ -442,6 +442,11 @@ def initial_weights(spec: specs.RunSpec, built: builders.Built, source: Optional
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
     """Metrics on the declared evaluation split and on public data only (never private training rows)."""
+    return evaluation(built, data)
+
+
+def evaluation(built: builders.Built, data: SplitData) -> Dict[str, float]:
+    """``evaluate``'s metrics, as a plain function (a sweep cell, itself a task, evaluates with it too)."""
     dev = built.device
     out = {f"eval/{k}": v for k, v in models.evaluate(
         built.model, torch.as_tensor(data.test.features, device=dev), torch.as_tensor(data.test.labels, device=dev)

@@ -17,6 +17,12 @@ markdown table has one table per metric, each listing the specs that have it; th
 metric (empty where a cell lacks it); the plot one panel per metric. A sweep of classifiers only prints
 the one accuracy table as before, without a heading. So mixed sweeps (classifiers with objectives) run,
 and no row ever sets an accuracy beside an excess risk.
+
+Each child run logs, like every training run, its evaluation at step 0 (the model before any private step: a
+pretrained model's zero-shot score); each metric's table has an "at step 0" column beside the final ones,
+read from the child runs' metric histories, and the CSV a ``<metric>_at_step0`` column. With ``output``, the
+table and the CSV are rewritten (atomically) after every finished cell, so a sweep stopped at a deadline
+leaves the cells it finished, under a line saying how many of how many.
 """
 from __future__ import annotations
 
@@ -32,57 +38,80 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import mlflow
-import torch
 from mlflow.entities import Metric, Param, RunTag
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 import specs
-from components import builders, models
-from components.protocols import Certifying, Finalizing
-from flows.private_train import epsilon_metric
+from components import builders
+from components.protocols import Finalizing
+from flows.private_train import epsilon_metric, evaluation
 from flows.reporting import summarize
 from flows.tracking import dp_tags, log_text_artifacts
 
 
 @task(name="sweep-cell", cache_policy=NO_CACHE, retries=0)
 def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dict[str, Any]:
-    """Train one cell to the end and log it as a child run; noise is drawn here, so never retried."""
+    """Train one cell to the end and log it as a child run; noise is drawn here, so never retried.
+
+    Like every training run, the child run logs the model's evaluation before any private step at step 0
+    (on the test and public rows only: a pretrained model's zero-shot score) and the trained model's at the
+    last step. The cell's ``step0`` (its headline metrics at step 0) is read back from the child run's metric
+    history, so the table shows what MLflow holds."""
     start = time.perf_counter()
     data = builders.load_data(spec)
-    n = len(data.private)
     resolved, _rate, _planned = builders.plan(spec, data)
     built = builders.build_loop(resolved, data)
-    builders.public_warm_start(resolved, built)
-    built.loop.run(resolved.optimizer.steps)
-    optimizer = built.loop.backend.optimizer
-    if isinstance(optimizer, Finalizing):  # the output `privzo run` evaluates (O2NC's window average, a KL pick)
-        optimizer.finalize()
-    test = models.evaluate(built.model, torch.as_tensor(data.test.features, device=built.device),
-                           torch.as_tensor(data.test.labels, device=built.device))
-    if isinstance(optimizer, Certifying) and optimizer.certificate() is not None:
-        test["goldstein_certificate"] = optimizer.certificate()  # exact: the synthetic objective reads no row for it
-    seconds = time.perf_counter() - start  # loading, planning, warm start, training and evaluation
-    eps = built.loop.tracker.epsilon()
+    warm_steps = builders.public_warm_start(resolved, built)
     privacy = resolved.privacy
-    summary = summarize(resolved, eps, built.loop.tracker.steps, built.loop.sampler,
-                        built.loop.estimator.queries_per_step, rho=built.loop.tracker.rho(),
-                        noise_source=built.loop.mechanism.noise_source)
+    steps = resolved.optimizer.steps
     client = mlflow.MlflowClient()
-    run = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}-s{resolved.seed}",
-                            tags={"mlflow.parentRunId": parent_run_id, "privzo.estimator": resolved.estimator.kind})
-    client.log_batch(run.info.run_id,
-                     params=[Param(k, v) for k, v in specs.flatten(resolved).items()],
-                     metrics=[Metric(f"eval/{k}", v, 0, resolved.optimizer.steps) for k, v in test.items()]
-                     + [Metric("time/seconds", seconds, 0, resolved.optimizer.steps)]
-                     + ([Metric(epsilon_metric(resolved), eps, 0, resolved.optimizer.steps)]
-                        if epsilon_metric(resolved) else []),
-                     tags=[RunTag(k, v) for k, v in dp_tags(summary, data.private.fingerprint).items()])
-    client.set_terminated(run.info.run_id, "FINISHED")
+    run_id = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}"
+                               f"-s{resolved.seed}", tags={"mlflow.parentRunId": parent_run_id,
+                                                           "privzo.estimator": resolved.estimator.kind}).info.run_id
+    try:
+        before = {**({"public/warm_start_steps": warm_steps} if warm_steps else {}), **evaluation(built, data)}
+        client.log_batch(run_id, params=[Param(k, v) for k, v in specs.flatten(resolved).items()],
+                         metrics=_metrics_at(before, 0))
+        built.loop.run(steps)
+        optimizer = built.loop.backend.optimizer
+        if isinstance(optimizer, Finalizing):  # the output `privzo run` evaluates (O2NC's window average, a KL pick)
+            optimizer.finalize()
+        after = evaluation(built, data)  # with O2NC's certificate: exact, the synthetic objective reads no row for it
+        seconds = time.perf_counter() - start  # loading, planning, warm start, training and both evaluations
+        eps = built.loop.tracker.epsilon()
+        summary = summarize(resolved, eps, built.loop.tracker.steps, built.loop.sampler,
+                            built.loop.estimator.queries_per_step, rho=built.loop.tracker.rho(),
+                            noise_source=built.loop.mechanism.noise_source)
+        client.log_batch(run_id, metrics=_metrics_at({**after, "time/seconds": seconds, **(
+            {epsilon_metric(resolved): eps} if epsilon_metric(resolved) else {})}, steps),
+                         tags=[RunTag(k, v) for k, v in dp_tags(summary, data.private.fingerprint).items()])
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    test = {k.split("/", 1)[1]: v for k, v in after.items() if k.startswith("eval/")}
     shown = headline(test)
     return {"name": resolved.name, "estimator": resolved.estimator.kind, "epsilon": privacy.epsilon if privacy else math.inf,
-            "seed": resolved.seed, **{m: test[m] for m in shown}, "metrics": shown, "spent_epsilon": eps,
-            "seconds": seconds, "private": resolved.private}
+            "seed": resolved.seed, **{m: test[m] for m in shown}, "metrics": shown,
+            "step0": logged_at_step0(client, run_id, shown), "spent_epsilon": eps, "seconds": seconds,
+            "private": resolved.private}
+
+
+def _metrics_at(values: Dict[str, float], step: int) -> List[Metric]:
+    now = int(time.time() * 1000)
+    return [Metric(k, float(v), now, step) for k, v in values.items()]
+
+
+def logged_at_step0(client, run_id: str, metrics: List[str]) -> Dict[str, float]:
+    """The headline metrics a run logged at step 0 (``eval/<metric>``: the model before any private step),
+    read from its metric history; a metric it did not log then (O2NC's certificate) is left out."""
+    found = {}
+    for m in metrics:
+        at_start = [x.value for x in client.get_metric_history(run_id, f"eval/{m}") if x.step == 0]
+        if at_start:
+            found[m] = at_start[-1]  # the last one logged at step 0
+    return found
 
 
 NOT_PRIVATE = "NOT private"
@@ -140,26 +169,38 @@ def _label(name: str, cells: List[Dict[str, Any]]) -> str:
     return name if all(c.get("private", True) for c in cells if c["name"] == name) else f"{name} ({NOT_PRIVATE})"
 
 
+def _step0_of(cell: Dict[str, Any], metric: str) -> Optional[float]:
+    """A cell's metric at step 0 (the model before any private step), or None (cells made before step 0 was
+    logged, a metric not logged at step 0)."""
+    return (cell.get("step0") or {}).get(metric)
+
+
 def results_csv(cells: List[Dict[str, Any]]) -> str:
-    """One line per cell, a column per headline metric of the sweep (empty where a cell has not that metric);
+    """One line per cell, a column per headline metric of the sweep (empty where a cell has not that metric),
+    then ``<metric>_at_step0`` for each metric logged at step 0 (the model before any private step);
     ``seconds`` is the cell's wall time (empty if not measured); ``private`` false marks a cell whose epsilon
     is nominal or none."""
     metrics = _metrics(cells)
+    at_start = [m for m in metrics if any(_step0_of(c, m) is not None for c in cells)]
 
-    def value(c: Dict[str, Any], m: str) -> str:
-        if m not in _metrics_of(c):
-            return ""
-        return format(c[m], ".6f" if METRICS[m].percent else ".6g")
+    def value(v: Optional[float], m: str) -> str:
+        return "" if v is None else format(v, ".6f" if METRICS[m].percent else ".6g")
 
-    return f"name,estimator,epsilon,seed,{','.join(metrics)},spent_epsilon,seconds,private\n" + "".join(
-        f"{c['name']},{c['estimator']},{c['epsilon']},{c['seed']},{','.join(value(c, m) for m in metrics)},"
-        f"{c['spent_epsilon']:.6g},{'' if c.get('seconds') is None else format(c['seconds'], '.1f')},"
-        f"{str(c.get('private', True)).lower()}\n" for c in cells)
+    columns = ["name", "estimator", "epsilon", "seed", *metrics, *(f"{m}_at_step0" for m in at_start),
+               "spent_epsilon", "seconds", "private"]
+    return ",".join(columns) + "\n" + "".join(",".join([
+        c["name"], c["estimator"], str(c["epsilon"]), str(c["seed"]),
+        *(value(c[m] if m in _metrics_of(c) else None, m) for m in metrics),
+        *(value(_step0_of(c, m), m) for m in at_start),
+        format(c["spent_epsilon"], ".6g"), "" if c.get("seconds") is None else format(c["seconds"], ".1f"),
+        str(c.get("private", True)).lower()]) + "\n" for c in cells)
 
 
-def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
+def results_table(cells: List[Dict[str, Any]], epsilons: List[float], pending: int = 0) -> str:
     """Mean (± std over seeds) of each spec at each epsilon: one table per headline metric, listing the specs
-    that have it (a sweep of classifiers: the accuracy table alone, without a heading)."""
+    that have it (a sweep of classifiers: the accuracy table alone, without a heading). Where the cells logged
+    it, an "at step 0" column gives the model before any private step (a pretrained model's zero-shot score).
+    ``pending``: cells not finished yet (a table written while the sweep runs says so under it)."""
     metrics = _metrics(cells)
     if metrics == ["accuracy"]:
         lines = _metric_table(cells, epsilons, "accuracy")
@@ -174,7 +215,20 @@ def results_table(cells: List[Dict[str, Any]], epsilons: List[float]) -> str:
     if any(not c.get("private", True) for c in cells):
         lines.append(f"\n{NOT_PRIVATE}: no (ε, δ) guarantee holds for a row so marked; an insecure_deterministic "
                      "row's ε is nominal (its noise and batches come from the public seed).")
-    return "\n".join(lines) + "\n"
+    if pending:
+        lines.append(f"\nPartial: {len(cells)} of {len(cells) + pending} cells finished when this was written (the "
+                     "sweep writes it after each cell; an interrupted sweep leaves the cells it finished).")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _step0_shown(cells: List[Dict[str, Any]], metric: str) -> str:
+    """A spec's metric at step 0: the same model at every epsilon of a seed (its seed's initialisation and
+    public warm start), so one value per seed (the mean over its epsilons), shown as mean (± std over seeds)."""
+    by_seed = defaultdict(list)
+    for c in cells:
+        if _step0_of(c, metric) is not None:
+            by_seed[c["seed"]].append(_step0_of(c, metric))
+    return _shown(metric, [statistics.mean(v) for v in by_seed.values()]) if by_seed else "–"
 
 
 def _metric_table(cells: List[Dict[str, Any]], epsilons: List[float], metric: str) -> List[str]:
@@ -184,11 +238,12 @@ def _metric_table(cells: List[Dict[str, Any]], epsilons: List[float], metric: st
     names = list(dict.fromkeys(c["name"] for c in cells))
     # a mechanism none spec runs once per seed at epsilon inf: its own column, not a row of dashes
     columns = list(epsilons) + ([math.inf] if any(c["epsilon"] == math.inf for c in cells) else [])
-    head = "| spec | " + " | ".join(f"ε = {e:g}" if math.isfinite(e) else "no DP" for e in columns) + \
-        " | s / run |"
-    lines = [head, "|---|" + "---|" * (len(columns) + 1)]
+    at_start = any(_step0_of(c, metric) is not None for c in cells)  # not in tables of cells made before
+    head = "| spec | " + ("at step 0 | " if at_start else "") + \
+        " | ".join(f"ε = {e:g}" if math.isfinite(e) else "no DP" for e in columns) + " | s / run |"
+    lines = [head, "|---|" + "---|" * (len(columns) + 1 + at_start)]
     for name in names:
-        row = []
+        row = [_step0_shown([c for c in cells if c["name"] == name], metric)] if at_start else []
         for e in columns:
             values = by.get((name, e), [])
             row.append(_shown(metric, values) if values else "–")
@@ -273,6 +328,42 @@ def argument_problem(epsilons: List[float], seeds: List[int], output: Optional[s
     return None
 
 
+def _logged(metric: str, value: float) -> str:
+    return format(value, ".4f" if METRICS[metric].percent else ".4g")
+
+
+def write_atomically(path: Path, content) -> None:
+    """``content`` (text or bytes) at ``path``, whole or not at all: written beside it, then renamed over it,
+    so a reader (or a sweep killed mid-write) never finds half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(content.encode("utf-8") if isinstance(content, str) else content)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(output: str, cells: List[Dict[str, Any]], epsilons: List[float], total: int) -> None:
+    """The markdown table at ``output`` and the CSV beside it, for the cells finished so far (of ``total``)."""
+    write_atomically(Path(output), results_table(cells, epsilons, pending=total - len(cells)))
+    write_atomically(Path(output).with_suffix(".csv"), results_csv(cells))
+
+
+def _write_so_far(output: str, cells: List[Dict[str, Any]], epsilons: List[float], total: int, logger) -> None:
+    """The outputs while the sweep runs; a write that fails is a warning, not the end of the sweep (MLflow holds
+    every cell, and the final write, after MLflow's copies, raises as before). The plot is written at the end
+    only: an earlier sweep's is removed, so it never stands beside this sweep's cells."""
+    try:
+        write_outputs(output, cells, epsilons, total)
+        Path(output).with_suffix(".png").unlink(missing_ok=True)
+    except OSError as err:
+        logger.warning("--out: cannot write %s after %d of %d cells (%s); the sweep goes on", output, len(cells),
+                       total, err.strerror or err)
+
+
 @flow(name="sweep", log_prints=True)
 def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracking_uri: Optional[str] = None,
           experiment: str = "privzo-sweep", output: Optional[str] = None) -> Dict[str, Any]:
@@ -292,9 +383,12 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
     client.log_batch(parent.info.run_id, params=[
         Param("sweep.specs", ",".join(s.name for s in base_specs)), Param("sweep.epsilons", ",".join(map(str, epsilons))),
         Param("sweep.seeds", ",".join(map(str, seeds)))])
-    cells = []
+    cells: List[Dict[str, Any]] = []
+    total = sum((len(epsilons) if base.privacy is not None else 1) * len(seeds) for base in base_specs)
     logger = get_run_logger()
     try:
+        if output:  # nothing of an earlier sweep's may stand beside this one's cells
+            _write_so_far(output, cells, epsilons, total, logger)
         for base in base_specs:
             for eps in epsilons if base.privacy is not None else [math.inf]:
                 for seed in seeds:
@@ -303,10 +397,12 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
                     if base.privacy is not None:
                         data["privacy"]["epsilon"] = eps
                     cell = run_cell(specs.spec_from_dict(data), parent.info.run_id, exp.experiment_id)
-                    logger.info("%s eps=%s seed=%d: %s", cell["name"], eps, seed,
-                                ", ".join(f"{m} {cell[m]:{'.4f' if METRICS[m].percent else '.4g'}}"
-                                          for m in cell["metrics"]))
+                    logger.info("%s eps=%s seed=%d: %s", cell["name"], eps, seed, ", ".join(
+                        f"{m} {_logged(m, cell[m])}" + (f" (step 0: {_logged(m, cell['step0'][m])})"
+                                                        if m in cell["step0"] else "") for m in cell["metrics"]))
                     cells.append(cell)
+                    if output:  # after every cell: a sweep stopped at a deadline leaves the cells it finished
+                        _write_so_far(output, cells, epsilons, total, logger)
         table = results_table(cells, epsilons)
         csv = results_csv(cells)
         log_text_artifacts(client, parent.info.run_id, {"results.md": table, "results.csv": csv})
@@ -316,10 +412,8 @@ def sweep(spec_paths: List[str], epsilons: List[float], seeds: List[int], tracki
             p.write_bytes(png)
             client.log_artifact(parent.info.run_id, str(p), artifact_path="plots")
         if output:  # after the MLflow copies: a local write that fails loses nothing
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
-            Path(output).with_suffix(".png").write_bytes(png)
-            Path(output).write_text(table)
-            Path(output).with_suffix(".csv").write_text(csv)
+            write_atomically(Path(output).with_suffix(".png"), png)
+            write_outputs(output, cells, epsilons, total)
     except BaseException:
         client.set_terminated(parent.info.run_id, "FAILED")
         raise

@@ -155,6 +155,12 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
     if public_table.n_classes != table.n_classes:
         raise ValueError(f"data.split.public_source: {public_table.n_classes} classes, the main source has "
                          f"{table.n_classes}")
+    if None not in (table.class_names, public_table.class_names) and \
+            [str(c) for c in public_table.class_names] != [str(c) for c in table.class_names]:
+        # a label is a position among the classes: the same count in another order would relabel public rows
+        raise ValueError(f"data.split.public_source: its classes are {', '.join(map(str, public_table.class_names))}, "
+                         f"the main source's {', '.join(map(str, table.class_names))}; give both the same, in the "
+                         "same order")
     if table.columns is not None and public_table.columns is not None:
         missing = [c for c in table.columns if c not in public_table.columns]
         extra = [c for c in public_table.columns if c not in table.columns]

@@ -6,6 +6,7 @@ arrays, so the split, the content fingerprints and index-based batches work as f
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -15,25 +16,16 @@ import yaml
 from components import pretrained
 from components.data.prompts import Prompt, encode_prompted
 from components.data.table import Table
-from components.data_check import package_missing
+from components.data_check import TEXT_CORPORA, corpus_folder, topic_files, topic_problem
 from components.registry import SOURCES
 
 
-def _chatterbot(language: str) -> Path:
-    missing = package_missing("chatterbot", "data.source.name")
-    if missing:
-        raise ValueError(missing)
-    import chatterbot_corpus
-
-    return Path(chatterbot_corpus.__file__).parent / "data" / language
-
-
 def _chatterbot_english() -> Path:
-    return _chatterbot("english")
+    return corpus_folder("chatterbot")
 
 
 def _chatterbot_italian() -> Path:
-    return _chatterbot("italian")
+    return corpus_folder("chatterbot_italian")
 
 
 @dataclass(frozen=True)
@@ -44,12 +36,11 @@ class Corpus:
     translates: Optional[str] = None
 
 
-# name -> corpus (a closed registry: a spec never names a path to read). The Italian corpus has 19 of the
-# English corpus's 21 topics (no coding, no tech_support): those two classes have no Italian rows.
-CORPORA: Dict[str, Corpus] = {
-    "chatterbot": Corpus(_chatterbot_english),
-    "chatterbot_italian": Corpus(_chatterbot_italian, translates="chatterbot"),
-}
+# name -> corpus (a closed registry: a spec never names a path to read; components/data_check.TEXT_CORPORA
+# holds each one's folder and what it translates, which validate reads too). The Italian corpus has 19 of
+# the English corpus's 21 topics (no coding, no tech_support): those two classes have no Italian rows.
+CORPORA: Dict[str, Corpus] = {name: Corpus(partial(corpus_folder, name), translates)
+                              for name, (_folder, translates) in TEXT_CORPORA.items()}
 
 
 def read_topics(directory: Path) -> List[Tuple[str, List[str]]]:
@@ -58,7 +49,7 @@ def read_topics(directory: Path) -> List[Tuple[str, List[str]]]:
     (``conversations: [[line, line, ...], ...]``). YAML's base loader keeps each line as written: 'Yes'
     or '1.0' stay text instead of becoming a boolean or a number."""
     directory = Path(directory)
-    paths = sorted(p for p in directory.iterdir() if p.suffix in (".yml", ".yaml"))
+    paths = topic_files(directory)
     if not paths:
         raise ValueError(f"data.source: no .yml topic files in {directory}")
     topics = []
@@ -114,19 +105,44 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
     return Table(name, features[keep], labels[keep], len(names), None)
 
 
-def load_text(name: str, max_length: int, tokenizer: str, prompt: Optional[Prompt] = None) -> Table:
+def only_topics(table: Table, classes: Sequence[str], topics: Sequence[str]) -> Table:
+    """The rows of ``topics`` alone, labelled by their position in ``topics``; a row keeps its identity by
+    its topic's name (``class_names``), so the same line is the same row whichever topics a run selects.
+    The selection reads the spec and the corpus's file names, never a row's content."""
+    position = {classes.index(topic): i for i, topic in enumerate(topics)}
+    keep = np.flatnonzero(np.isin(table.labels, list(position)))
+    labels = np.asarray([position[int(label)] for label in table.labels[keep]], dtype=np.int64)
+    return replace(table.take(keep), labels=labels, n_classes=len(topics), class_names=tuple(topics))
+
+
+def load_text(name: str, max_length: int, tokenizer: str, prompt: Optional[Prompt] = None,
+              topics: Optional[Sequence[str]] = None) -> Table:
+    """A registered corpus's rows. ``topics`` (data.source.topics): only those classes' rows, in that order.
+    Repeated and ambiguous lines are dropped over the whole corpus first (``tokenised``), so a topic's rows
+    do not depend on which other topics are selected."""
     if name not in CORPORA:
         raise ValueError(f"data.source.name: unknown text corpus {name!r}; allowed: {', '.join(CORPORA)}")
     corpus = CORPORA[name]
-    classes = None if corpus.translates is None else [
-        topic for topic, _ in read_topics(CORPORA[corpus.translates].directory())]
-    table = tokenised(name, read_topics(corpus.directory()), pretrained.tokenizer(tokenizer), max_length,
-                      classes=classes, prompt=prompt)
+    read = read_topics(corpus.directory())
+    classes = [topic for topic, _ in (read if corpus.translates is None else
+                                       read_topics(CORPORA[corpus.translates].directory()))]
+    if topics is not None:
+        problem = topic_problem(name, topics, classes)
+        if problem:
+            raise ValueError(problem)
+    table = tokenised(name, read, pretrained.tokenizer(tokenizer), max_length,
+                      classes=None if corpus.translates is None else classes, prompt=prompt)
     layout = f"text:{name};tokenizer={tokenizer};max_length={max_length}"
+    if topics is not None:
+        table = only_topics(table, classes, topics)
+        if not len(table):
+            raise ValueError(f"data.source.topics: {name} has no lines of {', '.join(topics)}; choose topics it has")
+        layout += ";classes=by-name"  # a row's fingerprint holds its topic's name, not its position
     return replace(table, layout=layout if prompt is None else f"{layout};{prompt.layout}")
 
 
 @SOURCES.register("text")
 def _text(source, model_tokenizer=None, public_flag=None, prompt=None):
     # ids: no scale
-    return load_text(source.name, source.max_length, source.tokenizer or model_tokenizer, prompt), "none"
+    return load_text(source.name, source.max_length, source.tokenizer or model_tokenizer, prompt,
+                     source.topics), "none"

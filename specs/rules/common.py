@@ -8,7 +8,7 @@ from specs.rules.kl import kl_problems
 from specs.rules.nonsmooth import nonsmooth_problems
 from specs.rules.standard import standard_problems
 from specs.traits import (ESTIMATORS, JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS, KL_OPTIMIZERS, MODELS,
-                          NONSMOOTH_ESTIMATORS, SOURCES, kinds, known_range)
+                          NONSMOOTH_ESTIMATORS, OPTIMIZERS, SOURCES, STANDARD, family_of, kinds, known_range)
 
 
 def cross_field_problems(spec) -> List[str]:
@@ -74,6 +74,14 @@ def cross_field_problems(spec) -> List[str]:
                         f"data.declared_private_rows {declared}; the rate expected_batch_size / N must be at most 1")
     est = spec.estimator
     split = spec.data.split
+    if family_of(spec) != STANDARD and not MODELS[spec.model.kind].sized_from_shapes:
+        # the nonsmooth and KL plans read the model's dimension before training (components/families:
+        # needs_dimension), which only a model sized from the data's shapes gives; their theory is for small problems
+        sized = kinds(MODELS, sized_from_shapes=True)
+        problems.append(f"model.kind: {spec.model.kind} is a pretrained model, which optimizer.kind {opt.kind} cannot "
+                        "plan (its plan needs the dimension of a model sized from the data's shapes); train it with "
+                        f"optimizer.kind {' or '.join(kinds(OPTIMIZERS, family=STANDARD))}, or use model.kind "
+                        f"{', '.join(sized[:-1])} or {sized[-1]}")
     problems += nonsmooth_problems(spec)
     problems += kl_problems(spec)
     if est.kind not in NONSMOOTH_ESTIMATORS and getattr(est, "radius", "auto") != "auto" and est.directions != "sphere":
@@ -167,11 +175,24 @@ def _prompt_problems(spec, completions: bool) -> List[str]:
         problems.append("model.prompt.kind: completion scores each row's completion; use data.source.kind: "
                         "completions (prompt and completion columns), or prompt.kind: label_words for labelled text")
     source = spec.data.source
-    if prompt is not None and prompt.kind == "label_words" and source.kind == "file" \
-            and len(prompt.words) != len(source.classes):
-        problems.append(f"model.prompt.words: {len(prompt.words)} words for the {len(source.classes)} "
-                        "data.source.classes; give one word per class, in the order of the classes")
+    declared = _declared_classes(source)
+    if prompt is not None and prompt.kind == "label_words" and declared is not None \
+            and len(prompt.words) != len(declared[1]):
+        field, classes = declared
+        problems.append(f"model.prompt.words: {len(prompt.words)} words for the {len(classes)} data.source.{field}; "
+                        f"give one word per {'topic' if field == 'topics' else 'class'}, in the order of the {field}")
     return problems
+
+
+def _declared_classes(source) -> Optional[tuple]:
+    """(field, names) where the spec itself names a source's classes in the model's order: a file's or an image
+    folder's classes, a text corpus's selected topics; None where the source knows them (a packaged set, a
+    whole corpus)."""
+    if source.kind in ("file", "images"):
+        return "classes", [str(c) for c in source.classes]
+    if source.kind == "text" and source.topics is not None:
+        return "topics", list(source.topics)
+    return None
 
 
 def _block_problems(spec) -> List[str]:
@@ -234,6 +255,13 @@ def _public_source_problems(source, public) -> List[str]:
     if public.kind == "file" and source.kind == "file" and [str(c) for c in public.classes] != [
             str(c) for c in source.classes]:
         problems.append("data.split.public_source.classes: must be data.source.classes, in the same order")
+    mine, theirs = _declared_classes(source), _declared_classes(public)
+    if "text" in (source.kind, public.kind) and mine is not None and theirs is not None and mine[1] != theirs[1]:
+        # a label is a position among the classes: another selection would give a public row another class
+        problems.append(f"data.split.public_source.{theirs[0]}: must be data.source.{mine[0]}, in the same order")
+    elif source.kind == public.kind == "text" and (mine is None) != (theirs is None):
+        problems.append("data.split.public_source.topics: must be data.source.topics, in the same order (select "
+                        "the same topics in both, or in neither)")
     if (source.kind == "images") != (public.kind == "images") or (source.kind == "images" and (
             public.image_shape != source.image_shape or public.classes != source.classes)):
         problems.append("data.split.public_source: images need public images of the same classes (in the same "

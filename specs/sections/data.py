@@ -37,6 +37,24 @@ class TextSource(Strict):
                             "lines are truncated, shorter ones padded.")
     tokenizer: Optional[str] = Field(None, min_length=1, description="The model whose vocabulary makes the ids, "
                                      "written as model.name or model.path; default: the model's own.")
+    topics: Optional[List[str]] = Field(
+        None, description="Only these topics' rows, as the classes in this order (a label-word prompt gives one "
+        "word per topic, in this order); a topic is a file name of the corpus (chatterbot: ai, botprofile, "
+        "coding, ..., trivia; chatterbot_italian: the English ones). Default: every topic, in file-name order. "
+        "Chosen by name from the spec, never from the rows.")
+
+    @field_validator("topics")
+    @classmethod
+    def _two_distinct_topics(cls, value):
+        if value is None:
+            return value
+        if len(value) < 2:
+            raise ValueError(f"needs at least two topics to tell apart (found {len(value)}); name two or more, or "
+                             "remove topics for every topic")
+        repeated = [t for i, t in enumerate(value) if t in value[:i]]
+        if repeated:
+            raise ValueError(f"{repeated[0]!r} is named twice; name each topic once")
+        return value
 
 
 class FileSource(Strict):

@@ -90,6 +90,28 @@ def test_spec_errors_are_one_line_naming_the_field(tmp_path, model, source, mess
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+@pytest.mark.parametrize("section", [
+    {"estimator": {"kind": "zo_naive", "radius": 0.05}, "sampling": {"kind": "single_pass"},
+     "optimizer": {"kind": "o2nc", "preset": "theory"}, "assumptions": {"lipschitz": 1.0, "initial_gap": 1.0}},
+    {"estimator": {"kind": "full_gradient"}, "mechanism": {"kind": "adaptive_gaussian"},
+     "sampling": {"kind": "full_batch"}, "optimizer": {"kind": "adaptive_noisy_gd"},
+     "assumptions": {"lipschitz": 1.0, "smoothness": 1.0}},
+])
+def test_the_nonsmooth_and_kl_families_refuse_a_language_model_at_validation(tmp_path, arch, section):
+    """Their plans read the model's dimension from the data's shapes before training, which a pretrained model
+    does not have (and their theory is for small problems): refused in one line, with what is allowed."""
+    d = spec_dict({"llama": tmp_path, "bert": tmp_path}, tmp_path, arch)
+    d.update(section, mechanism=section.get("mechanism", {"kind": "gaussian", "clip": 1.0}),
+             privacy={"epsilon": 8.0, "delta": 1e-5, "neighboring": "replace_one"})
+    kind, opt = d["model"]["kind"], section["optimizer"]["kind"]
+    with pytest.raises(specs.SpecError, match=rf"^model.kind: {kind} is a pretrained model, which optimizer.kind "
+                                              rf"{opt} cannot plan .*; train it with optimizer.kind sgd or adam, or "
+                                              r"use model.kind linear, mlp, cnn or objective$") as err:
+        specs.spec_from_dict(d)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("arch, words, message", [
     ("llama", ["bad", "good !"], r"^model.prompt.words: 'good !' is 2 tokens of the model's tokenizer \('good' \+ "
                                  r"'!'\); each label word must be one token: choose another word$"),

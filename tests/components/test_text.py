@@ -1,5 +1,6 @@
 """Text source: chatterbot-style YAML parsing, tokenised rows, duplicates, the packaged corpus offline."""
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -180,3 +181,80 @@ def test_a_jsonl_text_column_of_objects_is_refused(tmp_path):
     path.write_text('{"body": "hello", "topic": "a"}\n{"body": {"x": 1}, "topic": "b"}\n')
     with pytest.raises(ValueError, match="^data.source.text: column 'body' holds values that are not text"):
         load_file(path, file_format="auto", label="topic", classes=["a", "b"], text="body", tokenizer="minilm")
+
+
+def test_topics_keep_only_those_classes_rows_in_the_order_given():
+    """data.source.topics: the rows of those topics of the whole corpus (repeats and ambiguous lines dropped
+    over the whole corpus first), labelled by position in the list; a row's identity holds its topic's name,
+    so the same line is the same row in any selection or order."""
+    from components.data_check import corpus_classes
+
+    whole = load_text("chatterbot", 16, "minilm")
+    some = load_text("chatterbot", 16, "minilm", topics=["sports", "food"])
+    other = load_text("chatterbot", 16, "minilm", topics=["food", "history", "sports"])
+    classes = corpus_classes("chatterbot")
+    assert some.n_classes == 2 and some.class_names == ("sports", "food") and "classes=by-name" in some.layout
+    for i, topic in enumerate(["sports", "food"]):
+        rows = whole.features[whole.labels == classes.index(topic)]
+        assert np.array_equal(some.features[some.labels == i], rows) and len(rows) > 0
+    assert other.n_classes == 3 and np.bincount(other.labels).tolist()[0] == int((some.labels == 1).sum())
+    named = dict(zip(some.row_fingerprints(), some.labels.tolist()))
+    shared = set(named) & set(other.row_fingerprints())
+    assert len(shared) == len(some)  # every sports and food row, whatever else is selected
+
+
+def test_an_unknown_topic_is_refused_in_one_line_naming_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"^data.source.topics: 'cooking' is not a topic of chatterbot; allowed: ai, "
+                                         r"botprofile, coding, .*, trivia$"):
+        load_text("chatterbot", 16, "minilm", topics=["food", "cooking"])
+    # the Italian corpus's classes are the English topics: coding has no Italian rows, and is a class all the same
+    italian = load_text("chatterbot_italian", 16, "minilm", topics=["sports", "coding"])
+    assert italian.n_classes == 2 and np.bincount(italian.labels, minlength=2).tolist()[1] == 0
+    with pytest.raises(ValueError, match=r"^data.source.topics: chatterbot_italian has no lines of coding, "
+                                         r"tech_support; choose topics it has$"):
+        load_text("chatterbot_italian", 16, "minilm", topics=["coding", "tech_support"])
+
+
+def test_a_topic_selection_sets_the_class_count_of_the_run(tiny_spec_dict):
+    tiny_spec_dict["data"]["source"] = {"kind": "text", "name": "chatterbot", "max_length": 16,
+                                        "topics": ["greetings", "food", "sports"]}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm", "trainable": "head"}
+    spec = specs.spec_from_dict(tiny_spec_dict)
+    data = builders.load_data(spec)
+    assert data.n_classes == 3 and set(np.unique(data.private.labels).tolist()) == {0, 1, 2}
+    model = builders.build_model(spec, data.n_features, data.n_classes)
+    import torch
+
+    with torch.no_grad():
+        assert model(torch.as_tensor(data.test.features[:4])).shape == (4, 3)
+
+
+@pytest.mark.parametrize("public_topics, message", [
+    (None, r"^data.split.public_source.topics: must be data.source.topics, in the same order \(select the same "
+           r"topics in both, or in neither\)"),
+    (["food", "sports"], r"^data.split.public_source.topics: must be data.source.topics, in the same order$"),
+])
+def test_a_public_text_source_selects_the_same_topics(tiny_spec_dict, public_topics, message):
+    """A label is a position among the classes: public rows of another selection would carry other classes."""
+    public = {"kind": "text", "name": "chatterbot_italian", **({"topics": public_topics} if public_topics else {})}
+    tiny_spec_dict["data"] = {"declared_private_rows": 1000, "split": {"kind": "source", "public_source": public},
+                              "source": {"kind": "text", "name": "chatterbot", "topics": ["sports", "food"]}}
+    tiny_spec_dict["model"] = {"kind": "hf", "name": "minilm"}
+    with pytest.raises(specs.SpecError, match=message):
+        specs.spec_from_dict(tiny_spec_dict)
+    public["topics"] = ["sports", "food"]
+    specs.spec_from_dict(tiny_spec_dict)
+
+
+def test_a_public_source_whose_classes_are_others_is_refused_when_split(minilm_tokenizer):
+    """Below the rule: two tables with the same number of classes in another order are refused, not relabelled."""
+    from components.data import source_split
+
+    topics = [("food", ["Do you like bread?", "Soup is warm."]), ("sports", ["Who won the match?", "Run fast."])]
+    private = tokenised("p", topics, minilm_tokenizer, 8)
+    mine = replace(private, class_names=("food", "sports"))
+    theirs = replace(tokenised("q", topics[::-1], minilm_tokenizer, 8, classes=["sports", "food"]),
+                     class_names=("sports", "food"))
+    with pytest.raises(ValueError, match=r"^data.split.public_source: its classes are sports, food, the main "
+                                         r"source's food, sports; give both the same, in the same order$"):
+        source_split(mine, theirs, test=0.2, seed=0, scale="none")

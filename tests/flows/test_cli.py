@@ -322,3 +322,43 @@ def test_validate_and_calibrate_refuse_a_delta_above_one_over_n(tmp_path, monkey
     assert cli.main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert "delta 0.5 may be above 1/N (privacy.allow_large_delta): not a meaningful guarantee" in out
+
+
+TOPIC_WORDS = {"kind": "label_words", "template": "{text} it was", "words": ["good", "bad"]}
+
+
+@pytest.mark.parametrize("topics, message", [
+    (None, "model.prompt.words: 2 words for the 21 classes of data.source; give one word per class, in the order "
+           "of the classes"),  # every topic of the corpus, counted from its file names
+    (["food", "sports", "history"], "model.prompt.words: 2 words for the 3 data.source.topics; give one "
+                                    "word per topic, in the order of the topics"),
+    (["food", "cooking"], "data.source.topics: 'cooking' is not a topic of chatterbot; allowed: ai, botprofile, "
+                          "coding, computers, conversations, emotion, food, gossip, greetings, health, history, "
+                          "humor, literature, money, movies, politics, psychology, science, sports, tech_support, "
+                          "trivia"),
+    (["food"], "data.source.topics: needs at least two topics to tell apart (found 1); name two or more, "
+               "or remove topics for every topic"),
+    (["food", "sports", "food"], "data.source.topics: 'food' is named twice; name each topic once"),
+])
+def test_validate_counts_label_words_against_the_text_corpus_topics(tmp_path, monkeypatch, capsys, tiny_spec_dict,
+                                                                   topics, message):
+    """The classes of a text source are its selected topics, else every topic of the corpus: validate refuses a
+    label-word list of another length, an unknown topic and fewer than two in one line (the model is never
+    read: these come first)."""
+    tiny_spec_dict["model"] = {"kind": "causal_lm", "path": str(tmp_path / "no-model"), "prompt": TOPIC_WORDS}
+    source = {"kind": "text", "name": "chatterbot", "max_length": 16, **({"topics": topics} if topics else {})}
+    spec = _data_spec(tmp_path, tiny_spec_dict, source)
+    code, err = _in_process(["validate", str(spec)], tmp_path, monkeypatch, capsys)
+    lines = err.strip().splitlines()  # a spec rule's line starts with the spec file's path
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("privzo: error: ") and lines[0].endswith(message), err
+
+
+def test_validate_accepts_one_label_word_per_selected_topic(tmp_path, monkeypatch, capsys, tiny_spec_dict):
+    from tests.components import tiny_lm
+
+    folder = tiny_lm.save_model(tmp_path / "lm", "llama", layers=1)
+    capsys.readouterr()  # transformers' progress bar while saving
+    tiny_spec_dict["model"] = {"kind": "causal_lm", "path": str(folder), "prompt": TOPIC_WORDS}
+    spec = _data_spec(tmp_path, tiny_spec_dict, {"kind": "text", "name": "chatterbot", "topics": ["sports", "food"]})
+    code, err = _in_process(["validate", str(spec)], tmp_path, monkeypatch, capsys)
+    assert code == 0 and err == "", err

@@ -2,7 +2,6 @@
 invariant 2): validate, calibrate, the run's epsilon metric, and the sweep's child runs, table, CSV and plot."""
 import copy
 import math
-from types import SimpleNamespace
 
 import mlflow
 import pytest
@@ -12,6 +11,7 @@ import specs
 from flows.cli import main
 from flows.private_train import NOMINAL_EPSILON_METRIC, epsilon_metric
 from flows.sweep import results_csv, results_table, run_cell, utility_plot
+from tests.flows.recording_client import RecordingClient
 
 
 def _insecure(tiny):
@@ -53,30 +53,13 @@ def test_only_a_private_runs_epsilon_is_logged_as_privacy_epsilon(tiny_spec_dict
     assert epsilon_metric(specs.spec_from_dict(none)) is None
 
 
-class _Client:
-    """What run_cell sends to MLflow, kept in memory (a tracking database costs seconds to create)."""
-
-    def __init__(self):
-        self.metrics, self.tags = {}, {}
-
-    def create_run(self, experiment_id, run_name, tags):
-        return SimpleNamespace(info=SimpleNamespace(run_id="child"))
-
-    def log_batch(self, run_id, params=(), metrics=(), tags=()):
-        self.metrics.update({m.key: m.value for m in metrics})
-        self.tags.update({t.key: t.value for t in tags})
-
-    def set_terminated(self, run_id, status):
-        pass
-
-
 def test_a_sweep_cell_is_logged_and_marked_not_private(tiny_spec_dict, monkeypatch):
     import flows.sweep
 
     tiny = _insecure(tiny_spec_dict)
     tiny["optimizer"]["steps"] = 3
     tiny["mechanism"]["noise_multiplier"] = 4.0  # checked against the target, not calibrated: faster
-    client = _Client()
+    client = RecordingClient()
     monkeypatch.setattr(flows.sweep.mlflow, "MlflowClient", lambda: client)
     cell = run_cell.fn(specs.spec_from_dict(tiny), "parent", "0")  # the task's body, without Prefect
     assert cell["private"] is False

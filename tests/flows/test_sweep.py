@@ -34,7 +34,18 @@ def test_sweep_logs_children_table_and_plot(prefect_server, tiny_spec_dict, tmp_
     assert "| tiny-two_point |" in table and "ε = 0.5" in table and "±" in table and "| s / run |" in table
     # every cell's wall time: in the CSV, in MLflow, and in the table as the mean per spec
     rows = out.with_suffix(".csv").read_text().splitlines()
-    assert rows[0].split(",")[6] == "seconds" and all(float(r.split(",")[6]) > 0 for r in rows[1:])
+    seconds = rows[0].split(",").index("seconds")
+    assert all(float(r.split(",")[seconds]) > 0 for r in rows[1:])
+    # each child's evaluation before any private step, logged at step 0 and shown beside the final one
+    assert "| spec | at step 0 | ε = 0.5 | ε = 2 | s / run |" in table
+    at_start = rows[0].split(",").index("accuracy_at_step0")
+    for child in children:
+        logged = {m.step: m.value for m in client.get_metric_history(child.info.run_id, "eval/accuracy")}
+        assert sorted(logged) == [0, 15]
+        row = next(r.split(",") for r in rows[1:] if r.split(",")[:4] == [
+            child.data.params["name"], child.data.params["estimator.kind"], child.data.params["privacy.epsilon"],
+            child.data.params["seed"]])
+        assert float(row[at_start]) == pytest.approx(logged[0], abs=1e-6)
     assert all(r.data.metrics["time/seconds"] > 0 for r in children)
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     names = {a.path for a in client.list_artifacts(result["parent_run_id"])}
