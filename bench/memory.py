@@ -167,8 +167,12 @@ DECODER = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num
                num_key_value_heads=12, vocab_size=32000, max_position_embeddings=512)
 QUICK = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=4, vocab_size=4000, max_position_embeddings=128)
-DECODER_CASES = ("inference", "regenerate", "cache", "dp_sgd")
-PLANNED_AS = {"inference": "inference", "regenerate": "two_point", "cache": "two_point", "dp_sgd": "first_order"}
+DECODER_CASES = ("inference", "regenerate", "cache", "dp_sgd", "pazo_m", "pazo_p", "pazo_s", "dope_sgd")
+DEFAULT_CASES = DECODER_CASES[:4]  # the public-data estimators with --cases
+PLANNED_AS = {"inference": "inference", "regenerate": "two_point", "cache": "two_point", "dp_sgd": "first_order",
+              "pazo_m": "pazo_m", "pazo_p": "pazo_p", "pazo_s": "pazo_s", "dope_sgd": "dope_sgd"}
+# public gradients a step forms, each from a public batch as large as the private one (PAZO-P's and PAZO-S's k)
+PUBLIC_BATCHES = {"pazo_m": 1, "pazo_p": 3, "pazo_s": 3, "dope_sgd": 1}
 MARKER = 7_777_777  # bytes of a tensor allocated and freed where the measured window starts: found in the trace
 
 
@@ -198,8 +202,11 @@ def planned_decoder(case: str, config, precision: str, batch: int, length: int, 
     freeze_lm_(lm, "all", "bench")
     sizes = memory.module_sizes(lm, element, lm_config=config)
     rows = batch * 3 * length * 8 + batch * 8  # int64 [b, 3, L] and the labels
+    k = PUBLIC_BATCHES.get(case, 0)
+    rows += k * (batch * 3 * length * 8 + batch * 8)  # the public rows, on the device too
     settings = memory.Settings(PLANNED_AS[case], batch, length, cache=case == "cache", rows_bytes=rows,
-                               checkpoint=False, completion=task == "completion")
+                               checkpoint=False, completion=task == "completion", public_batch=batch if k else 0,
+                               public_gradients=k)
     return memory.estimate(sizes, settings).step + rows
 
 
@@ -214,7 +221,9 @@ def measure_decoder(case: str, config, precision: str, batch: int, length: int, 
     import bench.step_cost as sc
     from components import models
     from components.accountants import Accountant, PrivacyTracker
-    from components.estimators import Directions, FirstOrderEstimator, TwoPointEstimator
+    from components.estimators import (Directions, DopeSgdEstimator, FirstOrderEstimator, PazoMEstimator,
+                                       PazoPEstimator, PazoSEstimator, TwoPointEstimator)
+    from components.estimators.public import PublicOracle
     from components.mechanisms import GaussianMechanism
     from components.models.lm import CompletionScorer, LabelWordClassifier, freeze_lm_
     from components.optimizers import Sgd
@@ -230,12 +239,15 @@ def measure_decoder(case: str, config, precision: str, batch: int, length: int, 
         model = (CompletionScorer(lm, True, "lm_head") if task == "completion"
                  else LabelWordClassifier(lm, True, "lm_head", [5, 6]))
         g = torch.Generator().manual_seed(0)
-        x = torch.stack([torch.randint(10, config.vocab_size, (batch, length), generator=g),
-                         torch.ones(batch, length, dtype=torch.long), torch.zeros(batch, length, dtype=torch.long)], 1)
+        k = PUBLIC_BATCHES.get(case, 0)
+        n = batch * (1 + k)  # the private batch, then k public batches of its size
+        x = torch.stack([torch.randint(10, config.vocab_size, (n, length), generator=g),
+                         torch.ones(n, length, dtype=torch.long), torch.zeros(n, length, dtype=torch.long)], 1)
         # label words: each row reads its last position; a completion: its last quarter is scored (never the
         # last position, which predicts nothing)
         x[:, 2, -1 if task == "label_words" else slice(-length // 4 - 1, -1)] = 1
-        y = torch.randint(0, 2, (batch,), generator=g)
+        y = torch.randint(0, 2, (n,), generator=g)
+        x_public, y_public, x, y = x[batch:], y[batch:], x[:batch], y[:batch]
         params = models.trainable_parameters(model)
         marker = torch.empty(MARKER, dtype=torch.uint8)  # the window starts at its allocation
         del marker
@@ -245,12 +257,16 @@ def measure_decoder(case: str, config, precision: str, batch: int, length: int, 
                     models.per_example_loss(model, x, y)
         else:
             d = Directions(params, "gaussian")
-            estimator = FirstOrderEstimator() if case == "dp_sgd" else TwoPointEstimator(1, 1e-3)
+            estimator = {"dp_sgd": lambda: FirstOrderEstimator(), "pazo_m": lambda: PazoMEstimator(1, 1e-3, 0.5, batch),
+                         "pazo_p": lambda: PazoPEstimator(1, 1e-3, k, batch, "orthonormal"),
+                         "pazo_s": lambda: PazoSEstimator(k, batch, 1e-3, 1e-6),
+                         "dope_sgd": lambda: DopeSgdEstimator(batch)}.get(case, lambda: TwoPointEstimator(1, 1e-3))()
             backend = LocalBackend(model, d, Sgd(d, lr=1e-6), x, y, cache_directions=case == "cache")
+            oracle = PublicOracle(model, params, models.per_example_loss, x_public, y_public, seed=0) if k else None
             mech = GaussianMechanism(1.0, 1.0, estimator.queries_per_step, "add_remove", private_generator())
             loop = PrivateLoop(backend, sc.FixedBatch(batch), estimator, mech,
-                               PrivacyTracker(Accountant("rdp"), mech.step_event(), 1e-5), seed=0)
-            loop.run(1 if case == "dp_sgd" else 2)
+                               PrivacyTracker(Accountant("rdp"), mech.step_event(), 1e-5), seed=0, public=oracle)
+            loop.run(1 if case in ("dp_sgd", "dope_sgd") else 2)
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(f"{tmp}/trace.json")
         with open(f"{tmp}/trace.json") as f:
@@ -326,7 +342,7 @@ def main(argv=None) -> None:
     parser.add_argument("--config", default="", help="decoder: a JSON object of LlamaConfig fields, or a "
                         "config.json path")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
-    parser.add_argument("--cases", nargs="+", default=list(DECODER_CASES), choices=DECODER_CASES)
+    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=DECODER_CASES)
     parser.add_argument("--task", default="label_words", choices=["label_words", "completion"],
                         help="decoder: classification by label words, or a completion's loss (logits at every token)")
     parser.add_argument("--length", type=int, default=0, help="decoder: tokens per row (default 64; --quick 32)")

@@ -9,22 +9,33 @@ step's peak is W plus the largest of its phases:
     inference         A(b)                          the forward's working set
     two_point, regen. A(b) + S                      S: the scratch stack of perturbed parameters, the largest
                                                     module's own trainable ones (``directions._capacity``;
-                                                    plain embedding tables only get their looked-up rows)
+                                                    plain embedding tables only get their looked-up rows, a
+                                                    large Linear layer a block of rows at a time)
     two_point, cache  A(b) + q T + C                q cached directions (2q with execution.prefetch_directions)
                                                     and C, the perturbed copy of every trainable tensor but a
                                                     plain embedding table (``Directions.swapped`` on a CPU)
-    first_order       8d + c T + G(c) + (p+8) t     float64 sums, a chunk of c = max(1, 256 MiB // T) rows of
-                      16d + 16 t                    per-example gradients, their saved activations G(c), one
-                                                    tensor's clipped sum (t elements: the largest tensor);
+    first_order       8d + c (T + K) + G(c)         float64 sums, a chunk of c = max(1, 256 MiB // T) rows of
+                        + (p+8) t                   per-example gradients (K: each use's of a tensor several
+                      16d + 16 t                    modules read, a tied LM head's; dope_sgd: the larger of
+                                                    that and T, its centred copy), their saved activations
+                                                    G(c), one tensor's clipped sum (t elements: the largest);
                                                     then the release: sums and noisy sums in float64, a
                                                     tensor's noise and its scaled copy
                                                     (``evaluate.clipped_gradient_sum``,
                                                     ``GaussianMechanism.release_vector``)
     pazo_*, public    zeroth-order phase + k T + T + G(b')   k public gradients (pazo_p/pazo_s: k; pazo_m,
-    gradients                                       dope_sgd, pda_dpmd: 1) by a batched backward on b' rows
+    gradients                                       dope_sgd, pda_dpmd: 1) by a batched backward on b' rows;
+                                                    then what the private phase holds beside its forward:
+                                                    the public gradient T (pazo_m, and beside DP-SGD's
+                                                    phases dope_sgd, with a chunk's centred copy, and
+                                                    pda_dpmd), G in float32 (4kd) and q dense directions
+                                                    (pazo_p, whose QR holds k T + 4kd (1 + 6.34)), k + 2
+                                                    candidates (pazo_s); pazo_p and pazo_s never cache
+                                                    (their directions are not seeded)
     gep               as bench/memory.py's guard: the [b', d] anchor matrix and the [k, d] basis
-    other estimators  A(b) + 4 * 8d                 a few float64 d-vectors (dpgd_0th, the nonsmooth and KL
-                                                    oracles): small models in practice
+    dpgd_0th          the zeroth-order phase + 4 * 8d    and its float64 d-vectors (a d-dimensional release)
+    other estimators  A(b) + 4 * 8d                 a few float64 d-vectors (the nonsmooth and KL oracles):
+                                                    small models in practice
 
     A(b) = b L (3 i + 4 h) p + b L 2 h 4 + b H L^2 4 + logits,  i the MLP width, h the hidden size, H the heads
     G(c) = c L n (3 i + 6 h) p + c L 2 h 4 n + c H L^2 4 n + logits,  n layers (saved for backward)
@@ -52,6 +63,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from specs.traits import ESTIMATORS as ESTIMATOR_TRAITS
 from specs.traits import MODELS as MODEL_TRAITS
 
 if TYPE_CHECKING:  # torch is imported where a model is sized: validating a small model's spec needs none
@@ -61,8 +73,11 @@ if TYPE_CHECKING:  # torch is imported where a model is sized: validating a smal
 GIB = 2 ** 30
 MEMORY_ENV = "PRIVZO_DEVICE_MEMORY_BYTES"  # overrides the device's memory (tests; a machine shared with others)
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-ZEROTH = ("two_point", "pazo_m", "pazo_p", "pazo_s")
+ZEROTH = ("two_point", "dpgd_0th", "pazo_m", "pazo_p", "pazo_s")
 PUBLIC_GRADIENTS = {"pazo_m": 1, "dope_sgd": 1, "pda_dpmd": 1}  # pazo_p, pazo_s: public_batches of them
+# torch.linalg.qr of a tall [d, k] matrix on a CPU holds 6.33 times the matrix at its peak (its copy, Q and
+# LAPACK's workspace; measured at d = 1.4M, k = 3, float32 and from bf16 gradients alike)
+QR_COPIES = 6.34
 
 
 def shown(n: int) -> str:
@@ -79,6 +94,7 @@ class Sizes:
     trainable_bytes: int  # T
     largest: int  # elements of the largest trainable tensor
     scratch: int  # S: bytes of regenerate mode's perturbation stack
+    tied: int  # bytes a row's per-example gradients add for tensors used by several modules (a tied LM head)
     swapped: int  # C: bytes of cache mode's perturbed copy
     element: int  # p: bytes of one element
     hidden: int = 0
@@ -104,6 +120,7 @@ class Settings:
     public_batch: int = 0
     public_gradients: int = 0
     anchors: int = 0
+    basis: str = "orthonormal"  # PAZO-P's: QR's workspace, or normalised columns
     optimizer_state: int = 0  # bytes the optimizer keeps across steps (a checkpoint clones them too)
     optimizer_step: int = 0  # bytes it forms for each update (Adam's gradient)
     rows_bytes: int = 0  # the private rows on the device
@@ -183,20 +200,25 @@ def _step_extra(s: Sizes, st: Settings) -> Tuple[int, str]:
                   f"{st.public_batch} rows")
     if st.estimator in FIRST_ORDER:
         c = chunk_rows(s, b)
-        # the float64 sums, a chunk's per-example gradients, what their backward kept, and one tensor's clipped
+        # the public gradient, held through the private phase (DOPE-SGD's center, PDA-DPMD's mirror term)
+        held = T if st.public_gradients else 0
+        # the float64 sums, a chunk's per-example gradients, and beside them in turn each use's of a tied tensor
+        # (while vmap forms them) or DOPE-SGD's centred copy, what their backward kept, and one tensor's clipped
         # sum at the precision and in float64
-        backward = 8 * d + c * T + _saved(s, c, L, st.completion) + (s.element + 8) * s.largest
+        beside = max(s.tied, T if st.estimator == "dope_sgd" else 0)
+        backward = 8 * d + c * (T + beside) + _saved(s, c, L, st.completion) + (s.element + 8) * s.largest
         # the sums and the noisy sums (float64), and one tensor's noise and its scaled copy
         release = 16 * d + 16 * s.largest
-        extra = max(backward, release)
+        extra = held + max(backward, release)
         if public > extra:
             return public, public_why
         return extra, (f"{st.estimator}: float64 sums and per-example gradients of {d:,} trainable parameters, {c} "
                        f"of the batch's {b} rows at a time")
     if st.estimator == "gep":
         k, pub = st.anchors, st.public_batch
-        anchor = pub * T + max(2 * chunk_rows(s, pub) * T, k * T) + _saved(s, chunk_rows(s, pub), L, st.completion)
-        split = k * T + 2 * 8 * d + 4 * chunk_rows(s, b, 3) * T
+        anchor = (pub * T + max(2 * chunk_rows(s, pub) * T, k * T) + chunk_rows(s, pub) * s.tied
+                  + _saved(s, chunk_rows(s, pub), L, st.completion))
+        split = k * T + 2 * 8 * d + chunk_rows(s, b, 3) * (4 * T + s.tied)
         return max(anchor, split, k * T + 6 * 8 * d), (f"gep: per-example gradients of {d:,} trainable parameters "
                                                       f"for {pub} public rows and a basis of {k}")
     if st.estimator in ZEROTH:
@@ -208,10 +230,16 @@ def _step_extra(s: Sizes, st: Settings) -> Tuple[int, str]:
         else:
             kept = s.scratch
             why = f"{st.estimator} (regenerate): the forward on {b} rows and one module's perturbed parameters"
-        act = _activations(s, b, L, st.completion)
-        if public > act:
+        k, q, f = st.public_gradients, st.queries, max(s.element, 4)
+        # what the private queries run beside: the public gradient (PAZO-M); the float32 basis G and the query
+        # directions (PAZO-P); the candidates and one's noise (PAZO-S); float64 d-vectors (DPGD-0th's release)
+        held = {"pazo_m": T, "pazo_p": f * k * d + q * T, "pazo_s": (k + 2) * T, "dpgd_0th": 4 * 8 * d}
+        private = _activations(s, b, L, st.completion) + held.get(st.estimator, 0)
+        if st.estimator == "pazo_p":  # the k gradients beside G formed from them (float32 at least) and its basis
+            public = max(public, k * T + int((1 + (QR_COPIES if st.basis == "orthonormal" else 1)) * f * k * d))
+        if public > private:
             return kept + public, public_why
-        return kept + act, why
+        return kept + private, why
     return _activations(s, b, L, st.completion) + 4 * 8 * d, f"{st.estimator}: float64 vectors of {d:,} parameters"
 
 
@@ -274,6 +302,14 @@ def module_sizes(model: nn.Module, element: int, lora=None, lm_config=None, per_
     weights = sum(p.numel() for p in params) * element + sum(b.numel() * b.element_size() for b in model.buffers())
     trainable = [p for p in params if p.requires_grad]
     d, largest = sum(p.numel() for p in trainable), max((p.numel() for p in trainable), default=0)
+    uses: dict = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None and p.requires_grad:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+    # a tensor read by k modules (an embedding tied to the LM head): vmap's backward forms each use's
+    # per-example gradient before adding them, k more of it a row (measured: bench/memory.py --model decoder)
+    tied = sum(p.numel() * uses[id(p)] for p in trainable if uses[id(p)] > 1) * element
     scratch, swapped = _capacity_bytes(model, element), _swapped_bytes(model, element)
     if lora is not None:
         from components.models.hf import _widths as linear_widths
@@ -293,7 +329,7 @@ def module_sizes(model: nn.Module, element: int, lora=None, lm_config=None, per_
     dims = _widths(lm_config) if lm_config is not None else {}
     if dims and not vocab_head:
         dims["vocab"] = 0  # an encoder's pooled head: no logits over a vocabulary
-    return Sizes(weights, d, trainable_bytes, largest, scratch, swapped, element, per_row=per_row,
+    return Sizes(weights, d, trainable_bytes, largest, scratch, tied, swapped, element, per_row=per_row,
                  transformer=lm_config is not None, **dims)
 
 
@@ -372,7 +408,8 @@ def settings_of(spec, sizes: Sizes, n_private: Optional[int] = None, n_eval: Opt
     est = spec.estimator
     batch, note = _batch(spec, n_private)
     length = getattr(spec.data.source, "max_length", None) or 1
-    mode = getattr(est, "perturbation", "regenerate")
+    # only seeded directions are cached (PAZO-P's and PAZO-S's are dense combinations of public gradients)
+    mode = getattr(est, "perturbation", "regenerate") if ESTIMATOR_TRAITS[est.kind].seeded_directions else "regenerate"
     queries = getattr(est, "queries", 1)
     prefetch = spec.execution.prefetch_directions
     if mode == "auto":  # builders.use_direction_cache's rule, on the trainable bytes at the run's precision
@@ -397,7 +434,8 @@ def settings_of(spec, sizes: Sizes, n_private: Optional[int] = None, n_eval: Opt
                     completion=prompt is not None and prompt.task == "completion",
                     public_batch=getattr(est, "public_batch_size", 0),
                     public_gradients=getattr(est, "public_batches", PUBLIC_GRADIENTS.get(est.kind, 0)),
-                    anchors=getattr(est, "anchors", 0), optimizer_state=state,
+                    anchors=getattr(est, "anchors", 0), basis=getattr(est, "basis", "orthonormal"),
+                    optimizer_state=state,
                     optimizer_step=updated if opt.kind == "adam" else 0, rows_bytes=rows, checkpoint=on_host,
                     eval_rows=eval_rows, reload=opt.init == "latest_registered",
                     expected=spec.sampling.expected_batch_size if spec.sampling.kind == "poisson" else 0), note

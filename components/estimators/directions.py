@@ -9,7 +9,8 @@ values.
 Generation and perturbation write into buffers that live as long as the ``Directions`` object (cache
 slots, the perturbation stack) or the thread (one chunk each): fresh d-sized allocations cost page faults
 that, on CPU, take longer than the arithmetic itself. In regenerate mode updates, sphere norms and
-embedding rows are drawn a chunk at a time; a perturbed module's own parameters go whole into the stack.
+embedding rows are drawn a chunk at a time; a perturbed module's own parameters go whole into the stack, but
+for a large Linear layer's (an LM head), which goes a block of output rows at a time.
 
 On a CUDA device the chunks give way to counter-based streams (``philox.py``): one kernel draws a whole
 direction, and cache mode swaps every parameter for a whole perturbed copy instead of hooking each module
@@ -17,6 +18,7 @@ direction, and cache mode swaps every parameter for a whole perturbed copy inste
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import os
@@ -43,6 +45,13 @@ PARALLEL_MIN = 1 << 21
 # checkpoints and trained models record it, and a resume across versions is refused, since a journal
 # of (seed, coefficient) only means something with the generator that wrote it. 2: 32,768-element chunks.
 GENERATOR_VERSION = 2
+# A plain Linear layer whose weight has at least SPLIT_MIN elements, and more than twice what any other module
+# perturbs, is perturbed a block of output rows at a time in regenerate mode (``_split_rows``): a small
+# decoder's LM head is a quarter or more of its weights, and perturbed whole it would be most of regenerate
+# mode's memory above inference. Blocks start at multiples of SPLIT_ALIGN elements, as the whole tensor's
+# vectorised arithmetic does, and hold at least a chunk (CHUNK elements: few matrix products a forward).
+SPLIT_MIN = 1 << 18
+SPLIT_ALIGN = 64
 _local = threading.local()
 _executor: Optional[ThreadPoolExecutor] = None
 _prefetcher: Optional[ThreadPoolExecutor] = None
@@ -166,6 +175,7 @@ class Directions:
         self._pending: Optional[Tuple[Tuple[int, ...], "Future[List[Optional[float]]]", List[List[torch.Tensor]]]] = None
         self._pools: Dict[Tuple[torch.device, torch.dtype], "_Stack"] = {}
         self._capacities: Dict[int, Dict] = {}  # id(model) -> scratch needed by a perturbed forward
+        self._splits: Dict[int, Dict[int, int]] = {}  # id(model) -> its Linear layers perturbed in blocks
         # on a CUDA device: counter-based streams, one kernel per direction (philox.py)
         self._philox: Optional[philox.Layout] = philox.Layout(self.params) if philox.supports(self.params) else None
         self._swap: Optional[List[Optional[torch.Tensor]]] = None  # cache mode's perturbed point
@@ -225,6 +235,39 @@ class Directions:
         else:
             self.fill_(seed, i, out)
             torch.add(p, out, alpha=scale, out=out)  # same op as the cached path: identical values
+
+    def perturb_span_into(self, seed: int, i: int, p: torch.Tensor, start: int, stop: int, out: torch.Tensor,
+                          scale: float) -> None:
+        """out = elements [start, stop) of p + scale * u_i(seed), flattened: the values ``perturb_into`` writes
+        there (the same elementwise ops on the same operands). On the philox path the span is whole rows of
+        p's last dimension."""
+        flat = out.view(-1)
+        src = p.reshape(-1)[start:stop]
+        cached = self._cache.get(seed)
+        if cached is not None:
+            torch.add(src, cached[i].reshape(-1)[start:stop], alpha=scale, out=flat)
+        elif self._philox is not None:
+            # the rows drawn as an embedding table's are (``_row_hook``), then the cached swap's arithmetic
+            dim = p.shape[-1] if p.dim() > 1 else 1
+            rows = torch.arange(start // dim, stop // dim, device=p.device)
+            philox.rows(flat, rows, dim, self._keys(seed)[i], self.kind, self._scale(seed))
+            philox.axpy_(flat, src.contiguous(), scale, u=flat)
+        else:
+            self._span(seed, i, start, stop, flat)
+            torch.add(src, flat, alpha=scale, out=flat)  # perturb_into's op, element by element
+
+    def _span(self, seed: int, i: int, start: int, stop: int, out: torch.Tensor) -> None:
+        """Elements [start, stop) of tensor i of direction ``seed`` into the 1-D ``out``: only the chunks
+        holding them are drawn, and scaled after as ``fill_`` scales the whole tensor."""
+
+        def consume(_c: int, a: int, buf: torch.Tensor) -> None:
+            lo, hi = max(a, start), min(a + buf.numel(), stop)
+            out[lo - start:hi - start].copy_(buf[lo - a:hi - a])
+
+        self._chunkwise(seed, i, consume, list(range(start // CHUNK, (stop - 1) // CHUNK + 1)))
+        scale = self._scale(seed)
+        if scale != 1.0:
+            out.mul_(scale)
 
     def _philox_axpy_(self, seed: int, i: int, dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
         """dst = src + scale * u_i(seed) (contiguous), u from the cache or drawn in the same kernel."""
@@ -460,19 +503,27 @@ class Directions:
         if self._philox is not None:  # counter-based: any row is drawn on its own, no chunk bookkeeping
             philox.rows(out, unique, dim, self._keys(seed)[i], self.kind, self._scale(seed))
             return nn.functional.embedding(inverse.view(ids.shape), out)
-        # flat positions of the wanted rows, ascending: each chunk owns one contiguous run of them
-        positions = (unique[:, None] * dim + torch.arange(dim, device=unique.device)).reshape(-1)
-        chunk_of = torch.div(positions, CHUNK, rounding_mode="floor")
-        chunks, counts = torch.unique_consecutive(chunk_of, return_counts=True)
-        starts = torch.cumsum(counts, 0) - counts
-        runs = {c: (s, s + n) for c, s, n in zip(chunks.tolist(), starts.tolist(), counts.tolist())}
-        flat = out.view(-1)
+        # each drawn chunk hands over the wanted rows it holds: those wholly inside it by one index_select
+        # over the chunk seen as rows (an index a row, not an element: int64 positions of every element were
+        # four times the rows' own bytes at bf16), the at most two it cuts by a copy of their part
+        wanted = unique.tolist()
+        out2d, flat = out.view(len(wanted), dim), out.view(-1)
+        chunks = sorted({c for r in wanted for c in range(r * dim // CHUNK, ((r + 1) * dim - 1) // CHUNK + 1)})
 
-        def consume(c: int, a: int, buf: torch.Tensor) -> None:
-            lo, hi = runs[c]
-            torch.index_select(buf, 0, positions[lo:hi] - a, out=flat[lo:hi])
+        def consume(_c: int, a: int, buf: torch.Tensor) -> None:
+            n = buf.numel()
+            inside0, inside1 = -(-a // dim), (a + n) // dim  # rows [inside0, inside1) lie wholly in the chunk
+            j0, j1 = bisect.bisect_left(wanted, inside0), bisect.bisect_left(wanted, inside1)
+            if j1 > j0:
+                local = unique[j0:j1] - inside0
+                torch.index_select(buf[inside0 * dim - a:inside1 * dim - a].view(-1, dim), 0, local, out=out2d[j0:j1])
+            for r in {a // dim, (a + n - 1) // dim}:
+                j = bisect.bisect_left(wanted, r)
+                if not inside0 <= r < inside1 and j < len(wanted) and wanted[j] == r:
+                    lo, hi = max(r * dim, a), min((r + 1) * dim, a + n)
+                    flat[j * dim + lo - r * dim:j * dim + hi - r * dim].copy_(buf[lo - a:hi - a])
 
-        self._chunkwise(seed, i, consume, sorted(runs))
+        self._chunkwise(seed, i, consume, chunks)
         scale = self._scale(seed)
         if scale != 1.0:
             out.mul_(scale)
@@ -607,10 +658,13 @@ class _Stack:
         self.offset = 0
 
     def take(self, like: torch.Tensor) -> torch.Tensor:
-        n = like.numel()
+        return self.take_shape(like.shape)
+
+    def take_shape(self, shape) -> torch.Tensor:
+        n = math.prod(shape)
         if self.offset + n > self.capacity:
             raise RuntimeError("perturbed forward: scratch stack exhausted (a module ran outside its parent)")
-        view = self.buffer[self.offset:self.offset + n].view_as(like)
+        view = self.buffer[self.offset:self.offset + n].view(shape)
         self.offset += n
         return view
 
@@ -665,13 +719,54 @@ def _row_hook(directions: "Directions", direction, i: int, scale: float, seen: O
     return post
 
 
+def _splittable(module: nn.Module, index: Dict[int, int]) -> bool:
+    """A plain Linear layer (its own forward, not replaced on the instance) with a large trainable weight."""
+    weight = getattr(module, "weight", None)
+    return (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+            and "forward" not in vars(module) and weight is not None and id(weight) in index
+            and weight.dim() == 2 and weight.numel() >= SPLIT_MIN)
+
+
+def _own(module: nn.Module, index: Dict[int, int]) -> int:
+    return sum(p.numel() for p in module._parameters.values() if p is not None and id(p) in index)
+
+
+def _split_rows(model: nn.Module, index: Dict[int, int]) -> Dict[int, int]:
+    """id(module) -> output rows a block, for each Linear layer perturbed a block of rows at a time: one
+    whose weight is at least SPLIT_MIN elements and over twice the most any other module perturbs, in
+    blocks of about that most (at least CHUNK elements) aligned to SPLIT_ALIGN elements."""
+    large = [m for m in model.modules() if _splittable(m, index)]
+    if not large:
+        return {}
+    ids = {id(m) for m in large}
+    others = max((_own(m, index) for m in model.modules() if id(m) not in ids and not _row_lookup(m)), default=0)
+    block = max(others, CHUNK)
+    rows = {}
+    for m in large:
+        out_features, in_features = m.weight.shape
+        # rows whose elements are a multiple of SPLIT_ALIGN, so that every block starts on one
+        step = SPLIT_ALIGN // math.gcd(SPLIT_ALIGN, in_features)
+        r = max(step, block // in_features // step * step)
+        if m.weight.numel() > 2 * block and r < out_features:
+            rows[id(m)] = r
+    return rows
+
+
 def _capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple[torch.device, torch.dtype], int]:
     """Scratch needed at once: a module's own perturbed parameters plus the largest need of a child
-    (children run inside their parent's forward). Embedding tables need none."""
+    (children run inside their parent's forward). Embedding tables need none; a Linear layer perturbed a
+    block of rows at a time (``_split_rows``) needs one block of its weight and bias."""
+    split = _split_rows(model, index)
 
     def need(module: nn.Module) -> Dict:
         own: Dict = {}
-        if not _row_lookup(module):
+        if id(module) in split:
+            rows = split[id(module)]
+            for p in (module.weight, module.bias):
+                if p is not None and id(p) in index:
+                    key = (p.device, p.dtype)
+                    own[key] = own.get(key, 0) + rows * (p.shape[1] if p.dim() > 1 else 1)
+        elif not _row_lookup(module):
             for p in module._parameters.values():
                 if p is not None and id(p) in index:
                     key = (p.device, p.dtype)
@@ -702,7 +797,9 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     the parameters are restored bit for bit: x itself is never modified, unlike MeZO's in-place
     +lambda, -2lambda, +lambda, which drifts by rounding in floating point. An embedding table is not
     swapped: the rows its forward looked up get ``scale * v`` added (a transformer's word embeddings are
-    most of its parameters, and a batch reads a few hundred of their rows).
+    most of its parameters, and a batch reads a few hundred of their rows). A large Linear layer (a small
+    decoder's LM head, ``_split_rows``) runs a block of output rows at a time, each block perturbed into the
+    stack in turn: the same values, a block's memory.
     """
     seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
     cached = directions._cache.get(seed) if seed is not None else None
@@ -755,9 +852,56 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
 
         return pre, post
 
+    def write_span(p: torch.Tensor, i: int, start: int, stop: int, out: torch.Tensor) -> None:
+        if seed is None:
+            torch.add(p.reshape(-1)[start:stop], direction.tensor(i).reshape(-1)[start:stop], alpha=scale,
+                      out=out.view(-1))
+        else:
+            directions.perturb_span_into(seed, i, p, start, stop, out, scale)
+
+    def split_forward(module: nn.Linear, rows: int):
+        """The Linear layer's forward at its perturbed weight, a block of output rows at a time: each block
+        of (W + scale v) is written into the stack, multiplied, and given back."""
+        weight, bias = module.weight.detach(), module.bias
+        trained_bias = bias is not None and id(bias) in index
+        bias = None if bias is None else bias.detach()
+        n, width = weight.shape
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            seen.add(id(module.weight))
+            if trained_bias:
+                seen.add(id(module.bias))
+            out = None
+            for a in range(0, n, rows):
+                e = min(n, a + rows)
+                stack = stacks[(weight.device, weight.dtype)]
+                w = stack.take_shape((e - a, width))
+                write_span(weight, index[id(module.weight)], a * width, e * width, w)
+                b = None if bias is None else bias[a:e]
+                if trained_bias:
+                    b = stacks[(bias.device, bias.dtype)].take_shape((e - a,))
+                    write_span(bias, index[id(module.bias)], a, e, b)
+                y = nn.functional.linear(x, w, b)
+                if trained_bias:
+                    stacks[(bias.device, bias.dtype)].give_back(b)
+                stack.give_back(w)
+                if out is None:
+                    out = y.new_empty(y.shape[:-1] + (n,))
+                out[..., a:e] = y
+            return out
+
+        return forward
+
+    split = directions._splits.get(id(model))
+    if split is None:
+        split = directions._splits[id(model)] = _split_rows(model, index)
+    replaced = []
     for module in model.modules():
         owned = [(n, p) for n, p in module._parameters.items() if p is not None and id(p) in index]
-        if owned and _row_lookup(module):
+        if id(module) in split:
+            module.forward = split_forward(module, split[id(module)])
+            replaced.append(module)
+        elif owned and _row_lookup(module):
             handles.append(module.register_forward_hook(_row_hook(directions, direction, index[id(module.weight)],
                                                                   scale, seen)))
         elif owned:
@@ -773,11 +917,13 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     finally:
         for h in handles:
             h.remove()
+        for module in replaced:
+            del module.forward  # the class's forward again
         for module, name, p, _stack in swapped:  # restore even if a forward raised half way
             module._parameters[name] = p
         for stack in stacks.values():
             stack.offset = 0
-    if swapped and not failed:
+    if (swapped or replaced) and not failed:
         missed = [i for i, p in enumerate(directions.params) if id(p) not in seen]
         if missed:
             # a parameter read outside its own module's forward would be evaluated unperturbed and bias

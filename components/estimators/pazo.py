@@ -56,8 +56,18 @@ def _unflatten(vector: torch.Tensor, like: Sequence[torch.Tensor]) -> Tuple[torc
 
 
 def subspace_basis(grads: List[Tuple[torch.Tensor, ...]], basis: str) -> torch.Tensor:
-    """G in R^{d x k}: orthonormalised (QR) or column-normalised public gradients."""
-    g = torch.stack([_flatten(gr) for gr in grads], dim=1)
+    """G in R^{d x k}: orthonormalised (QR) or column-normalised public gradients, in float32 at least: QR has
+    no bf16 / fp16 kernel, and a basis rounded to bf16 would be orthonormal only to about 1e-2 (a language
+    model's gradients come in the weights' precision)."""
+    like = grads[0]
+    dtype = torch.promote_types(like[0].dtype, torch.float32)
+    rows = torch.empty(len(grads), sum(t.numel() for t in like), dtype=dtype, device=like[0].device)
+    for row, gradient in zip(rows, grads):  # each tensor copied once, into its place: no stacked copy beside G
+        offset = 0
+        for t in gradient:
+            row[offset:offset + t.numel()].copy_(t.reshape(-1))
+            offset += t.numel()
+    g = rows.T  # [d, k], column-major: the layout LAPACK's QR reads
     if basis == "orthonormal":
         q, _ = torch.linalg.qr(g, mode="reduced")
         return q
@@ -95,11 +105,14 @@ class PazoPEstimator:
         return math.sqrt(self.k) * z / np.linalg.norm(z, axis=1, keepdims=True)
 
     def step(self, ctx) -> Update:
-        grads = [ctx.public.gradient(b) for b in ctx.public.batches(ctx.step, self.k, self.public_batch_size)]
-        g = subspace_basis(grads, self.basis)
+        # the k gradients are freed once G holds them: the private forwards run beside G and the q directions only
+        g = subspace_basis([ctx.public.gradient(b) for b in ctx.public.batches(ctx.step, self.k,
+                                                                                 self.public_batch_size)], self.basis)
         us = torch.as_tensor(self.coefficients(ctx.step, ctx.seed), dtype=g.dtype, device=g.device)
-        like = grads[0]
-        directions = [Dense(_unflatten(g @ u, like)) for u in us]
+        like = ctx.public.params  # the gradients' shapes and dtypes, in their order
+        # a query's direction in each parameter's own dtype, as a seeded one is drawn (a bf16 model's forward
+        # reads it); the update stays in G's precision, for the optimizer's float32 master copies
+        directions = [Dense(tuple(t.to(p.dtype) for t, p in zip(_unflatten(g @ u, like), like))) for u in us]
         noisy = ctx.release(FiniteDifferences(tuple(directions), self.smoothing))
         weights = (noisy / (ctx.batch_normaliser * self.queries)).to(dtype=g.dtype, device=g.device)
         update = g @ (us.T @ weights)  # sum_j w_j G u_j
@@ -132,6 +145,7 @@ class PazoSEstimator:
         return ()
 
     def step(self, ctx) -> Update:
+        self.last_candidates = []  # the last step's (kept for inspection) are not held beside this step's
         grads = [ctx.public.gradient(b) for b in ctx.public.batches(ctx.step, self.k, self.public_batch_size)]
         scores = ctx.release(LossValues(tuple((Dense(g), -self.lr) for g in grads))) / ctx.batch_normaliser
         best = int(torch.argmin(scores))

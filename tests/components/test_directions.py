@@ -275,6 +275,69 @@ def test_regenerate_mode_keeps_no_table_sized_scratch():
     assert not d._slots and model.emb.weight.numel() > 3 * CHUNK
 
 
+@pytest.mark.parametrize("dim", [1, 7, 384, (1 << 15) + 232])
+def test_embedding_rows_of_any_width_are_the_tables_rows(dim):
+    """Rows cut by a chunk's edge (a width that does not divide the chunk, or wider than one) are drawn in
+    two parts; ids repeat, and the first and last rows are among them."""
+    rows = max(3, 70000 // dim)
+    d = Directions([torch.nn.Parameter(torch.zeros(rows, dim))], "sphere")
+    ids = torch.randint(0, rows, (3, 9), generator=torch.Generator().manual_seed(dim))
+    ids[0, :3] = torch.tensor([0, rows - 1, 0])
+    assert torch.equal(d.rows(6, 0, ids), d.tensor(6, 0)[ids])
+
+
+class _Head(torch.nn.Module):
+    """A small decoder's shape: a tied table and LM head far larger than the layer between them."""
+
+    def __init__(self, bias: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(3000, 48)
+        self.mid = torch.nn.Linear(48, 48)
+        self.head = torch.nn.Linear(48, 3000, bias=bias)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mid(self.emb(ids))))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_large_linear_layer_is_perturbed_a_block_of_rows_at_a_time(kind, bias, monkeypatch):
+    """Regenerate mode's scratch for an LM head is one block of its rows, about the largest other module's
+    parameters, and the forward is the one at W + s V: the values cache mode (whole swaps) gives, within
+    the rounding another CPU's matrix products may add (on this one they are equal)."""
+    from components.estimators import directions as module
+
+    monkeypatch.setattr(module, "SPLIT_MIN", 1 << 14)
+    model = _Head(bias)
+    d = Directions(list(model.parameters()), kind)
+    index = {id(p): i for i, p in enumerate(d.params)}
+    rows = module._split_rows(model, index)[id(model.head)]
+    assert rows % 4 == 0 and rows * 48 <= module.CHUNK < model.head.weight.numel() // 4  # 64-element blocks
+    ids, lam = torch.randint(0, 3000, (4, 6), generator=torch.Generator().manual_seed(1)), 0.3
+    shifted = {n: torch.add(p.detach(), z, alpha=lam) for (n, p), z in zip(model.named_parameters(), d.dense(5))}
+    expected = functional_call(model, shifted, (ids,), tie_weights=True)
+    before = _snapshot(model)
+    with torch.no_grad(), perturbed(model, d, 5, lam):
+        regenerated = model(ids)
+    with torch.no_grad(), d.cached([5]), perturbed(model, d, 5, lam):
+        cached = model(ids)
+    torch.testing.assert_close(regenerated, cached, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(regenerated, expected, rtol=1e-5, atol=1e-5)
+    assert _bitwise_equal(before, _snapshot(model)) and "forward" not in vars(model.head)
+    scratch = sum(stack.capacity for stack in d._pools.values())
+    assert scratch == max(48 * 48 + 48, rows * 48 + (rows if bias else 0))
+    # the perturbed blocks themselves are the cached swap's rows, bit for bit
+    block = torch.empty(rows, 48)
+    d.perturb_span_into(5, 0, model.head.weight.detach(), rows * 48, 2 * rows * 48, block, lam)
+    assert torch.equal(block, torch.add(model.head.weight.detach(), d.dense(5)[0], alpha=lam)[rows:2 * rows])
+    # an exception half way leaves the layer's own forward
+    with pytest.raises(RuntimeError, match="boom"), perturbed(model, d, 5, lam):
+        raise RuntimeError("boom")
+    assert "forward" not in vars(model.head)
+
+
 @pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
 def test_prefetched_directions_are_the_ones_cache_mode_draws(kind):
     """A prefetch draws the next step's direction on a background thread, chunk by chunk (the sphere's

@@ -65,6 +65,33 @@ def test_a_decoder_is_planned_from_its_config_in_the_order_its_estimators_need(f
     assert lora.step < plans["first_order"].step
 
 
+def test_the_public_data_estimators_hold_their_public_gradients_beside_the_private_phase(files):
+    """PAZO-M's public gradient, PAZO-S's candidates and PAZO-P's float32 basis sit beside the private forwards;
+    PAZO-P's QR holds LAPACK's copies; neither PAZO-P nor PAZO-S caches (their directions are not seeded), and
+    DPGD-0th's cache is planned like DPZero's (bench/memory.py measures each within 15%)."""
+    def plan(estimator):
+        spec = _spec(files, estimator)
+        spec["data"]["split"]["public"] = 0.25
+        return memory.plan(specs.spec_from_dict(spec))
+
+    base = plan(REGENERATE)
+    s, T, d = base.sizes, base.sizes.trainable_bytes, base.sizes.trainable
+    act = base.step - s.weights - s.scratch  # A(b): the private forward
+    pazo_m = plan({"kind": "pazo_m", "queries": 1, "public_batch_size": 4, "perturbation": "regenerate"})
+    assert pazo_m.step - s.weights == s.scratch + max(2 * T + memory._saved(s, 4, 16, False), act + T)
+    pazo_p = plan({"kind": "pazo_p", "queries": 2, "public_batches": 3, "public_batch_size": 4, "perturbation": "cache"})
+    pazo_s = plan({"kind": "pazo_s", "public_batches": 3, "public_batch_size": 4})
+    for p, held in ((pazo_p, 4 * 3 * d + 2 * T), (pazo_s, 5 * T)):
+        assert not p.settings.cache and p.step - s.weights >= s.scratch + act + held
+    qr = 3 * T + int((1 + memory.QR_COPIES) * 4 * 3 * d)  # the gradients beside G, its copy, Q and the workspace
+    assert pazo_p.step - s.weights >= s.scratch + qr
+    normalized = plan({"kind": "pazo_p", "queries": 2, "public_batches": 3, "public_batch_size": 4,
+                       "basis": "normalized"})
+    assert normalized.step < pazo_p.step
+    zeroth = plan({"kind": "dpgd_0th", "queries": 1, "perturbation": "cache"})
+    assert zeroth.settings.cache and zeroth.step - plan(CACHE).step == 4 * 8 * d
+
+
 def test_a_spec_over_the_device_memory_is_refused_in_one_line_with_the_numbers(files, monkeypatch):
     dp_sgd = specs.spec_from_dict(_spec(files, DP_SGD))
     planned = memory.plan(dp_sgd)
@@ -118,6 +145,33 @@ def test_a_linear_model_is_planned_from_its_shapes(tiny_spec_dict):
     adam = memory.plan(specs.spec_from_dict(tiny_spec_dict), n_features=64, n_classes=10, n_private=1385, n_eval=360)
     assert (adam.settings.optimizer_state, adam.settings.optimizer_step) == (2 * 650 * 4, 650 * 4)  # moments, gradient
     assert adam.peak > p.peak
+
+
+def test_a_tied_lm_head_adds_a_per_example_gradient_for_each_use_and_regenerate_a_block_of_it():
+    """DP-SGD's per-example gradients of a table tied to the LM head are formed once for each use before
+    they are added (bench/memory.py measured it); regenerate mode perturbs the head a block of rows at a time."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from components.models.lm import freeze_lm_
+
+    sizes = {}
+    for tie in (False, True):
+        config = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, vocab_size=4000, tie_word_embeddings=tie)
+        with torch.device("meta"):
+            lm = LlamaForCausalLM(config)
+        freeze_lm_(lm, "all", "test")
+        sizes[tie] = memory.module_sizes(lm, 4, lm_config=config)
+    untied, tied = sizes[False], sizes[True]
+    assert untied.tied == 0 and tied.tied == 2 * 4000 * 128 * 4
+    assert tied.trainable == untied.trainable - 4000 * 128
+    # regenerate's scratch is the largest layer's (an MLP matrix), not the 4000 x 128 head
+    assert untied.scratch == tied.scratch == 128 * 344 * 4
+    first_order = memory.Settings("first_order", 8, 32)
+    c = memory.chunk_rows(tied, 8)
+    assert (memory.estimate(tied, first_order).step - memory.estimate(dataclasses.replace(tied, tied=0),
+                                                                        first_order).step) == c * tied.tied
 
 
 def test_the_guide_states_what_the_planner_says_of_a_7b_decoder():

@@ -64,6 +64,23 @@ def test_pazo_p_orthonormal_is_unbiased_for_the_projected_gradient():
     assert torch.allclose(total / n, projected, atol=0.08 * projected.norm().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("basis", ["orthonormal", "normalized"])
+def test_pazo_p_basis_of_half_precision_gradients_is_float32(dtype, basis):
+    """A bf16 / fp16 model's public gradients come in its precision, which QR has no kernel for: G is formed in
+    float32, the same basis as from the same values in float64."""
+    gen = torch.Generator().manual_seed(0)
+    grads = [tuple(torch.randn(shape, generator=gen).to(dtype) for shape in ((3, 4), (5,))) for _ in range(3)]
+    g = subspace_basis(grads, basis)
+    want = subspace_basis([tuple(t.double() for t in gr) for gr in grads], basis)
+    assert g.dtype == torch.float32 and g.shape == (17, 3)
+    if basis == "orthonormal":  # the same subspace (QR's column signs may differ): equal projections
+        assert torch.allclose(g.T @ g, torch.eye(3), atol=1e-6)
+        torch.testing.assert_close((g @ g.T).double(), want @ want.T, rtol=0, atol=1e-6)
+    else:
+        torch.testing.assert_close(g.double(), want, rtol=0, atol=1e-6)
+
+
 def test_pazo_p_directions_have_norm_sqrt_k():
     d = 6
     model, params, public, private, _ = _setup(d)
