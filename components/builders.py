@@ -13,7 +13,7 @@ from components.data import SplitData
 from components.data.prompts import prompt_of
 from components.data.table import Table
 from components.estimators import Directions
-from components.estimators.public import PublicOracle, warm_start
+from components.estimators.public import PublicOracle, too_few_public_rows, warm_start
 from components.families import family_for
 from components.families.common import accountant, calibrate_sigma, spec_sampler  # noqa: F401 (planning API)
 from components.randomness import (
@@ -163,7 +163,13 @@ def resolve_privacy(spec: RunSpec, n_private: Optional[int] = None, dimension: O
 
 
 def plan(spec: RunSpec, data: SplitData):
-    """resolve_privacy for a spec and its loaded data (the theory families' presets need the model's dimension)."""
+    """resolve_privacy for a spec and its loaded data (the theory families' presets need the model's dimension).
+    An estimator whose public batches the public split cannot hold is refused here, before any reservation."""
+    if ESTIMATOR_TRAITS[spec.estimator.kind].uses_public and len(data.public):
+        problem = too_few_public_rows(getattr(spec.estimator, "public_batches", 1),
+                                      getattr(spec.estimator, "public_batch_size", 0), len(data.public))
+        if problem:
+            raise ValueError(problem)
     family = family_for(spec)
     dimension = model_dimension(spec, data.n_features, data.n_classes) if family.needs_dimension else None
     return family.resolve(spec, len(data.private), dimension)

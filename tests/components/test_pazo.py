@@ -152,3 +152,39 @@ def test_public_batches_refuse_more_rows_than_the_split_has():
     _, _, public, _, _ = _setup(n_public=10)
     with pytest.raises(ValueError, match="need 12 public rows, the split has 10"):
         public.batches(0, 3, 4)
+
+
+def test_public_warm_start_keeps_bf16_updates_rounding_would_lose():
+    """bf16 weights warm-started on public rows step through float32 copies: the result is the float32
+    trajectory rounded once, where stepping bf16 in place loses the updates under half a unit in the last place."""
+    import numpy as np
+
+    from components.estimators.public import STREAM_WARM_START, warm_start
+    from components.randomness import public_seed
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+
+    def loss(model, f, t):
+        return torch.nn.functional.cross_entropy(model(f.to(model.weight.dtype)).float(), t, reduction="none")
+
+    model = torch.nn.Linear(8, 3, bias=False).to(torch.bfloat16)
+    start = model.weight.detach().clone()
+    steps = warm_start(model, [model.weight], loss, x, y, epochs=4.0, lr=1e-4, batch_size=16, seed=1)
+    # the float32 trajectory, and bf16 stepped in place, each step's gradient at the weights the model holds
+    exact, in_place = start.float(), start.clone()
+    probe = torch.nn.Linear(8, 3, bias=False).to(torch.bfloat16)
+    order, rng = [], np.random.default_rng(public_seed(1, STREAM_WARM_START))
+    for _ in range(steps):
+        if len(order) < 16:
+            order += rng.permutation(64).tolist()
+        idx = torch.as_tensor(order[:16])
+        del order[:16]
+        for weights in (exact, in_place):
+            with torch.no_grad():
+                probe.weight.copy_(weights)
+            g, = torch.autograd.grad(loss(probe, x[idx], y[idx]).mean(), [probe.weight])
+            weights.add_(g.to(weights.dtype), alpha=-1e-4)
+    assert steps == 16 and torch.equal(model.weight, exact.to(torch.bfloat16))
+    lost = (in_place == start).float().mean()
+    assert lost > 0.5 and not torch.equal(model.weight, start)  # in place, most weights never moved

@@ -362,3 +362,16 @@ def test_validate_accepts_one_label_word_per_selected_topic(tmp_path, monkeypatc
     spec = _data_spec(tmp_path, tiny_spec_dict, {"kind": "text", "name": "chatterbot", "topics": ["sports", "food"]})
     code, err = _in_process(["validate", str(spec)], tmp_path, monkeypatch, capsys)
     assert code == 0 and err == "", err
+
+
+def test_public_batches_the_public_split_cannot_hold_are_refused_before_the_run(tmp_path, monkeypatch, capsys,
+                                                                                 tiny_spec_dict):
+    """PAZO-P's k public batches of public_batch_size rows must fit the public split: refused by calibrate (and
+    the run's preflight) in one line, not at the first step after the budget is reserved."""
+    tiny_spec_dict["estimator"] = {"kind": "pazo_p", "queries": 1, "public_batches": 3, "public_batch_size": 32}
+    code, err = _in_process(["calibrate", str(_write(tmp_path, tiny_spec_dict))], tmp_path, monkeypatch, capsys)
+    n_public = int(err.split("the split has ")[1].split(";")[0]) if "the split has " in err else None
+    assert code == 2 and n_public is not None and n_public < 96 and err.strip().splitlines() == [
+        f"privzo: error: estimator: 3 public batches of 32 rows need 96 public rows, the split has {n_public}; lower "
+        "estimator.public_batch_size (or public_batches), or raise data.split.public"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
