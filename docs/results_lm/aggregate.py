@@ -20,7 +20,9 @@ def child_runs(uri: str) -> list:
     client = mlflow.MlflowClient(uri)
     cells = []
     for experiment in client.search_experiments():
-        runs = client.search_runs([experiment.experiment_id], "tags.mlflow.parentRunId != ''")
+        # a cell's child run exists from its start (holding its step-0 evaluation): finished ones only
+        runs = client.search_runs([experiment.experiment_id],
+                                  "tags.mlflow.parentRunId != '' and attributes.status = 'FINISHED'")
         for run in sorted(runs, key=lambda r: r.info.start_time):  # the order the sweep ran its cells
             name, eps, seed = run.info.run_name.rsplit("-", 2)
             metrics = run.data.metrics

@@ -4,7 +4,8 @@ recipes/pretrain_decoder.py saved in MODEL (default ~/.privzo/models/privzo-deco
 - label words: one per chatterbot topic (WORDS, in the order privzo labels them: file-name order), fixed before
   any run and checked to be one token of the decoder's tokenizer after the prompt (privzo's own check,
   components/data/prompts.label_word_ids);
-- chatterbot_lm_{dpzero,pazo_m,dpsgd}.yaml: one spec per method, equal in everything else;
+- chatterbot_lm_{dpzero,pazo_m,dpsgd,pazo_p,pazo_s}.yaml: one spec per method, equal in everything else, and
+  chatterbot_lm_dpzero_2000.yaml, DPZero's for 2,000 steps;
 - ~/.privzo/data/chatterbot_pairs.jsonl: (prompt, completion) = two consecutive lines of one chatterbot
   conversation (replies of at most 80 characters), and chatterbot_lm_generation.yaml, DPZero on them.
 
@@ -35,7 +36,17 @@ METHODS = {
     "dpzero": "{kind: two_point, queries: 1, smoothing: 1.0e-3, directions: gaussian}",
     "pazo_m": "{kind: pazo_m, queries: 1, smoothing: 1.0e-3, mix: 0.5, public_batch_size: 32}",
     "dpsgd": "{kind: first_order}",
+    # added after the first three had run (the same spec otherwise): PAZO-P and PAZO-S at their defaults, k = 3
+    "pazo_p": "{kind: pazo_p, queries: 1, smoothing: 1.0e-3, public_batches: 3, public_batch_size: 32}",
+    "pazo_s": "{kind: pazo_s, public_batches: 3, public_batch_size: 32}",
+    # the step-count question of DPZero's row: the same spec, ten times the steps (its noise recalibrated)
+    "dpzero_2000": "{kind: two_point, queries: 1, smoothing: 1.0e-3, directions: gaussian}",
 }
+STEPS = {"dpzero_2000": 2000}
+# PAZO-S steps to the public candidate it picks, x - lr g, so it takes plain SGD; its lr was set from public rows
+# only: Adam's step at lr 1e-3 over d = 32,768 coordinates (1e-3 sqrt(d)) over the norm of a public batch's
+# gradient at the start (0.26), 0.68, rounded down
+OPTIMIZERS = {"pazo_s": "{{kind: sgd, lr: 0.5, steps: {steps}}}"}
 SPEC = """\
 # {what} on chatterbot's 21 topics, read by label words through a prompt, fine-tuning LoRA adapters (rank 8,
 # q_proj and v_proj) of the decoder that recipes/pretrain_decoder.py pretrains on public text. Written by
@@ -55,12 +66,14 @@ estimator: {estimator}
 mechanism: {{kind: gaussian, clip: 1.0}}
 privacy: {{epsilon: 4.0, delta: auto, accountant: rdp, neighboring: add_remove}}
 sampling: {{kind: poisson, expected_batch_size: 32}}
-optimizer: {{kind: adam, lr: 1.0e-3, steps: 200}}
+optimizer: {optimizer}
 execution: {{backend: local, threads: 1}}
 tracking: {{uri: "sqlite:////tmp/lmres/mlflow.db", log_every: 100}}
 """
 WHAT = {"dpzero": "DPZero (estimator two_point)", "pazo_m": "PAZO-M (public gradient mixed in, alpha 0.5)",
-        "dpsgd": "DP-SGD (estimator first_order)"}
+        "dpsgd": "DP-SGD (estimator first_order)", "pazo_p": "PAZO-P (a subspace of k = 3 public gradients)",
+        "pazo_s": "PAZO-S (the best of k = 3 public gradients, chosen privately)",
+        "dpzero_2000": "DPZero (estimator two_point) for 2,000 steps"}
 GENERATION = """\
 # Generation: DPZero (two_point) on (line, next line) pairs of chatterbot's conversations, LoRA adapters of the
 # decoder that recipes/pretrain_decoder.py pretrains; test loss and exact match at step 0 and after. Written by
@@ -122,7 +135,8 @@ def main() -> None:
     for method, estimator in METHODS.items():
         (HERE / f"chatterbot_lm_{method}.yaml").write_text(SPEC.format(
             what=WHAT[method], method=method, model=model, template=TEMPLATE, words=", ".join(words),
-            estimator=estimator))
+            estimator=estimator, optimizer=OPTIMIZERS.get(method, "{{kind: adam, lr: 1.0e-3, steps: {steps}}}").format(
+                steps=STEPS.get(method, 200))))
     out = Path.home() / ".privzo" / "data" / "chatterbot_pairs.jsonl"
     n = pairs(topics, out)
     # N: the private rows of an 80/20 split of the pairs after privzo drops exact duplicates (at most n)
