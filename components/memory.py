@@ -33,7 +33,7 @@ step's peak is W plus the largest of its phases:
                                                     candidates (pazo_s); pazo_p and pazo_s never cache
                                                     (their directions are not seeded)
     gep               as bench/memory.py's guard: the [b', d] anchor matrix and the [k, d] basis
-    dpgd_0th          the zeroth-order phase + 4 * 8d    and its float64 d-vectors (a d-dimensional release)
+    dpgd_0th          zeroth-order phase + 4 * 8d   its float64 d-vectors (a d-dimensional release)
     other estimators  A(b) + 4 * 8d                 a few float64 d-vectors (the nonsmooth and KL oracles):
                                                     small models in practice
 
@@ -76,7 +76,7 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ZEROTH = ("two_point", "dpgd_0th", "pazo_m", "pazo_p", "pazo_s")
 PUBLIC_GRADIENTS = {"pazo_m": 1, "dope_sgd": 1, "pda_dpmd": 1}  # pazo_p, pazo_s: public_batches of them
 # torch.linalg.qr of a tall [d, k] matrix on a CPU holds 6.33 times the matrix at its peak (its copy, Q and
-# LAPACK's workspace; measured at d = 1.4M, k = 3, float32 and from bf16 gradients alike)
+# LAPACK's workspace; measured at d = 1.4M, k = 3, float32 and from bf16 gradients alike), rounded up
 QR_COPIES = 6.34
 
 
