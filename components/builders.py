@@ -232,8 +232,9 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     x = torch.as_tensor(rows.features, device=device)
     y = torch.as_tensor(rows.labels, device=device)
     cache = use_direction_cache(spec, params, len(estimator.direction_seeds(0, spec.seed)))
+    persons = None if rows.persons is None else torch.as_tensor(rows.persons, device=device)
     backend = LocalBackend(model, directions, optimizer, x, y, cache_directions=cache,
-                           prefetch_directions=spec.execution.prefetch_directions)
+                           prefetch_directions=spec.execution.prefetch_directions, persons=persons)
     return LocalParts(model, params, directions, estimator, optimizer, backend, device)
 
 
@@ -274,7 +275,8 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
                              private_digest=data.ordered_digest, workers=ex.workers,
                              gpus_per_worker=ex.gpus_per_worker, cpus_per_worker=ex.cpus_per_worker,
                              workers_per_node=ex.workers_per_node, address=ex.address,
-                             parallelism=ex.parallelism, checksum_every=ex.checksum_every)
+                             parallelism=ex.parallelism, checksum_every=ex.checksum_every,
+                             persons=data.private.persons)
     n_private = len(data.private)
     public = None
     if len(data.public):
@@ -296,7 +298,7 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
     if sampling_generator is None:
         sampling_generator = SecureSource() if source == "secure" else private_generator(
             public_seed(spec.seed, STREAM_INSECURE_PRIVATE, 2) if insecure else None)
-    sampler = spec_sampler(spec, n_private, sampling_generator)
+    sampler = spec_sampler(spec, n_private, sampling_generator, persons=data.private.persons)
     assembly = Assembly(estimator, directions, parts.optimizer, sampler, n_private, noise_generator, seeded,
                         accountant(spec), float(spec.privacy.delta) if spec.privacy is not None else None)
     mechanism, tracker = MECHANISMS[spec.mechanism.kind](spec, assembly)

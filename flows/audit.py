@@ -35,12 +35,14 @@ from flows.tracking import log_text_artifacts
 
 @task(name="audit-run", cache_policy=NO_CACHE, retries=0)
 def run_audit(spec: specs.RunSpec, canaries: Optional[int], confidence: float, background: str,
-              noise_scale: float, guesses: Optional[int], threads: Optional[int], runs: int = 1) -> AuditResult:
+              noise_scale: float, guesses: Optional[int], threads: Optional[int], runs: int = 1,
+              person_rows: Optional[int] = None) -> AuditResult:
     """Train on the canaries and bound epsilon (one run, or ``runs`` runs of one canary each); noise is
     drawn here, so never retried. ``threads``: torch's intra-op threads for the audit (default:
     execution.threads, else 1: the audit's forwards are small, and on the project's busy 2-core machine one
     thread ran them 3-10x faster than two)."""
-    data = builders.load_data(spec)
+    # an audit reads no private row: of a spec on blocks, every block's rows give the shapes and public rows
+    data = builders.load_data(spec, every_block=spec.data.blocks is not None)
     before = torch.get_num_threads()
     torch.set_num_threads(threads or spec.execution.threads or 1)
     logger = get_run_logger()
@@ -52,9 +54,9 @@ def run_audit(spec: specs.RunSpec, canaries: Optional[int], confidence: float, b
     try:
         if runs == 1:
             return audit(spec, data, canaries=canaries, confidence=confidence, background=background,
-                         noise_scale=noise_scale, guess_count=guesses)
+                         noise_scale=noise_scale, guess_count=guesses, person_rows=person_rows)
         return audit_many(spec, data, runs=runs, confidence=confidence, background=background,
-                          noise_scale=noise_scale, on_run=progress)
+                          noise_scale=noise_scale, on_run=progress, person_rows=person_rows)
     finally:
         torch.set_num_threads(before)
 
@@ -87,6 +89,9 @@ def report(result: AuditResult) -> str:
         f"occur with probability at most {1 - result.confidence:.3g}. Method: {result.method_sentence}.",
         f"- With every guess right, this design ({_design(result)}) at this delta and confidence could show at "
         f"most epsilon {ceiling:.3g}: it cannot refute claims above that.",
+        *([f"- Person level: each canary is a person of {result.person_rows} rows (copies of one canary row, "
+           "pushing every release the same way), sampled and clipped as the run samples and clips persons; the "
+           "claim is for adding or removing one person."] if result.person_rows > 1 else []),
         f"- Canaries: random feature directions with random labels, scaled x{result.canary_scale:.3g} so that "
         f"{100 * result.share_at_clip:.1f}% of their per-example values reached the clip "
         f"(finite differences at +-C, gradients of norm C, losses at C). Background rows: "
@@ -135,6 +140,7 @@ def summary(result: AuditResult) -> Dict[str, Any]:
         "delta": result.delta, "confidence": result.confidence, "canaries": result.canaries,
         "noise_multiplier": result.noise_multiplier, "noise_scale": result.noise_scale, "steps": result.steps,
         "method": result.method, "runs": result.runs, "filled_rows": result.filled_rows,
+        "person_rows": result.person_rows,
         "epsilon_lower": result.epsilon_lower, "exceeds_claim": result.exceeds_claim,
         "white_box": {"epsilon_lower": result.white_box.epsilon_lower, "guesses": result.white_box.guesses,
                       "correct": result.white_box.correct, "canaries_bounded": result.white_box.canaries_bounded,
@@ -174,7 +180,8 @@ def privacy_audit(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
                   canaries: Optional[int] = None, confidence: float = 0.95, background: str = "none",
                   noise_scale: float = 1.0, guesses: Optional[int] = None, tracking_uri: Optional[str] = None,
                   experiment: Optional[str] = None, log: bool = True, threads: Optional[int] = None,
-                  epsilon: Optional[float] = None, runs: Optional[int] = None) -> Dict[str, Any]:
+                  epsilon: Optional[float] = None, runs: Optional[int] = None,
+                  person_rows: Optional[int] = None) -> Dict[str, Any]:
     """Audit one spec (a YAML path or a mapping), at ``epsilon`` instead of its privacy.epsilon if given;
     ``runs``: 1 for the one-run audit, at least 10 for many runs of one canary each (default: 1, and
     components.audit.default_runs where one run cannot tell canaries apart). Returns the summary, with
@@ -191,7 +198,7 @@ def privacy_audit(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     problem = runs_problem(runs, canaries, guesses)
     if problem:
         raise ValueError(problem)
-    result = run_audit(run_spec, canaries, confidence, background, noise_scale, guesses, threads, runs)
+    result = run_audit(run_spec, canaries, confidence, background, noise_scale, guesses, threads, runs, person_rows)
     out = summary(result)
     out["report"] = report(result)
     get_run_logger().info("audit %s: claimed epsilon %.4g, lower bounds white-box %.3f, black-box %.3f (%s, "

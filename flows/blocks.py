@@ -18,6 +18,7 @@ import numpy as np
 
 import specs
 from components.data.blocks import arrival_periods, next_after, open_period, row_blocks, sealed_periods
+from components.data.split import person_keys
 from components.data.table import Table
 from flows.tracking import keyed_rows
 
@@ -66,7 +67,7 @@ def _terms(spec: specs.RunSpec, blocks) -> list:
     from flows.ledger import BlockTerms
 
     return [BlockTerms(b, spec.budget.lifetime_epsilon, float(spec.privacy.delta),
-                       spec.data.blocks.declared_private_rows) for b in blocks]
+                       spec.data.blocks.declared_units) for b in blocks]
 
 
 def as_of_moment(explicit: Optional[str] = None) -> dt.datetime:
@@ -92,7 +93,7 @@ def as_of_moment(explicit: Optional[str] = None) -> dt.datetime:
 
 def _keyed_persons(persons) -> List[str]:
     # a person's id is private data as much as a row: only its keyed hash is stored
-    return keyed_rows([hashlib.sha256(b"person:" + str(p).encode("utf-8")).hexdigest() for p in persons])
+    return keyed_rows(person_keys(persons))
 
 
 @dataclass

@@ -56,6 +56,7 @@ class PrivacySummary:
     noise_source: str = "fast"  # what drew the noise and batches: secure, fast or seeded (randomness.NOISE_SENTENCES)
     event_sentence: Optional[str] = None  # a single pass: how its releases compose, in place of the per-step one
     large_delta_rows: Optional[int] = None  # N, where delta is above 1/N (privacy.allow_large_delta)
+    person: Optional[str] = None  # person level: the column naming each row's person (data.blocks.person)
 
     def guarantee(self) -> str:
         return self.guarantee_at(self.epsilon, self.rho)
@@ -75,6 +76,10 @@ class PrivacySummary:
                     f"(privacy.allow_large_delta), and publishing one random row whole meets it. {pair}")
         if self.neighboring == "add_remove":
             # every constant of the run (rate, steps, delta, normaliser) is public: plain add/remove DP
+            if self.person is not None:
+                return (f"{pair} for add/remove of one person of {self.dataset} (every row with their "
+                        f"{self.person!r}: each step samples persons and clips each sampled person's summed rows "
+                        f"to C).{zcdp}")
             return f"{pair} for add/remove of one example of {self.dataset}.{zcdp}"
         rows = f" ({self.private_rows})" if self.private_rows is not None else ""
         return (f"{pair} for replacement of one example of {self.dataset}; the "
@@ -92,10 +97,13 @@ class PrivacySummary:
             return (f"unknown: {start}, which this model continued, was trained by runs whose privacy events are "
                     f"not recorded; this run alone is {self.guarantee()}")
         if blocks:
-            unit = "person" if person_level else "row"
+            why = ("every person's rows are in one block and a person moves each release by at most C, so it "
+                   "bounds every person's loss" if person_level else
+                   "every row is in one block, so it bounds every row's loss (event level: a person with several "
+                   "rows may lose more)")
             return (self.guarantee_at(model_epsilon)[:-1] + f", the largest over the {blocks} blocks of data its {runs} "
                     f"runs read (this one and {start} back to a seed initialisation) of the composition of the runs "
-                    f"that read each block: every {unit} is in one block, so it bounds every {unit}'s loss.")
+                    f"that read each block: {why}.")
         return (self.guarantee_at(model_epsilon)[:-1] + f", composed over the {runs} runs that trained it "
                 f"(this one and {start} back to a seed initialisation): it bounds every person's loss, whichever of "
                 "those runs they were in.")
@@ -160,7 +168,8 @@ def summarize(spec, tracker_epsilon: float, steps: int, sampler, queries_per_ste
         residual_clip=getattr(spec.estimator, "residual_clip", None) if privacy else None,
         private_rows=sampler.rows if spec.private_count_is_public else None, noise_source=noise_source,
         event_sentence=_single_pass_sentence(spec),
-        large_delta_rows=spec.public_rows(sampler.rows) if privacy and spec.large_delta(sampler.rows) else None)
+        large_delta_rows=spec.public_rows(sampler.rows) if privacy and spec.large_delta(sampler.rows) else None,
+        person=spec.data.blocks.person if spec.person_level else None)
 
 
 def _single_pass_sentence(spec) -> Optional[str]:

@@ -55,7 +55,9 @@ class RunSpec(Strict):
         blocks = d.get("blocks") if isinstance(d, dict) else None
         window = b.get("window") if isinstance(b, dict) else None
         if isinstance(blocks, dict) and isinstance(window, dict) and d.get("declared_private_rows") is None:
-            per, length = blocks.get("declared_private_rows"), window.get("blocks")
+            # N counts neighbouring units: persons in a person-level run, rows otherwise
+            per = blocks.get("declared_persons" if blocks.get("person") else "declared_private_rows")
+            length = window.get("blocks")
             if isinstance(per, int) and isinstance(length, int) and per > 0 and length > 0:
                 return {**data, "data": {**d, "declared_private_rows": per * length}}
         return data
@@ -72,6 +74,12 @@ class RunSpec(Strict):
     def private(self) -> bool:
         """True when the run is meant to be differentially private (and not insecure_deterministic)."""
         return self.mechanism.kind != "none" and not self.privacy.insecure_deterministic
+
+    @property
+    def person_level(self) -> bool:
+        """Whether the guarantee is per person (data.blocks.person): a step samples persons and clips each
+        sampled person's summed rows, and N, the rate's and delta's denominator, counts persons."""
+        return self.data.blocks is not None and self.data.blocks.person is not None
 
     @property
     def is_resolved(self) -> bool:

@@ -31,24 +31,27 @@ class EstimatorTraits:
     seeded_directions: bool   # directions regenerated from public seeds, so they can be drawn ahead
     forward_only: bool        # no backpropagation through private rows
     running_sums: bool        # O2NC's SPIDER oracles: increments released as running sums (tree / schedule)
+    # clips a person's summed rows (data.blocks.person): its queries are sums of per-row values or
+    # gradients, which add up over a person's rows before the clip
+    person_level: bool
     title: str                # the algorithm, for people
 
 
 ESTIMATORS: Dict[str, EstimatorTraits] = {
-    #                             family     public release seeded forward-only running-sums title
-    "two_point": EstimatorTraits(STANDARD, False, SCALAR, True, True, False, "DPZero (MeZO without a mechanism)"),
-    "dpgd_0th": EstimatorTraits(STANDARD, False, DENSE, True, True, False, "DPGD-0th (DPZero, Algorithm 1)"),
-    "pazo_m": EstimatorTraits(STANDARD, True, SCALAR, True, True, False, "PAZO-M"),
-    "pazo_p": EstimatorTraits(STANDARD, True, SCALAR, False, True, False, "PAZO-P"),
-    "pazo_s": EstimatorTraits(STANDARD, True, SELECTION, False, True, False, "PAZO-S"),
-    "first_order": EstimatorTraits(STANDARD, False, DENSE, False, False, False, "DP-SGD"),
-    "gep": EstimatorTraits(STANDARD, True, DENSE, False, False, False, "GEP"),
-    "dope_sgd": EstimatorTraits(STANDARD, True, DENSE, False, False, False, "DOPE-SGD"),
-    "pda_dpmd": EstimatorTraits(STANDARD, True, DENSE, False, False, False, "PDA-DPMD"),
-    "zo_spider": EstimatorTraits(NONSMOOTH, False, DENSE, False, True, True, "zeroth-order SPIDER oracle for O2NC"),
-    "fo_spider": EstimatorTraits(NONSMOOTH, False, DENSE, False, False, True, "first-order SPIDER oracle for O2NC"),
-    "zo_naive": EstimatorTraits(NONSMOOTH, False, DENSE, False, True, False, "one-shot zeroth-order oracle for O2NC"),
-    "full_gradient": EstimatorTraits(KL, False, DENSE, False, False, False, "full-batch gradient (KL optimizers)"),
+    #                             family     public release seeded forward-only running-sums person title
+    "two_point": EstimatorTraits(STANDARD, False, SCALAR, True, True, False, True, "DPZero (MeZO without a mechanism)"),
+    "dpgd_0th": EstimatorTraits(STANDARD, False, DENSE, True, True, False, True, "DPGD-0th (DPZero, Algorithm 1)"),
+    "pazo_m": EstimatorTraits(STANDARD, True, SCALAR, True, True, False, True, "PAZO-M"),
+    "pazo_p": EstimatorTraits(STANDARD, True, SCALAR, False, True, False, True, "PAZO-P"),
+    "pazo_s": EstimatorTraits(STANDARD, True, SELECTION, False, True, False, True, "PAZO-S"),
+    "first_order": EstimatorTraits(STANDARD, False, DENSE, False, False, False, True, "DP-SGD"),
+    "gep": EstimatorTraits(STANDARD, True, DENSE, False, False, False, False, "GEP"),
+    "dope_sgd": EstimatorTraits(STANDARD, True, DENSE, False, False, False, True, "DOPE-SGD"),
+    "pda_dpmd": EstimatorTraits(STANDARD, True, DENSE, False, False, False, True, "PDA-DPMD"),
+    "zo_spider": EstimatorTraits(NONSMOOTH, False, DENSE, False, True, True, False, "zeroth-order SPIDER oracle for O2NC"),
+    "fo_spider": EstimatorTraits(NONSMOOTH, False, DENSE, False, False, True, False, "first-order SPIDER oracle for O2NC"),
+    "zo_naive": EstimatorTraits(NONSMOOTH, False, DENSE, False, True, False, False, "one-shot zeroth-order oracle for O2NC"),
+    "full_gradient": EstimatorTraits(KL, False, DENSE, False, False, False, False, "full-batch gradient (KL optimizers)"),
 }
 
 

@@ -154,8 +154,11 @@ class Probe:
     coordinate around its expectation over the rate."""
 
     def __init__(self, canaries: CanarySet, background_x: torch.Tensor, background_y: torch.Tensor, rate: float,
-                 loss, device, noise_std: float = 0.0, dense_overlap_every: int = 1):
+                 loss, device, noise_std: float = 0.0, dense_overlap_every: int = 1, copies: int = 1):
         self.canaries = canaries
+        # a canary person's rows are ``copies`` of its row: their sum, clipped, is what the person adds
+        self.copies = int(copies)
+        self._now = 1  # what the template functions scale a row by: copies for a canary, 1 for the background
         self.m = len(canaries)
         self._x = torch.as_tensor(canaries.features, device=device)
         self._y = torch.as_tensor(canaries.labels, device=device)
@@ -198,7 +201,7 @@ class Probe:
         model, directions = backend.model, backend.directions
         if isinstance(query, (FiniteDifferences, LossValues)):
             def values(x, y):
-                v = per_example_values(model, directions, self.loss, x, y, query)  # [size, rows]
+                v = per_example_values(model, directions, self.loss, x, y, query) * self._now  # [size, rows]
                 v = torch.nan_to_num(v, nan=0.0).clamp(-clip, clip).T.contiguous()  # [rows, size]
                 return v, v.double().pow(2).sum(dim=1)
             self._pending = ("scalar", self._templates(values, clip, per_entry=True), None)
@@ -210,7 +213,7 @@ class Probe:
 
             def values(x, y):
                 v = per_example_values(model, directions, self.loss, x, y, query)  # [q, rows]
-                a = v.double().T / v.shape[0]
+                a = v.double().T * (self._now / v.shape[0])
                 a = torch.where(torch.isfinite(a).all(dim=1, keepdim=True), a, torch.zeros((), dtype=a.dtype))
                 w = a * _clip_factors(torch.sqrt(inner(a)), clip)[:, None]  # coefficients on the q directions
                 return w, inner(w)
@@ -228,6 +231,8 @@ class Probe:
                 gr = per_example_gradient_matrix(model, params, self.loss, x, y)
                 if query.center is not None:  # DOPE-SGD clips around a public center
                     gr.sub_(torch.cat([c.detach().flatten() for c in query.center]).to(gr)[None, :])
+                if self._now != 1:
+                    gr.mul_(self._now)
                 norms = torch.linalg.vector_norm(gr, dim=1).double()
                 factors = _clip_factors(norms, clip)
                 finite = torch.isfinite(norms)
@@ -278,7 +283,9 @@ class Probe:
         the per-coordinate variance the sampling adds to the release, rate * (background + half of the
         slots) squared contributions over k (a model for the decorrelation, nothing more). At the clip:
         each scalar entry at +-C, or each vector of norm C."""
+        self._now = self.copies
         parts = [values(x, y) for x, y in self._rows()]
+        self._now = 1
         first, first_sq = parts[0]
         template = first if len(parts) == 1 else first - parts[1][0]
         mean = sum(v.sum(dim=0).double() for v, _ in parts) * 0.5

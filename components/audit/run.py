@@ -121,6 +121,7 @@ class AuditResult:
     method: str = "one-run"
     runs: int = 1
     filled_rows: int = 0  # of the background rows, those the audit filled to the spec's N (theory families)
+    person_rows: int = 1  # a person-level spec: the rows of each canary person
 
     @property
     def epsilon_lower(self) -> float:
@@ -165,6 +166,7 @@ class AuditResult:
             "audit.method": ("many-runs (Clopper-Pearson)" if self.method == "many-runs"
                              else "one-run (Steinke, Nasr and Jagielski 2023, Cor. 5.4)"),
             "audit.runs": str(self.runs),
+            "audit.person_rows": str(self.person_rows),
             "audit.exceeds_claim": str(self.exceeds_claim).lower(),
             "audit.noise_scale": f"{self.noise_scale:g}",
             "audit.estimator": self.estimator,
@@ -346,9 +348,10 @@ def separation(scores: np.ndarray, included: np.ndarray) -> float:
     return gap / pooled if pooled > 0 else 0.0
 
 
-def _audit_data(data: SplitData, rows_x: np.ndarray, rows_y: np.ndarray) -> SplitData:
+def _audit_data(data: SplitData, rows_x: np.ndarray, rows_y: np.ndarray,
+                persons: Optional[np.ndarray] = None) -> SplitData:
     fps = [f"{i:064x}" for i in range(len(rows_y))]  # placeholders in the fingerprints' form: nothing reads them
-    private = Part(rows_x.astype(np.float32, copy=False), rows_y.astype(np.int64, copy=False), fps)
+    private = Part(rows_x.astype(np.float32, copy=False), rows_y.astype(np.int64, copy=False), fps, persons)
     return SplitData(data.public, private, data.test, data.n_classes, data.n_features, data.layout)
 
 
@@ -383,6 +386,9 @@ class _Setup:
     notes: List[str]
     theory: bool = False  # O2NC's or the KL paper's run: d-dimensional per-example releases (VectorProbe)
     filled: int = 0  # of the background, the rows the audit filled to the spec's N (theory families)
+    # a person-level spec: each canary is a person with this many rows (copies of the canary row, which push
+    # every release the same way: the worst case for a person's sum); 1 at event level
+    person_rows: int = 1
 
 
 def _fillers(spec, data: SplitData, count: int, seed: int):
@@ -494,21 +500,27 @@ class _Trained:
 
 def _rows(setup: _Setup, included: np.ndarray):
     """The run's rows: the background (and fillers), then each slot's canary if included, else its alternate
-    (replace-one) or nothing (add/remove)."""
+    (replace-one) or nothing (add/remove); and, for a person-level spec, each row's person: a background row
+    is a person of its own, an included canary a person of ``person_rows`` rows."""
     slots = setup.slots
     if slots.replace_one:
         cx = np.where(included[:, None], slots.features, slots.alternate_features)
         cy = np.where(included, slots.labels, slots.alternate_labels)
     else:
         cx, cy = slots.features[included], slots.labels[included]
+    persons = None
+    if setup.spec.person_level:
+        k = setup.person_rows
+        cx, cy = np.repeat(cx, k, axis=0), np.repeat(cy, k)
+        persons = np.concatenate([np.arange(len(setup.bg_y)), len(setup.bg_y) + np.arange(len(cy)) // k])
     rows_x = np.concatenate([setup.bg_x, cx]) if len(setup.bg_y) else cx
     rows_y = np.concatenate([setup.bg_y, cy]) if len(setup.bg_y) else cy
-    return rows_x, rows_y
+    return rows_x, rows_y, persons
 
 
 def _train(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
            noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator],
-           on_step=None) -> _Trained:
+           on_step=None, clip_rows_alone: bool = False) -> _Trained:
     if setup.theory:
         return _train_vectors(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step)
     slots, resolved = setup.slots, setup.resolved
@@ -526,13 +538,15 @@ def _train(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: fl
     loop = built.loop
     if noise_scale == 0.0:
         loop.mechanism = NoiseOff(loop.mechanism)
+    if clip_rows_alone:  # a deliberately broken person-level run: persons sampled, each row clipped alone
+        loop.backend._persons = None
     device = built.device
     bx = torch.as_tensor(setup.bg_x, device=device)
     by = torch.as_tensor(setup.bg_y, device=device)
     # the noise the claim promises per released coordinate (the auditor's model of a release, public)
     claimed_std = math.sqrt(loop.estimator.queries_per_step) * sigma * clip * (2.0 if replace_one else 1.0)
     probe = Probe(slots, bx, by, loop.sampler.rate, models.per_example_loss, device, noise_std=claimed_std,
-                  dense_overlap_every=max(1, round(len(slots) / DENSE_OVERLAP_SLOTS)))
+                  dense_overlap_every=max(1, round(len(slots) / DENSE_OVERLAP_SLOTS)), copies=setup.person_rows)
     probe.attach(loop)
     loss_start = final_losses(built.model, models.per_example_loss, slots, device)
     loop.run(resolved.optimizer.steps, on_step=on_step)
@@ -626,7 +640,7 @@ def _result(setup: _Setup, trained: _Trained, *, canaries: int, confidence: floa
         share_at_clip=trained.share_at_clip if share_at_clip is None else share_at_clip,
         white_box=white, black_box=black, seconds=seconds, threads=torch.get_num_threads(),
         notes=setup.notes, included=included, white_box_scores=white_scores, black_box_scores=black_scores,
-        method=method, runs=runs, filled_rows=setup.filled)
+        method=method, runs=runs, filled_rows=setup.filled, person_rows=setup.person_rows)
 
 
 def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: float = 0.95,
@@ -635,9 +649,14 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
           inclusion_generator: Optional[torch.Generator] = None,
           noise_generator: Optional[torch.Generator] = None,
           sampling_generator: Optional[torch.Generator] = None,
-          on_step=None) -> AuditResult:
+          on_step=None, person_rows: Optional[int] = None, clip_rows_alone: bool = False) -> AuditResult:
     """Audit ``spec`` (unresolved, as loaded) on ``canaries`` canary slots in one training run; see the
     module docstring.
+
+    A person-level spec (data.blocks.person) is audited on canary persons of ``person_rows`` rows (default
+    2), sampled and clipped as the run samples and clips persons; the claim is for adding or removing one
+    such person. ``clip_rows_alone`` (tests only) breaks the run as event-level clipping would, each row
+    clipped alone, which a person of k rows moves by k times the clip.
 
     ``noise_scale`` multiplies the mechanism's noise while the accountant keeps the calibrated claim: 1
     is the mechanism as built, 0 switches the noise off, 0.1 is sigma/10. Anything but 1 is a deliberately
@@ -647,10 +666,12 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
     _check_arguments(spec, canaries, confidence, background, noise_scale)
     start = time.perf_counter()
     setup = _setup(spec, data, canaries, background, seed)
+    setup.person_rows = _person_rows(spec, person_rows)
     canaries = len(setup.slots)
     gen = inclusion_generator if inclusion_generator is not None else private_generator()
     included = (torch.rand(canaries, generator=gen, dtype=torch.float64) < 0.5).numpy()
-    trained = _train(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step)
+    trained = _train(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step,
+                     clip_rows_alone)
 
     delta = float(setup.resolved.privacy.delta)
     # the theory families' white-box scores are standardized posterior estimates (VectorProbe)
@@ -661,6 +682,18 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
     return _result(setup, trained, canaries=canaries, confidence=confidence, background=background,
                    noise_scale=noise_scale, white=white, black=black, seconds=time.perf_counter() - start,
                    included=included, white_scores=trained.white_scores, black_scores=trained.black_scores)
+
+
+def _person_rows(spec, person_rows: Optional[int]) -> int:
+    if not spec.person_level:
+        if person_rows not in (None, 1):
+            raise ValueError("--person-rows: the spec is event level (no data.blocks.person); its canaries are rows")
+        return 1
+    if person_rows is None:
+        return 2
+    if person_rows < 1:
+        raise ValueError(f"--person-rows: {person_rows} must be at least 1")
+    return int(person_rows)
 
 
 def default_runs(spec) -> int:
@@ -736,7 +769,7 @@ def audit_many(spec, data: SplitData, *, runs: int, confidence: float = 0.95, ba
                inclusion_generator: Optional[torch.Generator] = None,
                noise_generator: Optional[torch.Generator] = None,
                sampling_generator: Optional[torch.Generator] = None,
-               on_run=None) -> AuditResult:
+               on_run=None, person_rows: Optional[int] = None) -> AuditResult:
     """Audit ``spec`` by ``runs`` independent training runs, each on one canary slot (the same slot every
     run) that half of the runs include, in a random order. The classic test (Jagielski, Ullman and Oprea
     2020; Nasr et al. 2021): the bound is Clopper-Pearson on the false positive and false negative rates.
@@ -751,6 +784,7 @@ def audit_many(spec, data: SplitData, *, runs: int, confidence: float = 0.95, ba
         raise ValueError(f"--runs: {runs} must be at least 10 for a many-runs audit (1 is the one-run audit)")
     start = time.perf_counter()
     setup = _setup(spec, data, 1, background, seed)
+    setup.person_rows = _person_rows(spec, person_rows)
     gen = inclusion_generator if inclusion_generator is not None else private_generator()
     # exactly half of the runs hold the canary: the two error rates are then measured on fixed run counts
     order = torch.randperm(runs, generator=gen).numpy()

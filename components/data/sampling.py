@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import dp_accounting
+import numpy as np
 import torch
 
 from components.protocols import Sampler
@@ -89,6 +90,31 @@ class PoissonSampler(_Sampler):
         return f"Poisson, rate {self.rate:.6g} (expected batch {self.expected_batch_size} of {self.rows} declared rows)"
 
     event_phrase = "one Poisson-subsampled Gaussian per step"
+
+
+class PersonSampler(PoissonSampler):
+    """Person level: each person joins a batch independently with probability ``expected_batch_size /
+    persons_declared`` (a public constant, never the count of persons), and brings every one of their rows.
+    The backend sums each sampled person's rows before clipping, so one person moves a release by at most
+    the clip: adding or removing a person is then exactly adding or removing one Poisson-sampled unit of
+    sensitivity C, the event ``wrap`` gives (the same as PoissonSampler's over persons). ``persons``: the
+    person of each private row, as integers."""
+
+    def __init__(self, persons, expected_batch_size: int, persons_declared: int, generator: Optional[torch.Generator]):
+        codes = torch.as_tensor(np.unique(np.asarray(persons), return_inverse=True)[1].reshape(-1), dtype=torch.long)
+        super().__init__(int(codes.max()) + 1 if len(codes) else 0, expected_batch_size, persons_declared, generator)
+        self._codes = codes
+
+    def sample(self) -> torch.Tensor:
+        chosen = torch.zeros(max(self.n, 1), dtype=torch.bool)
+        chosen[super().sample()] = True
+        return chosen[self._codes].nonzero().flatten()  # the rows of every sampled person, in row order
+
+    def describe(self) -> str:
+        return (f"Poisson over persons, rate {self.rate:.6g} (expected {self.expected_batch_size} of {self.rows} "
+                "declared persons), every row of a sampled person, each person's sum clipped")
+
+    event_phrase = "one Poisson-subsampled Gaussian over persons per step"
 
 
 class FixedSizeSampler(_Sampler):

@@ -36,6 +36,8 @@ class Part:
     features: np.ndarray
     labels: np.ndarray
     fingerprints: List[str]
+    # a person-level run: each row's person as an integer (the same numbering in every part)
+    persons: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -124,7 +126,9 @@ def hashed_split(
     are binomial around the fractions instead of exact. Rows keep their order within each part.
     """
     fps = table.row_fingerprints()
-    u_test, u_public = _row_uniforms(fps, seed)
+    # a person's rows are decided together, from the person alone: one person's rows in two parts would put
+    # some of their data in the public or test split, used without noise
+    u_test, u_public = _row_uniforms(fps if table.persons is None else person_keys(table.persons), seed)
     is_test = u_test < test
     ratios = class_ratios(imbalance, table.n_classes) if public > 0 else np.zeros(table.n_classes)
     is_public = ~is_test & (u_public < public * ratios[table.labels])
@@ -192,6 +196,11 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
                      scale, fps + public_table.row_fingerprints())
 
 
+def person_keys(persons) -> List[str]:
+    """A SHA-256 per row of its person's id: what a person-level split hashes instead of the row's content."""
+    return [hashlib.sha256(b"person:" + str(p).encode("utf-8")).hexdigest() for p in persons]
+
+
 def _row_uniforms(fps: List[str], seed: int):
     """Two uniforms in [0, 1) per row, from a hash of the public seed and the row's content alone."""
     n = len(fps)
@@ -221,8 +230,10 @@ def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, tes
         _check_finite(table, features, "data.source.scale", f"is not finite after scaling ({scale}): its values "
                       "overflow float32 once scaled; rescale the column or use scale: none")
 
+    codes = None if table.persons is None else np.unique(np.asarray(table.persons, dtype=str), return_inverse=True)[1]
+
     def part(idx: np.ndarray) -> Part:
-        return Part(features[idx], table.labels[idx], [fps[i] for i in idx])
+        return Part(features[idx], table.labels[idx], [fps[i] for i in idx], None if codes is None else codes[idx])
 
     data = SplitData(part(public_idx), part(private_idx), part(test_idx), table.n_classes, features.shape[1],
                      table.layout)

@@ -60,6 +60,15 @@ def per_example_values(model: nn.Module, directions: Directions, loss, x: torch.
     return torch.stack(rows)
 
 
+def group_sums(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """[m, b] per-row values -> [m, persons]: each person's rows summed (``groups``: the person of each row,
+    any integer ids). A person-level run bounds this sum, a person's whole contribution, not each row's."""
+    _, inverse = torch.unique(groups.to(values.device), return_inverse=True)
+    persons = int(inverse.max()) + 1 if len(inverse) else 0
+    out = torch.zeros(values.shape[0], persons, dtype=values.dtype, device=values.device)
+    return out.index_add_(1, inverse, values)
+
+
 def clip_sum(values: torch.Tensor, clip: float) -> torch.Tensor:
     """Clamp each per-example value to [-clip, clip] and sum over examples: [m, b] -> [m] (float64).
 
@@ -473,10 +482,13 @@ def per_example_vectors(model: nn.Module, directions: Directions, loss, x: torch
 
 
 def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
-                   clip: float):
+                   clip: float, groups: Optional[torch.Tensor] = None):
     """The only thing a backend returns for a query: clipped per-example sums (or clipped-vector
     coefficients for DPGD-0th, or DP-SGD's clipped gradient sum, one tensor per parameter).
-    ``clip = inf`` means no clipping (MeZO)."""
+    ``clip = inf`` means no clipping (MeZO). ``groups`` (a person-level run): each row's person; the rows of
+    one person are summed first and that sum is clipped, so one person moves each sum by at most ``clip``."""
+    if groups is not None and not math.isinf(clip) and len(y):
+        return _evaluate_by_person(model, directions, loss, x, y, query, clip, groups)
     if len(y) == 0:  # an empty Poisson batch: every sum is zero (some models cannot run on no rows)
         zeros = tuple(torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in directions.params)
         if isinstance(query, (PerExampleGradients, PerExampleSphere)):
@@ -502,3 +514,63 @@ def evaluate_query(model: nn.Module, directions: Directions, loss, x: torch.Tens
             return values.sum(dim=1) / values.shape[0]
         return vector_clip_coefficients(values, gram(directions, query), clip)
     return values.sum(dim=1) if math.isinf(clip) else clip_sum(values, clip)
+
+
+def _evaluate_by_person(model: nn.Module, directions: Directions, loss, x: torch.Tensor, y: torch.Tensor, query: Query,
+                        clip: float, groups: torch.Tensor):
+    """``evaluate_query`` at person level: a person's contribution is the sum over their rows of what a row
+    contributes at event level (finite differences, loss values, gradients), and that sum is clipped. Rows
+    whose values are not finite count as at event level (NaN as 0; a non-finite vector as nothing) before
+    the sum, and a sum that is still not finite is bounded the same way."""
+    if isinstance(query, PerExampleGradients):
+        return _person_gradient_sums(model, directions.params, loss, x, y, clip, groups, query.center)
+    if isinstance(query, (FiniteDifferences, VectorFiniteDifferences, LossValues)):
+        values = per_example_values(model, directions, loss, x, y, query)
+        if isinstance(query, VectorFiniteDifferences):
+            # a row with any non-finite value contributes nothing; coefficients are linear in the row's values
+            values = torch.where(torch.isfinite(values).all(dim=0, keepdim=True), values, torch.zeros((), dtype=values.dtype))
+            return vector_clip_coefficients(group_sums(values, groups), gram(directions, query), clip)
+        return clip_sum(group_sums(torch.nan_to_num(values, nan=0.0), groups), clip)
+    raise TypeError(f"{type(query).__name__} has no person-level clipping (the rules refuse its estimator at person level)")
+
+
+def _person_gradient_sums(model: nn.Module, params, loss, x: torch.Tensor, y: torch.Tensor, clip: float,
+                          groups: torch.Tensor, center=None) -> Tuple[torch.Tensor, ...]:
+    """DP-SGD at person level: sum_p G_p min(1, clip / ||G_p||), G_p the sum of person p's rows' gradients
+    (less ``center`` once per row, DOPE-SGD). Whole persons are taken a slice at a time, each slice about
+    one chunk of per-example gradients, so a person's sum is formed in one place."""
+    _, inverse = torch.unique(groups.to(y.device), return_inverse=True)
+    order = torch.argsort(inverse, stable=True)
+    inverse = inverse[order]
+    x, y = x[order], y[order]
+    counts = torch.bincount(inverse).tolist()
+    row_bytes = sum(p.numel() * p.element_size() for p in params)
+    chunk = max(1, PER_EXAMPLE_GRADIENT_BYTES // max(1, row_bytes))
+    flat_center = None if center is None else [
+        c.detach().to(device=p.device, dtype=p.dtype).reshape(1, -1) for c, p in zip(center, params)]
+    sums = [torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params]
+    start, person = 0, 0
+    while person < len(counts):
+        last, rows = person, 0
+        while last < len(counts) and (rows == 0 or rows + counts[last] <= chunk):
+            rows += counts[last]
+            last += 1
+        local = inverse[start:start + rows] - person
+        totals = [torch.zeros(last - person, p.numel(), dtype=torch.float64, device=p.device) for p in params]
+        at = 0
+        for g in _per_example_gradients(model, params, loss, x[start:start + rows], y[start:start + rows]):
+            n = len(g[0])
+            finite = torch.ones(n, dtype=torch.bool, device=y.device)
+            for t in g:
+                finite &= torch.isfinite(t).all(dim=1)
+            for total, t, c in zip(totals, g, flat_center or [None] * len(g)):
+                t = t.double() if c is None else (t - c).double()
+                total.index_add_(0, local[at:at + n], torch.where(finite[:, None], t, torch.zeros((), dtype=t.dtype)))
+            at += n
+        norms = torch.sqrt(sum(t.pow(2).sum(dim=1) for t in totals))
+        factors = _clip_factors(norms, clip)
+        for total, t in zip(sums, totals):
+            total += (factors @ _finite_rows(t, factors)).view_as(total)
+        start += rows
+        person = last
+    return tuple(sums)

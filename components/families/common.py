@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from components.accountants import Accountant
-from components.data.sampling import build_sampler
+from components.data.sampling import PersonSampler, build_sampler
 
 
 def accountant(spec) -> Accountant:
@@ -17,10 +17,15 @@ def accountant(spec) -> Accountant:
     return Accountant(spec.privacy.accountant, spec.privacy.neighboring)
 
 
-def spec_sampler(spec, n_private: Optional[int] = None, generator: Optional[torch.Generator] = None):
+def spec_sampler(spec, n_private: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                 persons=None):
     """The spec's sampler over ``n_private`` rows, its rate from the public row count (RunSpec.public_rows):
     under add/remove that is the declared count, and ``n_private`` only says which rows exist to draw from
-    (planning passes None). Without a generator it can only describe and wrap events, not draw."""
+    (planning passes None). Without a generator it can only describe and wrap events, not draw.
+    ``persons`` (a person-level run's private rows' persons): it samples persons at expected_batch_size / N,
+    N the declared persons, and draws every row of each sampled person; planned, it is the same event."""
+    if persons is not None and spec.person_level:
+        return PersonSampler(persons, spec.sampling.expected_batch_size, spec.public_rows(n_private), generator)
     return build_sampler(spec.sampling, n_private, generator, rows=spec.public_rows(n_private), seed=spec.seed)
 
 

@@ -19,7 +19,8 @@ from components.protocols import Optimizer
 
 class LocalBackend:
     def __init__(self, model: nn.Module, directions: Directions, optimizer: Optimizer, features: torch.Tensor,
-                 labels: torch.Tensor, cache_directions: bool = False, prefetch_directions: bool = False):
+                 labels: torch.Tensor, cache_directions: bool = False, prefetch_directions: bool = False,
+                 persons: torch.Tensor | None = None):
         self.model = model.eval()  # no dropout or batch statistics: both forward passes see one function
         self.directions = directions
         self.optimizer = optimizer
@@ -27,6 +28,8 @@ class LocalBackend:
         self.prefetch_directions = cache_directions and prefetch_directions
         self._features = features
         self._labels = labels
+        # a person-level run: each private row's person, so a query clips each person's summed rows
+        self._persons = persons
 
     @property
     def n_private(self) -> int:
@@ -46,7 +49,8 @@ class LocalBackend:
 
     def query(self, query: Query, indices: torch.Tensor, clip: float) -> torch.Tensor:
         x, y = self._features[indices], self._labels[indices]
-        return evaluate_query(self.model, self.directions, per_example_loss, x, y, query, clip)
+        groups = None if self._persons is None else self._persons[indices]
+        return evaluate_query(self.model, self.directions, per_example_loss, x, y, query, clip, groups)
 
     def apply(self, update: Update) -> None:
         self.optimizer.apply(update)

@@ -238,7 +238,8 @@ class RayBackend:
 
     def __init__(self, local, spec: Dict[str, Any], assemble, *, n_private: int, private_digest: str,
                  workers: int, gpus_per_worker: float, address: str, parallelism: str, checksum_every: int,
-                 cpus_per_worker: float = 1.0, workers_per_node: Optional[int] = None):
+                 cpus_per_worker: float = 1.0, workers_per_node: Optional[int] = None,
+                 persons: Optional[np.ndarray] = None):
         if not ray.is_initialized():
             if address == "local":
                 # Ray's default for a new local cluster (token authentication) stays; only its notice that
@@ -253,6 +254,9 @@ class RayBackend:
         self.local = local  # the driver's replica: source of truth, public gradients, evaluation
         self._n_private = n_private  # the driver holds no private rows in this mode, only their count
         self._private_digest = private_digest  # ... and their ordered digest, which every worker must match
+        # a person-level run: each private row's person, so that all of a person's rows go to one worker,
+        # which clips their sum (the digest above covers the rows, the spec the persons' column)
+        self._persons = None if persons is None else np.asarray(persons)
         self.directions = local.directions
         self.optimizer = local.optimizer
         self.model = local.model
@@ -381,6 +385,9 @@ class RayBackend:
                     sub = LossValues(tuple(query.points[i] for i in part))
                 jobs.append((w, sub, indices))
             return jobs, "concat"
+        if self._persons is not None:
+            owner = self._persons[indices] % n
+            return [(w, query, indices[owner == w]) for w in range(n)], "sum"
         chunks = np.array_split(indices, n)
         if isinstance(query, PerExampleSphere):
             # each row keeps the directions of its place in the whole batch, whichever worker holds it

@@ -205,9 +205,10 @@ def _block_problems(spec) -> List[str]:
     if budget is None or window is None:
         problems.append("data.blocks: a block's budget is kept in the ledger and read through a window; give budget "
                         "with budget.window (e.g. {blocks: 7})")
-    elif spec.data.declared_private_rows != blocks.declared_private_rows * window.blocks:
-        problems.append(f"data.declared_private_rows: with data.blocks it is data.blocks.declared_private_rows x "
-                        f"budget.window.blocks = {blocks.declared_private_rows * window.blocks}; remove it")
+    elif spec.data.declared_private_rows != blocks.declared_units * window.blocks:
+        per = "declared_persons" if blocks.person else "declared_private_rows"
+        problems.append(f"data.declared_private_rows: with data.blocks it is data.blocks.{per} x "
+                        f"budget.window.blocks = {blocks.declared_units * window.blocks}; remove it")
     source = spec.data.source
     if source.kind != "file":
         problems.append(f"data.blocks: reads an arrival column of a file source, not data.source.kind {source.kind}")
@@ -227,6 +228,7 @@ def _block_problems(spec) -> List[str]:
     if spec.data.split.kind not in ("hashed", "column"):
         problems.append(f"data.split.kind: {spec.data.split.kind} moves rows between parts as blocks arrive; use "
                         "hashed or column with data.blocks")
+    problems += _person_problems(spec)
     if window is not None and window.kind == "with_budget" and spec.privacy is not None \
             and spec.privacy.neighboring != "add_remove":
         problems.append("budget.window.kind: with_budget chooses blocks with room for the planned run before any "
@@ -234,6 +236,28 @@ def _block_problems(spec) -> List[str]:
     if spec.privacy is not None and spec.privacy.delta == "auto":
         problems.append("privacy.delta: a block's lifetime (epsilon, delta) is fixed when it is first charged, so "
                         "delta must be a number with data.blocks, not auto")
+    return problems
+
+
+def _person_problems(spec) -> List[str]:
+    """A person-level run (data.blocks.person) samples persons and clips each sampled person's summed rows:
+    only what can do that is allowed, each refused in one line."""
+    if not spec.person_level:
+        return []
+    problems = []
+    if not ESTIMATORS[spec.estimator.kind].person_level:
+        allowed = ", ".join(kinds(ESTIMATORS, person_level=True))
+        problems.append(f"estimator.kind: {spec.estimator.kind} has no person-level clipping (a person's rows summed, "
+                        f"then clipped); with data.blocks.person use one of {allowed}, or drop person for event level")
+    if spec.sampling.kind != "poisson":
+        problems.append(f"sampling.kind: a person-level run samples persons with poisson (add_remove), not "
+                        f"{spec.sampling.kind}")
+    if spec.privacy is not None and spec.privacy.neighboring != "add_remove":
+        problems.append("privacy.neighboring: a person-level run is accounted for adding or removing a person: "
+                        "use add_remove")
+    if spec.data.split.kind != "hashed":
+        problems.append(f"data.split.kind: a person-level run splits by person (hashed on the person column), so no "
+                        f"person has rows in two parts; use hashed, not {spec.data.split.kind}")
     return problems
 
 

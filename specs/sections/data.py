@@ -355,12 +355,18 @@ class BlocksSpec(Strict):
                               "(2026-11-27.csv for a day, 2026-W48.parquet for a week, 2026-11.jsonl for a month).")
     period: Literal["day", "week", "month"] = Field("day", description="A block is the rows that arrived in one "
                                                     "period: a UTC day, an ISO week (Monday first) or a month.")
-    person: Optional[str] = Field(None, min_length=1, description="A column naming each row's person: all of a "
-                                  "person's rows fall in the block of their first arrival, so the guarantee is per "
-                                  "person, not per row (event level). Public metadata, never a feature.")
-    declared_private_rows: PositiveInt = Field(..., description="A public upper bound on the private rows of one "
-                                               "block; a run's N (its sampling rate, steps and delta) is this times "
-                                               "the blocks in its window, never a count of their rows.")
+    person: Optional[str] = Field(None, min_length=1, description="A column naming each row's person: the "
+                                  "guarantee is then per person (person level), not per row (event level). All of a "
+                                  "person's rows fall in the block of their first arrival, a step samples persons "
+                                  "(each independently, at expected_batch_size / N persons) and clips the sum of "
+                                  "each sampled person's per-row contributions, so one person moves a release by at "
+                                  "most the clip. Public metadata, never a feature.")
+    declared_private_rows: Optional[PositiveInt] = Field(
+        None, description="Event level (no person): a public upper bound on the private rows of one block; a run's "
+        "N (its sampling rate, steps and delta) is this times the blocks in its window, never a count of rows.")
+    declared_persons: Optional[PositiveInt] = Field(
+        None, description="Person level (with person): a public upper bound on the persons whose first arrival "
+        "falls in one block; a run's N, in persons, is this times the blocks in its window, never a count.")
 
     @model_validator(mode="after")
     def _distinct_columns(self):
@@ -371,7 +377,18 @@ class BlocksSpec(Strict):
                              "folder of files named by period")
         if self.person is not None and self.person == self.arrival:
             raise ValueError("person and arrival must be different columns")
+        if self.person is not None and (self.declared_persons is None or self.declared_private_rows is not None):
+            raise ValueError("declared_persons: a person-level block (person set) declares its persons, a public upper "
+                             "bound on the persons first seen in one block, instead of declared_private_rows")
+        if self.person is None and (self.declared_private_rows is None or self.declared_persons is not None):
+            raise ValueError("declared_private_rows: an event-level block (no person column) declares its private "
+                             "rows; declared_persons goes with person")
         return self
+
+    @property
+    def declared_units(self) -> int:
+        """What one block declares: persons at person level, rows at event level (the neighbouring unit's count)."""
+        return int(self.declared_persons if self.person is not None else self.declared_private_rows)
 
     @property
     def columns(self) -> tuple:

@@ -78,11 +78,14 @@ def _host_copy(out):
     return out.detach().cpu().clone()
 
 
-def _pre_noise(tiny, kind, transform, steps=3):
-    """Pre-noise releases of the same steps (same public randomness, same batches) with a data transform."""
+def _pre_noise(tiny, kind, transform, steps=3, prepare=None):
+    """Pre-noise releases of the same steps (same public randomness, same batches) with a data transform;
+    ``prepare(built)`` may change the built loop first."""
     _, built = _built(tiny, kind, noise=1, sampling=2)
     rec = Recorder(built.loop.backend, transform)
     built.loop.backend = rec
+    if prepare is not None:
+        prepare(built)
     built.loop.run(steps)
     return rec.sums, built
 

@@ -38,8 +38,9 @@ def stream_spec(tmp_path, window=3, persons=False, lifetime=3.0, epsilon=1.0):
         "data": {"source": {"kind": "file", "path": str(tmp_path / "visits.csv"), "label": "digit",
                             "classes": list(range(10))},
                  "split": {"kind": "hashed", "public": 0.05, "test": 0.2},
-                 "blocks": {"arrival": "arrived", "period": "day", "declared_private_rows": 100,
-                            **({"person": "patient"} if persons else {})}},
+                 "blocks": {"arrival": "arrived", "period": "day",
+                            **({"person": "patient", "declared_persons": 100} if persons
+                               else {"declared_private_rows": 100})}},
         "model": {"kind": "linear"},
         "estimator": {"kind": "two_point", "queries": 2, "smoothing": 1e-3},
         "mechanism": {"kind": "gaussian", "clip": 2.0},
@@ -290,6 +291,30 @@ def test_simulate_plays_nights_of_the_shipped_stream_example(prefect_server, tmp
     charges = {b.block: b.charges for b in played["blocks"]}
     assert charges == {**{f"2026-09-0{d}": 2 for d in range(2, 8)}, "2026-09-01": 1, "2026-09-08": 1}
     assert played["spent"] <= played["lifetime"]
+    # the example is person level: one patient, whatever their visits, is one Poisson-sampled unit of
+    # sensitivity C at rate expected_batch_size / (declared persons x window), so a patient's loss on a block
+    # read by k runs is k runs' composition; computed here from dp-accounting alone, from the spec's public
+    # figures and the sigma the runs logged
+    import dp_accounting
+    import mlflow
+    import yaml
+
+    raw = yaml.safe_load((EXAMPLES / "digits_stream.yaml").read_text())
+    rate = raw["sampling"]["expected_batch_size"] / (raw["data"]["blocks"]["declared_persons"]
+                                                     * raw["budget"]["window"]["blocks"])
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'sim' / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (sigma,) = {float(r.data.params["mechanism.noise_multiplier"]) for r in runs}
+    (steps,) = {int(r.data.params["optimizer.steps"]) for r in runs}
+
+    def per_person(k):
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), k * steps)
+        return accountant.get_epsilon(raw["privacy"]["delta"])
+
+    for block in played["blocks"]:
+        assert block.committed_epsilon == pytest.approx(per_person(block.charges), rel=1e-6), block.block
+    assert played["nights"][1].model_epsilon == pytest.approx(per_person(2), rel=1e-6)
 
 
 def test_the_simulate_command_prints_the_nights_and_the_blocks(prefect_server, tmp_path):
