@@ -384,6 +384,9 @@ def _batch(spec, n_private: Optional[int]) -> Tuple[int, str]:
     if sampling.kind == "poisson":
         b = sampling.expected_batch_size
         high = poisson_high(b)
+        if spec.person_level:  # how many rows a person holds is theirs to say, not public: one a person planned
+            return high, (f"{high} persons, one row each: Poisson's expected {b} + 4 standard deviations; a person "
+                          "with more rows adds to it (their rows are in the batch whole)")
         return high, f"{high} rows: Poisson's expected {b} + 4 standard deviations (exceeded about 3e-5 of steps)"
     if sampling.kind == "fixed_size":
         return sampling.batch_size, f"{sampling.batch_size} rows (fixed_size)"

@@ -98,11 +98,16 @@ class PersonSampler(PoissonSampler):
     The backend sums each sampled person's rows before clipping, so one person moves a release by at most
     the clip: adding or removing a person is then exactly adding or removing one Poisson-sampled unit of
     sensitivity C, the event ``wrap`` gives (the same as PoissonSampler's over persons). ``persons``: the
-    person of each private row, as integers."""
+    person of each private row, as integers; None for planning (it then only describes and wraps events)."""
 
     def __init__(self, persons, expected_batch_size: int, persons_declared: int, generator: Optional[torch.Generator]):
-        codes = torch.as_tensor(np.unique(np.asarray(persons), return_inverse=True)[1].reshape(-1), dtype=torch.long)
-        super().__init__(int(codes.max()) + 1 if len(codes) else 0, expected_batch_size, persons_declared, generator)
+        if not 0 < expected_batch_size <= persons_declared:
+            raise ValueError(f"sampling.expected_batch_size: {expected_batch_size} must be between 1 and the "
+                             f"{persons_declared} declared persons (data.blocks.declared_persons x the window)")
+        codes = None if persons is None else torch.as_tensor(
+            np.unique(np.asarray(persons), return_inverse=True)[1].reshape(-1), dtype=torch.long)
+        n = None if codes is None else (int(codes.max()) + 1 if len(codes) else 0)
+        super().__init__(n, expected_batch_size, persons_declared, generator)
         self._codes = codes
 
     def sample(self) -> torch.Tensor:

@@ -24,7 +24,7 @@ def spec_sampler(spec, n_private: Optional[int] = None, generator: Optional[torc
     (planning passes None). Without a generator it can only describe and wrap events, not draw.
     ``persons`` (a person-level run's private rows' persons): it samples persons at expected_batch_size / N,
     N the declared persons, and draws every row of each sampled person; planned, it is the same event."""
-    if persons is not None and spec.person_level:
+    if spec.person_level:
         return PersonSampler(persons, spec.sampling.expected_batch_size, spec.public_rows(n_private), generator)
     return build_sampler(spec.sampling, n_private, generator, rows=spec.public_rows(n_private), seed=spec.seed)
 
