@@ -1,33 +1,52 @@
 """The team stack's MLflow server app (``mlflow server --app-name privzo-auth``): MLflow's basic-auth app,
-and read-only users who create nothing.
+and read-only users who write nothing.
 
 basic-auth checks a user's permission on what exists (a run, an experiment, a registered model), but lets
-any signed-in user create a new experiment or registered model, which that user then manages. A viewer of
-the team's registry must not publish a model of its own beside the team's, so the users named in
-``PRIVZO_MLFLOW_READ_ONLY_USERS`` (comma separated; the stack names ``viewer``) are refused those two
-creations as well; everything else they are refused already (they hold READ on what others made).
+any signed-in user create what has no owner yet: a new experiment or registered model, a gateway secret, a
+demo experiment, a dataset. A viewer of the team's registry must write nothing at all, so the users named in
+``PRIVZO_MLFLOW_READ_ONLY_USERS`` (comma separated; the stack names ``viewer``) are let through an allow-list
+of reads only: GET and HEAD requests, the POST searches the UI and the client read with, and GraphQL (whose
+only operations are reads). Anything else, including an endpoint a later MLflow adds, is refused: a
+deny-list of writes would let every new write through.
 """
 from __future__ import annotations
 
 import os
+import re
 
 READ_ONLY_ENV = "PRIVZO_MLFLOW_READ_ONLY_USERS"
-# the creations basic-auth leaves to any signed-in user (REST and the UI's ajax API)
-CREATIONS = frozenset(f"/{api}/2.0/mlflow/{what}/create" for api in ("api", "ajax-api")
-                      for what in ("experiments", "registered-models"))
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# the reads MLflow serves as POST (a search's filter is a body), named after /api/<version>/mlflow/ or
+# /ajax-api/<version>/mlflow/
+READ_POSTS = frozenset({
+    "experiments/search", "runs/search", "logged-models/search", "traces/search", "datasets/search",
+    "issues/search", "experiments/search-datasets", "prompt-optimization/jobs/search",
+    "registered-models/get-latest-versions", "artifacts/presigned-download-url",
+})
+# MLflow's GraphQL has queries only (its "mutations" are searches); basic-auth checks what each one reads
+READ_PATHS = frozenset({"/graphql"})
+_API = re.compile(r"^/(?:ajax-)?api/\d+\.\d+/?mlflow/(?P<what>.+)$")
 
 
 def read_only_users() -> frozenset:
     return frozenset(u.strip() for u in os.environ.get(READ_ONLY_ENV, "").split(",") if u.strip())
 
 
-def _read_only_users_create_nothing():
+def is_read(method: str, path: str) -> bool:
+    """Whether a request only reads: what a read-only user may send."""
+    if method.upper() in READ_METHODS or path in READ_PATHS:
+        return True
+    api = _API.match(path)
+    return method.upper() == "POST" and api is not None and api.group("what") in READ_POSTS
+
+
+def _read_only_users_write_nothing():
     from flask import g, request
     from mlflow.server.auth import make_forbidden_response
 
     # runs after basic-auth's own check, which has signed the user in (or refused the request)
     user = getattr(g, "mlflow_authenticated_user", None)
-    if request.path in CREATIONS and user in read_only_users():
+    if user in read_only_users() and not is_read(request.method, request.path):
         return make_forbidden_response()
     return None
 
@@ -36,10 +55,10 @@ def create_app():
     from mlflow.server import app as flask_app
     from mlflow.server.auth import create_app as basic_auth_app
 
-    flask_app.before_request(_read_only_users_create_nothing)
+    flask_app.before_request(_read_only_users_write_nothing)
     # registered before basic-auth's hook would run first; Flask runs them in order, so move ours last
     hooks = flask_app.before_request_funcs.setdefault(None, [])
     served = basic_auth_app(flask_app)
-    hooks.remove(_read_only_users_create_nothing)
-    hooks.append(_read_only_users_create_nothing)
+    hooks.remove(_read_only_users_write_nothing)
+    hooks.append(_read_only_users_write_nothing)
     return served

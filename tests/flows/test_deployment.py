@@ -195,6 +195,14 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
             with pytest.raises(MlflowException, match="PERMISSION_DENIED|403"):
                 forge()
         assert client.get_model_version("digits-retrain", version.version).tags == version.tags
+        # read-only is an allow-list: the writes basic-auth leaves to any signed-in user are refused too
+        viewer = f"viewer:{secrets['PRIVZO_MLFLOW_VIEWER_PASSWORD']}"
+        for path, body in (("/api/3.0/mlflow/gateway/secrets/create", {"secret_name": "x", "secret_value": {"k": "v"}}),
+                           ("/ajax-api/3.0/mlflow/demo/generate", {}),
+                           ("/api/3.0/mlflow/datasets/create", {"name": "x"})):
+            assert _status(server + path, "POST", auth=viewer, body=body) == 403, path
+        assert _status(f"{server}/api/2.0/mlflow/runs/search", "POST", auth=viewer,
+                       body={"experiment_ids": [finished.info.experiment_id]}) == 200
 
         # a viewer checks the version: the logged ledger URL has no password, so verify asks for one
         from flows.verify import verify

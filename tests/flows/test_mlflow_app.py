@@ -1,0 +1,31 @@
+"""The MLflow app's read-only users: an allow-list of reads, checked against every endpoint MLflow serves, so
+a write a later MLflow adds is refused until someone lists it as a read."""
+import pytest
+
+from flows.mlflow_app import READ_POSTS, is_read
+
+
+def _endpoints():
+    from mlflow.server.handlers import get_endpoints
+
+    return [(path, method) for path, _handler, methods in get_endpoints() for method in methods]
+
+
+def test_every_endpoint_that_writes_is_refused_to_a_read_only_user():
+    writes = [(p, m) for p, m in _endpoints() if is_read(m, p) and m not in ("GET", "HEAD", "OPTIONS")]
+    # the POSTs let through are the listed searches (and GraphQL's reads), nothing that creates or changes
+    assert writes and all(p == "/graphql" or p.rsplit("mlflow/", 1)[1] in READ_POSTS for p, _ in writes)
+    for path in ("/api/3.0/mlflow/gateway/secrets/create", "/ajax-api/3.0/mlflow/demo/generate",
+                 "/api/2.0/mlflow/experiments/create", "/ajax-api/2.0/mlflow/registered-models/create",
+                 "/api/2.0/mlflow/model-versions/set-tag", "/api/3.0/mlflow/datasets/create"):
+        assert not is_read("POST", path), path
+    assert not is_read("DELETE", "/api/2.0/mlflow/registered-models/delete")
+    assert not is_read("PATCH", "/api/2.0/mlflow/model-versions/update")
+    assert not is_read("PUT", "/api/2.0/mlflow-artifacts/artifacts/x")
+
+
+@pytest.mark.parametrize("what", sorted(READ_POSTS))
+def test_each_listed_read_is_a_post_mlflow_serves(what):
+    served = {p.rsplit("mlflow/", 1)[1] for p, m in _endpoints() if m == "POST" and "mlflow/" in p}
+    assert what in served
+    assert is_read("POST", f"/api/2.0/mlflow/{what}") and is_read("POST", f"/ajax-api/3.0/mlflow/{what}")
