@@ -75,6 +75,12 @@ def cmd_validate(args) -> int:
             privacy += (f", delta {spec.privacy.delta} {'is' if known else 'may be'} above 1/N "
                         "(privacy.allow_large_delta): not a meaningful guarantee")
     print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, {privacy}")
+    if spec.budget is not None and (spec.data.blocks is None or spec.data.blocks.person is None):
+        # what the ledger can and cannot tell without an identifier (docs/design.md, Blocks: Laundering)
+        print(f"note: budget.dataset {spec.budget.dataset!r} has no person column (data.blocks.person), so the ledger "
+              "tells its people from other datasets' by exact row content only: the same rows re-encoded (a column "
+              "added, values rescaled or rounded, labels renamed) under another budget.dataset would get a second "
+              "budget; where rows name a person, give data.blocks.person")
     return 0
 
 
@@ -319,7 +325,10 @@ def cmd_budget(args) -> int:
 
 
 def _init_terms(args):
-    """The terms ``budget init`` registers: a spec's (its budget and privacy sections), or the flags'."""
+    """The terms ``budget init`` registers: a spec's (its budget, privacy and data.blocks sections), or the
+    flags' (a dataset without blocks)."""
+    import dataclasses
+
     from flows.ledger import DatasetTerms
 
     if args.delta is not None and not 0 < args.delta < 1:
@@ -336,8 +345,7 @@ def _init_terms(args):
         if terms.delta is not None and args.delta is not None:
             raise ValueError(f"--delta: {args.spec} gives its delta ({terms.delta:g}); --delta is for a spec whose "
                              "privacy.delta is auto")
-        return DatasetTerms(terms.dataset, terms.lifetime_epsilon, terms.delta if args.delta is None else args.delta,
-                            terms.accountant, terms.neighboring)
+        return dataclasses.replace(terms, delta=terms.delta if args.delta is None else args.delta)
     if args.lifetime_epsilon is None or args.delta is None:
         raise ValueError(f"{'--delta' if args.lifetime_epsilon else '--lifetime-epsilon'}: budget init needs --spec "
                          "SPEC, or --lifetime-epsilon and --delta")
@@ -377,8 +385,9 @@ def cmd_budget_owner(args) -> int:
     except SQLAlchemyError as err:
         return _fail(f"--ledger: {where}: {driver_reason(err)}")
     print(f"{terms.dataset}: {'registered' if new else 'already registered'} in {where} with lifetime epsilon "
-          f"{terms.lifetime_epsilon:g} at delta {terms.delta:g} ({terms.accountant}, {terms.neighboring}); runs "
-          "charged to it are admitted within that, each block's own with data.blocks")
+          f"{terms.lifetime_epsilon:g} at delta {terms.delta:g} ({terms.accountant}, {terms.neighboring}), "
+          f"{terms.described()}; runs charged to it are admitted within that, each block's own with data.blocks, "
+          "and a run whose spec has other terms is refused")
     return 0
 
 
@@ -520,6 +529,9 @@ def cmd_audit(args) -> int:
         return _fail(f"--noise-scale: {args.noise_scale} must be a finite number >= 0")
     if args.threads is not None and args.threads < 1:
         return _fail(f"--threads: {args.threads} must be at least 1")
+    if args.person_rows is not None and (args.person_rows < 1 or not spec.person_level):
+        return _fail(f"--person-rows: {args.person_rows} must be at least 1" if spec.person_level else
+                     "--person-rows: the spec is event level (no data.blocks.person); its canaries are rows")
     runs = default_runs(spec) if args.runs is None else args.runs
     problem = runs_problem(runs, args.canaries, args.guesses)
     if problem:
@@ -530,7 +542,7 @@ def cmd_audit(args) -> int:
     result = privacy_audit(spec_path=str(args.spec), canaries=args.canaries, confidence=args.confidence,
                            background=args.background, noise_scale=args.noise_scale, guesses=args.guesses,
                            tracking_uri=args.tracking_uri, experiment=args.experiment, log=not args.no_log,
-                           threads=args.threads, epsilon=args.epsilon, runs=runs)
+                           threads=args.threads, epsilon=args.epsilon, runs=runs, person_rows=args.person_rows)
     print()
     print(result["report"], end="")
     if "run_id" in result:
@@ -598,8 +610,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--spec", default=None, help="show: the spec of the runs on this dataset's blocks; adds the "
                    "blocks its next run reads and those retired for it")
     p.add_argument("--as-of", default=None, help="show --spec: the moment of that next run, ISO 8601 (default: now)")
-    p.add_argument("--lifetime-epsilon", type=float, default=None, help="init: the dataset's lifetime epsilon "
-                   "(each block's with data.blocks); or --spec SPEC, whose budget and privacy give the terms")
+    p.add_argument("--lifetime-epsilon", type=float, default=None, help="init: the lifetime epsilon of a dataset "
+                   "without blocks; or --spec SPEC, whose budget, privacy and data.blocks give all its terms")
     p.add_argument("--delta", type=float, default=None, help="init: the lifetime's delta (with --spec: only "
                    "where its privacy.delta is auto)")
     p.add_argument("--accountant", choices=["rdp", "pld", "zcdp"], default="rdp", help="init: (default rdp)")
@@ -625,6 +637,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "cannot tell canaries apart)")
     p.add_argument("--noise-scale", type=float, default=1.0,
                    help="self-test: multiply the noise by this while claiming the calibrated epsilon (0: no noise)")
+    p.add_argument("--person-rows", type=int, default=None,
+                   help="a person-level spec: rows of each canary person (default 2; more rows test the clipping "
+                        "of a person's sum harder)")
     p.add_argument("--tracking-uri", default=None, help="default: the spec's tracking.uri")
     p.add_argument("--experiment", default=None, help="default: the spec's experiment (its name)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: execution.threads, else 1)")

@@ -6,21 +6,32 @@ runs' events with dp-accounting (never a sum of epsilons): committed runs count 
 reserved runs with what they planned.
 
 The ledger also keeps the content fingerprint of every row any run on a dataset treated as private, and
-refuses a run that would use one of them as public or test data (both are used without noise): a seed or
-split change between runs, or new rows that move the split, would otherwise expose people whose privacy
-earlier runs have already spent.
+refuses a run that would use one of them as public or test data (both are used without noise), whichever
+dataset of the ledger kept it private: a seed or split change between runs, new rows that move the split,
+or another dataset name whose split marks those rows public, would otherwise expose people whose privacy
+earlier runs have already spent. Rows private under one dataset are refused as private rows of another
+(laundering), and with a person column (data.blocks.person) so are persons, matched on their keyed id.
 
-Reservation is one transaction holding the dataset's lock (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: an
-advisory lock on the dataset's name), so concurrent runs cannot both fit into the same remaining budget.
+Reservation is one transaction holding the dataset's lock (SQLite: ``BEGIN IMMEDIATE``, which locks the whole
+file; PostgreSQL: an advisory lock on the dataset's name, and, since its row checks read other datasets'
+rows, a ledger-wide one before them), so concurrent runs cannot both fit into the same remaining budget, nor
+two datasets' first runs both claim the same rows.
 
-A dataset's terms (its lifetime epsilon and delta, accountant and neighbouring relation) are its owner's to
+A dataset's terms are fixed when it is registered (``DatasetTerms``): its lifetime epsilon and delta, the
+accountant and neighbouring relation, and whether it has blocks, their period, its person column and the
+persons or rows declared per block. A run whose spec differs in any of them is refused before any row is
+read and again inside its reservation: dropping the window or the person column would otherwise give the
+same rows a second lifetime. The terms are its owner's to
 set. On PostgreSQL the ledger has roles (``grant``): the owner of its tables registers datasets
 (``register``, ``privzo budget init``); a worker may read everything and charge registered datasets
 (insert charges and blocks, move a charge from reserved to committed or aborted, fold it into its blocks)
 but may not register or change a dataset, delete any row, or give a block other terms than its dataset's
 (a foreign key ties every block to its dataset's lifetime and delta); a viewer only reads. A run whose role
 may not register an unregistered dataset is refused before any row is read. A SQLite ledger is one
-person's: whoever may write the file is its owner, and a dataset's first run registers it.
+person's: whoever may write the file is its owner, and a dataset's first run registers it. A dataset
+registered before the terms beyond its lifetime were kept adopts those of its next run (one the owner
+runs, or its owner's ``privzo budget init --spec``), once, if they agree with the blocks, persons and rows
+the ledger already holds for it.
 
 Budgets belong to blocks of the dataset (docs/design.md, "Blocks"): a charge is recorded on every block
 its run read, each block keeps the exact composition of its committed charges as a stored accountant
@@ -51,11 +62,11 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import dp_accounting
-from sqlalchemy import (Column, DateTime, Float, ForeignKeyConstraint, Integer, String, Text, UniqueConstraint,
+from sqlalchemy import (Column, DateTime, Float, ForeignKeyConstraint, Index, Integer, String, Text, UniqueConstraint,
                         create_engine, delete, event, func, insert, select, text)
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Session, deferred
+from sqlalchemy.orm import DeclarativeBase, Session, deferred, undefer_group
 
 from components.accountants import Accountant, describe_event, event_from_json, event_to_json
 from components.accountants.composed import ComposedState, scaled_noise
@@ -136,10 +147,18 @@ class Block:
 
 
 class RowsExposed(RuntimeError):
-    """The run would use rows as public or test data that earlier runs on the dataset kept private."""
+    """The run would use rows as public or test data that earlier runs on the dataset, or on ``other``
+    dataset of the ledger, kept private."""
 
-    def __init__(self, dataset: str, n_rows: int):
-        self.dataset, self.n_rows = dataset, n_rows
+    def __init__(self, dataset: str, n_rows: int, other: Optional[str] = None):
+        self.dataset, self.n_rows, self.other = dataset, n_rows, other
+        if other is not None:
+            super().__init__(
+                f"data.split: {n_rows} public or test rows of this run are private rows of dataset {other!r} in "
+                f"this ledger and cannot be used without noise under {dataset!r}; leave them out of this run's "
+                "public and test rows (data.split), or train on them privately under their own budget.dataset "
+                f"{other!r}")
+            return
         super().__init__(
             f"data.split: {n_rows} public or test rows of this run were private in earlier runs on dataset "
             f"{dataset!r} and cannot be used without noise now; keep the seed and data.split of those runs "
@@ -161,10 +180,12 @@ class RowsLaundered(RowsUnmatched):
     """Rows this run would keep private are private rows of another dataset: the same people charged under a
     second name would have a second budget."""
 
-    def __init__(self, dataset: str, other: str, n_rows: int):
+    def __init__(self, dataset: str, other: str, n_rows: int, persons: bool = False):
+        what = "persons of this run (data.blocks.person) are persons" if persons else \
+            "private rows of this run are private rows"
         RuntimeError.__init__(
-            self, f"budget.dataset: {n_rows} private rows of this run are private rows of dataset {other!r} in this "
-            f"ledger; the same people cannot have a second budget under {dataset!r}: charge them to {other!r}")
+            self, f"budget.dataset: {n_rows} {what} of dataset {other!r} in this ledger; the same people cannot "
+            f"have a second budget under {dataset!r}: charge them to {other!r}")
         self.dataset, self.recorded, self.now, self.other = dataset, "", "", other
 
 
@@ -174,13 +195,15 @@ class RowsUnrecognised(RowsUnmatched):
     Either way the ledger cannot tell which of them were private before, and a re-encoded private row
     could land in the public or test split unrecognised."""
 
-    def __init__(self, dataset: str, n_known: int):
+    def __init__(self, dataset: str, n_known: int, block: Optional[str] = None):
+        known = (f"the {n_known} rows earlier runs on dataset {dataset!r} kept private" if block is None else
+                 f"the {n_known} rows earlier runs on dataset {dataset!r} recorded in it")
         RuntimeError.__init__(
-            self, f"data.source: none of this run's rows matches the {n_known} rows earlier runs on dataset "
-            f"{dataset!r} kept private; if they are the same people's rows, write them as those runs read them "
+            self, f"data.source: none of this run's rows{'' if block is None else f' in block {block!r}'} matches "
+            f"{known}; if they are the same people's rows, write them as those runs read them "
             "(labels, values and columns unchanged) and under the same PRIVZO_FINGERPRINT_KEY; if they are new "
             "people, charge a new budget.dataset")
-        self.dataset, self.recorded, self.now = dataset, "", ""
+        self.dataset, self.recorded, self.now, self.block = dataset, "", "", block
 
 
 class LedgerUnavailable(RuntimeError):
@@ -197,23 +220,34 @@ class DatasetNotRegistered(LedgerUnavailable):
     """A run would charge a dataset the ledger has not registered, and its role may not register one: a
     dataset's lifetime is set by the ledger's owner, never by whoever runs a spec."""
 
-    def __init__(self, dataset: str, where: str):
+    def __init__(self, dataset: str, where: str, what: str = "is not registered"):
         RuntimeError.__init__(
-            self, f"budget.dataset: {dataset!r} is not registered in the ledger {where}, and this role may not "
-            "register it (a dataset's lifetime is set by the ledger's owner: privzo budget init "
+            self, f"budget.dataset: {dataset!r} {what} in the ledger {where}, and this role may not "
+            "register it (a dataset's terms are set by the ledger's owner: privzo budget init "
             f"{dataset} --spec SPEC --ledger OWNER_URL); nothing was read or charged")
+
+
+# the end of every refusal for terms other than the registered ones
+FIXED = "a dataset's terms are fixed when it is registered: keep them, or charge a new budget.dataset"
+NO_BLOCKS = "none"  # DatasetRow.blocks of a dataset registered without blocks (NULL: registered before terms)
 
 
 @dataclass(frozen=True)
 class DatasetTerms:
     """What a dataset is registered with: its lifetime (epsilon, delta), the accountant that composes its
-    charges and the neighbouring relation they are accounted under."""
+    charges and the neighbouring relation they are accounted under, and its blocks: ``period`` (day, week or
+    month; None: no blocks, one lifetime for all its rows), ``person`` (the person column: person level;
+    None: event level) and ``declared`` (the persons, or rows at event level, declared per block). Changing
+    any of them would let the same rows be charged against a lifetime of their own, so none may change."""
 
     dataset: str
     lifetime_epsilon: float
     delta: Optional[float]  # None: delta auto with no declared N, known once the private rows are counted
     accountant: str
     neighboring: str
+    period: Optional[str] = None
+    person: Optional[str] = None
+    declared: Optional[int] = None
 
     @classmethod
     def of(cls, spec) -> "DatasetTerms":
@@ -222,8 +256,50 @@ class DatasetTerms:
             delta: Optional[float] = spec.delta_for()
         except ValueError:
             delta = None if spec.privacy.delta == "auto" else float(spec.privacy.delta)
+        blocks = spec.data.blocks
         return cls(spec.budget.dataset, float(spec.budget.lifetime_epsilon), delta, spec.privacy.accountant,
-                   spec.privacy.neighboring)
+                   spec.privacy.neighboring, blocks.period if blocks else None, blocks.person if blocks else None,
+                   blocks.declared_units if blocks else None)
+
+    def described(self) -> str:
+        """The block terms in words, as ``budget init`` prints them."""
+        if self.period is None:
+            return "no blocks"
+        unit = "persons" if self.person else "rows"
+        level = f"person level (column {self.person!r})" if self.person else "event level"
+        return f"blocks of a {self.period}, {level}, {self.declared} {unit} declared a block"
+
+
+def _terms_problem(ds: "DatasetRow", terms: DatasetTerms) -> Optional[str]:
+    """The first block term of ``terms`` that is not what ``ds`` is registered with, as a refusal's line;
+    None if all are (lifetime, accountant and neighbouring are ``PrivacyLedger._check_terms``'s)."""
+    return _blocks_problem(ds.dataset, ds.blocks, ds.person, ds.declared, terms.period, terms.person,
+                           terms.declared)
+
+
+def _blocks_problem(name: str, blocks: Optional[str], person: Optional[str], declared: Optional[int],
+                    period: Optional[str], now_person: Optional[str], now_declared: Optional[int]) -> Optional[str]:
+    """``blocks``/``person``/``declared``: the registered block terms; the others the run's."""
+    if blocks == NO_BLOCKS and period is not None:
+        return (f"data.blocks: dataset {name!r} is registered without blocks (one lifetime for all its rows), the "
+                f"spec has data.blocks; {FIXED}")
+    if blocks != NO_BLOCKS and period is None:
+        return (f"data.blocks: dataset {name!r} is registered with blocks of a {blocks} (each with a lifetime of "
+                f"its own), the spec has none; {FIXED}")
+    if period is None:
+        return None
+    if blocks != period:
+        return (f"data.blocks.period: dataset {name!r} is registered with blocks of a {blocks}, the spec says "
+                f"{period}; {FIXED}")
+    if person != now_person:
+        registered = f"person level (column {person!r})" if person else "event level (no person column)"
+        spec = f"says {now_person!r}" if now_person and person else f"has {now_person!r}" if now_person else "has none"
+        return f"data.blocks.person: dataset {name!r} is registered {registered}, the spec {spec}; {FIXED}"
+    if declared is not None and declared != now_declared:
+        field, unit = ("declared_persons", "persons") if person else ("declared_private_rows", "rows")
+        return (f"data.blocks.{field}: dataset {name!r} is registered with {declared} {unit} a block, the spec "
+                f"says {now_declared}; {FIXED}")
+    return None
 
 
 def shown_url(url: Optional[str]) -> str:
@@ -297,12 +373,23 @@ class DatasetRow(_Base):
     delta = Column(Float, nullable=False)
     accountant = Column(String(20), nullable=False)
     neighboring = Column(String(20), nullable=False)
+    # the block terms (DatasetTerms): added to ledgers made before them by _migrate, so nullable, and
+    # deferred: a role that reads a PostgreSQL ledger its owner has not migrated yet still reads the rest.
+    # blocks: the period, or NO_BLOCKS; NULL for a dataset registered before they were kept
+    blocks = deferred(Column(String(8), nullable=True), group="terms")
+    person = deferred(Column(String(200), nullable=True), group="terms")  # the person column, NULL: event level
+    declared = deferred(Column(Integer, nullable=True), group="terms")  # persons (rows) declared per block
+
+
+TERM_COLUMNS = ("blocks", "person", "declared")
 
 
 class PrivateRowRow(_Base):
     """A row (content fingerprint) some run on the dataset reserved as private."""
 
     __tablename__ = "privzo_private_rows"
+    # exposure and laundering look a row up in every dataset
+    __table_args__ = (Index("privzo_private_rows_row", "row"),)
     dataset = Column(String(200), primary_key=True)
     row = Column(String(64), primary_key=True)
 
@@ -349,6 +436,8 @@ class RowBlockRow(_Base):
     (keyed) first arrived in. Later runs read it, so a row written again with a new date keeps its block."""
 
     __tablename__ = "privzo_row_blocks"
+    # laundering looks a person up in every dataset
+    __table_args__ = (Index("privzo_row_blocks_key", "kind", "key"),)
     dataset = Column(String(200), primary_key=True)
     kind = Column(String(8), primary_key=True)  # row | person
     key = Column(String(64), primary_key=True)
@@ -408,13 +497,44 @@ class PrivacyLedger:
             def _begin(conn):  # noqa: ANN001
                 conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock before reading the total
             _Base.metadata.create_all(self.engine)
+            with self.engine.begin() as conn:
+                self.terms_kept = self._migrate(conn)
         elif self.engine.dialect.name == "postgresql":
             # first use by several runs at once: one creates the tables, the others then find them
             with self.engine.begin() as conn:
                 conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('privzo ledger schema'))"))
                 _Base.metadata.create_all(conn)
+                self.terms_kept = self._migrate(conn)
         else:
             _Base.metadata.create_all(self.engine)
+            with self.engine.begin() as conn:
+                self.terms_kept = self._migrate(conn)
+
+    def _migrate(self, conn) -> bool:  # noqa: ANN001 - a SQLAlchemy connection in a transaction
+        """Bring a ledger an earlier privzo made up to these tables (the datasets' block terms, the indexes the
+        checks across datasets use); whether the terms columns are there. A SQLite file is migrated by
+        whoever may write it; a PostgreSQL ledger only by its tables' owner, as ``grant`` migrates it, so a
+        worker's or viewer's open leaves it as it is (they then read it, and a worker's run is refused
+        until the owner has opened it once)."""
+        have = {c["name"] for c in sa_inspect(conn).get_columns(DatasetRow.__tablename__)}
+        missing = [c for c in TERM_COLUMNS if c not in have]
+        if self.engine.dialect.name == "sqlite":
+            path = self.engine.url.database
+            if path and not os.access(path, os.W_OK):
+                return not missing
+        elif self.engine.dialect.name == "postgresql":
+            owner = conn.execute(text("SELECT pg_has_role(current_user, tableowner, 'USAGE') FROM pg_tables "
+                                      "WHERE schemaname = current_schema() AND tablename = :t"),
+                                 {"t": DatasetRow.__tablename__}).scalar()
+            if not owner:
+                return not missing
+        for name in missing:  # nullable: the datasets already registered keep NULL until they adopt terms
+            kind = DatasetRow.__table__.c[name].type.compile(conn.dialect)
+            conn.execute(text(f"ALTER TABLE {DatasetRow.__tablename__} ADD COLUMN {name} {kind}"))
+        for table in (PrivateRowRow.__table__, RowBlockRow.__table__):
+            for index in table.indexes:
+                index.create(conn, checkfirst=True)
+        return True
 
     def missing_write_grants(self) -> List[str]:
         """What of the ledger this connection may not write as a charge does (``WORKER_GRANTS``), as
@@ -445,21 +565,27 @@ class PrivacyLedger:
 
     def check_registration(self, terms: DatasetTerms) -> None:
         """Before any row is read: the dataset is registered with ``terms``, or unregistered and this role may
-        register it (its first run then does); raises ``DatasetNotRegistered`` or ValueError otherwise."""
-        ds = self.dataset(terms.dataset)
-        if ds is None:
-            if not self.may_register():
-                raise DatasetNotRegistered(terms.dataset, shown_url(self.url))
-            return
-        self._check_terms(ds, terms.lifetime_epsilon, terms.accountant, terms.neighboring)
+        register it (its first run then does); raises ``DatasetNotRegistered``, ``LedgerUnavailable`` or
+        ValueError (one line naming the registered term) otherwise."""
+        self._terms_columns_kept()
+        with Session(self.engine) as session:  # reads only: closed, it rolls back
+            ds = session.get(DatasetRow, terms.dataset)
+            if ds is None:
+                if not self.may_register():
+                    raise DatasetNotRegistered(terms.dataset, shown_url(self.url))
+                return
+            self._check_terms(ds, terms.lifetime_epsilon, terms.accountant, terms.neighboring)
+            self._settle_terms(session, ds, terms, terms.period is not None, adopt=False)
 
     def register(self, terms: DatasetTerms) -> bool:
         """Register ``terms.dataset`` with its terms (the owner's act); False if it already is, with the same
         ones. Raises ValueError naming the registered terms if they differ: a lifetime is never changed, so
-        what runs were admitted under stays what the dataset's guarantee is."""
+        what runs were admitted under stays what the dataset's guarantee is. A dataset registered before its
+        block terms were kept takes ``terms``' (True), if they agree with what the ledger holds for it."""
         if terms.delta is None:
             raise ValueError("budget init: a lifetime's delta is a number (privacy.delta auto is 1/N of one run; "
                              "give --delta)")
+        self._terms_columns_kept()
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, terms.dataset)
             if ds is not None:
@@ -469,11 +595,99 @@ class PrivacyLedger:
                         f"budget init: dataset {terms.dataset!r} is registered with lifetime epsilon "
                         f"{ds.lifetime_epsilon:g} at delta {ds.delta:g}, {ds.accountant}, {ds.neighboring}; a "
                         "registered lifetime is never changed (register the people under a new dataset name)")
-                return False
+                unset = ds.blocks is None
+                self._settle_terms(session, ds, terms, terms.period is not None, adopt=True)
+                return unset
             Accountant(terms.accountant, terms.neighboring)  # an unknown accountant fails here, not in a run
             session.add(DatasetRow(dataset=terms.dataset, lifetime_epsilon=terms.lifetime_epsilon, delta=terms.delta,
-                                   accountant=terms.accountant, neighboring=terms.neighboring))
+                                   accountant=terms.accountant, neighboring=terms.neighboring,
+                                   **self._term_values(terms)))
             return True
+
+    @staticmethod
+    def _term_values(terms: Optional[DatasetTerms]) -> dict:
+        """The block terms' columns of a dataset registered with ``terms``; None: left unset (NULL), for its
+        next run that gives terms to fix (a caller of ``reserve`` that gives none)."""
+        if terms is None:
+            return {}
+        return {"blocks": terms.period or NO_BLOCKS, "person": terms.person if terms.period else None,
+                "declared": terms.declared if terms.period else None}
+
+    def _terms_columns_kept(self) -> None:
+        if not self.terms_kept:
+            raise LedgerUnavailable(shown_url(self.url), "its tables predate the dataset terms it keeps; its owner "
+                                    "adds them by opening it once, e.g. privzo budget grant ROLE --ledger OWNER_URL")
+
+    def _settle_terms(self, session: Session, ds: DatasetRow, terms: Optional[DatasetTerms], has_blocks: bool,
+                      adopt: bool) -> None:
+        """Refuse (ValueError, one line) a run whose block terms are not ``ds``'s: ``terms`` all of them, or,
+        None (a caller of ``reserve`` that gives none), whether it reads blocks (``has_blocks``). A dataset
+        registered before they were kept (NULL) is held to what the ledger recorded of it (its blocks, their
+        declared sizes, its persons) and, ``adopt`` and ``terms`` given, takes ``terms`` in ``session``: on
+        PostgreSQL only its owner may (a worker's run is refused before any row is read)."""
+        self._terms_columns_kept()
+        name = ds.dataset
+        if ds.blocks is not None:
+            if terms is not None:
+                problem = _terms_problem(ds, terms)
+            else:
+                problem = _blocks_problem(name, ds.blocks, ds.person, ds.declared,
+                                          (ds.blocks if ds.blocks != NO_BLOCKS else "?") if has_blocks else None,
+                                          ds.person, ds.declared)
+            if problem:
+                raise ValueError(problem)
+            return
+        problem = self._recorded_problem(session, name, terms, has_blocks)
+        if problem:
+            raise ValueError(problem)
+        if terms is None:
+            return
+        if not self.may_register():  # terms are the owner's to set, also a first time
+            raise DatasetNotRegistered(name, shown_url(self.url), "has no block terms yet (it was registered "
+                                       "before they were kept)")
+        if adopt:
+            for column, value in self._term_values(terms).items():
+                setattr(ds, column, value)
+
+    @staticmethod
+    def _recorded_problem(session: Session, name: str, terms: Optional[DatasetTerms],
+                          has_blocks: bool) -> Optional[str]:
+        """Why a dataset registered before its block terms were kept cannot take ``terms`` (or, None, a run
+        that reads blocks or not), from what the ledger recorded of it; None if nothing contradicts them."""
+        from components.periods import block_start
+
+        named = list(session.scalars(select(BlockRow.block).where(BlockRow.dataset == name).order_by(BlockRow.block)))
+        periods = [b for b in named if b != WHOLE]
+        whole = WHOLE in named or (not named and session.scalars(
+            select(ChargeRow.id).where(ChargeRow.dataset == name)).first() is not None)
+        if periods and not has_blocks:
+            return (f"data.blocks: dataset {name!r} has blocks in the ledger ({periods[0]} ...), each with a lifetime "
+                    f"of its own, the spec has none; {FIXED}")
+        if whole and has_blocks:
+            return (f"data.blocks: dataset {name!r} was charged without blocks (one lifetime for all its rows), the "
+                    f"spec has data.blocks; {FIXED}")
+        if terms is None or terms.period is None:
+            return None
+        for block in periods:
+            try:
+                block_start(block, terms.period)
+            except ValueError:
+                return (f"data.blocks.period: dataset {name!r} has block {block!r} in the ledger, which is not a "
+                        f"{terms.period}; {FIXED}")
+        kinds = set(session.scalars(select(RowBlockRow.kind).where(RowBlockRow.dataset == name).distinct()))
+        if "person" in kinds and not terms.person:
+            return (f"data.blocks.person: dataset {name!r} has persons recorded in the ledger (person level), the "
+                    f"spec has none; {FIXED}")
+        if kinds and "person" not in kinds and terms.person:
+            return (f"data.blocks.person: dataset {name!r} was charged event level (no person recorded in the ledger), "
+                    f"the spec has {terms.person!r}; {FIXED}")
+        declared = sorted(set(session.scalars(select(BlockRow.rows).where(
+            BlockRow.dataset == name, BlockRow.rows.is_not(None)))) - {terms.declared})
+        if declared:
+            field, unit = ("declared_persons", "persons") if terms.person else ("declared_private_rows", "rows")
+            return (f"data.blocks.{field}: dataset {name!r} has blocks declared with {declared[0]} {unit} in the "
+                    f"ledger, the spec says {terms.declared}; {FIXED}")
+        return None
 
     def grant(self, role: str, read_only: bool = False) -> List[str]:
         """Give ``role`` (an existing PostgreSQL role) what a worker needs (``WORKER_GRANTS``: read
@@ -678,7 +892,7 @@ class PrivacyLedger:
 
     def dataset(self, dataset: str) -> Optional[DatasetRow]:
         with Session(self.engine) as session:
-            row = session.get(DatasetRow, dataset)
+            row = session.get(DatasetRow, dataset, options=[undefer_group("terms")] if self.terms_kept else [])
             if row is not None:
                 session.expunge(row)
             return row
@@ -724,12 +938,18 @@ class PrivacyLedger:
                 charge_id: Optional[str] = None, blocks: Optional[Sequence[BlockTerms]] = None,
                 next_block: Optional[str] = None, row_blocks: Optional[Mapping[str, str]] = None,
                 person_blocks: Optional[Mapping[str, str]] = None,
-                when: Optional[Callable[[List[str]], str]] = None) -> str:
+                when: Optional[Callable[[List[str]], str]] = None, terms: Optional[DatasetTerms] = None) -> str:
         """Reserve ``planned`` on ``dataset`` if the composed total stays within ``lifetime_epsilon`` and no
-        row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run; records
-        ``private_rows``. Rows are matched by fingerprint, so ``row_layout`` (what fingerprints are computed
-        from) must be the dataset's. Returns the charge id, or raises ``BudgetExceeded`` / ``RowsExposed`` /
-        ``RowsUnmatched`` having written nothing. Rows of a reservation later aborted stay recorded.
+        row in ``exposed_rows`` (this run's public and test rows) was private in an earlier run on any dataset
+        of the ledger; records ``private_rows``, refusing any that another dataset holds private (and, with
+        ``person_blocks``, any person another dataset recorded). Rows are matched by fingerprint, so
+        ``row_layout`` (what fingerprints are computed from) must be the dataset's. Returns the charge id, or
+        raises ``BudgetExceeded`` / ``RowsExposed`` / ``RowsUnmatched`` / ValueError (terms) having written
+        nothing. Rows of a reservation later aborted stay recorded.
+
+        ``terms``: the dataset's terms as the run's spec gives them (``DatasetTerms.of``), registered with a
+        new dataset and checked against a registered one's in this transaction; None (a direct caller):
+        only whether the run reads blocks is checked, and a new dataset's block terms stay unset.
 
         A dataset whose rows were recorded under ``legacy_layout`` (plain hashes, before rows were keyed) is
         re-keyed in the same transaction with ``legacy_rows`` (each of this run's rows: plain -> keyed),
@@ -751,7 +971,7 @@ class PrivacyLedger:
                                  neighboring=neighboring, private_rows=private_rows, exposed_rows=exposed_rows,
                                  row_layout=row_layout, legacy_layout=legacy_layout, legacy_rows=legacy_rows,
                                  charge_id=charge_id, blocks=blocks, next_block=next_block, row_blocks=row_blocks,
-                                 person_blocks=person_blocks, when=when)
+                                 person_blocks=person_blocks, when=when, terms=terms)
         except DBAPIError as err:
             # a role refused a write mid-reservation (a worker re-keying a dataset's rows: the owner's act);
             # the transaction rolled back, so nothing was written
@@ -761,18 +981,20 @@ class PrivacyLedger:
 
     def _reserve(self, *, dataset, fingerprint, run_name, planned, steps, lifetime_epsilon, delta, accountant,
                  neighboring, private_rows, exposed_rows, row_layout, legacy_layout, legacy_rows, charge_id, blocks,
-                 next_block, row_blocks, person_blocks, when) -> str:
+                 next_block, row_blocks, person_blocks, when, terms) -> str:
+        self._terms_columns_kept()
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
                 if not self.may_register():
                     raise DatasetNotRegistered(dataset, shown_url(self.url))
                 ds = DatasetRow(dataset=dataset, lifetime_epsilon=lifetime_epsilon, delta=delta,
-                                accountant=accountant, neighboring=neighboring)
+                                accountant=accountant, neighboring=neighboring, **self._term_values(terms))
                 session.add(ds)
                 session.flush()
             else:
                 self._check_terms(ds, lifetime_epsilon, accountant, neighboring)
+            self._settle_terms(session, ds, terms, blocks is not None, adopt=True)
             if not Accountant(ds.accountant, ds.neighboring).supports(planned):
                 raise ValueError(
                     f"privacy.accountant: dataset {dataset!r} is accounted with {ds.accountant} (set by its first "
@@ -790,18 +1012,30 @@ class PrivacyLedger:
                 raise RowsUnmatched(dataset, recorded.layout, row_layout)
             known = set(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
             exposed_rows, private_rows = set(exposed_rows), set(private_rows)
-            if known and (private_rows or exposed_rows) and not known & (private_rows | exposed_rows):
-                raise RowsUnrecognised(dataset, len(known))
+            recorded = {kind: dict(session.execute(select(RowBlockRow.key, RowBlockRow.block).where(
+                RowBlockRow.dataset == dataset, RowBlockRow.kind == kind)).all()) for kind in ("row", "person")}
+            if blocks is None:  # one lifetime for all its rows: a run that matches none of them is suspect
+                if known and (private_rows or exposed_rows) and not known & (private_rows | exposed_rows):
+                    raise RowsUnrecognised(dataset, len(known))
+            else:  # a window of new blocks shares no row with earlier ones, and need not
+                self._refuse_unrecognised_blocks(dataset, row_blocks or {}, person_blocks or {}, recorded)
             exposed = known.intersection(exposed_rows)
             if exposed:
                 raise RowsExposed(dataset, len(exposed))
             new_rows = set(private_rows) - known
-            self._refuse_laundering(session, dataset, new_rows)
+            new_persons = sorted(set(person_blocks or {}) - set(recorded["person"]))
+            if exposed_rows or new_rows or new_persons:
+                # what other datasets hold is read and claimed as one act: no other dataset's first run may
+                # record the same rows or persons between this check and this transaction's commit
+                self._lock_rows(session)
+                self._refuse_exposed_elsewhere(session, dataset, exposed_rows - known)
+                self._refuse_laundering(session, dataset, new_rows)
+                self._refuse_laundered_persons(session, dataset, new_persons)
             if new_rows:
                 session.execute(insert(PrivateRowRow), [{"dataset": dataset, "row": r} for r in sorted(new_rows)])
             for kind, seen in (("row", row_blocks), ("person", person_blocks)):
                 if seen:
-                    self._record_blocks(session, dataset, kind, seen)
+                    self._record_blocks(session, dataset, kind, seen, recorded[kind])
             charge = ChargeRow(id=charge_id or str(uuid.uuid4()), dataset=dataset, fingerprint=fingerprint, run_name=run_name,
                                status=RESERVED, planned_event=event_to_json(planned), steps_planned=steps,
                                steps_run=0, planned_epsilon=requested, created_at=_now(), updated_at=_now())
@@ -900,26 +1134,72 @@ class PrivacyLedger:
                 "them as they were, or account a new budget.dataset with rdp or zcdp, whose admission is a "
                 "privacy filter for parameters chosen as runs go")
 
-    @staticmethod
-    def _refuse_laundering(session: Session, dataset: str, rows: set) -> None:
-        """Refuse rows already private under another dataset name (keyed fingerprints share one key)."""
-        ordered = sorted(rows)
-        for start in range(0, len(ordered), 500):  # SQLite caps the parameters of one statement
-            found = session.execute(
-                select(PrivateRowRow.dataset, func.count()).where(PrivateRowRow.row.in_(ordered[start:start + 500]),
-                                                                  PrivateRowRow.dataset != dataset)
-                .group_by(PrivateRowRow.dataset).order_by(func.count().desc())).first()
-            if found is not None:
-                other = found[0]
-                total = sum(session.scalar(select(func.count()).select_from(PrivateRowRow).where(
-                    PrivateRowRow.dataset == other, PrivateRowRow.row.in_(ordered[at:at + 500])))
-                    for at in range(0, len(ordered), 500))
-                raise RowsLaundered(dataset, other, int(total))
+    def _lock_rows(self, session: Session) -> None:
+        """PostgreSQL: the ledger-wide lock a reservation takes (after its dataset's) before it reads other
+        datasets' rows and persons and records its own (SQLite's BEGIN IMMEDIATE already locks the file).
+        Taken second, and only here, so it waits on no other lock: no deadlock, and a reservation's budget
+        arithmetic is not serialised with other datasets'."""
+        if self.engine.dialect.name == "postgresql":  # the two-key space: apart from the datasets' locks
+            session.execute(text("SELECT pg_advisory_xact_lock(hashtext('privzo'), hashtext('rows of every "
+                                 "dataset'))"))
 
     @staticmethod
-    def _record_blocks(session: Session, dataset: str, kind: str, seen: Mapping[str, str]) -> None:
-        recorded = dict(session.execute(select(RowBlockRow.key, RowBlockRow.block).where(
-            RowBlockRow.dataset == dataset, RowBlockRow.kind == kind)).all())
+    def _held_elsewhere(session: Session, dataset: str, keys: Iterable[str], column, where) -> Optional[tuple]:
+        """(the other dataset holding most of ``keys`` in ``column``, how many of them it holds), or None."""
+        ordered, counts = sorted(keys), {}
+        table = column.class_
+        for start in range(0, len(ordered), 500):  # SQLite caps the parameters of one statement
+            for other, n in session.execute(
+                    select(table.dataset, func.count()).where(column.in_(ordered[start:start + 500]),
+                                                              table.dataset != dataset, *where)
+                    .group_by(table.dataset)):
+                counts[other] = counts.get(other, 0) + n
+        if not counts:
+            return None
+        other = max(sorted(counts), key=counts.get)
+        return other, int(counts[other])
+
+    @classmethod
+    def _refuse_exposed_elsewhere(cls, session: Session, dataset: str, rows: set) -> None:
+        """Refuse public or test rows that another dataset of the ledger keeps private: used without noise
+        under one name, they would expose people whose privacy another name's runs spent."""
+        found = cls._held_elsewhere(session, dataset, rows, PrivateRowRow.row, ())
+        if found is not None:
+            raise RowsExposed(dataset, found[1], other=found[0])
+
+    @classmethod
+    def _refuse_laundering(cls, session: Session, dataset: str, rows: set) -> None:
+        """Refuse rows already private under another dataset name (keyed fingerprints share one key)."""
+        found = cls._held_elsewhere(session, dataset, rows, PrivateRowRow.row, ())
+        if found is not None:
+            raise RowsLaundered(dataset, found[0], found[1])
+
+    @classmethod
+    def _refuse_laundered_persons(cls, session: Session, dataset: str, persons: Sequence[str]) -> None:
+        """Refuse persons (keyed ids of data.blocks.person) another dataset of the ledger recorded: matched on
+        who they are, not on their rows' content, so rows written another way do not make them new people."""
+        found = cls._held_elsewhere(session, dataset, persons, RowBlockRow.key, (RowBlockRow.kind == "person",))
+        if found is not None:
+            raise RowsLaundered(dataset, found[0], found[1], persons=True)
+
+    @staticmethod
+    def _refuse_unrecognised_blocks(dataset: str, row_blocks: Mapping[str, str], person_blocks: Mapping[str, str],
+                                    recorded: Mapping[str, Mapping[str, str]]) -> None:
+        """On blocks: refuse a run with rows in a block where earlier runs recorded rows, none of which (nor
+        of whose persons) it recognises: those rows were re-encoded or replaced, and a re-encoded private row
+        could land in the public or test split unrecognised. A block nobody recorded yet (a new window, a
+        window after a gap) has nothing to recognise, so it passes."""
+        rows, persons = recorded["row"], recorded["person"]
+        held = set(rows.values()) | set(persons.values())
+        known = {b for k, b in row_blocks.items() if rows.get(k) == b}
+        known |= {b for k, b in person_blocks.items() if persons.get(k) == b}  # a person's new row is theirs
+        for block in sorted(set(row_blocks.values())):
+            if block in held and block not in known:
+                raise RowsUnrecognised(dataset, sum(1 for b in rows.values() if b == block), block=block)
+
+    @staticmethod
+    def _record_blocks(session: Session, dataset: str, kind: str, seen: Mapping[str, str],
+                       recorded: Mapping[str, str]) -> None:
         moved = [k for k, b in seen.items() if k in recorded and recorded[k] != b]
         if moved:
             raise RowsUnmatched(dataset, "", "", reason=(
@@ -960,6 +1240,9 @@ class PrivacyLedger:
         if ds.neighboring != neighboring:
             raise ValueError(f"privacy.neighboring: dataset {ds.dataset!r} is accounted under {ds.neighboring}, "
                              f"the spec says {neighboring}")
+        if ds.accountant != accountant:
+            raise ValueError(f"privacy.accountant: dataset {ds.dataset!r} is accounted with {ds.accountant}, the "
+                             f"spec says {accountant}; {FIXED}")
 
     def commit(self, charge_id: str, executed: dp_accounting.DpEvent, steps_run: int, run_id: Optional[str] = None) -> None:
         """Record what the run actually executed (all of it, or the steps before a crash)."""

@@ -175,7 +175,7 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
         private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
         legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
-        charge_id=charge_id, **({} if view is None else dict(
+        charge_id=charge_id, terms=DatasetTerms.of(spec), **({} if view is None else dict(
             blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
             person_blocks=view.seen_persons, when=view.when)))
 

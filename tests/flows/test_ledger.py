@@ -1,5 +1,4 @@
 """Privacy ledger: exact composition, atomic reservations, commit of executed steps."""
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import dp_accounting
@@ -41,7 +40,11 @@ def test_a_row_once_private_is_never_public_or_test_again(tmp_path):
     _reserve(ledger, 100.0, private=rows[:4] + ["a" * 64], exposed=[rows[5], "b" * 64])
     with pytest.raises(RowsExposed, match="1 public or test rows"):  # rows[3] and 'a...' are recorded now
         _reserve(ledger, 100.0, private=rows[:3], exposed=["a" * 64])
-    _reserve(ledger, 100.0, dataset="other", exposed=rows)  # another dataset's rows are its own
+    # another dataset's private rows are private in this ledger whatever the dataset: refused (test_dataset_terms.py)
+    with pytest.raises(RowsExposed, match=r"^data.split: 4 public or test rows of this run are private rows of "
+                                          r"dataset 'patients' in this ledger"):
+        _reserve(ledger, 100.0, dataset="other", exposed=rows)
+    _reserve(ledger, 100.0, dataset="other", exposed=[rows[5], "b" * 64])  # public in 'patients' too: allowed
 
 
 def test_total_is_the_exact_composition_not_a_sum(tmp_path):
@@ -106,35 +109,6 @@ def test_lifetime_must_match_the_registered_dataset(tmp_path):
     _reserve(ledger, 10.0)
     with pytest.raises(ValueError, match="registered with 10"):
         _reserve(ledger, 20.0)
-
-
-@pytest.fixture(scope="module")
-def postgres_url():
-    """A real PostgreSQL on 127.0.0.1 (installed and started by infra/postgres/test-db.sh), stopped after."""
-    import subprocess
-    import uuid
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "infra" / "postgres" / "test-db.sh"
-    out = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        pytest.skip(f"PostgreSQL could not be started here ({out.stderr.strip().splitlines()[-1:]}); "
-                    "run infra/postgres/test-db.sh start as root")
-    state, url = out.stdout.strip().splitlines()[-2:]
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:  # a fresh schema per test session: no state from earlier runs
-        schema = f"t{uuid.uuid4().hex[:12]}"
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    yield f"{url}?options=-csearch_path%3D{schema}"
-    with engine.begin() as conn:
-        conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-    engine.dispose()
-    # stop only what the tests started, and never under xdist: this fixture runs once per worker, and the
-    # worker that started the server may finish while another still uses it
-    if state == "started" and not os.environ.get("PYTEST_XDIST_WORKER"):
-        subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e),
@@ -226,7 +200,10 @@ def test_runs_a_datasets_accountant_cannot_account_for_are_refused_in_one_line(t
     with pytest.raises(ValueError, match=r"^privacy.accountant: dataset 'patients' is accounted with pld \(set by its "
                                          r"first run\), which has no accounting for this run's "
                                          r"SampledWithoutReplacementDpEvent of GaussianDpEvent; use a sampling"):
-        reserve(fixed, "rdp")
+        reserve(fixed, "pld")
+    with pytest.raises(ValueError, match=r"^privacy.accountant: dataset 'patients' is accounted with pld, the spec "
+                                         r"says rdp; a dataset's terms are fixed when it is registered"):
+        reserve(fixed, "rdp")  # nor is its accountant another for this run
     assert len(ledger.history("patients")) == 1 and ledger.spent("patients") == spent
     reserve(full, "pld")  # what it accounts for still composes
     assert ledger.spent("patients") > spent
@@ -439,21 +416,33 @@ def test_only_the_ledgers_owner_registers_a_lifetime_and_a_worker_only_charges_r
     as_postgres(f"CREATE ROLE {worker} LOGIN PASSWORD 'worker-password'",
                 f"CREATE ROLE {viewer} LOGIN PASSWORD 'viewer-password'")
     try:
-        assert main(["budget", "init", "clinic", "--lifetime-epsilon", "10", "--delta", str(DELTA),
-                     "--ledger", owner_url]) == 0
+        import yaml
+
+        clinic = {"name": "clinic", "seed": 0,
+                  "data": {"source": {"kind": "file", "path": str(tmp_path / "absent.csv"), "label": "y",
+                                      "classes": [0, 1]}, "split": {"kind": "hashed", "public": 0.1, "test": 0.2},
+                           "blocks": {"arrival": "arrived", "period": "day", "declared_private_rows": 10}},
+                  "model": {"kind": "linear"}, "estimator": {"kind": "two_point"},
+                  "mechanism": {"kind": "gaussian", "clip": 1.0}, "privacy": {"epsilon": 1.0, "delta": DELTA},
+                  "sampling": {"kind": "poisson", "expected_batch_size": 10},
+                  "optimizer": {"kind": "sgd", "lr": 0.1, "steps": 5},
+                  "budget": {"dataset": "clinic", "lifetime_epsilon": 10.0, "window": {"blocks": 1}}}
+        (tmp_path / "clinic.yaml").write_text(yaml.safe_dump(clinic))
+        assert main(["budget", "init", "clinic", "--spec", str(tmp_path / "clinic.yaml"), "--ledger", owner_url]) == 0
         assert "clinic: registered in" in capsys.readouterr().out
         assert main(["budget", "grant", worker, "--ledger", owner_url]) == 0
         assert main(["budget", "grant", viewer, "--read-only", "--ledger", owner_url]) == 0
         capsys.readouterr()
 
         # the worker charges the registered dataset, on blocks it adds with the dataset's terms
-        ledger = ledger_for_spending(worker_url, DatasetTerms("clinic", 10.0, DELTA, "rdp", "add_remove"))
+        terms = DatasetTerms("clinic", 10.0, DELTA, "rdp", "add_remove", "day", None, 10)
+        ledger = ledger_for_spending(worker_url, terms)
         from flows.ledger import BlockTerms
 
         charge = ledger.reserve(dataset="clinic", fingerprint="f" * 64, run_name="night", planned=run_event(),
                                 steps=200, lifetime_epsilon=10.0, delta=DELTA, accountant="rdp",
                                 neighboring="add_remove", private_rows=["a" * 64],
-                                blocks=[BlockTerms("2026-11-26", 10.0, DELTA, 10)])
+                                blocks=[BlockTerms("2026-11-26", 10.0, DELTA, 10)], terms=terms)
         ledger.commit(charge, run_event(), 200, run_id="r1")
         assert ledger.status(charge) == COMMITTED
 
