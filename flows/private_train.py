@@ -42,7 +42,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 import specs
-from specs.sections import default_ledger
+from specs.sections import LEDGER_URL_ENV, default_ledger
 from components import builders, models
 from components.accountants import Accountant, event_from_json, event_to_json
 from components.data import SplitData
@@ -53,7 +53,7 @@ from flows import reporting
 from flows.checkpoints import Checkpointer, CheckpointStore, RunLocked, resume_store, spec_digest
 from flows.blocks import BlockView, Window, as_of_moment
 from flows.ledger import (BudgetExceeded, DatasetTerms, LedgerUnavailable, RowsExposed, RowsUnmatched,
-                          ledger_for_spending)
+                          ledger_for_spending, shown_url)
 from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
 from flows.session import RunSession
 from flows.transcript import (REGISTER_TAG, Transcript, load_weights, log_transcript_model, replays_to, transcript_of,
@@ -561,6 +561,34 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
     return version
 
 
+def _deployment_run() -> bool:
+    """Whether this flow run was started from a deployment (by a team's worker), not in-process."""
+    try:
+        from prefect.runtime import deployment
+
+        return deployment.id is not None
+    except Exception:  # noqa: BLE001 - outside a flow run there is no deployment
+        return False
+
+
+def _charged_to_the_team_ledger(spec: specs.RunSpec) -> None:
+    """On a team's worker (a deployment's flow run, $PRIVZO_LEDGER_URL set in the worker's environment) every
+    run is charged to the team's ledger: a spec, or a deployment's inline spec, that names another ledger or
+    has no budget would train on the team's data outside the lifetimes its owner registered. Refused in one
+    line before any row is read."""
+    team = os.environ.get(LEDGER_URL_ENV, "").strip()
+    if not team or not _deployment_run():
+        return
+    if spec.budget is None:
+        raise ValueError(f"budget: a deployment's run on this team's worker is charged to the team's ledger "
+                         f"(${LEDGER_URL_ENV}, {shown_url(team)}); this spec has no budget section: give budget "
+                         "with the dataset its rows are charged to (a run without privacy cannot be charged)")
+    if spec.budget.ledger != team:
+        raise ValueError(f"budget.ledger: a deployment's run on this team's worker is charged to the team's ledger "
+                         f"(${LEDGER_URL_ENV}, {shown_url(team)}), not {shown_url(spec.budget.ledger)}; remove "
+                         "budget.ledger")
+
+
 @flow(name="private-train", log_prints=True, validate_parameters=True)
 def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None,
                   progress: bool = False, resume: Optional[str] = None, as_of: Optional[str] = None) -> Dict[str, Any]:
@@ -583,6 +611,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                    resume: Optional[str], as_of: Optional[str] = None) -> Dict[str, Any]:
     with _checking_input():
         run_spec = _load(spec_path, spec)
+        _charged_to_the_team_ledger(run_spec)
         from components.memory import check_fits
         check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
         if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row

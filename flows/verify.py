@@ -6,8 +6,10 @@ from what privzo recorded elsewhere and names the first disagreement in one line
 
 1. **source run**: the version has a source run, and the run logged a privzo spec (``spec.yaml``) with a
    ``budget`` (a version registered by hand has neither);
-2. **ledger charge**: the ledger (the spec's ``budget.ledger``, or the one given) holds a charge of the
-   spec's ``budget.dataset`` for that run id, and it is committed;
+2. **ledger charge**: the ledger (the one given, else the team's ``$PRIVZO_LEDGER_URL``, else the spec's
+   ``budget.ledger``) holds a charge of the spec's ``budget.dataset`` for that run id, it is committed, and
+   what it committed is the event it reserved cut to the steps it ran (``components.accountants.beyond_plan``:
+   a worker that rewrites the executed event, with more noise say, is named here);
 3. **epsilon**: the charge's executed DpEvent is the run's ``dp_event.json``, and composed by the run's
    accountant at its delta it gives the run's ``dp.epsilon`` (and the version's ``dp.run_epsilon``) at the
    precision the tags are written with (``flows.reporting.shown``, 6 significant digits; the guarantee
@@ -53,7 +55,7 @@ from mlflow.exceptions import MlflowException
 
 import specs
 from specs.sections.tracking import tracking_uri_from_env
-from components.accountants import Accountant, event_from_json
+from components.accountants import Accountant, beyond_plan, event_from_json
 from flows.ledger import shown_url
 
 OK, FAILED, NOT_APPLICABLE, NOT_RUN = "ok", "failed", "not applicable", "not run"
@@ -588,12 +590,15 @@ class _Verifier:
         return self._specs[run_id]
 
     def _ledger(self, spec: specs.RunSpec):
-        """The ledger to read (the one given, else the spec's), never created where it does not exist."""
+        """The ledger to read, never created where it does not exist: the one given, else the team's
+        ($PRIVZO_LEDGER_URL: a version in the team's registry is checked against the team's ledger, not against
+        one its spec names, which whoever ran it chose), else the spec's."""
         from sqlalchemy.engine import make_url
 
         from flows.ledger import PrivacyLedger
+        from specs.sections import LEDGER_URL_ENV
 
-        url = self.override or spec.budget.ledger
+        url = self.override or os.environ.get(LEDGER_URL_ENV, "").strip() or spec.budget.ledger
         if ":***@" in url:  # logged without its password (specs.run.without_passwords): the caller's own URL
             from specs.run import without_passwords
             from specs.sections import LEDGER_URL_ENV
@@ -649,6 +654,19 @@ class _Verifier:
         charge = _Charge(row.id, row.dataset, row.fingerprint, row.run_name, row.status, row.steps_planned,
                          row.steps_run, event_from_json(row.planned_event), event_from_json(row.executed_event),
                          blocks[row.id], url)
+        # what a run executed is its reservation's plan cut to the steps it ran: the worker wrote the executed
+        # event at commit, the plan at reservation, from the spec the run's (immutable) params hold
+        beyond = beyond_plan(charge.planned, charge.executed)
+        if beyond is None and charge.steps_run > charge.steps_planned:
+            beyond = f"{charge.steps_run} steps run where {charge.steps_planned} were planned"
+        if beyond is None and isinstance(charge.planned, dp_accounting.SelfComposedDpEvent) \
+                and charge.planned.count == charge.steps_planned \
+                and isinstance(charge.executed, dp_accounting.SelfComposedDpEvent) \
+                and charge.executed.count != charge.steps_run:
+            beyond = f"{charge.executed.count} releases for the {charge.steps_run} steps it ran"
+        if beyond is not None:
+            raise _Mismatch(f"run {run_id}'s charge {row.id} in {shown_url(url)} committed an event beyond the one "
+                            f"it reserved: {beyond}")
         self._charges[run_id] = charge
         return charge
 

@@ -8,9 +8,10 @@ from components.accountants.accounting import (
     ScheduledTracker,
     TreeTracker,
     ZCdpAccountant,
+    beyond_plan,
     describe_event,
     event_from_json,
     event_to_json,
 )
 
-__all__ = ["Accountant", "FilterTracker", "PrivacyFilterError", "OncePerRowTracker", "PrivacyTracker", "ScheduledTracker", "TreeTracker", "ZCdpAccountant", "describe_event", "event_from_json", "event_to_json"]
+__all__ = ["Accountant", "FilterTracker", "PrivacyFilterError", "OncePerRowTracker", "PrivacyTracker", "ScheduledTracker", "TreeTracker", "ZCdpAccountant", "beyond_plan", "describe_event", "event_from_json", "event_to_json"]

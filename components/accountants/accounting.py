@@ -99,6 +99,33 @@ def _event_rho(event: dp_accounting.DpEvent) -> Optional[float]:
     return None
 
 
+def beyond_plan(planned: dp_accounting.DpEvent, executed: dp_accounting.DpEvent) -> Optional[str]:
+    """Why ``executed`` is not ``planned`` cut short (None if it is): the same releases, each composed at most
+    as often as planned. What a run executes is its plan, or a prefix of it (a crash, an early stop, a tree's
+    partial period); any other event, e.g. the plan's with more noise (a smaller epsilon), was not what the
+    run reserved. A composition's parts are matched one to one, in any order; a part may be missing (none of
+    its releases ran)."""
+    if isinstance(executed, dp_accounting.NoOpDpEvent) or executed == planned:
+        return None
+    if isinstance(planned, dp_accounting.SelfComposedDpEvent):
+        if isinstance(executed, dp_accounting.SelfComposedDpEvent) and executed.event == planned.event:
+            return None if executed.count <= planned.count else (
+                f"{executed.count} releases where {planned.count} were planned")
+        if executed == planned.event:
+            return None
+        return "its releases are not the planned ones (noise, sampling or clip differ)"
+    if isinstance(planned, dp_accounting.ComposedDpEvent):
+        parts = list(executed.events) if isinstance(executed, dp_accounting.ComposedDpEvent) else [executed]
+        left = list(planned.events)
+        for part in parts:
+            match = next((i for i, p in enumerate(left) if beyond_plan(p, part) is None), None)
+            if match is None:
+                return "a part of it is not a part of the plan (noise, sampling or clip differ)"
+            left.pop(match)
+        return None
+    return "it is not the planned event (noise, sampling or clip differ)"
+
+
 def gaussian_equivalent(event: dp_accounting.DpEvent) -> Optional[dp_accounting.GaussianDpEvent]:
     """A composition made of Gaussian releases only, as the one Gaussian it equals exactly: multipliers
     z_i composed add as 1 / z^2 = sum 1 / z_i^2 (mu-GDP composes exactly: Dong, Roth and Su 2022). None

@@ -169,6 +169,17 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert registered.returncode == 0 and "sklearn-digits: registered in" in registered.stdout, registered.stderr
         env["PREFECT_API_AUTH_STRING"] = secrets["PRIVZO_PREFECT_AUTH_STRING"]
         deployment_run(env, spec_path)
+        # a Prefect user's spec that names a ledger of its own (its own lifetime) is refused on the team's
+        # worker before any row is read: the team's data is charged to the team's ledger only
+        (tmp_path / "own").mkdir()
+        own = one_epoch_retrain(tmp_path / "own", budget={"ledger": f"sqlite:///{tmp_path / 'own' / 'own.db'}",
+                                                          "lifetime_epsilon": 1000.0})
+        refused = subprocess.run(
+            [str(BIN / "prefect"), "deployment", "run", "private-train/digits-retrain-nightly",
+             "--param", f"spec_path={own}", "--watch", "--watch-timeout", "300"],
+            env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+        assert "Completed" not in refused.stdout and "Failed" in refused.stdout, refused.stdout[-2000:]
+        assert not (tmp_path / "own" / "own.db").exists()
 
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "viewer")
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secrets["PRIVZO_MLFLOW_VIEWER_PASSWORD"])
@@ -219,7 +230,7 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         with engine.connect() as conn:
             states = conn.execute(sa.text("SELECT state_name FROM flow_run")).scalars().all()
         engine.dispose()
-        assert states == ["Completed"]
+        assert sorted(states) == ["Completed", "Failed"]
 
 
 COMPOSE = ROOT / "infra" / "compose"

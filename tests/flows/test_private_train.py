@@ -730,3 +730,24 @@ def test_each_kl_example_runs_end_to_end(prefect_server, tmp_path, mlflow_db, mo
         assert metrics["eval/grad_norm"] >= 0 and result["model_version"] == "1"
         if name != "q5_adaptive_select":
             assert 0 <= metrics["eval/excess_risk"] < 0.51, name  # below F(w_0) - F* ~ 0.5 (mean_pl)
+
+
+def test_a_deployment_run_on_a_team_worker_is_charged_to_the_team_ledger_only(prefect_server, tiny_spec_dict,
+                                                                            tmp_path, monkeypatch):
+    """A Prefect user's inline spec naming its own ledger (its own lifetime), or no budget at all, is refused
+    on a team's worker before any row is read: the team's rows are charged to the team's ledger."""
+    import flows.private_train as pt
+
+    team = f"sqlite:///{tmp_path / 'team.db'}"
+    monkeypatch.setenv("PRIVZO_LEDGER_URL", team)
+    monkeypatch.setattr(pt, "_deployment_run", lambda: True)
+    own = copy.deepcopy(tiny_spec_dict)
+    own["data"]["source"] = {"kind": "file", "path": str(tmp_path / "never-read.csv"), "label": "y", "classes": [0, 1]}
+    own["budget"] = {"dataset": "team-data", "lifetime_epsilon": 1000.0, "ledger": f"sqlite:///{tmp_path / 'own.db'}"}
+    with pytest.raises(ValueError, match=r"^budget.ledger: a deployment's run on this team's worker is charged to "
+                                         r"the team's ledger \(\$PRIVZO_LEDGER_URL, sqlite:///"):
+        pt.private_train(spec=own)
+    del own["budget"]
+    with pytest.raises(ValueError, match=r"^budget: a deployment's run on this team's worker .* has no budget section"):
+        pt.private_train(spec=own)
+    assert not (tmp_path / "own.db").exists() and not (tmp_path / "team.db").exists()  # nothing read or charged

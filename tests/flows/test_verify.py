@@ -218,3 +218,51 @@ def test_an_unknown_version_is_an_error_and_the_hint_names_the_command(trained, 
         verify(NAME, "99", tracking_uri=trained[1])
     assert verify_hint(NAME, "3").startswith("Verify: `privzo verify tiny-digits 3` checks")
     assert "--tracking-uri 'sqlite:///a b.db'" in verify_hint(NAME, "3", "sqlite:///a b.db")
+
+
+def test_an_executed_event_rewritten_with_more_noise_is_caught_against_the_reservation(trained, client, tmp_path):
+    """A worker with write access to the committed columns rewrites the executed event with 4x the noise (a far
+    smaller epsilon) and the tags to match: the reservation's plan, which the run's params pin, gives it away."""
+    import shutil
+
+    import dp_accounting
+    import sqlalchemy as sa
+
+    from components.accountants import event_from_json, event_to_json
+    from components.accountants.composed import scaled_noise
+    from flows.verify import verify
+
+    result, uri, ledger, folder = trained
+    forged = tmp_path / "forged.db"
+    shutil.copy(ledger.removeprefix("sqlite:///"), forged)
+    engine = sa.create_engine(f"sqlite:///{forged}")
+    with engine.begin() as conn:
+        (row_id, executed), = conn.execute(sa.text("SELECT id, executed_event FROM privzo_charges WHERE run_id = :r"),
+                                           {"r": result["run_id"]}).all()
+        event = event_from_json(executed)
+        assert isinstance(event, dp_accounting.SelfComposedDpEvent)
+        conn.execute(sa.text("UPDATE privzo_charges SET executed_event = :e WHERE id = :i"),
+                     {"e": event_to_json(scaled_noise(event, 4.0)), "i": row_id})
+    engine.dispose()
+    report = verify(NAME, "1", tracking_uri=uri, ledger_url=f"sqlite:///{forged}")
+    assert _statuses(report)["ledger charge"] == "failed"
+    assert report.first_mismatch == (f"run {result['run_id']}'s charge {row_id} in sqlite:///{forged} committed an "
+                                     "event beyond the one it reserved: its releases are not the planned ones "
+                                     "(noise, sampling or clip differ)")
+
+
+def test_a_version_is_checked_against_the_teams_ledger_not_the_one_its_spec_names(trained, client, tmp_path,
+                                                                                   monkeypatch):
+    """A run charged to a ledger of its own choosing passes against that ledger, but in a team (its ledger in
+    $PRIVZO_LEDGER_URL) verify reads the team's by default, which holds no charge for it."""
+    from flows.ledger import PrivacyLedger
+    from flows.verify import verify
+
+    result, uri, _, _ = trained
+    assert verify(NAME, "1", tracking_uri=uri).passed  # the spec's own ledger
+    team = f"sqlite:///{tmp_path / 'team.db'}"
+    PrivacyLedger(team)
+    monkeypatch.setenv("PRIVZO_LEDGER_URL", team)
+    report = verify(NAME, "1", tracking_uri=uri)
+    assert report.first_mismatch == (f"run {result['run_id']} has no charge in ledger {team} (dataset "
+                                     "'digits-patients'): nothing there records what it spent")
