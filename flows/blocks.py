@@ -47,7 +47,7 @@ class Window:
         candidates = [b for b in sealed_periods(as_of, period, _periods_since(window.since, as_of, period))
                       if b >= first][::-1]  # newest first
         terms = _terms(spec, candidates)
-        ledger = PrivacyLedger(spec.budget.ledger)
+        ledger = PrivacyLedger.open(spec.budget.ledger)
         chosen = ledger.blocks_with_room(spec.budget.dataset, terms, planned, window.blocks)
         if not chosen and terms:  # none has room: refused here, as the reservation would, before any row is read
             ledger.preview(spec.budget.dataset, planned, terms[:1], next_block)
@@ -110,7 +110,7 @@ class BlockView:
         from flows.ledger import PrivacyLedger
 
         blocks_spec, budget = self.spec.data.blocks, self.spec.budget
-        ledger = PrivacyLedger(budget.ledger)
+        ledger = PrivacyLedger.open(budget.ledger)
         periods = arrival_periods(table.arrivals, blocks_spec.period, blocks_spec.arrival)
         row_keys = keyed_rows(table.row_fingerprints())
         person_keys = _keyed_persons(table.persons) if blocks_spec.person else None
@@ -156,7 +156,7 @@ def next_window(spec: specs.RunSpec, as_of: dt.datetime):
         chosen, refusal = Window.for_spec(spec, as_of, planned), None
     except BudgetExceeded as err:
         chosen, refusal = None, str(err)
-    ledger = PrivacyLedger(spec.budget.ledger)
+    ledger = PrivacyLedger.open(spec.budget.ledger)
     registered = [b.block for b in ledger.blocks(spec.budget.dataset)]
     states = {}
     if window.kind == "last":

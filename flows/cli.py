@@ -316,7 +316,7 @@ def cmd_budget(args) -> int:
         print(_nothing_spent(args.dataset, f"no run has been charged to {args.ledger} yet (no file {url.database})"))
         return 0
     try:
-        ledger = PrivacyLedger(args.ledger)
+        ledger = PrivacyLedger.open(args.ledger)
         return _show_budget(args, ledger)
     except SQLAlchemyError as err:
         reason = getattr(err, "orig", None) or err  # the driver's own message, not SQLAlchemy's page of context
@@ -371,7 +371,7 @@ def cmd_budget_owner(args) -> int:
     where = shown_url(args.ledger)
     try:
         terms = _init_terms(args) if args.action == "init" else None
-        ledger = PrivacyLedger(args.ledger)
+        ledger = PrivacyLedger.open(args.ledger)
         if args.action == "grant":
             for statement in ledger.grant(args.dataset, read_only=args.read_only):
                 print(statement)

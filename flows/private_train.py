@@ -162,13 +162,13 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
     spec = plan.spec
     if spec.budget is None:
         return None
-    from flows.ledger import PrivacyLedger
+    from flows.ledger import PrivacyLedger, Reservation
 
-    ledger = PrivacyLedger(spec.budget.ledger)
+    ledger = PrivacyLedger.open(spec.budget.ledger)
     # the ledger is read by more people than the data: it holds keyed fingerprints only
     private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints
     keyed_private, keyed_exposed = keyed_rows(private), keyed_rows(exposed)
-    return ledger.reserve(
+    return ledger.reserve(Reservation(
         dataset=spec.budget.dataset, fingerprint=released_fingerprint(data.private.fingerprint), run_name=spec.name,
         planned=builders.planned_event(spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
         steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
@@ -177,7 +177,7 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
         legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
         charge_id=charge_id, terms=DatasetTerms.of(spec), **({} if view is None else dict(
             blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
-            person_blocks=view.seen_persons, when=view.when)))
+            person_blocks=view.seen_persons, when=view.when))))
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)
@@ -186,7 +186,7 @@ def commit_budget(spec: specs.RunSpec, charge_id: str, event_json: str, steps: i
     from components.accountants import event_from_json
     from flows.ledger import PrivacyLedger
 
-    ledger = PrivacyLedger(spec.budget.ledger)
+    ledger = PrivacyLedger.open(spec.budget.ledger)
     ledger.commit(charge_id, event_from_json(event_json), steps, run_id)
     return spec.budget.lifetime_epsilon - ledger.spent(spec.budget.dataset)
 
@@ -285,7 +285,7 @@ def _release_orphan(store: CheckpointStore) -> None:
         return
     from flows.ledger import PrivacyLedger
 
-    PrivacyLedger(orphan["ledger"]).abort(orphan["charge_id"])  # a reservation only; a committed charge stays
+    PrivacyLedger.open(orphan["ledger"]).abort(orphan["charge_id"])  # a reservation only; a committed charge stays
     store.clear_reservation()
     get_run_logger().warning("run %s was killed before its first private query: its ledger reservation %s is "
                              "released, and the run starts from the beginning", store.key, orphan["charge_id"])
@@ -312,7 +312,7 @@ def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str,
     if saved["charge_id"] is not None:
         from flows.ledger import PrivacyLedger
 
-        status = PrivacyLedger(spec.budget.ledger).status(saved["charge_id"])
+        status = PrivacyLedger.open(spec.budget.ledger).status(saved["charge_id"])
         if status != "reserved":
             raise ValueError(f"resume: ledger charge {saved['charge_id']} is {status}, not reserved; the run "
                              f"was closed, start a new run")
@@ -354,7 +354,7 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
         from flows.ledger import PrivacyLedger
 
         # the ledger's total is exact only if the model this run continues was charged to it too
-        if not PrivacyLedger(spec.budget.ledger).charged_run(spec.budget.dataset, latest.run_id):
+        if not PrivacyLedger.open(spec.budget.ledger).charged_run(spec.budget.dataset, latest.run_id):
             raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} was trained "
                              f"by a run not charged to dataset {spec.budget.dataset!r}, so its epsilon is not in "
                              f"the ledger; use init: seed, or register the model under another name")
@@ -685,7 +685,7 @@ class _RunLedger:
     def abort(self, charge_id: str) -> None:
         from flows.ledger import PrivacyLedger
 
-        PrivacyLedger(self.url).abort(charge_id)
+        PrivacyLedger.open(self.url).abort(charge_id)
 
     def commit(self, charge_id: str, loop, run_id: Optional[str]) -> float:
         """Charge the steps ``loop`` executed, whatever happened; returns the dataset's budget left."""
@@ -693,7 +693,7 @@ class _RunLedger:
         from flows.ledger import PrivacyLedger
 
         left = commit_budget(spec, charge_id, event_to_json(loop.tracker.event()), loop.tracker.steps, run_id)
-        fits = PrivacyLedger(self.url).next_fit(spec.budget.dataset)
+        fits = PrivacyLedger.open(self.url).next_fit(spec.budget.dataset)
         get_run_logger().info("%s", reporting.budget_left_line(spec.budget.dataset, spec.budget.lifetime_epsilon - left,
                                                                spec.budget.lifetime_epsilon, fits))
         return left
@@ -715,7 +715,7 @@ def budget_table(spec: specs.RunSpec) -> str:
     exact total and what a next run like the last still fits."""
     from flows.ledger import PrivacyLedger
 
-    ledger = PrivacyLedger(spec.budget.ledger)
+    ledger = PrivacyLedger.open(spec.budget.ledger)
     dataset = spec.budget.dataset
     ds = ledger.dataset(dataset)
     spent = ledger.spent(dataset)

@@ -122,7 +122,7 @@ def simulate(spec_path: str, nights: int, first: Optional[dt.date] = None,
                                 result["model_epsilon"]))
         else:
             played.append(Night(moment.date().isoformat(), f"refused: {state.message}", "", None, None))
-    ledger = PrivacyLedger(d["budget"]["ledger"])
+    ledger = PrivacyLedger.open(d["budget"]["ledger"])
     return {"folder": str(folder), "nights": played, "blocks": ledger.blocks(spec.budget.dataset),
             "lifetime": spec.budget.lifetime_epsilon, "spent": ledger.spent(spec.budget.dataset)}
 

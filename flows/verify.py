@@ -613,7 +613,7 @@ class _Verifier:
             if parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database):
                 raise _Mismatch(f"ledger {shown_url(url)} does not exist (no file {parsed.database}), so no charge "
                                 "records what the run spent")
-            self._ledgers[url] = PrivacyLedger(url)
+            self._ledgers[url] = PrivacyLedger.open(url)
         return self._ledgers[url], url
 
     def _charge_of(self, run_id: str, spec: specs.RunSpec) -> _Charge:

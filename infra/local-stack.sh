@@ -122,7 +122,7 @@ case "${1:-up}" in
       ledger_url="$pg/privzo"
       if [ "$auth" = 1 ]; then
         # the worker charges as privzo_worker, which the ledger's owner (privzo) grants a worker's rights:
-        # it may charge registered datasets, never register one or change a lifetime (flows/ledger.py)
+        # it may charge registered datasets, never register one or change a lifetime (flows/ledger/roles.py)
         role_sql="DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'privzo_worker') THEN
           CREATE ROLE privzo_worker LOGIN; END IF; END \$\$; ALTER ROLE privzo_worker PASSWORD :'pw';"
         printf '%s' "$role_sql" | su postgres -c "psql -q -v ON_ERROR_STOP=1 -v pw=$(printf '%q' "$ledger_worker") -d privzo" \

@@ -5,7 +5,7 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from flows.ledger import ABORTED, COMMITTED, RESERVED, BudgetExceeded, PrivacyLedger, RowsExposed
+from flows.ledger import ABORTED, COMMITTED, RESERVED, BudgetExceeded, PrivacyLedger, Reservation, RowsExposed
 
 DELTA = 1e-5
 
@@ -20,9 +20,10 @@ def composed_eps(events):
 
 
 def _reserve(ledger, lifetime, event=None, dataset="patients", private=(), exposed=()):
-    return ledger.reserve(dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event or run_event(),
-                          steps=200, lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp",
-                          neighboring="add_remove", private_rows=private, exposed_rows=exposed)
+    return ledger.reserve(Reservation(
+        dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event or run_event(), steps=200,
+        lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=private,
+        exposed_rows=exposed))
 
 
 def test_a_row_once_private_is_never_public_or_test_again(tmp_path):
@@ -167,9 +168,9 @@ def test_rows_fingerprinted_another_way_are_not_matched(tmp_path):
     from flows.ledger import RowsUnmatched
 
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
-    reserve = lambda layout: ledger.reserve(  # noqa: E731
+    reserve = lambda layout: ledger.reserve(Reservation(  # noqa: E731
         dataset="patients", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200, lifetime_epsilon=100.0,
-        delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=["a" * 64], row_layout=layout)
+        delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=["a" * 64], row_layout=layout))
     reserve("file:label=y;features=a,b")
     reserve("file:label=y;features=a,b")
     with pytest.raises(RowsUnmatched, match=r"^data.source: this run identifies rows differently from earlier runs "
@@ -189,8 +190,9 @@ def test_runs_a_datasets_accountant_cannot_account_for_are_refused_in_one_line(t
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
 
     def reserve(event, accountant):
-        return ledger.reserve(dataset="patients", fingerprint="f" * 64, run_name="r", planned=event, steps=100,
-                              lifetime_epsilon=50.0, delta=DELTA, accountant=accountant, neighboring="replace_one")
+        return ledger.reserve(Reservation(
+            dataset="patients", fingerprint="f" * 64, run_name="r", planned=event, steps=100, lifetime_epsilon=50.0,
+            delta=DELTA, accountant=accountant, neighboring="replace_one"))
 
     full = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(20.0), 100)
     fixed = dp_accounting.SelfComposedDpEvent(
@@ -227,9 +229,10 @@ def test_rows_that_all_look_new_are_refused_as_re_encoded(tmp_path):
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
 
     def reserve(rows, exposed=()):
-        return ledger.reserve(dataset="clinic", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
-                              lifetime_epsilon=50.0, delta=DELTA, accountant="rdp", neighboring="add_remove",
-                              private_rows=rows, exposed_rows=exposed, row_layout=codes.layout)
+        return ledger.reserve(Reservation(
+            dataset="clinic", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
+            lifetime_epsilon=50.0, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=rows,
+            exposed_rows=exposed, row_layout=codes.layout))
 
     first = codes.row_fingerprints()
     reserve(first[:1000], first[1000:])
@@ -257,10 +260,11 @@ def test_a_ledger_of_plain_row_hashes_is_re_keyed_only_when_every_recorded_row_i
     keyed = dict(zip(plain, keyed_rows(plain)))
 
     def reserve(private, exposed, layout, legacy=None):
-        return ledger.reserve(dataset="patients", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
-                              lifetime_epsilon=100.0, delta=DELTA, accountant="rdp", neighboring="add_remove",
-                              private_rows=private, exposed_rows=exposed, row_layout=layout,
-                              legacy_layout="file:label=y" if legacy is not None else None, legacy_rows=legacy)
+        return ledger.reserve(Reservation(
+            dataset="patients", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
+            lifetime_epsilon=100.0, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=private,
+            exposed_rows=exposed, row_layout=layout, legacy_layout="file:label=y" if legacy is not None else None,
+            legacy_rows=legacy))
 
     def stored():
         with ledger.engine.connect() as conn:
@@ -293,6 +297,25 @@ def test_a_retried_commit_that_went_through_is_not_an_error(tmp_path):
     assert (row.status, row.steps_run) == ("committed", 120)
 
 
+def test_a_process_opens_a_ledger_once_and_anew_when_its_file_is_gone(tmp_path):
+    """PrivacyLedger.open: one ledger per URL in a process (one engine; the tables made and migrated once),
+    shared by a run's steps and threads; a file removed since is opened anew, its tables made again; an
+    in-memory URL is never shared (each engine is a database of its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with ThreadPoolExecutor(8) as pool:
+        opened = set(map(id, pool.map(lambda _: PrivacyLedger.open(url), range(16))))
+    first = PrivacyLedger.open(url)
+    assert opened == {id(first)}
+    _reserve(first, 100.0)
+    assert len(PrivacyLedger.open(url).history("patients")) == 1
+    (tmp_path / "l.db").unlink()
+    again = PrivacyLedger.open(url)
+    assert again is not first and again.history("patients") == [] and PrivacyLedger.open(url) is again
+    assert PrivacyLedger.open("sqlite://") is not PrivacyLedger.open("sqlite://")
+
+
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
 def test_racing_runs_on_overlapping_windows_never_overspend_a_block(tmp_path, request, backend):
     """12 runs at once, each on a window of two of four daily blocks (d1 d2, d2 d3, d3 d4, ...), each block
@@ -311,9 +334,10 @@ def test_racing_runs_on_overlapping_windows_never_overspend_a_block(tmp_path, re
     def attempt(window):
         ledger = PrivacyLedger(url)
         try:
-            charge = ledger.reserve(dataset=dataset, fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
-                                    lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove",
-                                    blocks=[BlockTerms(b, lifetime, DELTA, 100) for b in window])
+            charge = ledger.reserve(Reservation(
+                dataset=dataset, fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
+                lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove",
+                blocks=[BlockTerms(b, lifetime, DELTA, 100) for b in window]))
             ledger.commit(charge, run_event(), 200)
             return window
         except BudgetExceeded:
@@ -439,10 +463,10 @@ def test_only_the_ledgers_owner_registers_a_lifetime_and_a_worker_only_charges_r
         ledger = ledger_for_spending(worker_url, terms)
         from flows.ledger import BlockTerms
 
-        charge = ledger.reserve(dataset="clinic", fingerprint="f" * 64, run_name="night", planned=run_event(),
-                                steps=200, lifetime_epsilon=10.0, delta=DELTA, accountant="rdp",
-                                neighboring="add_remove", private_rows=["a" * 64],
-                                blocks=[BlockTerms("2026-11-26", 10.0, DELTA, 10)], terms=terms)
+        charge = ledger.reserve(Reservation(
+            dataset="clinic", fingerprint="f" * 64, run_name="night", planned=run_event(), steps=200,
+            lifetime_epsilon=10.0, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=["a" * 64],
+            blocks=[BlockTerms("2026-11-26", 10.0, DELTA, 10)], terms=terms))
         ledger.commit(charge, run_event(), 200, run_id="r1")
         assert ledger.status(charge) == COMMITTED
 

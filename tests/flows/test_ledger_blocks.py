@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, text
 
 from components.accountants import Accountant
 from components.accountants.composed import ComposedState, scaled_noise
-from flows.ledger import WHOLE, BlockTerms, BudgetExceeded, PrivacyLedger
+from flows.ledger import WHOLE, BlockTerms, BudgetExceeded, PrivacyLedger, Reservation
 
 DELTA = 1e-5
 
@@ -24,9 +24,9 @@ def recomposed(events, kind="rdp"):
 
 
 def _reserve(ledger, event, blocks=None, lifetime=100.0, accountant="rdp", dataset="visits"):
-    return ledger.reserve(dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event, steps=100,
-                          lifetime_epsilon=lifetime, delta=DELTA, accountant=accountant, neighboring="add_remove",
-                          blocks=blocks)
+    return ledger.reserve(Reservation(
+        dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event, steps=100, lifetime_epsilon=lifetime,
+        delta=DELTA, accountant=accountant, neighboring="add_remove", blocks=blocks))
 
 
 def days(*names, lifetime=100.0):
@@ -180,9 +180,10 @@ def test_the_refusal_names_the_block_that_brings_budget(tmp_path):
     lifetime = (recomposed([run_event()]) + recomposed([run_event()] * 2)) / 2
     _reserve(ledger, run_event(), days("2026-11-20", lifetime=lifetime), lifetime)
     with pytest.raises(BudgetExceeded, match=r"; block '2026-11-21' brings budget of its own when it arrives$"):
-        ledger.reserve(dataset="visits", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=100,
-                       lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove",
-                       blocks=days("2026-11-20", lifetime=lifetime), next_block="2026-11-21")
+        ledger.reserve(Reservation(
+            dataset="visits", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=100,
+            lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove",
+            blocks=days("2026-11-20", lifetime=lifetime), next_block="2026-11-21"))
 
 
 def test_scaled_noise_keeps_the_runs_shape():

@@ -1,0 +1,130 @@
+"""The ledger's tables (SQLAlchemy), the states of a charge and the names the tables use for a dataset's blocks,
+and what a worker role may write of them."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Dict
+
+from sqlalchemy import Column, DateTime, Float, ForeignKeyConstraint, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, deferred
+
+RESERVED, COMMITTED, ABORTED = "reserved", "committed", "aborted"
+WHOLE = "all"  # the block of a dataset charged as one: every dataset before blocks, and any without them
+NO_BLOCKS = "none"  # DatasetRow.blocks of a dataset registered without blocks (NULL: registered before terms)
+
+# What a worker (a role that runs specs) may write, besides reading every table: table -> the columns it may
+# update. Nothing may be deleted, a dataset's terms are the owner's (privzo_datasets is not here), and a
+# block's terms are fixed by its foreign key; rows keep the block they were first seen in.
+WORKER_GRANTS: Dict[str, tuple] = {
+    "privzo_charges": ("status", "executed_event", "steps_run", "run_id", "updated_at"),
+    "privzo_charge_blocks": (),
+    "privzo_blocks": ("committed", "committed_epsilon"),
+    "privzo_private_rows": (),
+    "privzo_row_blocks": (),
+    "privzo_row_layouts": (),
+}
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class DatasetRow(_Base):
+    __tablename__ = "privzo_datasets"
+    # what a block's foreign key names: a block's terms can only be its dataset's
+    __table_args__ = (UniqueConstraint("dataset", "lifetime_epsilon", "delta", name="privzo_datasets_terms"),)
+    dataset = Column(String(200), primary_key=True)
+    lifetime_epsilon = Column(Float, nullable=False)
+    delta = Column(Float, nullable=False)
+    accountant = Column(String(20), nullable=False)
+    neighboring = Column(String(20), nullable=False)
+    # the block terms (DatasetTerms): added to ledgers made before them by _migrate, so nullable, and
+    # deferred: a role that reads a PostgreSQL ledger its owner has not migrated yet still reads the rest.
+    # blocks: the period, or NO_BLOCKS; NULL for a dataset registered before they were kept
+    blocks = deferred(Column(String(8), nullable=True), group="terms")
+    person = deferred(Column(String(200), nullable=True), group="terms")  # the person column, NULL: event level
+    declared = deferred(Column(Integer, nullable=True), group="terms")  # persons (rows) declared per block
+
+
+TERM_COLUMNS = ("blocks", "person", "declared")
+
+
+class PrivateRowRow(_Base):
+    """A row (content fingerprint) some run on the dataset reserved as private."""
+
+    __tablename__ = "privzo_private_rows"
+    # exposure and laundering look a row up in every dataset
+    __table_args__ = (Index("privzo_private_rows_row", "row"),)
+    dataset = Column(String(200), primary_key=True)
+    row = Column(String(64), primary_key=True)
+
+
+class RowLayoutRow(_Base):
+    """What the dataset's row fingerprints are computed from (Table.layout), fixed by its first run."""
+
+    __tablename__ = "privzo_row_layouts"
+    dataset = Column(String(200), primary_key=True)
+    layout = Column(Text, nullable=False)
+
+
+class BlockRow(_Base):
+    """A block of a dataset: its lifetime, and the exact composition of its committed charges (a
+    ``ComposedState``), updated by every commit so a reservation need not recompose the history."""
+
+    __tablename__ = "privzo_blocks"
+    # a worker may add blocks but not choose their lifetime: it is the dataset's, which only the owner writes
+    __table_args__ = (ForeignKeyConstraint(
+        ["dataset", "lifetime_epsilon", "delta"],
+        ["privzo_datasets.dataset", "privzo_datasets.lifetime_epsilon", "privzo_datasets.delta"],
+        name="privzo_blocks_terms"),)
+    dataset = Column(String(200), primary_key=True)
+    block = Column(String(200), primary_key=True)
+    lifetime_epsilon = Column(Float, nullable=False)
+    delta = Column(Float, nullable=False)
+    rows = Column(Integer, nullable=True)
+    committed = deferred(Column(Text, nullable=False))  # read only when composed onto (a PLD state is megabytes)
+    committed_epsilon = Column(Float, nullable=False)  # the committed composition's at the block's delta
+    created_at = Column(DateTime, nullable=False)
+
+
+class ChargeBlockRow(_Base):
+    """A charge on one block it read."""
+
+    __tablename__ = "privzo_charge_blocks"
+    charge_id = Column(String(36), primary_key=True)
+    block = Column(String(200), primary_key=True)
+    dataset = Column(String(200), nullable=False, index=True)
+
+
+class RowBlockRow(_Base):
+    """The block a row (keyed fingerprint) was in when a run first saw it; with persons, the block a person
+    (keyed) first arrived in. Later runs read it, so a row written again with a new date keeps its block."""
+
+    __tablename__ = "privzo_row_blocks"
+    # laundering looks a person up in every dataset
+    __table_args__ = (Index("privzo_row_blocks_key", "kind", "key"),)
+    dataset = Column(String(200), primary_key=True)
+    kind = Column(String(8), primary_key=True)  # row | person
+    key = Column(String(64), primary_key=True)
+    block = Column(String(200), nullable=False)
+
+
+class ChargeRow(_Base):
+    __tablename__ = "privzo_charges"
+    id = Column(String(36), primary_key=True)
+    dataset = Column(String(200), nullable=False, index=True)
+    fingerprint = Column(String(64), nullable=False)
+    run_name = Column(String(200), nullable=False)
+    run_id = Column(String(64), nullable=True)
+    status = Column(String(12), nullable=False)
+    planned_event = Column(Text, nullable=False)
+    executed_event = Column(Text, nullable=True)
+    steps_planned = Column(Integer, nullable=False)
+    steps_run = Column(Integer, nullable=False, default=0)
+    planned_epsilon = Column(Float, nullable=False)
+    created_at = Column(DateTime, nullable=False)
+    updated_at = Column(DateTime, nullable=False)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
