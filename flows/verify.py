@@ -656,14 +656,7 @@ class _Verifier:
                          blocks[row.id], url)
         # what a run executed is its reservation's plan cut to the steps it ran: the worker wrote the executed
         # event at commit, the plan at reservation, from the spec the run's (immutable) params hold
-        beyond = beyond_plan(charge.planned, charge.executed)
-        if beyond is None and charge.steps_run > charge.steps_planned:
-            beyond = f"{charge.steps_run} steps run where {charge.steps_planned} were planned"
-        if beyond is None and isinstance(charge.planned, dp_accounting.SelfComposedDpEvent) \
-                and charge.planned.count == charge.steps_planned \
-                and isinstance(charge.executed, dp_accounting.SelfComposedDpEvent) \
-                and charge.executed.count != charge.steps_run:
-            beyond = f"{charge.executed.count} releases for the {charge.steps_run} steps it ran"
+        beyond = beyond_plan(charge.planned, charge.executed, (charge.steps_planned, charge.steps_run))
         if beyond is not None:
             raise _Mismatch(f"run {run_id}'s charge {row.id} in {shown_url(url)} committed an event beyond the one "
                             f"it reserved: {beyond}")

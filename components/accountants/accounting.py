@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import attr
 import dp_accounting
@@ -99,12 +99,20 @@ def _event_rho(event: dp_accounting.DpEvent) -> Optional[float]:
     return None
 
 
-def beyond_plan(planned: dp_accounting.DpEvent, executed: dp_accounting.DpEvent) -> Optional[str]:
+def beyond_plan(planned: dp_accounting.DpEvent, executed: dp_accounting.DpEvent,
+                steps: Optional[Tuple[int, int]] = None) -> Optional[str]:
     """Why ``executed`` is not ``planned`` cut short (None if it is): the same releases, each composed at most
     as often as planned. What a run executes is its plan, or a prefix of it (a crash, an early stop, a tree's
     partial period); any other event, e.g. the plan's with more noise (a smaller epsilon), was not what the
     run reserved. A composition's parts are matched one to one, in any order; a part may be missing (none of
-    its releases ran)."""
+    its releases ran). ``steps``: (planned, run); a plan of one release a step then runs one a step run."""
+    if steps is not None:
+        planned_steps, run = steps
+        if run > planned_steps:
+            return f"{run} steps run where {planned_steps} were planned"
+        if isinstance(planned, dp_accounting.SelfComposedDpEvent) and planned.count == planned_steps \
+                and isinstance(executed, dp_accounting.SelfComposedDpEvent) and executed.count != run:
+            return f"{executed.count} releases for the {run} steps it ran"
     if isinstance(executed, dp_accounting.NoOpDpEvent) or executed == planned:
         return None
     if isinstance(planned, dp_accounting.SelfComposedDpEvent):

@@ -141,3 +141,23 @@ def test_calibration_at_small_sigma_is_quiet_and_still_meets_the_target(caplog):
     # Other dp-accounting warnings still get through.
     logging.getLogger("absl").warning("some other warning")
     assert any("some other warning" in r.getMessage() for r in caplog.records)
+
+
+def test_an_executed_event_is_its_plan_cut_short_or_it_is_named():
+    from components.accountants import beyond_plan
+
+    step = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(2.0))
+    plan = dp_accounting.SelfComposedDpEvent(step, 100)
+    assert beyond_plan(plan, dp_accounting.SelfComposedDpEvent(step, 40), (100, 40)) is None  # a crash at step 40
+    assert beyond_plan(plan, dp_accounting.NoOpDpEvent(), (100, 0)) is None
+    assert "releases for the 30 steps" in beyond_plan(plan, dp_accounting.SelfComposedDpEvent(step, 40), (100, 30))
+    assert "101 steps run" in beyond_plan(plan, dp_accounting.SelfComposedDpEvent(step, 101), (100, 101))
+    noisier = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(8.0))
+    assert "not the planned ones" in beyond_plan(plan, dp_accounting.SelfComposedDpEvent(noisier, 100), (100, 100))
+    # a composition's parts match in any order, each at most as often as planned, a part possibly missing
+    start, rest = (dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), k) for z, k in ((3.0, 5), (4.0, 50)))
+    both = dp_accounting.ComposedDpEvent([start, rest])
+    assert beyond_plan(both, dp_accounting.ComposedDpEvent([
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(4.0), 20),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(3.0), 2)])) is None
+    assert beyond_plan(both, dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(9.0), 2)) is not None
