@@ -9,7 +9,6 @@ are left out before the split, so they are in no part of the run at all.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
