@@ -315,6 +315,8 @@ def source_problems(source, field: str = "data.source", public_flag: Optional[st
     if source.kind == "file":
         metadata = [] if blocks is None else [(f"data.blocks.{field}", column) for field, column in
                                               (("arrival", blocks.arrival), ("person", blocks.person)) if column]
+        if getattr(source, "row_id", None):
+            metadata.append(("data.source.row_id", source.row_id))
         try:  # a partitioned folder: each of its files, named by period
             paths = [p for p, _ in partition_files(source.path, blocks.period)] if blocks and blocks.partitioned \
                 else [source.path]

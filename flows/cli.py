@@ -75,12 +75,13 @@ def cmd_validate(args) -> int:
             privacy += (f", delta {spec.privacy.delta} {'is' if known else 'may be'} above 1/N "
                         "(privacy.allow_large_delta): not a meaningful guarantee")
     print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, {privacy}")
-    if spec.budget is not None and (spec.data.blocks is None or spec.data.blocks.person is None):
+    if spec.budget is not None and (spec.data.blocks is None or spec.data.blocks.person is None) \
+            and getattr(spec.data.source, "row_id", None) is None:
         # what the ledger can and cannot tell without an identifier (docs/design.md, Blocks: Laundering)
-        print(f"note: budget.dataset {spec.budget.dataset!r} has no person column (data.blocks.person), so the ledger "
-              "tells its people from other datasets' by exact row content only: the same rows re-encoded (a column "
-              "added, values rescaled or rounded, labels renamed) under another budget.dataset would get a second "
-              "budget; where rows name a person, give data.blocks.person")
+        print(f"note: budget.dataset {spec.budget.dataset!r} has no identifier (data.blocks.person or "
+              "data.source.row_id), so the ledger tells its people from other datasets' by exact row content only: "
+              "the same rows re-encoded (a column added, values rescaled or rounded, labels renamed) under another "
+              "budget.dataset would get a second budget; where rows name a person or a record, declare that column")
     return 0
 
 

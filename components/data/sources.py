@@ -38,7 +38,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
               features: Optional[Sequence[str]] = None, text: Optional[str] = None,
               tokenizer: Optional[str] = None, max_length: int = 32, public_flag: Optional[str] = None,
               hf_split: Optional[str] = None, arrival: Optional[str] = None, person: Optional[str] = None,
-              partitions: Optional[str] = None, prompt=None) -> Table:
+              partitions: Optional[str] = None, prompt=None, row_id: Optional[str] = None) -> Table:
     """Rows of a CSV, Parquet or JSON Lines file, or of a Hugging Face ``save_to_disk`` folder (``hf_split``
     of a DatasetDict; a ClassLabel label column is read by its codes): the numeric ``features`` columns (default: every column but ``label``)
     as float32, or with ``text`` that column as ``tokenizer``'s ids and attention mask (int64 [n, 2,
@@ -47,7 +47,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     and ``person`` (data.blocks) those columns as written, as ``arrivals`` and ``persons`` (never features);
     with ``partitions`` (a period: day, week or month), ``path`` is a folder of files named by period, and a
     row's arrival is the first day of its file's period; with ``prompt`` (a language model's), each text is
-    filled into its template (int64 [n, 3, max_length], components/data/prompts.py); exact duplicate rows dropped.
+    filled into its template (int64 [n, 3, max_length], components/data/prompts.py); with ``row_id`` that
+    column's values (unique) as ``row_ids``, each row's identity; without it exact duplicate rows dropped.
 
     ``classes`` comes from the spec, never from the file: the model's output size is released, and a
     label set read from the data would tell whether a rare class occurs among the private rows.
@@ -95,6 +96,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
                 raise ValueError(f"data.blocks.{field}: column {column!r} has missing or empty values; every row "
                                  f"needs its {field}")
             meta[f"{field}s"] = values.astype(str).to_numpy(dtype=object)
+    if row_id is not None:
+        meta["row_ids"] = _row_ids(frame, row_id, columns, path.name)
     if text is not None:
         require("data.source.text", text)
         lines = frame[text]
@@ -114,10 +117,12 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         layout = f"file:label={label};text={text};tokenizer={tokenizer};max_length={max_length};classes=by-name"
         if prompt is not None:
             layout += f";{prompt.layout}"
+        if row_id is not None:  # a row's fingerprint is then its identifier alone
+            layout = f"file:row_id={row_id}"
         return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
                                   class_names=tuple(str(c) for c in classes), **meta))
     names = list(features) if features is not None else [c for c in columns
-                                                         if c not in (label, public_flag, arrival, person)]
+                                                         if c not in (label, public_flag, arrival, person, row_id)]
     for name in names:
         require("data.source.features", name)
     if label in names:
@@ -134,7 +139,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     if bad.any():
         raise ValueError(f"data.source.features: column {names[int(np.flatnonzero(bad)[0])]!r} has missing or "
                          "non-finite values, or values beyond float32's range (3.4e38); fill, drop or rescale them")
-    layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name"
+    layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name" if row_id is None \
+        else f"file:row_id={row_id}"
     return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
                               columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes), **meta))
 
@@ -257,6 +263,21 @@ def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> n
     return labels.to_numpy(dtype=np.int64)
 
 
+def _row_ids(frame, column: str, columns, file: str) -> np.ndarray:
+    """The declared identifiers as written: every row has one, and no two rows share one."""
+    _refuse([missing_column("data.source.row_id", column, columns, file)])
+    values = frame[column]
+    if values.isna().any() or (values.astype(str).str.strip() == "").any():
+        raise ValueError(f"data.source.row_id: column {column!r} has missing or empty values; every row needs its "
+                         "identifier")
+    ids = values.astype(str).to_numpy(dtype=object)
+    repeated = len(ids) - len(set(ids))
+    if repeated:
+        raise ValueError(f"data.source.row_id: column {column!r} repeats identifiers ({repeated} rows share one with "
+                         "an earlier row); each row needs its own, or leave row_id out")
+    return ids
+
+
 @SOURCES.register("sklearn")
 def _sklearn(source, model_tokenizer=None, public_flag=None):
     return load_sklearn(source.name), source.scale
@@ -271,5 +292,6 @@ def _file(source, model_tokenizer=None, public_flag=None, blocks=None, prompt=No
                       features=source.features, text=source.text, tokenizer=source.tokenizer or model_tokenizer,
                       max_length=source.max_length, public_flag=public_flag, hf_split=source.hf_split,
                       arrival=blocks.arrival if blocks else None, person=blocks.person if blocks else None,
-                      partitions=blocks.period if blocks and blocks.partitioned else None, prompt=prompt)
+                      partitions=blocks.period if blocks and blocks.partitioned else None, prompt=prompt,
+                      row_id=source.row_id)
     return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale

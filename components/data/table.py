@@ -33,12 +33,15 @@ class Table:
     # with data.blocks: each row's arrival value and person, as written (public metadata, never features)
     arrivals: np.ndarray | None = None
     persons: np.ndarray | None = None
+    # data.source.row_id: each row's declared identifier, as written; a row's identity is then that alone
+    row_ids: np.ndarray | None = None
 
     def take(self, index: np.ndarray) -> "Table":
         """The rows at ``index``, every per-row field with them."""
         pick = (lambda a: None if a is None else a[index])
         return replace(self, features=self.features[index], labels=self.labels[index],
-                       public_flags=pick(self.public_flags), arrivals=pick(self.arrivals), persons=pick(self.persons))
+                       public_flags=pick(self.public_flags), arrivals=pick(self.arrivals), persons=pick(self.persons),
+                       row_ids=pick(self.row_ids))
 
     def __post_init__(self) -> None:
         if len(self.features) != len(self.labels):
@@ -58,6 +61,8 @@ class Table:
         return [canonical[i].tobytes() for i in range(len(self))]
 
     def row_fingerprints(self) -> List[str]:
+        if self.row_ids is not None:  # declared identity: the same row re-encoded keeps its fingerprint
+            return [hashlib.sha256(b"row_id:" + str(i).encode("utf-8")).hexdigest() for i in self.row_ids]
         if self.class_names is None:
             return [hashlib.sha256(key + int(label).to_bytes(8, "little")).hexdigest()
                     for key, label in zip(self.content_keys(), self.labels)]
@@ -77,7 +82,10 @@ def _unique_rows(table: Table) -> Table:
     """The table with exact duplicate rows dropped (first kept, order kept), and every row whose features
     also occur under another label dropped (it has no single label, and its copies could land in two
     splits). A row is flagged public only if every copy of it is: its content is also someone's private
-    row otherwise."""
+    row otherwise. Rows with declared identifiers (data.source.row_id, unique) are kept as they are: two
+    rows of equal content are then two rows."""
+    if table.row_ids is not None:
+        return table
     keys = table.content_keys()
     label_sets: dict = {}
     for key, label in zip(keys, table.labels):

@@ -87,6 +87,10 @@ class FileSource(Strict):
                                       "[SEP] included (default 32).")
     tokenizer: Optional[str] = Field(None, min_length=1, description="With text: the model whose vocabulary "
                                      "makes the ids, written as model.name or model.path; default: the model's own.")
+    row_id: Optional[str] = Field(None, min_length=1, description="A column naming each row for good (a record "
+                                  "or visit number, unique in the file): the ledger then tells rows apart by it, "
+                                  "not by their content, so the same rows written another way (a column added, "
+                                  "values rescaled) are still the same rows to it. Never a feature.")
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +111,10 @@ class FileSource(Strict):
             raise ValueError("a text column is the whole input: remove features and scale")
         if self.hf_split is not None and self.format not in ("auto", "hf_disk"):
             raise ValueError(f"hf_split applies to format hf_disk only, not {self.format}; remove hf_split")
+        if self.row_id is not None and (self.row_id == self.label or self.row_id == self.text
+                                        or self.row_id in (self.features or ())):
+            raise ValueError(f"row_id: column {self.row_id!r} is the label, the text or a feature; name a column "
+                             "that identifies rows only")
         return self
 
     @field_validator("classes")

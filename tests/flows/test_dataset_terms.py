@@ -346,7 +346,7 @@ def test_on_postgresql_only_the_owner_fixes_a_legacy_datasets_terms(postgres_url
         as_postgres(f"DROP OWNED BY {worker}", f"DROP ROLE {worker}")
 
 
-def test_validate_says_what_the_ledger_cannot_tell_without_a_person_column(capsys):
+def test_validate_says_what_the_ledger_cannot_tell_without_an_identifier(capsys):
     """Without an identifier the ledger matches people by exact row content only (docs/design.md, Blocks:
     Laundering); `privzo validate` says so for a spec with a budget, and not for one with a person column."""
     from flows.cli import main
@@ -354,7 +354,41 @@ def test_validate_says_what_the_ledger_cannot_tell_without_a_person_column(capsy
     assert main(["validate", str(EXAMPLES / "digits_retrain.yaml")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("ok: ") and out[1].startswith(
-        "note: budget.dataset 'sklearn-digits' has no person column (data.blocks.person), so the ledger tells its "
-        "people from other datasets' by exact row content only")
+        "note: budget.dataset 'sklearn-digits' has no identifier (data.blocks.person or data.source.row_id), so the "
+        "ledger tells its people from other datasets' by exact row content only")
     assert main(["validate", str(EXAMPLES / "digits_stream.yaml")]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_a_declared_row_id_matches_rows_however_they_are_written(tmp_path):
+    """Item 5 without a person column: with data.source.row_id a row's identity is its identifier, so the same
+    file with a constant column added and its features divided by 16, under a new dataset name, is refused
+    as laundered; without row_id it is a new set of rows to the ledger (what the docs and validate say)."""
+    import pandas as pd
+    from sklearn.datasets import load_digits
+
+    from components.data.sources import load_file
+    from flows.tracking import keyed_rows
+
+    x, y = load_digits(return_X_y=True)
+    frame = pd.DataFrame(x[:60], columns=[f"px{i}" for i in range(64)]).assign(digit=y[:60],
+                                                                              record=[f"r{i}" for i in range(60)])
+    frame.to_csv(tmp_path / "visits.csv", index=False)
+    features = [f"px{i}" for i in range(64)]
+    recoded = frame.assign(**{c: frame[c] / 16 for c in features}, site=7)
+    recoded.to_csv(tmp_path / "recoded.csv", index=False)
+
+    def keys(file, **settings):
+        table = load_file(tmp_path / file, file_format="csv", label="digit", classes=list(range(10)), **settings)
+        return keyed_rows(table.row_fingerprints())
+
+    ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
+    reserve(ledger, dataset="visits", private=keys("visits.csv", row_id="record"))
+    with pytest.raises(RowsLaundered, match=r"^budget.dataset: 60 private rows of this run are private rows of "
+                                            r"dataset 'visits' in this ledger"):
+        reserve(ledger, dataset="visits-rescaled", private=keys("recoded.csv", row_id="record"))
+    assert not set(keys("visits.csv", features=features)) & set(keys("recoded.csv", features=features))  # content: not caught
+    frame.assign(record="r0").to_csv(tmp_path / "repeated.csv", index=False)
+    with pytest.raises(ValueError, match=r"^data.source.row_id: column 'record' repeats identifiers \(59 rows share "
+                                         r"one with an earlier row\); each row needs its own, or leave row_id out$"):
+        keys("repeated.csv", row_id="record")
