@@ -459,6 +459,19 @@ def _next_window(args, spec):
                        moment.astimezone(dt.timezone.utc))
 
 
+def _checked(args, ledger) -> int:
+    """``budget show --check``: the ledger's record recomputed from its charges; 1, naming each difference."""
+    from flows.ledger import ledger_problems
+
+    problems = ledger_problems(ledger, args.dataset)
+    for problem in problems:
+        print(f"check: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"check: every committed charge of {args.dataset} executed its plan, and every block's stored "
+              "composition is what its committed charges compose to")
+    return 1 if problems else 0
+
+
 def _show_budget(args, ledger) -> int:
     from flows.reporting import shown, shown_left
 
@@ -499,7 +512,7 @@ def _show_budget(args, ledger) -> int:
         # composition is not subtraction: what is left depends on the next run's shape
         print("a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon "
               f"{shown(fits)}" if fits is not None else "no run shaped like the last one fits the blocks it read")
-        return 0
+        return _checked(args, ledger) if args.check else 0
     print(f"{'created (UTC)':20} {'run':24} {'status':10} {'steps':>11} {'run epsilon':>12}  fingerprint")
     for c in ledger.history(args.dataset):
         eps = ledger.run_epsilon(c)
@@ -611,6 +624,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--spec", default=None, help="show: the spec of the runs on this dataset's blocks; adds the "
                    "blocks its next run reads and those retired for it")
     p.add_argument("--as-of", default=None, help="show --spec: the moment of that next run, ISO 8601 (default: now)")
+    p.add_argument("--check", action="store_true", help="show: recompute every block's composition from its charges "
+                   "and each committed charge against its plan; exit 1 naming any difference")
     p.add_argument("--lifetime-epsilon", type=float, default=None, help="init: the lifetime epsilon of a dataset "
                    "without blocks; or --spec SPEC, whose budget, privacy and data.blocks give all its terms")
     p.add_argument("--delta", type=float, default=None, help="init: the lifetime's delta (with --spec: only "

@@ -56,7 +56,7 @@ from mlflow.exceptions import MlflowException
 import specs
 from specs.sections.tracking import tracking_uri_from_env
 from components.accountants import Accountant, beyond_plan, event_from_json
-from flows.ledger import shown_url
+from flows.ledger import recomposition_problems, shown_url
 
 OK, FAILED, NOT_APPLICABLE, NOT_RUN = "ok", "failed", "not applicable", "not run"
 CHECKS = ("source run", "ledger charge", "epsilon", "model guarantee", "spec and fingerprint", "weights")
@@ -660,6 +660,10 @@ class _Verifier:
         if beyond is not None:
             raise _Mismatch(f"run {run_id}'s charge {row.id} in {shown_url(url)} committed an event beyond the one "
                             f"it reserved: {beyond}")
+        # a block's stored composition is what admits later runs: it must be what its charges compose to
+        changed = recomposition_problems(ledger, dataset, charge.blocks)
+        if changed:
+            raise _Mismatch(f"{changed[0]} ({shown_url(url)})")
         self._charges[run_id] = charge
         return charge
 

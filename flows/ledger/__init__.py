@@ -54,10 +54,13 @@ The modules, one job each:
   grants and what a connection may write;
 - ``core``: ``PrivacyLedger`` (``PrivacyLedger.open(url)``: the process's one ledger per URL, shared by a
   run's steps), ``Block``, ``Charge``, ``ledger_for_spending``.
+- ``integrity``: the rules PostgreSQL holds every role to (triggers), and the recomposition check of a
+  block's stored composition against its charges.
 """
 from flows.ledger.core import Block, Charge, PrivacyLedger, ledger_for_spending
 from flows.ledger.errors import (FIXED, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable, RowsExposed,
                                  RowsLaundered, RowsUnmatched, RowsUnrecognised, driver_reason, shown_url)
+from flows.ledger.integrity import ledger_problems, recomposition_problems
 from flows.ledger.reservation import Reservation
 from flows.ledger.schema import (ABORTED, COMMITTED, NO_BLOCKS, RESERVED, TERM_COLUMNS, WHOLE, WORKER_GRANTS, BlockRow,
                                  ChargeBlockRow, ChargeRow, DatasetRow, PrivateRowRow, RowBlockRow, RowLayoutRow)
@@ -68,5 +71,5 @@ __all__ = [
     "Block", "BlockRow", "BlockTerms", "BudgetExceeded", "Charge", "ChargeBlockRow", "ChargeRow",
     "DatasetNotRegistered", "DatasetRow", "DatasetTerms", "LedgerUnavailable", "PrivacyLedger", "PrivateRowRow",
     "Reservation", "RowBlockRow", "RowLayoutRow", "RowsExposed", "RowsLaundered", "RowsUnmatched",
-    "RowsUnrecognised", "driver_reason", "ledger_for_spending", "shown_url",
+    "RowsUnrecognised", "driver_reason", "ledger_for_spending", "ledger_problems", "recomposition_problems", "shown_url",
 ]

@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import dp_accounting
 from sqlalchemy import create_engine, event, insert, select, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, undefer_group
+from sqlalchemy.orm import Session, undefer, undefer_group
 from sqlalchemy.pool import NullPool
 
 from components.accountants import Accountant, event_from_json, event_to_json
@@ -354,6 +354,26 @@ class PrivacyLedger:
                                  sum(1 for r in linked if r.status != ABORTED), b.created_at))
             return out
 
+    def recomposed(self, dataset: str) -> List[tuple]:
+        """Per stored block of ``dataset``: (block, its stored committed epsilon, the epsilon of its stored
+        composition, the epsilon its committed charges compose to, how many they are), at the block's delta.
+        The charges are folded as ``commit`` folds them, one after another in the order they were settled."""
+        out = []
+        with Session(self.engine) as session, session.begin():
+            ds = session.get(DatasetRow, dataset)
+            if ds is None:
+                return []
+            for b in session.scalars(select(BlockRow).where(BlockRow.dataset == dataset)
+                                     .options(undefer(BlockRow.committed)).order_by(BlockRow.created_at, BlockRow.block)):
+                fresh = ComposedState(Accountant(ds.accountant, ds.neighboring))
+                state, n = fresh, 0
+                for r in sorted(self._linked(session, b), key=lambda r: (r.updated_at, r.created_at)):
+                    if r.status == COMMITTED:
+                        state, n = state.plus(fresh.composed([self._live_event(r, ds.accountant)])), n + 1
+                out.append((b.block, b.committed_epsilon, ComposedState.from_json(b.committed).epsilon(b.delta),
+                            state.epsilon(b.delta) if n else 0.0, n))
+        return out
+
     def recorded_blocks(self, dataset: str, kind: str, keys: Iterable[str]) -> Dict[str, str]:
         """The blocks recorded for ``keys`` (keyed row fingerprints, or keyed persons: ``kind`` row | person)."""
         wanted = set(keys)
@@ -646,6 +666,7 @@ class PrivacyLedger:
             row.status, row.executed_event, row.steps_run = COMMITTED, event_to_json(executed), steps_run
             row.run_id = run_id or row.run_id
             row.updated_at = _now()
+            session.flush()  # the charge is committed before its blocks move: the ledger's rules check that order
             # under pld a run counts as planned (see flows.ledger.admission's note on filters)
             folded = event_from_json(row.planned_event) if ds.accountant == "pld" else executed
             increment = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed([folded])

@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 
+from flows.ledger.integrity import install_rules
 from flows.ledger.schema import TERM_COLUMNS, BlockRow, DatasetRow, PrivateRowRow, RowBlockRow, _Base
 
 
@@ -54,6 +55,8 @@ def migrate(engine: Engine, conn) -> bool:  # noqa: ANN001 - a SQLAlchemy connec
     for table in (PrivateRowRow.__table__, RowBlockRow.__table__):
         for index in table.indexes:
             index.create(conn, checkfirst=True)
+    if engine.dialect.name == "postgresql":  # what no role may write, whatever SQL it sends
+        install_rules(conn)
     return True
 
 

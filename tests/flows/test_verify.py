@@ -251,6 +251,29 @@ def test_an_executed_event_rewritten_with_more_noise_is_caught_against_the_reser
                                      "(noise, sampling or clip differ)")
 
 
+def test_a_block_whose_stored_composition_was_emptied_fails_the_ledger_check(trained, client, tmp_path):
+    """Emptying the block's stored composition (what admits later runs) left the charge as it was, so every
+    check passed; the block is now recomposed from its charges and the difference named."""
+    import shutil
+
+    import sqlalchemy as sa
+
+    from flows.verify import verify
+
+    result, uri, ledger, folder = trained
+    forged = tmp_path / "emptied.db"
+    shutil.copy(ledger.removeprefix("sqlite:///"), forged)
+    engine = sa.create_engine(f"sqlite:///{forged}")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE privzo_blocks SET committed_epsilon = 0"))
+    engine.dispose()
+    report = verify(NAME, "1", tracking_uri=uri, ledger_url=f"sqlite:///{forged}")
+    assert _statuses(report)["ledger charge"] == "failed"
+    assert report.first_mismatch.startswith("block 'all' of dataset 'digits-patients' stores epsilon 0 (its stored "
+                                            "composition: ")
+    assert report.first_mismatch.endswith(f"was changed outside privzo (sqlite:///{forged})")
+
+
 def test_a_version_is_checked_against_the_teams_ledger_not_the_one_its_spec_names(trained, client, tmp_path,
                                                                                    monkeypatch):
     """A run charged to a ledger of its own choosing passes against that ledger, but in a team (its ledger in

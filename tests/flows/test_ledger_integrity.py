@@ -1,0 +1,107 @@
+"""The ledger's record against a role that may write it (issue 51, item 2): on PostgreSQL the owner's rules
+refuse a worker's SQL that privzo never sends (a settled charge changed, a committed charge inserted, a
+block's composition moved outside a commit); what they cannot judge, a composition written in a commit's
+own transaction, ``privzo budget show --check`` and ``privzo verify``'s recomposition name."""
+import subprocess
+
+import dp_accounting
+import pytest
+import sqlalchemy as sa
+
+from components.accountants import event_to_json
+from flows.cli import main
+from flows.ledger import BlockTerms, DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, ledger_problems
+
+DELTA = 1e-5
+
+
+def run_event(sigma=2.0, steps=20):
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(sigma)), steps)
+
+
+def reserve(ledger, terms, block):
+    return ledger.reserve(Reservation(
+        dataset=terms.dataset, fingerprint="f" * 64, run_name="night", planned=run_event(), steps=20,
+        lifetime_epsilon=terms.lifetime_epsilon, delta=DELTA, accountant="rdp", neighboring="add_remove",
+        blocks=[BlockTerms(block, terms.lifetime_epsilon, DELTA, 10)], terms=terms))
+
+
+def test_budget_show_check_names_a_block_whose_stored_composition_is_not_its_charges(tmp_path, capsys):
+    """Emptying a block's stored composition made `budget show` say "epsilon 0 spent" while the history held
+    the charge, and later runs were admitted from zero; --check recomposes and names it."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    terms = DatasetTerms("clinic", 10.0, DELTA, "rdp", "add_remove", "day", None, 10)
+    ledger = PrivacyLedger(url)
+    for block in ("2026-11-26", "2026-11-27"):
+        ledger.commit(reserve(ledger, terms, block), run_event(), 20, run_id=f"run-{block}")
+    assert main(["budget", "show", "clinic", "--check", "--ledger", url]) == 0
+    assert "check: every committed charge of clinic executed its plan" in capsys.readouterr().out
+    with ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE privzo_blocks SET committed_epsilon = 0 WHERE block = '2026-11-27'"))
+        conn.execute(sa.text("UPDATE privzo_charges SET executed_event = :e WHERE run_id = 'run-2026-11-26'"),
+                     {"e": event_to_json(run_event(sigma=8.0))})
+    assert main(["budget", "show", "clinic", "--check", "--ledger", url]) == 1
+    err = capsys.readouterr().err.splitlines()
+    # the weakened charge is named, and so is its block, whose stored composition its event no longer makes
+    assert len(err) == 3 and err[0].startswith("check: charge ") and "beyond the one it reserved" in err[0]
+    assert err[1].startswith("check: block '2026-11-26' of dataset 'clinic' stores epsilon 1.22711 (its stored "
+                             "composition: 1.22711), but its 1 committed charge compose to 0.")
+    recomposed = ledger.recomposed("clinic")[1][3]
+    assert err[2] == (f"check: block '2026-11-27' of dataset 'clinic' stores epsilon 0 (its stored composition: "
+                      f"{recomposed:.6g}), but its 1 committed charge compose to {recomposed:.6g}: the ledger's "
+                      "record of this block was changed outside privzo")
+
+
+@pytest.mark.e2e
+def test_a_worker_cannot_rewrite_what_the_ledger_recorded(postgres_url):
+    """As the worker role, with its own grants: what privzo's own reserve, commit and abort do still goes
+    through; rewriting a committed charge, inserting a committed one, changing what a charge reserved, and
+    moving a block's composition outside a commit are refused by the database; a composition written inside
+    a commit's own transaction is named by the recomposition check."""
+    schema = postgres_url.split("search_path%3D")[1]
+    worker = f"worker_{schema}"
+
+    def as_postgres(*sql):  # roles are made by the server's superuser (the fixture's script ran as root)
+        subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
+                       check=True, capture_output=True, timeout=60)
+
+    as_postgres(f"CREATE ROLE {worker} LOGIN PASSWORD 'worker-password'")
+    try:
+        owner = PrivacyLedger(postgres_url)
+        terms = DatasetTerms("ward", 10.0, DELTA, "rdp", "add_remove", "day", None, 10)
+        owner.register(terms)
+        owner.grant(worker)
+        worker_url = postgres_url.replace("privzo:privzo@", f"{worker}:worker-password@")
+        ledger = ledger_for_spending(worker_url, terms)
+        first = reserve(ledger, terms, "2026-11-26")
+        ledger.commit(first, run_event(), 20, run_id="r1")
+        ledger.abort(reserve(ledger, terms, "2026-11-26"))
+        open_charge = reserve(ledger, terms, "2026-11-27")
+
+        engine = sa.create_engine(worker_url)
+        weaker = event_to_json(run_event(sigma=8.0))
+        refused = {
+            f"UPDATE privzo_charges SET executed_event = '{weaker}' WHERE id = '{first}'": "a settled charge never changes",
+            f"UPDATE privzo_charges SET planned_event = '{weaker}' WHERE id = '{open_charge}'": "permission denied",  # the grants
+            f"UPDATE privzo_charges SET status = 'committed', executed_event = '{weaker}', steps_run = 500 "
+            f"WHERE id = '{open_charge}'": "at most its 20 planned steps",
+            "INSERT INTO privzo_charges VALUES ('x', 'ward', 'f', 'n', NULL, 'committed', '{}', '{}', 20, 20, 1, "
+            "now(), now())": "must be inserted reserved",
+            "UPDATE privzo_blocks SET committed_epsilon = 0": "only with a charge on it committed in the same",
+        }
+        for statement, reason in refused.items():
+            with pytest.raises(sa.exc.DBAPIError, match=reason), engine.begin() as conn:
+                conn.execute(sa.text(statement))
+        assert ledger_problems(ledger, "ward") == []
+
+        # in the transaction that commits a charge the rules let its block move: the arithmetic is checked after
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE privzo_charges SET status = 'committed', executed_event = :e, steps_run = 20 "
+                                 f"WHERE id = '{open_charge}'"), {"e": event_to_json(run_event())})
+            conn.execute(sa.text("UPDATE privzo_blocks SET committed_epsilon = 0 WHERE block = '2026-11-27'"))
+        engine.dispose()
+        problems = ledger_problems(owner, "ward")
+        assert len(problems) == 1 and problems[0].startswith("block '2026-11-27' of dataset 'ward' stores epsilon 0")
+    finally:
+        as_postgres(f"DROP OWNED BY {worker}", f"DROP ROLE {worker}")
