@@ -596,13 +596,11 @@ class _Verifier:
         from sqlalchemy.engine import make_url
 
         from flows.ledger import PrivacyLedger
+        from specs.run import without_passwords
         from specs.sections import LEDGER_URL_ENV
 
         url = self.override or os.environ.get(LEDGER_URL_ENV, "").strip() or spec.budget.ledger
         if ":***@" in url:  # logged without its password (specs.run.without_passwords): the caller's own URL
-            from specs.run import without_passwords
-            from specs.sections import LEDGER_URL_ENV
-
             own = os.environ.get(LEDGER_URL_ENV, "")
             if not own or without_passwords(own) != url:
                 raise _Mismatch(f"the run's spec names its ledger {url} without its password; give --ledger with "

@@ -9,10 +9,13 @@
 #   sqlite (default)  Prefect's own SQLite, MLflow over sqlite:///mlflow.db (PRIVZO_STACK_MLFLOW_STORE: another
 #                     store); specs name their own stores.
 #   postgres          the topology of infra/compose on one machine: a local PostgreSQL (installed and
-#                     started by infra/postgres/test-db.sh, needs root) holds Prefect's database, MLflow's
-#                     tracking store and registry, and the privacy ledger; MLflow serves the artifacts
-#                     (.privzo-stack/mlartifacts). The worker's flow runs get MLFLOW_TRACKING_URI (the
-#                     MLflow server) and PRIVZO_LEDGER_URL, so a spec that names no tracking.uri or
+#                     started by infra/postgres/test-db.sh, needs root) holds Prefect's database
+#                     (privzo_prefect), MLflow's tracking store and registry (privzo_mlflow) and the privacy
+#                     ledger (privzo_ledger), each owned by its own role, which only that server connects
+#                     as (privzo_prefect and privzo_mlflow: passwords made for this stack and kept under
+#                     .privzo-stack/, mode 600); the ledger's owner is privzo_owner. MLflow serves the
+#                     artifacts (.privzo-stack/mlartifacts). The worker's flow runs get MLFLOW_TRACKING_URI
+#                     (the MLflow server) and PRIVZO_LEDGER_URL, so a spec that names no tracking.uri or
 #                     budget.ledger is logged to the server and charged to the shared ledger.
 #
 # PRIVZO_STACK_AUTH=1 puts every service behind its own authentication (the team stack's switches, on one
@@ -23,10 +26,13 @@
 #   PRIVZO_MLFLOW_WORKER_PASSWORD   user worker: what the Prefect worker's flow runs log and register as
 #   PRIVZO_MLFLOW_VIEWER_PASSWORD   user viewer: reads runs and models, writes nothing
 #   PRIVZO_RAY_TOKEN                with PRIVZO_STACK_RAY=1: the Ray head's token (RAY_AUTH_MODE=token)
+#   PRIVZO_LEDGER_OWNER_PASSWORD    with PRIVZO_STACK_DB=postgres: the ledger's owner privzo_owner, who registers
+#                                   each dataset's lifetime (privzo budget init DATASET --spec SPEC) and
+#                                   grants the worker (without auth the stack makes one and keeps it)
 #   PRIVZO_LEDGER_WORKER_PASSWORD   with PRIVZO_STACK_DB=postgres: the ledger's role privzo_worker, what the
-#                                   Prefect worker charges as; it may charge registered datasets only. The
-#                                   ledger's owner (privzo) registers each dataset's lifetime first:
-#                                   privzo budget init DATASET --spec SPEC --ledger OWNER_URL
+#                                   Prefect worker charges as; it may charge registered datasets only
+# No secret is ever on a command line (ps shows those to every user): servers and psql get them in their
+# environment or on their standard input.
 # PRIVZO_STACK_RAY=1 also starts a Ray head on 127.0.0.1 (PRIVZO_RAY_PORT, its dashboard and job API on
 # PRIVZO_RAY_DASHBOARD_PORT, 127.0.0.1 only).
 set -euo pipefail
@@ -43,7 +49,7 @@ ray_dashboard_port=${PRIVZO_RAY_DASHBOARD_PORT:-8265}
 auth=${PRIVZO_STACK_AUTH:-0}
 with_ray=${PRIVZO_STACK_RAY:-0}
 db=${PRIVZO_STACK_DB:-sqlite}
-pg=postgresql+psycopg://privzo:privzo@127.0.0.1:5432
+pg_host=127.0.0.1:5432
 case "$db" in sqlite|postgres) ;; *) echo "local-stack: PRIVZO_STACK_DB is sqlite or postgres, not $db" >&2; exit 2;; esac
 case "$auth" in 0|1) ;; *) echo "local-stack: PRIVZO_STACK_AUTH is 0 or 1, not $auth" >&2; exit 2;; esac
 
@@ -58,18 +64,49 @@ secret() {  # NAME: $NAME, else the first line of the file $NAME_FILE; refuses t
   printf '%s' "$value"
 }
 
-start() {  # name, command...: run in its own process group in the background, remember the group
+start() {  # name, [NAME=value ...] --, command...: in its own process group in the background, with those
+  # variables in its environment (exported in a subshell: an `env NAME=value` argument list is visible to ps)
   local name=$1; shift
-  cd "$root"
-  setsid "$@" >"$state/$name.log" 2>&1 < /dev/null &
+  (
+    while [ "$1" != -- ]; do export "${1?}"; shift; done; shift
+    cd "$root"
+    exec setsid "$@" >"$state/$name.log" 2>&1 < /dev/null
+  ) &
   echo $! >"$state/$name.pid"
 }
 
-wait_http() {  # url [curl options]: until it answers 2xx
-  local url=$1; shift
-  for _ in $(seq 1 120); do curl -sf "$@" "$url" >/dev/null 2>&1 && return 0; sleep 1; done
+wait_http() {  # url [curl config line]: until it answers 2xx; a credential goes in curl's config, on its stdin
+  local url=$1 config=${2:-}
+  for _ in $(seq 1 120); do curl -sf -K - "$url" <<<"$config" >/dev/null 2>&1 && return 0; sleep 1; done
   echo "local-stack: $url did not answer; see $state/*.log" >&2; return 1
 }
+
+kept() {  # NAME: a password this stack made for itself, kept in .privzo-stack/NAME (mode 600) between ups
+  [ -s "$state/$1" ] || (umask 077 && openssl rand -hex 24 >"$state/$1")
+  cat "$state/$1"
+}
+
+url_quoted() {  # a password as it goes into a URL, read from the environment (never from argv)
+  PRIVZO_QUOTE="$1" "$bin/python" -c 'import os, urllib.parse; print(urllib.parse.quote(os.environ["PRIVZO_QUOTE"], safe=""))'
+}
+
+pg_roles_sql() {  # ROLE:PASSWORD_HEX ... -- DATABASE:OWNER ...: the SQL that makes them (passwords set anew each
+  # up, as hex, so that no quoting matters); psql reads it on stdin
+  while [ "$1" != -- ]; do
+    local role=${1%%:*} hex=${1#*:}; shift
+    echo "SELECT format('CREATE ROLE %I LOGIN', '$role') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$role') \\gexec"
+    echo "SELECT format('ALTER ROLE %I PASSWORD %L', '$role', convert_from(decode('$hex', 'hex'), 'UTF8')) \\gexec"
+  done
+  shift
+  for pair in "$@"; do
+    local database=${pair%%:*} owner=${pair#*:}
+    echo "SELECT format('CREATE DATABASE %I OWNER %I', '$database', '$owner') WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$database') \\gexec"
+    # only the roles given CONNECT reach a database: its owner, and the worker on the ledger's
+    echo "REVOKE CONNECT, TEMPORARY ON DATABASE $database FROM PUBLIC;"
+  done
+}
+
+hex() { printf '%s' "$1" | od -An -tx1 | tr -d ' \n'; }
 
 stop_all() {  # every group is signalled at once and waited for together: stopping one by one summed their waits
   groups=()
@@ -95,10 +132,10 @@ stop_all() {  # every group is signalled at once and waited for together: stoppi
 
 case "${1:-up}" in
   up)
-    prefect_server_env=(env)
-    mlflow_env=(env)
+    prefect_server_env=()
+    mlflow_env=()
     mlflow_app=()
-    prefect_curl=()
+    prefect_curl=""
     if [ "$auth" = 1 ]; then  # every secret first: nothing starts without all of them
       prefect_auth=$(secret PRIVZO_PREFECT_AUTH_STRING)
       case "$prefect_auth" in *:?*) ;; *) echo "local-stack: PRIVZO_PREFECT_AUTH_STRING is user:password" >&2; exit 2;; esac
@@ -106,35 +143,46 @@ case "${1:-up}" in
       mlflow_worker=$(secret PRIVZO_MLFLOW_WORKER_PASSWORD)
       mlflow_viewer=$(secret PRIVZO_MLFLOW_VIEWER_PASSWORD)
       if [ "$with_ray" = 1 ]; then ray_token=$(secret PRIVZO_RAY_TOKEN); fi
-      if [ "$db" = postgres ]; then ledger_worker=$(secret PRIVZO_LEDGER_WORKER_PASSWORD); fi
+      if [ "$db" = postgres ]; then
+        ledger_owner=$(secret PRIVZO_LEDGER_OWNER_PASSWORD)
+        ledger_worker=$(secret PRIVZO_LEDGER_WORKER_PASSWORD)
+      fi
     fi
     mkdir -p "$state" "$PREFECT_HOME"
     chmod 700 "$state"
     trap 'stop_all' EXIT  # a stack that did not come up whole is stopped, not left half running
     # flow runs name the UI their MLflow runs are browsed in (links in Prefect's logs and artifacts)
-    worker_env=(env "PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
+    worker_env=("PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
     if [ "$db" = postgres ]; then
-      bash "$root/infra/postgres/test-db.sh" start prefect mlflow >"$state/postgres.log" 2>&1 ||
+      bash "$root/infra/postgres/test-db.sh" server >"$state/postgres.log" 2>&1 ||
         { echo "local-stack: PostgreSQL did not start; see $state/postgres.log" >&2; exit 1; }
-      export PREFECT_API_DATABASE_CONNECTION_URL="${pg/+psycopg/+asyncpg}/prefect"
-      store="$pg/mlflow"
+      # each server its own role and database; the ledger's owner is nobody's server
+      [ "$auth" = 1 ] || ledger_owner=$(kept ledger-owner-password)
+      prefect_db=$(kept prefect-db-password)
+      mlflow_db=$(kept mlflow-db-password)
+      roles=("privzo_owner:$(hex "$ledger_owner")" "privzo_prefect:$(hex "$prefect_db")" "privzo_mlflow:$(hex "$mlflow_db")")
+      if [ "$auth" = 1 ]; then roles+=("privzo_worker:$(hex "$ledger_worker")"); fi
+      { pg_roles_sql "${roles[@]}" -- privzo_ledger:privzo_owner privzo_prefect:privzo_prefect privzo_mlflow:privzo_mlflow
+        if [ "$auth" = 1 ]; then echo "GRANT CONNECT ON DATABASE privzo_ledger TO privzo_worker;"; fi
+      } | su postgres -c "psql -q -v ON_ERROR_STOP=1 -d postgres" >"$state/postgres-roles.log" 2>&1 ||
+        { echo "local-stack: the stack's database roles could not be made; see $state/postgres-roles.log" >&2; exit 1; }
+      prefect_server_env+=("PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://privzo_prefect:$prefect_db@$pg_host/privzo_prefect")
+      mlflow_env+=("MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://privzo_mlflow:$mlflow_db@$pg_host/privzo_mlflow")
+      store=""
       artifacts=(--artifacts-destination "$state/mlartifacts")
-      ledger_url="$pg/privzo"
+      owner_url="postgresql+psycopg://privzo_owner:$(url_quoted "$ledger_owner")@$pg_host/privzo_ledger"
+      ledger_url=$owner_url  # without auth the stack is one person's: its worker charges as the owner
       if [ "$auth" = 1 ]; then
-        # the worker charges as privzo_worker, which the ledger's owner (privzo) grants a worker's rights:
-        # it may charge registered datasets, never register one or change a lifetime (flows/ledger/roles.py)
-        role_sql="DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'privzo_worker') THEN
-          CREATE ROLE privzo_worker LOGIN; END IF; END \$\$; ALTER ROLE privzo_worker PASSWORD :'pw';"
-        printf '%s' "$role_sql" | su postgres -c "psql -q -v ON_ERROR_STOP=1 -v pw=$(printf '%q' "$ledger_worker") -d privzo" \
-          >"$state/ledger-roles.log" 2>&1 &&
-        "$bin/privzo" budget grant privzo_worker --ledger "$pg/privzo" >>"$state/ledger-roles.log" 2>&1 ||
-          { echo "local-stack: the ledger's worker role could not be made; see $state/ledger-roles.log" >&2; exit 1; }
-        quoted=$("$bin/python" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$ledger_worker")
-        ledger_url="postgresql+psycopg://privzo_worker:$quoted@127.0.0.1:5432/privzo"
+        # the worker charges as privzo_worker, which the ledger's owner grants a worker's rights: it may
+        # charge registered datasets, never register one or change a lifetime (flows/ledger/roles.py)
+        (export PRIVZO_LEDGER_URL="$owner_url"; "$bin/privzo" budget grant privzo_worker) >"$state/ledger-roles.log" 2>&1 ||
+          { echo "local-stack: the ledger's worker role could not be granted; see $state/ledger-roles.log" >&2; exit 1; }
+        ledger_url="postgresql+psycopg://privzo_worker:$(url_quoted "$ledger_worker")@$pg_host/privzo_ledger"
       fi
       worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "PRIVZO_LEDGER_URL=$ledger_url")
     else
       store=${PRIVZO_STACK_MLFLOW_STORE:-sqlite:///mlflow.db}
+      mlflow_env+=("MLFLOW_BACKEND_STORE_URI=$store")
       artifacts=()
       worker_env+=("PRIVZO_MLFLOW_UI_STORE=$store")
     fi
@@ -142,7 +190,7 @@ case "${1:-up}" in
       # Prefect: the server checks the auth string on every API call; its CLI and the worker send it
       prefect_server_env+=("PREFECT_SERVER_API_AUTH_STRING=$prefect_auth")
       export PREFECT_API_AUTH_STRING="$prefect_auth"
-      prefect_curl=(-u "$prefect_auth")
+      prefect_curl="user = \"$prefect_auth\""
       # MLflow: basic-auth, users in their own store; anyone signed in may read, only owners write
       printf '[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///%s\nadmin_username = admin\n' \
         "$state/mlflow-auth.db" >"$state/mlflow-auth.ini"
@@ -156,11 +204,12 @@ case "${1:-up}" in
       worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "MLFLOW_TRACKING_USERNAME=worker"
                    "MLFLOW_TRACKING_PASSWORD=$mlflow_worker" "PREFECT_API_AUTH_STRING=$prefect_auth")
     fi
-    start prefect-server "${prefect_server_env[@]}" "$bin/prefect" server start --host 127.0.0.1 --port "$prefect_port"
-    start mlflow "${mlflow_env[@]}" "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" \
-      --backend-store-uri "$store" "${artifacts[@]}" "${mlflow_app[@]}"
+    start prefect-server "${prefect_server_env[@]}" -- "$bin/prefect" server start --host 127.0.0.1 --port "$prefect_port"
+    # the store (with its password, on PostgreSQL) from MLflow's environment: MLFLOW_BACKEND_STORE_URI
+    start mlflow "${mlflow_env[@]}" -- "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" \
+      "${artifacts[@]}" "${mlflow_app[@]}"
     if [ "$with_ray" = 1 ]; then
-      ray_env=(env RAY_USAGE_STATS_ENABLED=0)
+      ray_env=(RAY_USAGE_STATS_ENABLED=0)
       if [ "$auth" = 1 ]; then
         (umask 077 && printf '%s' "$ray_token" >"$state/ray-token")
         ray_env+=(RAY_AUTH_MODE=token "RAY_AUTH_TOKEN_PATH=$state/ray-token")
@@ -170,15 +219,15 @@ case "${1:-up}" in
       # file is not /tmp/ray's, which every later ray.init() on this machine would try to join after `down`
       ray_temp=$(mktemp -d /tmp/privzo-ray-XXXXXX)
       echo "$ray_temp" >"$state/ray-temp-dir"
-      start ray-head "${ray_env[@]}" "$bin/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
+      start ray-head "${ray_env[@]}" -- "$bin/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
         --dashboard-host 127.0.0.1 --dashboard-port "$ray_dashboard_port" --num-cpus 1 --disable-usage-stats \
         --temp-dir "$ray_temp"
       worker_env+=("RAY_ADDRESS=127.0.0.1:$ray_port")
     fi
-    wait_http "http://127.0.0.1:$prefect_port/api/health" "${prefect_curl[@]}"
+    wait_http "http://127.0.0.1:$prefect_port/api/health" "$prefect_curl"
     "$bin/prefect" work-pool inspect local >/dev/null 2>&1 || "$bin/prefect" work-pool create local --type process >/dev/null
     (cd "$root" && PRIVZO_ROOT="$root" "$bin/prefect" --no-prompt deploy --all --prefect-file infra/prefect.yaml >"$state/deploy.log" 2>&1)
-    start prefect-worker "${worker_env[@]}" "$bin/prefect" worker start --pool local
+    start prefect-worker "${worker_env[@]}" -- "$bin/prefect" worker start --pool local
     wait_http "http://127.0.0.1:$mlflow_port/health"
     if [ "$auth" = 1 ]; then  # users worker and viewer, made (or their passwords set) by the admin
       MLFLOW_TRACKING_URI="http://127.0.0.1:$mlflow_port" PRIVZO_MLFLOW_ADMIN_PASSWORD="$mlflow_admin" \
@@ -188,7 +237,7 @@ case "${1:-up}" in
     fi
     if [ "$with_ray" = 1 ]; then
       if [ "$auth" = 1 ]; then
-        wait_http "http://127.0.0.1:$ray_dashboard_port/api/version" -H "Authorization: Bearer $ray_token"
+        wait_http "http://127.0.0.1:$ray_dashboard_port/api/version" "header = \"Authorization: Bearer $ray_token\""
       else
         wait_http "http://127.0.0.1:$ray_dashboard_port/api/version"
       fi
@@ -203,10 +252,14 @@ case "${1:-up}" in
       echo "# Ray head 127.0.0.1:$ray_port, dashboard and job API http://127.0.0.1:$ray_dashboard_port/"
     fi
     if [ "$db" = postgres ]; then
-      echo "export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port PRIVZO_LEDGER_URL=$pg/privzo"
+      # the owner's URL without its password, which libpq reads from PGPASSWORD
+      echo "export MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port PRIVZO_LEDGER_URL=postgresql+psycopg://privzo_owner@$pg_host/privzo_ledger"
       if [ "$auth" = 1 ]; then
+        echo 'export PGPASSWORD="$PRIVZO_LEDGER_OWNER_PASSWORD"   # the ledger owner'"'"'s'
         echo "# the worker charges the ledger as privzo_worker, registered datasets only; as its owner, first:"
         echo "#   $bin/privzo budget init DATASET --spec SPEC"
+      else
+        echo "export PGPASSWORD=\"\$(cat $state/ledger-owner-password)\"   # the ledger owner's, made for this stack"
       fi
       echo "# PostgreSQL keeps running after 'down': infra/postgres/test-db.sh stop"
     fi

@@ -1,6 +1,6 @@
 """Making the ledger's tables, and bringing a ledger an earlier privzo made up to them: the datasets' block
-terms, the indexes the checks across datasets use, and (when its owner grants roles) the constraint that
-ties a block's terms to its dataset's."""
+terms, the indexes the checks across datasets use, the rules every role is held to (integrity), and (when
+its owner grants roles) the constraint that ties a block's terms to its dataset's."""
 from __future__ import annotations
 
 import os

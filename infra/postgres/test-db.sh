@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Start (or stop) a local PostgreSQL on 127.0.0.1:5432 with role privzo (password privzo) owning the
-# database privzo and any other databases named, for tests and for a stack on this machine (the
-# Postgres stack of infra/local-stack.sh keeps Prefect, MLflow and the ledger in three). Installs
-# Debian's postgresql if it is missing (needs root).
+# Start (or stop) a local PostgreSQL on 127.0.0.1:5432. For tests, `start` also makes the test role privzo
+# (password privzo: a test fixture's, never a stack's) owning the database privzo and any others named;
+# `server` only starts the server (what infra/local-stack.sh uses: its roles and passwords are its own).
+# Installs Debian's postgresql if it is missing (needs root).
 #   infra/postgres/test-db.sh start [DB ...]   -> prints "started" or "running", then the SQLAlchemy URL of privzo
+#   infra/postgres/test-db.sh server           -> prints "started" or "running"
 #   infra/postgres/test-db.sh stop
 set -euo pipefail
 action=${1:-start}
@@ -29,6 +30,10 @@ for _ in $(seq 1 30); do
   su postgres -c "pg_isready -q -h 127.0.0.1 -p 5432" && break
   sleep 1
 done
+if [ "$action" = server ]; then
+  echo "$state"
+  exit 0
+fi
 su postgres -c "psql -q -tAc \"SELECT 1 FROM pg_roles WHERE rolname='privzo'\"" | grep -q 1 ||
   su postgres -c "psql -q -c \"CREATE ROLE privzo LOGIN PASSWORD 'privzo'\""
 shift || true

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import mlflow
 import pytest
@@ -17,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 STACK = ROOT / "infra" / "local-stack.sh"
 POSTGRES = ROOT / "infra" / "postgres" / "test-db.sh"
-PG = "postgresql+psycopg://privzo:privzo@127.0.0.1:5432"
+PG_HOST = "127.0.0.1:5432"
+# the stack's own roles and databases (infra/local-stack.sh), made afresh for each test
+STACK_ROLES, STACK_DATABASES = ("privzo_owner", "privzo_worker", "privzo_prefect", "privzo_mlflow"), \
+    ("privzo_ledger", "privzo_prefect", "privzo_mlflow")
 
 
 # the servers' startup, not what is asserted: one MLflow worker process instead of 4 (each imports MLflow,
@@ -75,15 +79,17 @@ def one_epoch_retrain(tmp_path, **sections):
 
 @pytest.fixture
 def stack_databases():
-    """A real PostgreSQL (infra/postgres/test-db.sh) with the stack's three databases created afresh."""
+    """A real PostgreSQL (infra/postgres/test-db.sh; its test role privzo/privzo too) without the stack's roles
+    and databases, which the stack makes."""
     started = subprocess.run(["bash", str(POSTGRES), "start"], capture_output=True, text=True, timeout=600)
     if started.returncode != 0:
         pytest.skip(f"PostgreSQL could not be started here ({started.stderr.strip().splitlines()[-1:]}); "
                     "run infra/postgres/test-db.sh start as root")
 
     def drop():
-        subprocess.run(["su", "postgres", "-c", "psql -q -c 'DROP DATABASE IF EXISTS prefect WITH (FORCE)' "
-                        "-c 'DROP DATABASE IF EXISTS mlflow WITH (FORCE)' -c 'DROP DATABASE IF EXISTS privzo WITH (FORCE)'"],
+        sql = [f"DROP DATABASE IF EXISTS {d} WITH (FORCE)" for d in STACK_DATABASES]
+        sql += [f"DROP ROLE IF EXISTS {r}" for r in STACK_ROLES]
+        subprocess.run(["su", "postgres", "-c", "psql -q " + " ".join(f"-c '{q}'" for q in sql)],
                        capture_output=True, timeout=120, check=True)
 
     drop()
@@ -99,7 +105,10 @@ def _secrets():
     return {"PRIVZO_PREFECT_AUTH_STRING": f"admin:{secrets.token_hex(12)}",
             "PRIVZO_MLFLOW_ADMIN_PASSWORD": secrets.token_hex(12), "PRIVZO_MLFLOW_WORKER_PASSWORD": secrets.token_hex(12),
             "PRIVZO_MLFLOW_VIEWER_PASSWORD": secrets.token_hex(12), "PRIVZO_RAY_TOKEN": secrets.token_hex(32),
-            "PRIVZO_LEDGER_WORKER_PASSWORD": secrets.token_hex(12)}
+            "PRIVZO_LEDGER_WORKER_PASSWORD": secrets.token_hex(12),
+            # quotes and a URL's reserved characters: they reach psql and the URLs intact
+            "PRIVZO_LEDGER_OWNER_PASSWORD": f"o'w\"n@r:/{secrets.token_hex(8)}",
+            "PRIVZO_PREFECT_DB_PASSWORD": secrets.token_hex(12), "PRIVZO_MLFLOW_DB_PASSWORD": secrets.token_hex(12)}
 
 
 def test_the_authenticated_stack_refuses_to_start_without_a_secret_naming_it(tmp_path):
@@ -112,6 +121,23 @@ def test_the_authenticated_stack_refuses_to_start_without_a_secret_naming_it(tmp
     assert up.stderr == ("local-stack: PRIVZO_STACK_AUTH=1 needs PRIVZO_MLFLOW_VIEWER_PASSWORD (or "
                          "PRIVZO_MLFLOW_VIEWER_PASSWORD_FILE, a file holding it)\n")
     assert not list((ROOT / ".privzo-stack").glob("*.pid"))  # nothing started
+    # on PostgreSQL the ledger's owner is the team's, its password theirs: never a repository constant
+    env = dict(os.environ, PRIVZO_STACK_AUTH="1", PRIVZO_STACK_DB="postgres", **_secrets())
+    del env["PRIVZO_LEDGER_OWNER_PASSWORD"]
+    up = subprocess.run(["bash", str(STACK), "up"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert up.returncode == 2 and up.stderr == ("local-stack: PRIVZO_STACK_AUTH=1 needs PRIVZO_LEDGER_OWNER_PASSWORD "
+                                                "(or PRIVZO_LEDGER_OWNER_PASSWORD_FILE, a file holding it)\n")
+
+
+def _connects(role: str, password: str, database: str) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(host="127.0.0.1", port=5432, user=role, password=password, dbname=database,
+                        connect_timeout=10).close()
+        return True
+    except psycopg.OperationalError:
+        return False
 
 
 def _status(url, method="GET", auth=None, bearer=None, body=None) -> int:
@@ -146,8 +172,25 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                      PRIVZO_RAY_PORT=str(_free_port()), PRIVZO_RAY_DASHBOARD_PORT=str(_free_port()),
                      **secrets) as (env, exports):
         server = f"http://127.0.0.1:{env['PRIVZO_MLFLOW_PORT']}"
-        assert f"MLFLOW_TRACKING_URI={server} PRIVZO_LEDGER_URL={PG}/privzo" in exports
+        owner_env = f"postgresql+psycopg://privzo_owner@{PG_HOST}/privzo_ledger"  # libpq adds PGPASSWORD
+        assert f"MLFLOW_TRACKING_URI={server} PRIVZO_LEDGER_URL={owner_env}" in exports
+        assert 'export PGPASSWORD="$PRIVZO_LEDGER_OWNER_PASSWORD"' in exports
         assert not any(value in exports for value in secrets.values())  # named, never printed
+        owner = owner_env.replace("privzo_owner@", f"privzo_owner:{quote(secrets['PRIVZO_LEDGER_OWNER_PASSWORD'], safe='')}@")
+        kept = {n: (ROOT / ".privzo-stack" / f"{n}-db-password").read_text().strip() for n in ("prefect", "mlflow")}
+        # no secret on any process's command line (ps shows those to every user of the machine)
+        every = [*secrets.values(), *kept.values(), quote(secrets["PRIVZO_LEDGER_OWNER_PASSWORD"], safe="")]
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                shown = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                assert not any(s in shown for s in every), f"a secret on the command line of {cmdline.parent.name}"
+        # each server reaches its own database only, the worker the ledger's; the tests' own role none of them
+        logins = {"privzo_prefect": kept["prefect"], "privzo_mlflow": kept["mlflow"],
+                  "privzo_worker": secrets["PRIVZO_LEDGER_WORKER_PASSWORD"], "privzo": "privzo"}
+        reached = {(role, d) for role, password in logins.items() for d in STACK_DATABASES
+                   if _connects(role, password, d)}
+        assert reached == {("privzo_prefect", "privzo_prefect"), ("privzo_mlflow", "privzo_mlflow"),
+                           ("privzo_worker", "privzo_ledger")}
         prefect_api, ray_jobs = env["PREFECT_API_URL"], f"http://127.0.0.1:{env['PRIVZO_RAY_DASHBOARD_PORT']}/api/jobs/"
         assert _status(f"{prefect_api}/deployments/filter", "POST", body={}) == 401
         assert _status(f"{prefect_api}/deployments/filter", "POST", auth="admin:wrong", body={}) == 401
@@ -159,13 +202,15 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         # the worker charges the ledger as privzo_worker: registered datasets only, and only the owner registers
         from flows.ledger import PrivacyLedger
 
-        worker_ledger = PrivacyLedger(f"{PG}/privzo".replace("privzo:privzo@", "privzo_worker:"
-                                                             f"{secrets['PRIVZO_LEDGER_WORKER_PASSWORD']}@"))
+        worker_ledger = PrivacyLedger(owner_env.replace("privzo_owner@", "privzo_worker:"
+                                                        f"{secrets['PRIVZO_LEDGER_WORKER_PASSWORD']}@"))
         assert worker_ledger.missing_write_grants() == [] and not worker_ledger.may_register()
         worker_ledger.engine.dispose()
+        # the owner registers as the exports say: the URL without its password, the password from PGPASSWORD
         registered = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "init", "sklearn-digits", "--spec",
-                                     str(spec_path), "--ledger", f"{PG}/privzo"],
-                                    capture_output=True, text=True, timeout=120, cwd=ROOT)
+                                     str(spec_path)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                    env=dict(os.environ, PRIVZO_LEDGER_URL=owner_env,
+                                             PGPASSWORD=secrets["PRIVZO_LEDGER_OWNER_PASSWORD"]))
         assert registered.returncode == 0 and "sklearn-digits: registered in" in registered.stdout, registered.stderr
         env["PREFECT_API_AUTH_STRING"] = secrets["PRIVZO_PREFECT_AUTH_STRING"]
         deployment_run(env, spec_path)
@@ -188,14 +233,14 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert finished.info.status == "FINISHED" and finished.info.artifact_uri.startswith("mlflow-artifacts:/")
         assert finished.data.params["tracking.uri"] == server  # the resolved spec says where it went
         # the worker's ledger role, its password never logged (every MLflow reader sees the params)
-        assert finished.data.params["budget.ledger"] == "postgresql+psycopg://privzo_worker:***@127.0.0.1:5432/privzo"
+        assert finished.data.params["budget.ledger"] == "postgresql+psycopg://privzo_worker:***@127.0.0.1:5432/privzo_ledger"
         assert not any(secret in str(finished.data.params) for secret in secrets.values())
         report = Path(client.download_artifacts(finished.info.run_id, "privacy_report.md", str(tmp_path)))
         assert finished.data.tags["dp.guarantee"] in report.read_text()
         (version,) = client.search_model_versions("name='digits-retrain'")
         assert version.run_id == finished.info.run_id and version.tags["dp.epsilon"] == finished.data.tags["dp.epsilon"]
 
-        (charge,) = PrivacyLedger(f"{PG}/privzo").history("sklearn-digits")
+        (charge,) = PrivacyLedger(owner).history("sklearn-digits")
         assert charge.status == "committed" and charge.run_id == finished.info.run_id
         from mlflow.exceptions import MlflowException
 
@@ -221,12 +266,12 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         monkeypatch.delenv("PRIVZO_LEDGER_URL", raising=False)
         asked = verify("digits-retrain", version.version, tracking_uri=server)
         assert not asked.passed and "without its password; give --ledger" in asked.first_mismatch
-        checked = verify("digits-retrain", version.version, tracking_uri=server, ledger_url=f"{PG}/privzo")
+        checked = verify("digits-retrain", version.version, tracking_uri=server, ledger_url=owner)
         assert checked.passed, checked.first_mismatch
 
         import sqlalchemy as sa
 
-        engine = sa.create_engine(f"{PG}/prefect")
+        engine = sa.create_engine(f"postgresql+psycopg://privzo_prefect:{kept['prefect']}@{PG_HOST}/privzo_prefect")
         with engine.connect() as conn:
             states = conn.execute(sa.text("SELECT state_name FROM flow_run")).scalars().all()
         engine.dispose()
@@ -263,20 +308,26 @@ def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
     assert services["mlflow"]["command"][services["mlflow"]["command"].index("--app-name") + 1] == "privzo-auth"
     assert "viewer" in services["mlflow"]["environment"]["PRIVZO_MLFLOW_READ_ONLY_USERS"]
     assert worker["PREFECT_API_URL"] == "http://prefect-server:4200/api" and worker[TRACKING_URI_ENV] == "http://mlflow:5000"
-    assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://") and worker[LEDGER_URL_ENV].endswith("@postgres:5432/privzo")
+    assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://") and worker[LEDGER_URL_ENV].endswith("@postgres:5432/privzo_ledger")
     # the worker charges as the ledger's worker role, which the owner grants before the worker starts
     assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://privzo_worker:${PRIVZO_LEDGER_WORKER_PASSWORD:?")
     assert services["ledger-grants"]["command"] == ["privzo", "budget", "grant", "privzo_worker"]
     assert services["worker"]["depends_on"]["ledger-grants"] == {"condition": "service_completed_successfully"}
-    assert "CREATE ROLE privzo_worker LOGIN PASSWORD :'pw'" in (COMPOSE / "postgres-roles.sh").read_text()
+    # one role per service, each owning its database; the ledger's owner is the team's, not a server's
+    assert services["ledger-grants"]["environment"][LEDGER_URL_ENV].startswith(
+        "postgresql+psycopg://privzo_owner:${PRIVZO_LEDGER_OWNER_PASSWORD:?")
     prefect_db = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
-    assert prefect_db.startswith("postgresql+asyncpg://") and prefect_db.endswith("@postgres:5432/prefect")
-    mlflow_cmd = services["mlflow"]["command"]
-    store = mlflow_cmd[mlflow_cmd.index("--backend-store-uri") + 1]
-    assert store.startswith("postgresql+psycopg://") and store.endswith("@postgres:5432/mlflow")
-    made = {line.split()[2] for line in (COMPOSE / "postgres-init.sql").read_text().splitlines()
-            if line.startswith("CREATE DATABASE")}
-    assert made | {services["postgres"]["environment"]["POSTGRES_DB"]} == {"privzo", "prefect", "mlflow"}
+    assert prefect_db.startswith("postgresql+asyncpg://privzo_prefect:${PRIVZO_PREFECT_DB_PASSWORD:?")
+    assert prefect_db.endswith("@postgres:5432/privzo_prefect")
+    store = services["mlflow"]["environment"]["MLFLOW_BACKEND_STORE_URI"]  # not on its command line
+    assert store.startswith("postgresql+psycopg://privzo_mlflow:${PRIVZO_MLFLOW_DB_PASSWORD:?")
+    assert store.endswith("@postgres:5432/privzo_mlflow") and "--backend-store-uri" not in services["mlflow"]["command"]
+    secrets = _secrets()
+    made = subprocess.run(["sh", "-c", "psql() { cat; }; . ./postgres-roles.sh"], cwd=COMPOSE, capture_output=True,
+                          text=True, check=True, env=dict(os.environ, POSTGRES_USER="postgres", **secrets)).stdout
+    assert [line.split()[2] for line in made.splitlines() if line.startswith("CREATE DATABASE")] == \
+        ["privzo_ledger", "privzo_prefect", "privzo_mlflow"]
+    assert not any(s in made for s in secrets.values())  # passwords reach psql as hex only
     # the worker deploys infra/prefect.yaml and serves the pool its deployments name
     deployments = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())["deployments"]
     pools = {d["work_pool"]["name"] for d in deployments}
@@ -324,7 +375,6 @@ def test_the_compose_mlflow_command_answers_the_worker_by_its_service_name(tmp_p
 
     cmd = list(_compose()["services"]["mlflow"]["command"])
     port = _free_port()
-    cmd[cmd.index("--backend-store-uri") + 1] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd[cmd.index("--artifacts-destination") + 1] = str(tmp_path / "artifacts")
     cmd[cmd.index("--port") + 1] = str(port)
     cmd[cmd.index("--host") + 1] = "127.0.0.1"
@@ -334,7 +384,8 @@ def test_the_compose_mlflow_command_answers_the_worker_by_its_service_name(tmp_p
                                                              f"sqlite:///{tmp_path / 'auth.db'}")
     (tmp_path / "auth.ini").write_text(ini)
     server_env = dict(QUICK, **os.environ, **_compose()["services"]["mlflow"]["environment"])
-    server_env.update(MLFLOW_AUTH_CONFIG_PATH=str(tmp_path / "auth.ini"), MLFLOW_AUTH_ADMIN_PASSWORD="admin-password-1",
+    server_env.update(MLFLOW_BACKEND_STORE_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                      MLFLOW_AUTH_CONFIG_PATH=str(tmp_path / "auth.ini"), MLFLOW_AUTH_ADMIN_PASSWORD="admin-password-1",
                       MLFLOW_FLASK_SERVER_SECRET_KEY="k" * 32)
     server = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, env=server_env)
