@@ -417,7 +417,7 @@ def cmd_simulate(args) -> int:
         print(f"| {night.night} | {night.status} | {night.window} | "
               f"{'' if night.epsilon is None else shown(night.epsilon)} | "
               f"{'' if night.model_epsilon is None else shown(night.model_epsilon)} |")
-    print(f"\n| block | charges | epsilon | lifetime |\n|---|---:|---:|---:|")
+    print("\n| block | charges | epsilon | lifetime |\n|---|---:|---:|---:|")
     for block in played["blocks"]:
         print(f"| {block.block} | {block.charges} | {shown(block.epsilon)} | {block.lifetime_epsilon:g} |")
     committed = sum(n.status == "committed" for n in played["nights"])
@@ -473,7 +473,7 @@ def _checked(args, ledger) -> int:
 
 
 def _show_budget(args, ledger) -> int:
-    from flows.reporting import shown, shown_left
+    from flows.reporting import shown
 
     ds = ledger.dataset(args.dataset)
     if ds is None:

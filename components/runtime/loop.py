@@ -83,25 +83,37 @@ class StepContext:
         self._loop = loop
         self._indices: torch.Tensor = indices
         self.used = 0
+        self._step_recorded = False
         self.released: List[float] = []
+
+    def _admit(self, releases: int) -> None:
+        """The one admission every door passes (privacy invariant 1): ``releases`` more noisy releases this
+        step must fit the ``queries_per_step`` the estimator declared and was calibrated for."""
+        loop = self._loop
+        if self.used + releases > loop.estimator.queries_per_step:
+            raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + releases} noisy queries in step "
+                                     f"{self.step}, declared {loop.estimator.queries_per_step}")
+        self.used += releases
+
+    def _private_sums(self, query, clip: float):
+        """The clipped per-row (per-person) sums of ``query`` over the step's batch, after ``_admit``; the step
+        is recorded with the tracker once they exist and before any release made from them does, so a crash
+        never leaves a release unaccounted."""
+        sums = self._loop.backend.query(query, self._indices, clip)
+        if not self._step_recorded:
+            self._loop.tracker.record_step()
+            self._step_recorded = True
+        return sums
 
     def release(self, query):
         """The step's clipped sums for ``query``, released by the mechanism with the noise it was calibrated
         for: scalars for finite differences and loss values, tensors for d-dimensional queries."""
         loop = self._loop
         mechanism = cast(QueryReleases, loop.mechanism)
-        size = 1 if isinstance(query, DENSE_QUERIES) else query.size
-        if self.used + size > loop.estimator.queries_per_step:
-            raise PrivacyBudgetError(
-                f"{loop.estimator.name}: {self.used + size} noisy queries in step {self.step}, "
-                f"declared {loop.estimator.queries_per_step}")
         if isinstance(query, PerExampleSphere):
             self._check_bound(query, mechanism.clip)
-        sums = loop.backend.query(query, self._indices, mechanism.clip)
-        if self.used == 0:
-            # recorded before any release exists, so a crash never leaves a release unaccounted
-            loop.tracker.record_step()
-        self.used += size
+        self._admit(1 if isinstance(query, DENSE_QUERIES) else query.size)
+        sums = self._private_sums(query, mechanism.clip)
         if isinstance(query, (PerExampleGradients, PerExampleSphere)):
             return self._finite(mechanism.release_vector(list(sums)))
         if isinstance(query, EmbeddedGradients):
@@ -131,17 +143,12 @@ class StepContext:
         vectors is this step's increment; the tree-aggregation mechanism keeps the period's un-noised
         running sum and returns only that sum plus tree noise. One increment a step."""
         loop = self._loop
-        if self.used + 1 > loop.estimator.queries_per_step:
-            raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + 1} noisy queries in step {self.step}, "
-                                     f"declared {loop.estimator.queries_per_step}")
         mechanism = cast(RunningSumReleases, loop.mechanism)
         if mechanism.private:
             # one row moves a batch mean by at most its bound over the batch, twice that under replace-one
             self._check_bound(query, mechanism.sensitivity * self.batch_normaliser / mechanism.neighbour_factor)
-        sums = loop.backend.query(query, self._indices, mechanism.clip)
-        if self.used == 0:
-            loop.tracker.record_step()  # before the release exists
-        self.used += 1
+        self._admit(1)
+        sums = self._private_sums(query, mechanism.clip)
         released = mechanism.release_running_sum([t / self.batch_normaliser for t in sums])
         params = loop.backend.directions.params
         return self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
@@ -158,23 +165,16 @@ class StepContext:
         the privacy filter before it exists. Returns (released norm or None, released vector)."""
         loop = self._loop
         mechanism, tracker = cast(FullBatchReleases, loop.mechanism), cast(PrivacyFilter, loop.tracker)
-        releases = 2 if request.norm_std is not None else 1
-        if self.used + releases > loop.estimator.queries_per_step:
-            raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + releases} noisy queries in step "
-                                     f"{self.step}, declared {loop.estimator.queries_per_step}")
+        self._admit(2 if request.norm_std is not None else 1)
         query = request.query()
-        sums = loop.backend.query(query, self._indices, mechanism.clip)
-        if self.used == 0:
-            tracker.record_step()
+        sums = self._private_sums(query, mechanism.clip)
         norm, std = None, request.std
         if request.norm_std is not None:
             tracker.charge(mechanism.cost(query.clip, request.norm_std))
             norm = mechanism.release_norm(sums, request.norm_std)
-            self.used += 1
             std = request.std_for(norm)
         tracker.charge(mechanism.cost(query.clip, std))
         released = mechanism.release_mean(sums, std)
-        self.used += 1
         del sums
         params = loop.backend.directions.params
         return norm, self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
@@ -184,17 +184,12 @@ class StepContext:
         drawn by the exponential mechanism on the norm of the clipped mean gradient there; the scores stay here."""
         loop = self._loop
         mechanism, tracker = cast(FullBatchReleases, loop.mechanism), cast(PrivacyFilter, loop.tracker)
-        if self.used + 1 > loop.estimator.queries_per_step:
-            raise PrivacyBudgetError(f"{loop.estimator.name}: {self.used + 1} noisy queries in step {self.step}, "
-                                     f"declared {loop.estimator.queries_per_step}")
+        self._admit(1)
         scores = []
         for offset in request.offsets:
-            sums = loop.backend.query(request.query(offset), self._indices, mechanism.clip)
+            sums = self._private_sums(request.query(offset), mechanism.clip)
             scores.append(math.sqrt(sum(float(t.pow(2).sum()) for t in mechanism.unnoised_mean(sums))))
-        if self.used == 0:
-            tracker.record_step()
         tracker.charge(request.cost)
-        self.used += 1
         index = mechanism.release_choice(scores, request.scale)
         del scores
         return index

@@ -242,6 +242,13 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
 
         (charge,) = PrivacyLedger(owner).history("sklearn-digits")
         assert charge.status == "committed" and charge.run_id == finished.info.run_id
+        import sqlalchemy as sa
+
+        # the worker's own SQL cannot rewrite the committed charge (fewer steps: a smaller epsilon)
+        engine = sa.create_engine(worker_ledger.engine.url)
+        with pytest.raises(sa.exc.DBAPIError, match="a settled charge never changes"), engine.begin() as conn:
+            conn.execute(sa.text("UPDATE privzo_charges SET steps_run = 1 WHERE id = :i"), {"i": charge.id})
+        engine.dispose()
         from mlflow.exceptions import MlflowException
 
         for forge in (lambda: client.create_model_version("digits-retrain", version.source, version.run_id),
@@ -268,8 +275,6 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert not asked.passed and "without its password; give --ledger" in asked.first_mismatch
         checked = verify("digits-retrain", version.version, tracking_uri=server, ledger_url=owner)
         assert checked.passed, checked.first_mismatch
-
-        import sqlalchemy as sa
 
         engine = sa.create_engine(f"postgresql+psycopg://privzo_prefect:{kept['prefect']}@{PG_HOST}/privzo_prefect")
         with engine.connect() as conn:
