@@ -45,7 +45,7 @@ up: install
 down:
 	bash infra/local-stack.sh down
 
-# the MLflow and Prefect UIs after the main job and three nightly retrains, checked in headless Chromium
+# the MLflow and Prefect UIs after the main job and two nightly retrains, checked in headless Chromium
 # (Debian's: apt-get install -y chromium); screenshots in docs/screenshots
 ui-check: install
 	$(PY) infra/ui_check.py --keep-going --screenshots docs/screenshots

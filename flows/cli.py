@@ -472,6 +472,45 @@ def _checked(args, ledger) -> int:
     return 1 if problems else 0
 
 
+def _budget_parsers(p) -> None:
+    """``privzo budget``'s actions, each with its own arguments."""
+    actions = p.add_subparsers(dest="action", required=True, metavar="{show,history,simulate,init,grant}")
+
+    def action(name: str, what: str, metavar: str, helped: str):
+        a = actions.add_parser(name, help=helped)
+        a.add_argument("dataset", metavar=metavar, help=what)
+        a.set_defaults(func=cmd_budget, spec=None, as_of=None, check=False)
+        if name != "simulate":
+            a.add_argument("--ledger", default=ledger_from_env(), help=f"SQLAlchemy URL of the ledger (default: "
+                           f"${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
+        return a
+
+    a = action("show", "the dataset", "DATASET", "a dataset's blocks, what each spent, what a next run fits")
+    a.add_argument("--spec", default=None, help="the spec of the runs on this dataset's blocks; adds the blocks its "
+                   "next run reads and those retired for it")
+    a.add_argument("--as-of", default=None, help="with --spec: the moment of that next run, ISO 8601 (default: now)")
+    a.add_argument("--check", action="store_true", help="recompute every block's composition from its charges and "
+                   "each committed charge against its plan; exit 1 naming any difference")
+    action("history", "the dataset", "DATASET", "a dataset's charges, one a run")
+    a = action("simulate", "a spec on blocks", "SPEC", "play nights of a spec on blocks on a scratch ledger")
+    a.add_argument("--nights", type=int, default=60, help="how many nights (default 60)")
+    a.add_argument("--first", default=None, help="the first night, YYYY-MM-DD (default: the first whose window is "
+                   "full)")
+    a.add_argument("--out", default=None, help="the folder for its ledger, MLflow store and stream (default: a new "
+                   "temporary folder)")
+    a = action("init", "the dataset to register", "DATASET", "the ledger owner's: register a dataset's terms")
+    a.add_argument("--spec", default=None, help="the spec whose budget, privacy and data.blocks give all its terms")
+    a.add_argument("--lifetime-epsilon", type=float, default=None, help="the lifetime epsilon of a dataset without "
+                   "blocks (without --spec)")
+    a.add_argument("--delta", type=float, default=None, help="the lifetime's delta (with --spec: only where its "
+                   "privacy.delta is auto)")
+    a.add_argument("--accountant", choices=["rdp", "pld", "zcdp"], default="rdp", help="(default rdp)")
+    a.add_argument("--neighboring", choices=["add_remove", "replace_one"], default="add_remove",
+                   help="(default add_remove)")
+    a = action("grant", "an existing PostgreSQL role", "ROLE", "the ledger owner's: a worker's or a viewer's rights")
+    a.add_argument("--read-only", action="store_true", help="a viewer's rights (read), not a worker's")
+
+
 def _show_budget(args, ledger) -> int:
     from flows.reporting import shown
 
@@ -611,32 +650,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tracking-uri", default=None, help="default: the example specs' tracking.uri")
     p.add_argument("--experiment", default="privzo-reproduce", help="MLflow experiment")
     p.set_defaults(func=cmd_reproduce)
-    p = sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history DATASET; "
-                                      "simulate SPEC plays nights of a spec on blocks on a scratch ledger; the "
-                                      "ledger owner's: init DATASET registers its lifetime, grant ROLE")
-    p.add_argument("action", choices=["show", "history", "simulate", "init", "grant"])
-    p.add_argument("dataset", metavar="DATASET|SPEC|ROLE")
-    p.add_argument("--nights", type=int, default=60, help="simulate: how many nights (default 60)")
-    p.add_argument("--first", default=None, help="simulate: the first night, YYYY-MM-DD (default: the first whose "
-                   "window is full)")
-    p.add_argument("--out", default=None, help="simulate: the folder for its ledger, MLflow store and stream "
-                   "(default: a new temporary folder)")
-    p.add_argument("--spec", default=None, help="show: the spec of the runs on this dataset's blocks; adds the "
-                   "blocks its next run reads and those retired for it")
-    p.add_argument("--as-of", default=None, help="show --spec: the moment of that next run, ISO 8601 (default: now)")
-    p.add_argument("--check", action="store_true", help="show: recompute every block's composition from its charges "
-                   "and each committed charge against its plan; exit 1 naming any difference")
-    p.add_argument("--lifetime-epsilon", type=float, default=None, help="init: the lifetime epsilon of a dataset "
-                   "without blocks; or --spec SPEC, whose budget, privacy and data.blocks give all its terms")
-    p.add_argument("--delta", type=float, default=None, help="init: the lifetime's delta (with --spec: only "
-                   "where its privacy.delta is auto)")
-    p.add_argument("--accountant", choices=["rdp", "pld", "zcdp"], default="rdp", help="init: (default rdp)")
-    p.add_argument("--neighboring", choices=["add_remove", "replace_one"], default="add_remove",
-                   help="init: (default add_remove)")
-    p.add_argument("--read-only", action="store_true", help="grant: a viewer's rights (read), not a worker's")
-    p.add_argument("--ledger", default=ledger_from_env(),
-                   help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV}, else ~/.privzo/privacy-ledger.db)")
-    p.set_defaults(func=cmd_budget)
+    _budget_parsers(sub.add_parser("budget", help="a dataset's privacy budget in the ledger: show | history "
+                                   "DATASET; simulate SPEC plays nights of a spec on blocks on a scratch ledger; "
+                                   "the ledger owner's: init DATASET registers its lifetime, grant ROLE"))
     p = sub.add_parser("audit", help="empirical lower bound on a spec's epsilon (canaries in one or many training runs)")
     p.add_argument("spec")
     p.add_argument("--canaries", type=int, default=None,

@@ -1,4 +1,4 @@
-"""End to end as a user runs it: the local stack up, the main job and three `prefect deployment run`s of the
+"""End to end as a user runs it: the local stack up, the main job and two `prefect deployment run`s of the
 nightly retrain, the MLflow runs and ledger rows they leave, and what the MLflow and Prefect UIs show of them in
 a browser. Its own module: the stack lives for this module's tests only, and another stack started from the same
 checkout meanwhile would take over its pid files."""
@@ -27,7 +27,7 @@ def _ui_check():
 @pytest.fixture(scope="module")
 def nightly(tmp_path_factory):
     """As a user runs it, once for this module's tests: the local stack up, `privzo run` of the main job and
-    three `prefect deployment run`s of the nightly retrain (one epoch each), charged to a ledger and tracked
+    two `prefect deployment run`s of the nightly retrain (one epoch each), charged to a ledger and tracked
     in an MLflow store of the stack's (infra/ui_check.py, which `make ui-check` runs at full length)."""
     if not (BIN / "prefect").exists():
         pytest.skip("prefect CLI not next to this interpreter")
@@ -39,17 +39,18 @@ def nightly(tmp_path_factory):
 
 
 def test_prefect_deployment_runs_train_log_and_charge_the_ledger(nightly, monkeypatch):
-    _, env = nightly
+    ui_check, env = nightly
     # the stack runs with its authentication on: read as the user its exports name (viewer)
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", env["MLFLOW_TRACKING_USERNAME"])
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", env["MLFLOW_TRACKING_PASSWORD"])
     client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
-    assert len(runs) == 3 and all(r.info.status == "FINISHED" and float(r.data.tags["dp.epsilon"]) <= 2.0 for r in runs)
+    assert len(runs) == ui_check.RETRAINS
+    assert all(r.info.status == "FINISHED" and float(r.data.tags["dp.epsilon"]) <= 2.0 for r in runs)
     from flows.ledger import PrivacyLedger
 
     charges = PrivacyLedger(env["PRIVZO_LEDGER_URL"]).history("sklearn-digits")
-    assert [c.status for c in charges] == ["committed"] * 3
+    assert [c.status for c in charges] == ["committed"] * ui_check.RETRAINS
     assert {c.run_id for c in charges} == {r.info.run_id for r in runs}
     schedules = subprocess.run([str(BIN / "prefect"), "deployment", "inspect",
                                 "private-train/digits-retrain-nightly"], env=env, capture_output=True, text=True)
@@ -57,7 +58,7 @@ def test_prefect_deployment_runs_train_log_and_charge_the_ledger(nightly, monkey
 
 
 def test_the_uis_show_the_runs_models_guarantees_and_flow_runs(nightly, tmp_path):
-    """In headless Chromium: the experiment's training runs, the run page, its charts, version 3 (the model's
+    """In headless Chromium: the experiment's training runs, the run page, its charts, version 2 (the model's
     composed epsilon before the run's own), the model, Prefect's deployment, flow run and artifact."""
     ui_check, env = nightly
     problem = ui_check.browser_problem()
