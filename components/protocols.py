@@ -86,7 +86,7 @@ class RunningSumReleases(Mechanism, Protocol):
 
 @runtime_checkable
 class FullBatchReleases(Mechanism, Protocol):
-    """Paper 003's releases on the mean over every private row: a Gaussian vector or norm of a std the
+    """Menart et al. (KL)'s releases on the mean over every private row: a Gaussian vector or norm of a std the
     optimizer's plan sets, and the exponential mechanism's choice among scores. ``cost`` is the zCDP of a
     release, charged to the privacy filter before it exists; ``unnoised_mean`` is for scores computed and
     consumed inside the door, never released."""

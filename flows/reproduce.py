@@ -331,7 +331,7 @@ def _kl_match_all(pairs):
 def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
                  output: Optional[str] = "docs/results/kl_rates.md", tracking_uri: Optional[str] = None,
                  experiment: str = "privzo-reproduce", command: str = "privzo reproduce kl") -> Dict[str, Any]:
-    """Paper 003's rate experiments: the kernel on privzo's plans, privzo's own loop against it at the first
+    """Menart et al. (KL)'s rate experiments: the kernel on privzo's plans, privzo's own loop against it at the first
     point of every series (the DP-GD baselines: privzo's first_order + gaussian + sgd run)."""
     from components.reproduce import kl_kernel as kk
 
@@ -711,7 +711,7 @@ def _log_dpzero_cell(client, experiment_id: str, parent_id: str, cell, grid) -> 
 def reproduce_dpzero(experiments: List[str], seeds: List[int], quick: bool = False,
                      output: Optional[str] = "docs/results/dpzero_fig1.md", tracking_uri: Optional[str] = None,
                      experiment: str = "privzo-reproduce", command: str = "privzo reproduce dpzero") -> Dict[str, Any]:
-    """Paper 004's Figure 1: every grid point of the three methods on each (spectrum, d) through the kernel, a child
+    """DPZero's Figure 1: every grid point of the three methods on each (spectrum, d) through the kernel, a child
     run per (spectrum, method, d), privzo's own loop against the kernel on one grid point per method."""
     from components.reproduce import dpzero_quadratic as dq
 

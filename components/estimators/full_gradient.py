@@ -1,4 +1,4 @@
-"""Paper 003's oracle: full-batch clipped gradients, gradient differences and the selection, in the order the
+"""Menart et al. (KL)'s oracle: full-batch clipped gradients, gradient differences and the selection, in the order the
 optimizer plans them (``ctx.request``); it only turns a request into releases through the door."""
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ BALL_KINDS = ("gradient", "gradient_difference")
 
 @dataclass(frozen=True, eq=False)
 class PerExampleBall(PerExampleSphere):
-    """Paper 002's first-order oracle (its Algorithm 5): every example gets its own points y_ij uniform in the
+    """Kornowski, Liu and Talwar's first-order oracle (its Algorithm 5): every example gets its own points y_ij uniform in the
     unit ball, drawn from public_seed(seed, slot) as for a sphere query, and its loss's gradient is taken at
     p + ``smoothing`` y_ij (``smoothing`` is the ball's radius alpha). Per example i:
 
@@ -187,7 +187,7 @@ EXACT_KINDS = ("gradient", "gradient_difference")
 
 @dataclass(frozen=True, eq=False)
 class PerExampleGradientAt(PerExampleSphere):
-    """Paper 003's full-batch first-order oracle: per example i, with p the parameters,
+    """Menart et al. (KL)'s full-batch first-order oracle: per example i, with p the parameters,
 
         gradient:            g_i = grad f(p + offset; x_i)    (offset None: at p)
         gradient_difference: g_i = grad f(p; x_i) - grad f(p + offset; x_i)

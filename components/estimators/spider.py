@@ -88,7 +88,7 @@ class ZoSpiderEstimator:
 
 
 class FoSpiderEstimator(ZoSpiderEstimator):
-    """Paper 002's first-order oracle (Algorithm 5, Theorem 6.1) with the same tree, schedule and O2NC: at a
+    """Kornowski, Liu and Talwar's first-order oracle (Algorithm 5, Theorem 6.1) with the same tree, schedule and O2NC: at a
     period's first step each of the start_batch rows gives its gradient at one point uniform in the ball of
     radius r around z_t (clipped to the Lipschitz bound, which an L-Lipschitz loss never exceeds); after,
     each row gives the difference of its gradients averaged over m independent ball points around z_t and

@@ -1,6 +1,6 @@
 """A vectorised numpy reference kernel of privzo's nonsmooth runs on P1, for rate sweeps.
 
-One step of privzo's O2NC runs (zo_spider 001/002 with tree aggregation, or 001's zo_naive baseline) costs
+One step of privzo's O2NC runs (zo_spider Zhang et al. / Kornowski et al. with tree aggregation, or Zhang et al.'s zo_naive baseline) costs
 milliseconds of Python and torch dispatch on a problem of dimension 4; the papers' rates need runs of up to
 10^6 rows. This kernel computes the same formulas, the same order of operations where it matters, for R runs
 at once (seeds as a batch dimension), so a sweep takes minutes.
@@ -29,7 +29,7 @@ from components.protocols import ScheduledBatches
 class KernelPlan:
     """The numbers a resolved nonsmooth spec runs with (``from_spec``)."""
 
-    algorithm: str  # original (001) | improved (002) | improved_fo (002 first order) | original_naive (001's baseline)
+    algorithm: str  # original (Zhang et al.) | improved (Kornowski et al.) | improved_fo (Kornowski et al. first order) | original_naive (Zhang et al.'s baseline)
     dimension: int
     radius: float
     steps: int
@@ -44,14 +44,14 @@ class KernelPlan:
     step_bound: float
     lr: float
     restart: bool
-    noise_std: float  # the tree's node std (001, 002) or the Gaussian's std (naive); 0 without a mechanism
+    noise_std: float  # the tree's node std (Zhang et al., Kornowski et al.) or the Gaussian's std (naive); 0 without a mechanism
     start: float
     seed: int
-    # 002's multi-pass algorithm: every row in every step, a restart every ``period`` steps; a restart's
+    # Kornowski et al.'s multi-pass algorithm: every row in every step, a restart every ``period`` steps; a restart's
     # release carries noise_std, a difference's difference_noise_std
     multi_pass: bool = False
     difference_noise_std: float = 0.0
-    # 002 zeroth-order: a difference's two points on the same m directions (privzo's deviation from the paper) or on 2m
+    # Kornowski et al. zeroth-order: a difference's two points on the same m directions (privzo's deviation from the paper) or on 2m
     coupled: bool = True
 
     @property
@@ -85,7 +85,7 @@ class KernelPlan:
         if sampling.kind == "poisson":  # its batches come from a private generator, which no kernel replays
             raise ValueError("reproduction kernel: a Poisson multi-pass run's batches are secret; the kernel replays "
                              "full batches and single passes")
-        if sampling.kind == "full_batch":  # 002's multi-pass algorithm (scheduled_gaussian, or its twin)
+        if sampling.kind == "full_batch":  # Kornowski et al.'s multi-pass algorithm (scheduled_gaussian, or its twin)
             n = spec.public_rows(n)
             stds = ((float(mech.noise_multiplier) * 2.0 * float(mech.clip) / n,
                      float(mech.difference_noise_multiplier) * 2.0 * float(mech.difference_clip) / n)
@@ -252,7 +252,7 @@ class KernelResult:
     certificates: np.ndarray  # [R, windows]: Gamma_k of every window
     output: np.ndarray  # [R, d]: the output window's average
     query_points: Optional[np.ndarray]  # [R, steps + 1, d] when recorded
-    # [R, windows]: the same on the rows' empirical objective h + <xi-bar, x> (002's multi-pass guarantee)
+    # [R, windows]: the same on the rows' empirical objective h + <xi-bar, x> (Kornowski et al.'s multi-pass guarantee)
     empirical_certificates: Optional[np.ndarray] = None
 
     @property
@@ -288,7 +288,7 @@ class Kernel:
         return total / size
 
     def _fo_estimate(self, step: int, start: bool, z: np.ndarray, previous: Optional[np.ndarray], streams) -> np.ndarray:
-        """002's first-order increment, [R, d]. On P1 grad f(x; xi) = d^(-1/2) psi'(x) + xi, and psi' is
+        """Kornowski et al.'s first-order increment, [R, d]. On P1 grad f(x; xi) = d^(-1/2) psi'(x) + xi, and psi' is
         constant between its kinks: a coordinate further than r from every kink at both points (in every
         run) has the same gradient at every ball point, so its difference is exactly 0 (its start estimate
         exactly d^(-1/2) psi'(z_j) + xi_j); ball points are drawn only when some coordinate is near a kink."""

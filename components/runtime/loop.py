@@ -159,7 +159,7 @@ class StepContext:
         return cast(RequestsReleases, self._loop.backend.optimizer).request(self._loop.tracker)
 
     def release_full_batch(self, request):
-        """Paper 003's door: the mean over every private row of per-example vectors clipped at the request's
+        """Menart et al. (KL)'s door: the mean over every private row of per-example vectors clipped at the request's
         clip, plus Gaussian noise of the request's std; with ``norm_std`` first a noisy norm of that mean,
         from which the request sets the vector's std (adaptive GD). Each release's exact cost is charged to
         the privacy filter before it exists. Returns (released norm or None, released vector)."""
@@ -180,7 +180,7 @@ class StepContext:
         return norm, self._finite([r.to(device=p.device, dtype=p.dtype) for r, p in zip(released, params)])
 
     def release_selection(self, request) -> int:
-        """Paper 003's Theorem 5: the index of one of ``request.offsets`` (iterates relative to the parameters)
+        """Menart et al. (KL)'s Theorem 5: the index of one of ``request.offsets`` (iterates relative to the parameters)
         drawn by the exponential mechanism on the norm of the clipped mean gradient there; the scores stay here."""
         loop = self._loop
         mechanism, tracker = cast(FullBatchReleases, loop.mechanism), cast(PrivacyFilter, loop.tracker)

@@ -1,4 +1,4 @@
-"""Paper 003's optimizers, each a state machine over public values: it says which release comes next
+"""Menart et al. (KL)'s optimizers, each a state machine over public values: it says which release comes next
 (``request``), reads the released vector (``apply``) and says when it is done. The state (iterates, the
 running gradient estimate, phase counters) is a function of the start, the public plan and earlier
 releases, so it is checkpointed anywhere, and every replica that applies the same releases stays in step.

@@ -38,7 +38,7 @@ def assumptions_of(spec) -> Tuple[float, float]:
 
 
 def multi_pass(spec) -> bool:
-    """Paper 002's multi-pass algorithm: a spider oracle over full batches, or over Poisson batches (its
+    """Kornowski, Liu and Talwar's multi-pass algorithm: a spider oracle over full batches, or over Poisson batches (its
     footnote 2)."""
     return spec.estimator.kind in SPIDER_KINDS and spec.sampling.kind in MULTI_PASS_SAMPLING
 

@@ -4,7 +4,7 @@ Pure Python (no torch). Inputs are public: the number of private rows n (public 
 only relation these algorithms run under), the dimension d, the spec's ``assumptions`` (Lipschitz constant
 L, initial gap Phi), the smoothing radius r and the privacy target, as mu, the GDP parameter that is
 exactly (epsilon, delta)-DP. Formulas are (Zhang et al., Theorem 4.9, with the node count
-J = floor(log2 T) + 1 in place of 2 ln T), §2.3 (001's Appendix E baseline, its sigma corrected to the
+J = floor(log2 T) + 1 in place of 2 ln T), §2.3 (Zhang et al.'s Appendix E baseline, its sigma corrected to the
 replace-one sensitivity 2dL/B) and §3.3 (Kornowski et al., Theorem 3.1, with coupled directions). Constants the
 papers hide in O(.) are 1. The noise itself is never taken from these formulas: privzo calibrates the
 node multiplier on the run's exact DpEvent; ``lr`` then takes the calibrated node std.
@@ -37,14 +37,16 @@ def tree_depth(period: int) -> int:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A resolved schedule. ``steps`` = windows x window for 001 (a window is an epoch and a tree period),
-    T for 002; the tree's period is ``period``; rows: start_batch at each period start, step_batch
+    """A resolved schedule. ``steps`` = windows x window for Zhang et al. (a window is an epoch and a tree period),
+    T for Kornowski et al.; the tree's period is ``period``; rows: start_batch at each period start, step_batch
     otherwise. Clips are per example, in privzo units (directions on the sphere of radius sqrt(d)):
     ``start_clip`` bounds the period-start estimate, ``difference_clip`` a difference estimate at the
     a-priori largest move 2D; ``clip_mode`` says whether each is a bound on every direction's scalar
-    coefficient (001, naive) or on the per-example vector (002)."""
+    coefficient (Zhang et al., naive) or on the per-example vector (Kornowski et al.)."""
 
-    algorithm: str  # original (001), original_naive (001's baseline), improved (002), improved_fo (002 first order)
+    # original (Zhang et al.), original_naive (their baseline), improved (Kornowski et al.), improved_fo (its
+    # first-order oracle)
+    algorithm: str
     steps: int
     window: int
     period: int
@@ -60,11 +62,12 @@ class Schedule:
     radius: float
     rows_used: int
     predicted: float  # the theorem's bound on E |Goldstein subgradient| at 2r, its constants and logs 1
-    # multi-pass (002's Theorem 4.1): the paper's ratio of the difference releases' noise std to the
+    # multi-pass (Kornowski et al.'s Theorem 4.1): the paper's ratio of the difference releases' noise std to the
     # start releases' (sigma_2 / sigma_1); one scale is calibrated on the run's event
     difference_noise_ratio: float = 1.0
     multi_pass: bool = False
-    # 002 zeroth-order: a difference's two points on the same directions (a deviation from the paper, which draws them independently) or not
+    # Kornowski et al. zeroth-order: a difference's two points on the same directions (a deviation from the
+    # paper, which draws them independently) or not
     coupled: bool = True
 
     def as_dict(self) -> dict:
@@ -94,7 +97,7 @@ def _needed_rows(fits: Callable[[int], bool], start: int) -> int:
 
 
 def preset_001(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, mu: float) -> Schedule:
-    """Paper 001, Theorem 4.9: T rounds an epoch, K epochs, B1 = T + 1 rows at an epoch's start and 1 row
+    """Zhang, Tran and Cutkosky, Theorem 4.9: T rounds an epoch, K epochs, B1 = T + 1 rows at an epoch's start and 1 row
     a round after, D = r / T, d directions per row, scalar clip C_s = L sqrt(d) on every coefficient (it
     never binds on an L-Lipschitz loss)."""
     gap_hat = initial_gap + lipschitz * radius
@@ -117,7 +120,7 @@ def preset_001(n: int, d: int, lipschitz: float, initial_gap: float, radius: flo
 
 
 def preset_001_naive(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, mu: float) -> Schedule:
-    """Paper 001, Appendix E: one row and one direction a round, T rounds an epoch, K = n / T epochs."""
+    """Zhang, Tran and Cutkosky, Appendix E: one row and one direction a round, T rounds an epoch, K = n / T epochs."""
     gap_hat = initial_gap + lipschitz * radius
 
     def rounds(rows):
@@ -172,7 +175,7 @@ def _002_layout(n: int, d: int, lipschitz: float, gap: float, radius: float, eps
 def preset_002(n: int, d: int, lipschitz: float, initial_gap: float, radius: float, epsilon: float,
                concentration_delta: float, first_order: bool = False, coupled: bool = True,
                constants: Optional[Mapping[str, float]] = None) -> Schedule:
-    """Paper 002, Theorem 3.1: T = n/2 steps shrunk to fit one pass, B1 = Sigma rows at a
+    """Kornowski, Liu and Talwar, Theorem 3.1: T = n/2 steps shrunk to fit one pass, B1 = Sigma rows at a
     period start, 1 after; windows of W = alpha / (4D); vector clips at the concentration bounds (c_h = c_s
     = 1). Privacy rests on the clips, not on the concentration event. Directions per row: the paper's
     (Lemma 3.5) m = log(8 d B2 / delta_0)(d^2 B1^2 + d alpha^2 B2^2 / D^2) everywhere, the two points of a
@@ -236,7 +239,7 @@ def preset_002_multi_pass(n: int, d: int, lipschitz: float, initial_gap: float, 
                           epsilon: float, delta: float, concentration_delta: float,
                           first_order: bool = False, batch: Optional[int] = None, coupled: bool = True,
                           constants: Optional[Mapping[str, float]] = None) -> Schedule:
-    """Paper 002, Theorem 4.1: full-batch ERM, every row in every step, for a target
+    """Kornowski, Liu and Talwar, Theorem 4.1: full-batch ERM, every row in every step, for a target
     beta of the empirical Goldstein certificate: T = Phi L^2 / (alpha^2 beta^3) steps of bound D = alpha^2
     beta^2 / L^2, restarts every Sigma = alpha / (D sqrt(d)) steps, windows of W = alpha / D, the noise of
     a restart's release and of a difference's in the paper's ratio sigma_2 / sigma_1 = D sqrt(d Sigma) /
@@ -294,7 +297,7 @@ def vector_bounds(schedule: Schedule, d: int) -> tuple:
     """Per-example L2 bounds of (start estimate, difference estimate at the largest move 2D)."""
     scale = math.sqrt(d) if schedule.clip_mode == "scalar" else 1.0
     if schedule.algorithm == "original":
-        # 001's difference clip scales with the move: C_s |z_t - z_(t-1)| / r <= C_s 2D / r
+        # Zhang et al.'s difference clip scales with the move: C_s |z_t - z_(t-1)| / r <= C_s 2D / r
         return schedule.start_clip * scale, schedule.difference_clip * scale * 2 * schedule.step_bound / schedule.radius
     return schedule.start_clip * scale, schedule.difference_clip * scale
 
@@ -307,8 +310,8 @@ def node_sensitivity(schedule: Schedule, d: int, kappa: float = 2.0) -> float:
 
 
 def second_moment(schedule: Schedule, d: int, lipschitz: float, node_std: float) -> float:
-    """G^2, the bound on E|g_t|^2 that sets eta = D / (G sqrt(W)) (001 Lemma 4.8 and Cor. 4.5; 002 Lemma 3.6
-    with the coupled difference; 002's first-order oracle, Lemma 6.5; 001's baseline: L^2 (d + 1) + d sigma^2)."""
+    """G^2, the bound on E|g_t|^2 that sets eta = D / (G sqrt(W)) (Zhang et al. Lemma 4.8 and Cor. 4.5; Kornowski et al. Lemma 3.6
+    with the coupled difference; Kornowski et al.'s first-order oracle, Lemma 6.5; Zhang et al.'s baseline: L^2 (d + 1) + d sigma^2)."""
     j = tree_depth(schedule.period)
     if schedule.algorithm == "original":
         return (3 * (16 * d * lipschitz ** 2 / schedule.start_batch + 64 * d * lipschitz ** 2 / (
@@ -331,7 +334,7 @@ def second_moment(schedule: Schedule, d: int, lipschitz: float, node_std: float)
 
 
 def learning_rate(schedule: Schedule, d: int, lipschitz: float, node_std: float) -> float:
-    """eta = D / (G sqrt(W)) (002's Proposition 2.6; 001 leaves eta to the online learner's tuning)."""
+    """eta = D / (G sqrt(W)) (Kornowski et al.'s Proposition 2.6; Zhang et al. leaves eta to the online learner's tuning)."""
     return schedule.step_bound / math.sqrt(second_moment(schedule, d, lipschitz, node_std) * schedule.window)
 
 
