@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 from pathlib import Path
+
+from flows.refusals import RuntimeRefusal
 from typing import Optional
 
 import torch
@@ -56,7 +58,7 @@ def resume_store(root: str, name: str, resume: Optional[str]) -> Optional["Check
     return store
 
 
-class RunLocked(RuntimeError):
+class RunLocked(RuntimeRefusal):
     """Another live process holds this run's checkpoint folder."""
 
 

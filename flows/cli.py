@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import specs
+from flows.refusals import is_refusal, refusal_line
 from specs.sections import LEDGER_URL_ENV, ledger_from_env
 
 
@@ -694,14 +695,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except specs.SpecError as err:
         return _fail(str(err))
     except (ValueError, FileNotFoundError) as err:  # a spec that does not fit its data; nothing to resume
-        return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return _fail(refusal_line(err))
     except RuntimeError as err:
-        from flows.checkpoints import RunLocked
-        from flows.ledger import BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched
-
-        # refusals, not crashes: one line
-        if isinstance(err, (BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched, RunLocked)):
-            return _fail(str(err).splitlines()[0])
+        if is_refusal(err):  # refusals, not crashes: one line
+            return _fail(refusal_line(err))
         from flows.private_train import cluster_lost
 
         if cluster_lost(err) and getattr(args, "spec", None):  # checkpointed, reservation kept: say how to go on

@@ -15,11 +15,8 @@ lost cluster, or released when nothing private ran). Report and guarantee text i
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import json
-import logging
 import math
 import os
 import sys
@@ -50,74 +47,17 @@ from components.data.blocks import open_period
 from components.estimators.directions import GENERATOR_VERSION
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
-from flows.checkpoints import Checkpointer, CheckpointStore, RunLocked, resume_store, spec_digest
+from flows.checkpoints import Checkpointer, CheckpointStore, resume_store, spec_digest
 from flows.blocks import BlockView, Window, as_of_moment
-from flows.ledger import (BudgetExceeded, DatasetTerms, LedgerUnavailable, RowsExposed, RowsUnmatched,
-                          ledger_for_spending, shown_url)
+from flows.ledger import (DatasetTerms, ledger_for_spending, shown_url)
 from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
 from flows.session import RunSession
 from flows.transcript import (REGISTER_TAG, Transcript, load_weights, log_transcript_model, replays_to, transcript_of,
                               weights_bytes)
+from flows.refusals import checking_input, checks_input, is_refusal, not_refused, quiet_refusals, refusal_line
 from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
                             experiment_url, released_fingerprint, run_name, run_url, tool, training_experiment,
                             ui_command, version_url)
-
-
-# Expected outcomes, not crashes: a budget or ledger refusal, a locked run, a bad spec, and any ValueError or
-# FileNotFoundError raised while the run checks its input, before its first private step (a spec that does not
-# fit its data, a resume or a start model that does not fit). The flow run ends Failed with the refusal's line
-# as its message, the task is not retried (it would be refused again), and no traceback is logged for it. An
-# error once training runs is a crash and keeps its traceback.
-REFUSALS = (BudgetExceeded, LedgerUnavailable, RowsExposed, RowsUnmatched, RunLocked, specs.SpecError)
-INPUT_ERRORS = (ValueError, FileNotFoundError)
-
-
-def is_refusal(err: Any) -> bool:
-    return isinstance(err, REFUSALS) or getattr(err, "privzo_refusal", False) is True
-
-
-def refusal_line(err: BaseException) -> str:
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
-
-
-def _input_error(err: BaseException) -> None:
-    if isinstance(err, INPUT_ERRORS):
-        err.privzo_refusal = True
-
-
-@contextlib.contextmanager
-def _checking_input():
-    try:
-        yield
-    except BaseException as err:
-        _input_error(err)
-        raise
-
-
-def _checks_input(fn):
-    """A task that checks the run's input before any private step: its input errors are refusals."""
-    @functools.wraps(fn)
-    def checked(*args, **kwargs):
-        with _checking_input():
-            return fn(*args, **kwargs)
-    return checked
-
-
-def _not_refused(_task, _task_run, state) -> bool:
-    return not is_refusal(getattr(state, "data", None))
-
-
-class _RefusalsWithoutTracebacks(logging.Filter):
-    """Prefect logs every exception that ends a task or flow run with its traceback, in the terminal and in
-    the UI (its API handler sits on these loggers); a refusal's own line is the flow run's state message."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and is_refusal(record.exc_info[1]))
-
-
-for _name in ("prefect.flow_runs", "prefect.task_runs"):
-    if not any(isinstance(f, _RefusalsWithoutTracebacks) for f in logging.getLogger(_name).filters):
-        logging.getLogger(_name).addFilter(_RefusalsWithoutTracebacks())
 
 
 @dataclass(frozen=True)
@@ -129,8 +69,8 @@ class Plan:
     window: Tuple[str, ...] = ()  # with data.blocks: the blocks the run reads
 
 
-@task(name="load-and-split", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_not_refused)
-@_checks_input
+@task(name="load-and-split", cache_policy=NO_CACHE, retries=2, retry_condition_fn=not_refused)
+@checks_input
 def load_and_split(spec: specs.RunSpec, view: Optional[BlockView] = None) -> SplitData:
     """``view``: with data.blocks, the run's window; only its rows are loaded into any part."""
     data = builders.load_data(spec, view.select if view is not None else None)
@@ -148,7 +88,7 @@ def load_and_split(spec: specs.RunSpec, view: Optional[BlockView] = None) -> Spl
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)
-@_checks_input
+@checks_input
 def calibrate(spec: specs.RunSpec, data: SplitData) -> Plan:
     resolved, rate, eps = builders.plan(spec, data)
     return Plan(resolved, len(data.private), rate, eps)
@@ -248,7 +188,7 @@ def trajectory_end(spec: specs.RunSpec, loop) -> int:
 
 
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
-@_checks_input
+@checks_input
 def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str], legacy: Optional[str] = None):
     """The run's checkpoint store and, when resuming, its last checkpoint (checked against the spec, the
     data and the ledger). The key is ``resume`` or this flow run's id: a retried flow run resumes itself."""
@@ -328,8 +268,8 @@ def _same_stream(store: CheckpointStore, saved: Dict[str, Any], stream: str) -> 
                          f"{stream}; resume on the kind of device that wrote it (execution.device) or start a new run")
 
 
-@task(name="registered-source", cache_policy=NO_CACHE, retries=2, retry_condition_fn=_not_refused)
-@_checks_input
+@task(name="registered-source", cache_policy=NO_CACHE, retries=2, retry_condition_fn=not_refused)
+@checks_input
 def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
     """``optimizer.init: latest_registered``: the latest registered version of this spec's model, checked
     before anything is reserved or written. A private run never starts from a version that is not DP."""
@@ -599,6 +539,7 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
     reads (ISO 8601; default: the flow run's scheduled start). A refusal ends the flow run Failed with its
     line as the state's message; called in-process, the refusal is raised.
     """
+    quiet_refusals()
     try:
         return _private_train(spec_path, spec, progress, resume, as_of)
     except Exception as err:
@@ -609,7 +550,7 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
 
 def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], progress: bool,
                    resume: Optional[str], as_of: Optional[str] = None) -> Dict[str, Any]:
-    with _checking_input():
+    with checking_input():
         run_spec = _load(spec_path, spec)
         _charged_to_the_team_ledger(run_spec)
         from components.memory import check_fits
@@ -633,7 +574,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     session = RunSession(store, _RunLedger(plan, data, view), charge_id=saved["charge_id"] if saved else None,
                          resumed=saved is not None, keep=resolved.checkpoint.keep, resumable=cluster_lost)
     with session:  # settles the reservation and the folder exactly once, however this block is left
-        with _checking_input():  # before any private step: the spec, the data or the start does not fit
+        with checking_input():  # before any private step: the spec, the data or the start does not fit
             source = None if saved else registered_source(resolved)
             if not saved and resolved.budget is not None:
                 session.reserve(str(uuid.uuid4()))

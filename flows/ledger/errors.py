@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Optional
 
 from flows.ledger.schema import WHOLE
+from flows.refusals import RuntimeRefusal
 
 # the end of every refusal for terms other than the registered ones
 FIXED = "a dataset's terms are fixed when it is registered: keep them, or charge a new budget.dataset"
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(RuntimeRefusal):
     """The run would take a block of the dataset past its lifetime epsilon; nothing was reserved.
 
     ``would_reach``: the block's composed epsilon with this run; ``fits``: the largest epsilon a run of the
@@ -41,7 +42,7 @@ class BudgetExceeded(RuntimeError):
                          f"{fit}; {when}")
 
 
-class RowsExposed(RuntimeError):
+class RowsExposed(RuntimeRefusal):
     """The run would use rows as public or test data that earlier runs on the dataset, or on ``other``
     dataset of the ledger, kept private."""
 
@@ -60,7 +61,7 @@ class RowsExposed(RuntimeError):
             "(data that grows between runs needs data.split.kind hashed, column or source from its first run)")
 
 
-class RowsUnmatched(RuntimeError):
+class RowsUnmatched(RuntimeRefusal):
     """The run identifies rows differently from earlier runs on the dataset, so they cannot be matched."""
 
     def __init__(self, dataset: str, recorded: str, now: str, reason: Optional[str] = None):
@@ -71,17 +72,16 @@ class RowsUnmatched(RuntimeError):
             "the source's columns and text settings of those runs, or charge a new dataset"))
 
 
-class RowsLaundered(RowsUnmatched):
+class RowsLaundered(RuntimeRefusal):
     """Rows this run would keep private are private rows of another dataset: the same people charged under a
     second name would have a second budget."""
 
     def __init__(self, dataset: str, other: str, n_rows: int, persons: bool = False):
         what = "persons of this run (data.blocks.person) are persons" if persons else \
             "private rows of this run are private rows"
-        RuntimeError.__init__(
-            self, f"budget.dataset: {n_rows} {what} of dataset {other!r} in this ledger; the same people cannot "
-            f"have a second budget under {dataset!r}: charge them to {other!r}")
-        self.dataset, self.recorded, self.now, self.other = dataset, "", "", other
+        super().__init__(f"budget.dataset: {n_rows} {what} of dataset {other!r} in this ledger; the same people "
+                         f"cannot have a second budget under {dataset!r}: charge them to {other!r}")
+        self.dataset, self.other = dataset, other
 
 
 class RowsUnrecognised(RowsUnmatched):
@@ -101,7 +101,7 @@ class RowsUnrecognised(RowsUnmatched):
         self.dataset, self.recorded, self.now, self.block = dataset, "", "", block
 
 
-class LedgerUnavailable(RuntimeError):
+class LedgerUnavailable(RuntimeRefusal):
     """The ledger cannot be signed into or written with the caller's credentials: a run that would spend a
     dataset's budget is refused before any row is read, with nothing charged."""
 

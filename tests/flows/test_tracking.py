@@ -64,7 +64,7 @@ def test_only_refusals_lose_their_tracebacks():
     import sys
 
     from flows.ledger import BudgetExceeded
-    from flows.private_train import _RefusalsWithoutTracebacks, _checking_input, is_refusal
+    from flows.refusals import _RefusalsWithoutTracebacks, checking_input, is_refusal
 
     def record_of(err):
         try:
@@ -74,7 +74,7 @@ def test_only_refusals_lose_their_tracebacks():
 
     refused_input = ValueError("data.source.label: no column 'y'")
     try:
-        with _checking_input():
+        with checking_input():
             raise refused_input
     except ValueError:
         pass
@@ -83,3 +83,12 @@ def test_only_refusals_lose_their_tracebacks():
     assert not keeps(record_of(BudgetExceeded("d", 0.1, 1.0, 8.0)))
     crash = ValueError("shapes do not match")  # raised while training: not marked
     assert not is_refusal(crash) and keeps(record_of(crash))
+    # every refusal shares one base class, a spec error's included (registered: specs stands below flows)
+    import specs
+    from flows.checkpoints import RunLocked
+    from flows.ledger import DatasetNotRegistered, RowsExposed, RowsLaundered, RowsUnrecognised
+    from flows.refusals import Refusal
+
+    for refusal in (BudgetExceeded, RunLocked, DatasetNotRegistered, RowsExposed, RowsLaundered, RowsUnrecognised,
+                    specs.SpecError):
+        assert issubclass(refusal, Refusal), refusal

@@ -1,0 +1,90 @@
+"""What privzo refuses, as opposed to what crashes: one base class, ``Refusal``, that every refusal derives
+from, with the built-in type callers expect mixed in (as Prefect's own exceptions do).
+
+A refusal is an expected outcome: a budget or ledger that will not take the run, a locked run, a bad spec,
+and any ValueError or FileNotFoundError raised while a run checks its input before its first private step
+(a spec that does not fit its data, a resume or a start model that does not fit). The command line prints
+its first line; a flow run ends Failed with that line as its message, is not retried (it would be refused
+again), and logs no traceback. An error once training runs is a crash and keeps its traceback."""
+from __future__ import annotations
+
+import abc
+import contextlib
+import functools
+import logging
+from typing import Any
+
+
+class Refusal(Exception, metaclass=abc.ABCMeta):
+    """The base of every refusal. ``specs.SpecError`` is one too (registered below: the specs layer stands
+    below this one and cannot derive from it)."""
+
+
+class RuntimeRefusal(Refusal, RuntimeError):
+    """A refusal where callers expect a RuntimeError (the ledger's, a locked run)."""
+
+
+class ValueRefusal(Refusal, ValueError):
+    """A refusal where callers expect a ValueError."""
+
+
+def _register_spec_error() -> None:
+    import specs
+
+    Refusal.register(specs.SpecError)
+
+
+_register_spec_error()
+
+INPUT_ERRORS = (ValueError, FileNotFoundError)
+
+
+def is_refusal(err: Any) -> bool:
+    """A ``Refusal``, or an input error raised where a run checks its input (``checks_input``)."""
+    return isinstance(err, Refusal) or getattr(err, "privzo_refusal", False) is True
+
+
+def refusal_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+@contextlib.contextmanager
+def checking_input():
+    """Input errors raised inside are refusals: a ValueError from a loader or a planner says what of the
+    input is wrong, not that privzo crashed. They keep their own type (callers and tests catch it), so the
+    mark is an attribute, set only here."""
+    try:
+        yield
+    except INPUT_ERRORS as err:
+        err.privzo_refusal = True
+        raise
+
+
+def checks_input(fn):
+    """A task that checks the run's input before any private step: its input errors are refusals."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        with checking_input():
+            return fn(*args, **kwargs)
+    return checked
+
+
+def not_refused(_task, _task_run, state) -> bool:
+    """Prefect's retry condition: a refused task is not retried."""
+    return not is_refusal(getattr(state, "data", None))
+
+
+class _RefusalsWithoutTracebacks(logging.Filter):
+    """Prefect logs every exception that ends a task or flow run with its traceback, in the terminal and in
+    the UI (its API handler sits on these loggers); a refusal's own line is the flow run's state message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and is_refusal(record.exc_info[1]))
+
+
+def quiet_refusals() -> None:
+    """Install the filter on Prefect's run loggers, once (called as a training flow starts, not on import)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RefusalsWithoutTracebacks) for f in logger.filters):
+            logger.addFilter(_RefusalsWithoutTracebacks())
