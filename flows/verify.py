@@ -16,7 +16,7 @@ from what privzo recorded elsewhere and names the first disagreement in one line
    sentences 4); ``dp.delta``, ``dp.accountant`` and ``dp.neighboring`` agree with the spec and the ledger;
 4. **model guarantee**: the model's events, recomposed from the ledger's committed charges of every run
    of its lineage (``privzo.init_run_id`` back to a seed initialisation, per block with data.blocks, as
-   ``flows.private_train.model_event`` / ``model_block_events`` compose them), are the run's
+   ``flows.lineage.model_event`` / ``model_block_events`` compose them), are the run's
    ``model_dp_event*.json``, and give the version's ``dp.epsilon`` / ``dp.model_epsilon``, its
    ``dp.guarantee`` and the guarantee lines of its description (docs/design.md, "MLflow conventions");
 5. **spec and fingerprint**: the run's params are its flattened spec, and the charge was reserved for that
@@ -294,7 +294,7 @@ class _Verifier:
                     "tags say")
 
     def _model_guarantee(self) -> Tuple[str, str]:
-        from flows.private_train import MODEL_BLOCK_EVENTS, MODEL_EVENT, model_epsilon
+        from flows.lineage import MODEL_BLOCK_EVENTS, MODEL_EVENT, model_epsilon
         from flows.reporting import shown
 
         run, spec, charge = self.run, self.spec, self.charge
@@ -508,7 +508,7 @@ class _Verifier:
 
     # ------------------------------------------------------------ lineage
     def _model_event(self, run, spec: specs.RunSpec, event) -> Tuple[Optional[dp_accounting.DpEvent], int]:
-        """The model's composed event as ``flows.private_train.model_event`` builds it, every run's event taken
+        """The model's composed event as ``flows.lineage.model_event`` builds it, every run's event taken
         from the ledger's committed charge; and the number of runs that trained it."""
         source_id = run.data.tags.get("privzo.init_run_id")
         if source_id is None:
@@ -528,7 +528,7 @@ class _Verifier:
         return dp_accounting.ComposedDpEvent([before, event]), runs + 1
 
     def _block_events(self, run, spec: specs.RunSpec, window: List[str], event, composed):
-        """Per block, as ``flows.private_train.model_block_events`` composes them, from the ledger."""
+        """Per block, as ``flows.lineage.model_block_events`` composes them, from the ledger."""
         source_id = run.data.tags.get("privzo.init_run_id")
         if source_id is None:
             return {block: event for block in window}
