@@ -39,23 +39,23 @@ from specs.sections import LEDGER_URL_ENV, default_ledger
 from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
-from components.data.blocks import open_period
 from components.estimators.directions import GENERATOR_VERSION
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
-from flows.checkpoints import Checkpointer, CheckpointStore, resume_store, spec_digest
-from flows.blocks import BlockView, Window, as_of_moment
-from flows.ledger import (DatasetTerms, ledger_for_spending, shown_url)
-from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
-from flows.session import RunSession
-from flows.transcript import (REGISTER_TAG, Transcript, load_weights, log_transcript_model, replays_to, transcript_of,
-                              weights_bytes)
+from flows.blocks import BlockView
+from flows.checkpoints import Checkpointer
+from flows.ledger import DatasetTerms, ledger_for_spending, shown_url
 from flows.lineage import (MODEL_BLOCK_EVENTS, MODEL_EVENT, model_block_events, model_epsilon, model_event, model_runs,
                            registered_source)
 from flows.refusals import checking_input, checks_input, is_refusal, not_refused, quiet_refusals, refusal_line
+from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
+from flows.resume import checkpoint_binding, find_checkpoint, run_window, same_stream
+from flows.session import RunSession
 from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
                             experiment_url, released_fingerprint, run_name, run_url, tool, training_experiment,
                             ui_command, version_url)
+from flows.transcript import (REGISTER_TAG, Transcript, load_weights, log_transcript_model, replays_to, transcript_of,
+                              weights_bytes)
 
 
 @dataclass(frozen=True)
@@ -183,87 +183,6 @@ def trajectory_end(spec: specs.RunSpec, loop) -> int:
     if not spec.private:
         return spec.optimizer.steps
     return loop.step + max(0, spec.optimizer.steps - loop.tracker.steps)
-
-
-@task(name="find-checkpoint", cache_policy=NO_CACHE)
-@checks_input
-def find_checkpoint(plan: Plan, fingerprint: str, resume: Optional[str], legacy: Optional[str] = None):
-    """The run's checkpoint store and, when resuming, its last checkpoint (checked against the spec, the
-    data and the ledger). The key is ``resume`` or this flow run's id: a retried flow run resumes itself."""
-    from prefect.runtime import flow_run
-
-    spec = plan.spec
-    store = resume_store(spec.checkpoint.dir, spec.name, resume)
-    if store is None:  # a new run, or a retried flow run resuming its own checkpoint
-        store = CheckpointStore(spec.checkpoint.dir, spec.name, str(flow_run.get_id() or uuid.uuid4().hex))
-    if not store.exists():
-        store.lock()
-        _release_orphan(store)
-        return store, None
-    store.lock()
-    try:
-        saved = _resumable(store, spec, fingerprint, legacy)
-    except BaseException:
-        store.unlock()
-        raise
-    get_run_logger().info("resuming %s from its checkpoint at step %d (%s)", spec.name, saved["loop"]["step"],
-                          store.path)
-    if saved.get("unrecorded_steps"):
-        get_run_logger().warning(
-            "the killed process may have run up to %d private steps after that checkpoint: all are charged "
-            "(%d privacy steps spent)", saved["unrecorded_steps"], saved["loop"]["privacy_steps"])
-    return store, saved
-
-
-def _release_orphan(store: CheckpointStore) -> None:
-    """A process killed after reserving and before its step-0 checkpoint made no private query: release
-    its reservation, which would otherwise count its planned epsilon against the dataset for good."""
-    orphan = store.reservation()
-    if orphan is None:
-        return
-    from flows.ledger import PrivacyLedger
-
-    PrivacyLedger.open(orphan["ledger"]).abort(orphan["charge_id"])  # a reservation only; a committed charge stays
-    store.clear_reservation()
-    get_run_logger().warning("run %s was killed before its first private query: its ledger reservation %s is "
-                             "released, and the run starts from the beginning", store.key, orphan["charge_id"])
-
-
-def _resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str,
-               legacy: Optional[str] = None) -> Dict[str, Any]:
-    """The checkpoint, if this run may continue from it: unfinished, same spec, same private rows (keyed
-    fingerprint; ``legacy``, the plain one, matches checkpoints written before they were keyed, and the
-    resumed run rewrites them keyed), and its ledger reservation still open."""
-    if store.finished:
-        raise ValueError(f"resume: run {store.key} of {spec.name} finished; there is nothing to resume")
-    saved = store.load()
-    written_with = saved.get("directions_version", 1)  # checkpoints before versioning drew version 1
-    if written_with != GENERATOR_VERSION:
-        raise ValueError(f"resume: checkpoint {store.path} was written by direction generator v{written_with}, this "
-                         f"privzo draws v{GENERATOR_VERSION}; its journal would not replay, start a new run")
-    if saved["spec_digest"] != spec_digest(spec):
-        raise ValueError(f"resume: the spec changed since checkpoint {store.path} was written; resume with the "
-                         f"same spec or start a new run")
-    if saved["fingerprint"] not in (fingerprint, legacy):
-        raise ValueError(f"resume: the private rows changed since checkpoint {store.path} was written; "
-                         f"start a new run on the new data")
-    if saved["charge_id"] is not None:
-        from flows.ledger import PrivacyLedger
-
-        status = PrivacyLedger.open(spec.budget.ledger).status(saved["charge_id"])
-        if status != "reserved":
-            raise ValueError(f"resume: ledger charge {saved['charge_id']} is {status}, not reserved; the run "
-                             f"was closed, start a new run")
-    return saved
-
-
-def _same_stream(store: CheckpointStore, saved: Dict[str, Any], stream: str) -> None:
-    """A journal of (seed, coefficient) replays only on the generator that drew its directions, and a
-    GPU's streams are not the CPU's. Checkpoints without the field were written by CPU runs."""
-    written = saved.get("directions_stream", f"cpu-torch-v{saved.get('directions_version', 1)}")
-    if written != stream:
-        raise ValueError(f"resume: checkpoint {store.path} drew its directions with {written}, this run would draw "
-                         f"{stream}; resume on the kind of device that wrote it (execution.device) or start a new run")
 
 
 @task(name="initial-weights", cache_policy=NO_CACHE, retries=2)
@@ -457,7 +376,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row
             ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
         # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
-        view = None if run_spec.data.blocks is None else BlockView(run_spec, _window(run_spec, as_of, resume))
+        view = None if run_spec.data.blocks is None else BlockView(run_spec, run_window(run_spec, as_of, resume))
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
     data = load_and_split(run_spec, view)
@@ -469,7 +388,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     # checkpoints bind to the keyed fingerprint: a plain hash of the private rows is never stored
     # (docs/design.md, Privacy invariants)
     fingerprint = released_fingerprint(data.private.fingerprint)
-    store, saved = find_checkpoint(plan, fingerprint, resume, legacy=data.private.fingerprint)
+    store, saved = find_checkpoint(plan.spec, fingerprint, resume, legacy=data.private.fingerprint)
     session = RunSession(store, _RunLedger(plan, data, view), charge_id=saved["charge_id"] if saved else None,
                          resumed=saved is not None, keep=resolved.checkpoint.keep, resumable=cluster_lost)
     with session:  # settles the reservation and the folder exactly once, however this block is left
@@ -479,7 +398,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                 session.reserve(str(uuid.uuid4()))
             built = builders.build_loop(resolved, data)
             if saved:
-                _same_stream(store, saved, built.loop.backend.directions.stream)
+                same_stream(store, saved, built.loop.backend.directions.stream)
             init_tags = {} if saved else initial_weights(resolved, built, source)
         session.start(built.loop, run_id=saved["run_id"] if saved else None)
         if saved:
@@ -488,7 +407,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
             built.loop.load_state_dict(saved["loop"], restore_privacy_steps=True)
         else:
             run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
-        checkpointer = Checkpointer(store, _binding(resolved, fingerprint, session.charge_id, run_id, built, view),
+        checkpointer = Checkpointer(store, checkpoint_binding(resolved, fingerprint, session.charge_id, run_id, built, view),
                                     saved["loop"] if saved else None)
         session.track(checkpointer, run_id)
         get_run_logger().info("run key %s: checkpoints in %s (after a crash: %s run %s --resume %s)",
@@ -564,39 +483,6 @@ def budget_table(spec: specs.RunSpec) -> str:
                                    c.created_at, c.run_name) for c in ledger.history(dataset)]
     return reporting.budget_table(dataset, where, ds.delta, ds.accountant, ds.neighboring, ds.lifetime_epsilon, spent,
                                   charges, ledger.next_fit(dataset))
-
-
-def _binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optional[str], run_id: str,
-             built: builders.Built, view: Optional[BlockView] = None) -> Dict[str, Any]:
-    return {"spec_digest": spec_digest(spec), "fingerprint": fingerprint, "charge_id": charge_id, "run_id": run_id,
-            "directions_version": GENERATOR_VERSION, "directions_stream": built.loop.backend.directions.stream,
-            **({} if view is None else {"window_as_of": view.window.as_of, "window_blocks": list(view.window.blocks)})}
-
-
-def _window(spec: specs.RunSpec, as_of: Optional[str], resume: Optional[str]) -> Window:
-    """The blocks a run reads, chosen before any row is read; a resumed run reads the blocks it started with
-    (a window with_budget would choose again from a ledger its own reservation has changed)."""
-    saved = _saved_window(spec, resume)
-    moment = as_of_moment(as_of or (saved or {}).get("window_as_of"))
-    if saved and saved.get("window_blocks") and not as_of:
-        return Window(tuple(saved["window_blocks"]), saved["window_as_of"],
-                      open_period(moment, spec.data.blocks.period))
-    planned = builders.planned_before_rows(spec) if spec.budget.window.kind == "with_budget" else None
-    return Window.for_spec(spec, moment, planned)
-
-
-def _saved_window(spec: specs.RunSpec, resume: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The window a run being resumed read (its checkpoint's moment and blocks), so it reads the same blocks
-    whenever it is resumed; None for a new run."""
-    from prefect.runtime import flow_run
-
-    store = resume_store(spec.checkpoint.dir, spec.name, resume)
-    if store is None and flow_run.get_id():  # a retried flow run resumes its own checkpoint
-        store = CheckpointStore(spec.checkpoint.dir, spec.name, str(flow_run.get_id()))
-    if store is None or not store.exists():
-        return None
-    saved = store.load()
-    return {k: saved.get(k) for k in ("window_as_of", "window_blocks")} if saved.get("window_as_of") else None
 
 
 @task(name="reopen-run", cache_policy=NO_CACHE, retries=2)
