@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 import pytest
 
@@ -41,3 +42,10 @@ def postgres_url():
     # worker that started the server may finish while another still uses it
     if state == "started" and not os.environ.get("PYTEST_XDIST_WORKER"):
         subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
+
+
+def as_postgres(*sql) -> None:
+    """Statements run by the test server's superuser (roles are made and dropped so; the server's script ran
+    as root)."""
+    subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
+                   check=True, capture_output=True, timeout=60)

@@ -18,6 +18,7 @@ import specs
 from flows.ledger import (WHOLE, BlockTerms, DatasetTerms, PrivacyLedger, Reservation, RowsExposed, RowsLaundered,
                           RowsUnrecognised)
 from tests.conftest import EXAMPLES
+from tests.flows.conftest import as_postgres
 
 DELTA = 1e-5
 FIXED = "a dataset's terms are fixed when it is registered: keep them, or charge a new budget.dataset$"
@@ -296,7 +297,6 @@ def test_on_postgresql_only_the_owner_fixes_a_legacy_datasets_terms(postgres_url
     opened it (which adds the columns); a dataset registered before the terms is then refused to the worker
     before any row is read until the owner fixes its terms (privzo budget init --spec), which a worker's
     run must then match."""
-    import subprocess
 
     import sqlalchemy as sa
 
@@ -306,10 +306,6 @@ def test_on_postgresql_only_the_owner_fixes_a_legacy_datasets_terms(postgres_url
     schema = postgres_url.split("search_path%3D")[1]
     worker = f"worker_{schema}"
     worker_url = postgres_url.replace("privzo:privzo@", f"{worker}:worker-password@")
-
-    def as_postgres(*sql):  # roles are made by the server's superuser (the fixture's script ran as root)
-        subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
-                       check=True, capture_output=True, timeout=60)
 
     as_postgres(f"CREATE ROLE {worker} LOGIN PASSWORD 'worker-password'")
     try:

@@ -6,6 +6,7 @@ import pytest
 from dp_accounting import rdp
 
 from flows.ledger import ABORTED, COMMITTED, RESERVED, BudgetExceeded, PrivacyLedger, Reservation, RowsExposed
+from tests.flows.conftest import as_postgres
 
 DELTA = 1e-5
 
@@ -384,11 +385,6 @@ def test_a_caller_the_ledger_does_not_sign_in_is_refused_before_any_row_is_read(
     ledger_for_spending(postgres_url)  # the owner: its tables made, and it may write them
     schema = postgres_url.split("search_path%3D")[1]
     role = f"viewer_{schema}"
-    def as_postgres(*sql):  # roles are made by the server's superuser (the fixture's script ran as root)
-        subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
-                       check=True, capture_output=True, timeout=60)
-
-    import subprocess
 
     as_postgres(f"CREATE ROLE {role} LOGIN PASSWORD 'viewer-password'", f"GRANT USAGE ON SCHEMA {schema} TO {role}",
                 f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}")
@@ -419,7 +415,6 @@ def test_only_the_ledgers_owner_registers_a_lifetime_and_a_worker_only_charges_r
     """A dataset's lifetime is the ledger owner's to set (privzo budget init); a worker role (privzo budget
     grant) charges registered datasets, is refused before any row is read on one nobody registered, and can
     neither register, change a lifetime, give a block other terms, nor delete a charge; a viewer reads."""
-    import subprocess
 
     import sqlalchemy as sa
 
@@ -429,10 +424,6 @@ def test_only_the_ledgers_owner_registers_a_lifetime_and_a_worker_only_charges_r
 
     schema = postgres_url.split("search_path%3D")[1]
     worker, viewer = f"worker_{schema}", f"viewer_{schema}"
-
-    def as_postgres(*sql):  # roles are made by the server's superuser (the fixture's script ran as root)
-        subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
-                       check=True, capture_output=True, timeout=60)
 
     owner_url = postgres_url
     worker_url = postgres_url.replace("privzo:privzo@", f"{worker}:worker-password@")

@@ -2,7 +2,6 @@
 refuse a worker's SQL that privzo never sends (a settled charge changed, a committed charge inserted, a
 block's composition moved outside a commit); what they cannot judge, a composition written in a commit's
 own transaction, ``privzo budget show --check`` and ``privzo verify``'s recomposition name."""
-import subprocess
 
 import dp_accounting
 import pytest
@@ -11,6 +10,7 @@ import sqlalchemy as sa
 from components.accountants import event_to_json
 from flows.cli import main
 from flows.ledger import BlockTerms, DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, ledger_problems
+from tests.flows.conftest import as_postgres
 
 DELTA = 1e-5
 
@@ -61,10 +61,6 @@ def test_a_worker_cannot_rewrite_what_the_ledger_recorded(postgres_url):
     a commit's own transaction is named by the recomposition check."""
     schema = postgres_url.split("search_path%3D")[1]
     worker = f"worker_{schema}"
-
-    def as_postgres(*sql):  # roles are made by the server's superuser (the fixture's script ran as root)
-        subprocess.run(["su", "postgres", "-c", "psql -q -d privzo " + " ".join(f"-c \"{q}\"" for q in sql)],
-                       check=True, capture_output=True, timeout=60)
 
     as_postgres(f"CREATE ROLE {worker} LOGIN PASSWORD 'worker-password'")
     try:
