@@ -23,13 +23,13 @@ validate: install
 	$(VENV)/bin/privzo validate $(SPEC)
 
 # the suite in two parts: most of it on TEST_WORKERS processes (much of a test's time is waiting on a server
-# or a subprocess), then the `serial` tests alone, named one per line: the local stacks (one per checkout;
-# the Postgres one with a Ray head) and the Ray cluster, whose 1 s health checks must not compete with
-# another test for the CPU; -rs: why each skipped test skipped
+# or a subprocess; the two local-stack modules, one stack per checkout, form one xdist group that a worker
+# runs in turn), then the `serial` tests alone, named one per line: the Ray cluster, whose 1 s health checks
+# must not compete with another test for the CPU; -rs: why each skipped test skipped
 TEST_WORKERS ?= 2
 test: install
 	status=0; \
-	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "not serial" || status=$$?; \
 	$(PY) -m pytest -v -rs -p no:cacheprovider -m serial || status=$$?; \
 	exit $$status
 

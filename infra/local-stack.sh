@@ -195,6 +195,10 @@ case "${1:-up}" in
       printf '[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///%s\nadmin_username = admin\n' \
         "$state/mlflow-auth.db" >"$state/mlflow-auth.ini"
       printf 'authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n' >>"$state/mlflow-auth.ini"
+      # a password checked once a minute, not on every request: MLflow checks it with scrypt (about 0.1 s of
+      # CPU), and a run's logging and registration send a hundred requests; a removed user or changed
+      # password takes effect within the minute
+      printf 'auth_cache_ttl_seconds = 60\n' >>"$state/mlflow-auth.ini"
       # the key of the UI's CSRF tokens: this stack's own, kept with its state
       [ -s "$state/mlflow-secret-key" ] || (umask 077 && openssl rand -hex 32 >"$state/mlflow-secret-key")
       mlflow_env+=("MLFLOW_AUTH_CONFIG_PATH=$state/mlflow-auth.ini" "MLFLOW_AUTH_ADMIN_PASSWORD=$mlflow_admin"

@@ -13,7 +13,8 @@ import mlflow
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+# one stack per checkout (.privzo-stack): with tests/flows/test_nightly.py, run in turn by one worker
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 STACK = ROOT / "infra" / "local-stack.sh"
@@ -95,7 +96,8 @@ def stack_databases():
     drop()
     yield
     drop()
-    if started.stdout.split()[0] == "started":  # stop only what the test started
+    # stop only what the test started, and never under xdist: other workers' tests may use the server
+    if started.stdout.split()[0] == "started" and not os.environ.get("PYTEST_XDIST_WORKER"):
         subprocess.run(["bash", str(POSTGRES), "stop"], capture_output=True, timeout=120)
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+# one stack per checkout (.privzo-stack): with tests/flows/test_deployment.py, run in turn by one worker
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
