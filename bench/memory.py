@@ -20,7 +20,7 @@ allocation error (the batch is then halved again) instead of the machine running
 
     python bench/memory.py [--model transformer|mlp] [--device cpu|cuda] [--methods dpzero dp_sgd ...]
 
-``--model decoder`` measures the memory planner (components/memory.py) instead: a Llama decoder built from its
+``--model decoder`` measures the memory planner (components/memory_plan.py) instead: a Llama decoder built from its
 config with random weights (memory does not depend on the weights' values), read by label words, in fp32 and
 bf16; inference, DPZero in regenerate and cache mode, and DP-SGD, each in a fresh process. The measure is the
 peak of torch's own CPU allocations (torch.profiler with profile_memory: every allocation and free with the
@@ -193,21 +193,21 @@ def planned_decoder(case: str, config, precision: str, batch: int, length: int, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from components import memory
+    from components import memory_plan
     from components.models.lm import freeze_lm_
 
-    element = memory.PRECISION_BYTES[precision]
+    element = memory_plan.PRECISION_BYTES[precision]
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     freeze_lm_(lm, "all", "bench")
-    sizes = memory.module_sizes(lm, element, lm_config=config)
+    sizes = memory_plan.module_sizes(lm, element, lm_config=config)
     rows = batch * 3 * length * 8 + batch * 8  # int64 [b, 3, L] and the labels
     k = PUBLIC_BATCHES.get(case, 0)
     rows += k * (batch * 3 * length * 8 + batch * 8)  # the public rows, on the device too
-    settings = memory.Settings(PLANNED_AS[case], batch, length, cache=case == "cache", rows_bytes=rows,
+    settings = memory_plan.Settings(PLANNED_AS[case], batch, length, cache=case == "cache", rows_bytes=rows,
                                checkpoint=False, completion=task == "completion", public_batch=batch if k else 0,
                                public_gradients=k)
-    return memory.estimate(sizes, settings).step + rows
+    return memory_plan.estimate(sizes, settings).step + rows
 
 
 def measure_decoder(case: str, config, precision: str, batch: int, length: int, task: str = "label_words") -> dict:

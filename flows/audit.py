@@ -31,6 +31,13 @@ from components.audit import (
     with_epsilon,
 )
 from flows.tracking import log_text_artifacts
+from flows.tracking_names import (
+    AUDIT_ARTIFACT, AUDIT_BACKGROUND, AUDIT_BLACK_BOX_CORRECT, AUDIT_BLACK_BOX_EPSILON_LOWER,
+    AUDIT_BLACK_BOX_GUESSES, AUDIT_CANARIES, AUDIT_CANARIES_ARTIFACT, AUDIT_CLAIMED_EPSILON, AUDIT_CONFIDENCE,
+    AUDIT_DELTA, AUDIT_EPSILON_LOWER, AUDIT_ESTIMATOR, AUDIT_EXCEEDS_CLAIM, AUDIT_METHOD, AUDIT_NOISE_MULTIPLIER,
+    AUDIT_NOISE_SCALE, AUDIT_PERSON_ROWS, AUDIT_REPORT_ARTIFACT, AUDIT_RUNS, AUDIT_SECONDS, AUDIT_SHARE_AT_CLIP,
+    AUDIT_STEPS, AUDIT_THREAT_MODELS, AUDIT_WHITE_BOX_CORRECT, AUDIT_WHITE_BOX_EPSILON_LOWER,
+    AUDIT_WHITE_BOX_GUESSES, PRIVZO_ESTIMATOR, PRIVZO_KIND, PRIVZO_SPEC, SPEC_ARTIFACT)
 
 
 @task(name="audit-run", cache_policy=NO_CACHE, retries=0)
@@ -153,6 +160,36 @@ def summary(result: AuditResult) -> Dict[str, Any]:
     }
 
 
+def audit_tags(result: AuditResult) -> Dict[str, str]:
+    """``audit.*`` tags: strings, as MLflow stores them."""
+    return {
+        AUDIT_CLAIMED_EPSILON: f"{result.claimed_epsilon:.6g}",
+        AUDIT_DELTA: f"{result.delta:.6g}",
+        AUDIT_EPSILON_LOWER: f"{result.epsilon_lower:.6g}",
+        AUDIT_WHITE_BOX_EPSILON_LOWER: f"{result.white_box.epsilon_lower:.6g}",
+        AUDIT_WHITE_BOX_GUESSES: str(result.white_box.guesses),
+        AUDIT_WHITE_BOX_CORRECT: str(result.white_box.correct),
+        AUDIT_BLACK_BOX_EPSILON_LOWER: f"{result.black_box.epsilon_lower:.6g}",
+        AUDIT_BLACK_BOX_GUESSES: str(result.black_box.guesses),
+        AUDIT_BLACK_BOX_CORRECT: str(result.black_box.correct),
+        AUDIT_CONFIDENCE: f"{result.confidence:g}",
+        AUDIT_CANARIES: str(result.canaries),
+        AUDIT_THREAT_MODELS: "white_box,black_box",
+        AUDIT_METHOD: ("many-runs (Clopper-Pearson)" if result.method == "many-runs"
+                       else "one-run (Steinke, Nasr and Jagielski 2023, Cor. 5.4)"),
+        AUDIT_RUNS: str(result.runs),
+        AUDIT_PERSON_ROWS: str(result.person_rows),
+        AUDIT_EXCEEDS_CLAIM: str(result.exceeds_claim).lower(),
+        AUDIT_NOISE_SCALE: f"{result.noise_scale:g}",
+        AUDIT_ESTIMATOR: result.estimator,
+        AUDIT_NOISE_MULTIPLIER: f"{result.noise_multiplier:.6g}",
+        AUDIT_STEPS: str(result.steps),
+        AUDIT_BACKGROUND: result.background,
+        AUDIT_SHARE_AT_CLIP: f"{result.share_at_clip:.4g}",
+        AUDIT_SECONDS: f"{result.seconds:.1f}",
+    }
+
+
 @task(name="log-audit", cache_policy=NO_CACHE, retries=2)
 def log_audit(spec: specs.RunSpec, result: AuditResult, tracking_uri: str, experiment: str) -> str:
     """One MLflow run: the audited spec as params, ``audit.*`` tags, the report and the canaries' scores."""
@@ -161,15 +198,15 @@ def log_audit(spec: specs.RunSpec, result: AuditResult, tracking_uri: str, exper
     exp = client.get_experiment_by_name(experiment)
     experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
     run = client.create_run(experiment_id, run_name=f"{spec.name}-audit", tags={
-        "privzo.spec": spec.name, "privzo.estimator": spec.estimator.kind, "privzo.kind": "audit"})
+        PRIVZO_SPEC: spec.name, PRIVZO_ESTIMATOR: spec.estimator.kind, PRIVZO_KIND: "audit"})
     params = {k: v for k, v in specs.flatten(spec).items()}
     client.log_batch(run.info.run_id, params=[Param(k, v[:6000]) for k, v in params.items()],
-                     tags=[RunTag(k, v) for k, v in result.tags().items()])
+                     tags=[RunTag(k, v) for k, v in audit_tags(result).items()])
     log_text_artifacts(client, run.info.run_id, {
-        "audit_report.md": report(result),
-        "audit.json": json.dumps(summary(result), indent=2),
-        "audit_canaries.csv": _canaries_csv(result),
-        "spec.yaml": specs.dump_yaml(spec),
+        AUDIT_REPORT_ARTIFACT: report(result),
+        AUDIT_ARTIFACT: json.dumps(summary(result), indent=2),
+        AUDIT_CANARIES_ARTIFACT: _canaries_csv(result),
+        SPEC_ARTIFACT: specs.dump_yaml(spec),
     })
     client.set_terminated(run.info.run_id)
     return run.info.run_id

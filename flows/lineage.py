@@ -19,6 +19,10 @@ import specs
 from components import builders
 from components.accountants import Accountant, event_from_json
 from flows.refusals import checks_input, not_refused
+from flows.tracking_names import (
+    DATA_FINGERPRINT, DP_EPSILON, DP_EVENT_ARTIFACT, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_PRIVATE,
+    MODEL_BLOCK_EVENTS_ARTIFACT, MODEL_EVENT_ARTIFACT, PRIVZO_INIT, PRIVZO_INIT_DATA_FINGERPRINT,
+    PRIVZO_INIT_EPSILON, PRIVZO_INIT_RUN_ID)
 
 @task(name="registered-source", cache_policy=NO_CACHE, retries=2, retry_condition_fn=not_refused)
 @checks_input
@@ -38,9 +42,9 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
         return None
     latest = max(versions, key=lambda v: int(v.version))
     tags = latest.tags or {}
-    if spec.private and tags.get("dp.private") != "true":
+    if spec.private and tags.get(DP_PRIVATE) != "true":
         raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} is not "
-                         f"differentially private (dp.private={tags.get('dp.private')!r}); a private run "
+                         f"differentially private (dp.private={tags.get(DP_PRIVATE)!r}); a private run "
                          f"cannot start from it; use init: seed")
     if spec.budget is not None:
         from flows.ledger import PrivacyLedger
@@ -50,13 +54,11 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
             raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} was trained "
                              f"by a run not charged to dataset {spec.budget.dataset!r}, so its epsilon is not in "
                              f"the ledger; use init: seed, or register the model under another name")
-    return {"privzo.init": f"models:/{spec.name}/{latest.version}", "privzo.init_run_id": latest.run_id,
-            "privzo.init_epsilon": tags.get("dp.model_epsilon", tags.get("dp.epsilon", "unknown")),
-            "privzo.init_data_fingerprint": tags.get("data.fingerprint", "unknown")}
+    return {PRIVZO_INIT: f"models:/{spec.name}/{latest.version}", PRIVZO_INIT_RUN_ID: latest.run_id,
+            PRIVZO_INIT_EPSILON: tags.get(DP_MODEL_EPSILON, tags.get(DP_EPSILON, "unknown")),
+            PRIVZO_INIT_DATA_FINGERPRINT: tags.get(DATA_FINGERPRINT, "unknown")}
 
 
-MODEL_EVENT = "model_dp_event.json"
-MODEL_BLOCK_EVENTS = "model_dp_events_by_block.json"
 
 
 def model_block_events(client: mlflow.MlflowClient, run_id: str, window: Tuple[str, ...],
@@ -66,12 +68,12 @@ def model_block_events(client: mlflow.MlflowClient, run_id: str, window: Tuple[s
     events on it (``event``, this run's, on each block of ``window``). A start trained before blocks counts
     with its whole composition (``composed``, as ``model_event`` gives it) on every block of this window:
     it read all of them. None where a start's events are unknown."""
-    source = client.get_run(run_id).data.tags.get("privzo.init_run_id")
+    source = client.get_run(run_id).data.tags.get(PRIVZO_INIT_RUN_ID)
     if source is None:
         return {block: event for block in window}
     with tempfile.TemporaryDirectory() as folder:
         try:
-            saved = json.loads(Path(client.download_artifacts(source, MODEL_BLOCK_EVENTS, folder)).read_text())
+            saved = json.loads(Path(client.download_artifacts(source, MODEL_BLOCK_EVENTS_ARTIFACT, folder)).read_text())
         except (MlflowException, OSError):
             return None if composed is None else {block: composed for block in window}
     before = {block: event_from_json(text) for block, text in saved.items()}
@@ -86,17 +88,17 @@ def model_event(client: mlflow.MlflowClient, run_id: str, spec: specs.RunSpec,
     and so on back to a seed initialisation. Composition is what the model's guarantee is when the runs
     trained on the same people, and an upper bound otherwise. None when a start's events are unknown (a
     run logged before privzo kept them) or were accounted under another neighbouring relation."""
-    source = client.get_run(run_id).data.tags.get("privzo.init_run_id")
+    source = client.get_run(run_id).data.tags.get(PRIVZO_INIT_RUN_ID)
     if source is None:
         return event
     try:
         started = client.get_run(source).data.tags
     except MlflowException:  # the run it started from was deleted: its events are unknown
         return None
-    if spec.privacy is not None and started.get("dp.neighboring") != spec.privacy.neighboring:
+    if spec.privacy is not None and started.get(DP_NEIGHBORING) != spec.privacy.neighboring:
         return None
-    names = [MODEL_EVENT] + ([] if "privzo.init_run_id" in started or started.get("privzo.init", "seed").startswith(
-        "models:/") else ["dp_event.json"])  # a run that started from the seed: its own event is its model's
+    names = [MODEL_EVENT_ARTIFACT] + ([] if PRIVZO_INIT_RUN_ID in started or started.get(PRIVZO_INIT, "seed").startswith(
+        "models:/") else [DP_EVENT_ARTIFACT])  # a run that started from the seed: its own event is its model's
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
             try:
@@ -121,10 +123,10 @@ def model_epsilon(spec: specs.RunSpec, event: Optional[dp_accounting.DpEvent]) -
 
 def model_runs(client: mlflow.MlflowClient, run_id: str) -> int:
     """How many runs trained the model of ``run_id``: it and those of the version it started from."""
-    source = client.get_run(run_id).data.tags.get("privzo.init_run_id")
+    source = client.get_run(run_id).data.tags.get(PRIVZO_INIT_RUN_ID)
     if source is None:
         return 1
     try:
-        return 1 + int(client.get_run(source).data.tags.get("dp.model_runs", "1"))
+        return 1 + int(client.get_run(source).data.tags.get(DP_MODEL_RUNS, "1"))
     except MlflowException:
         return 2

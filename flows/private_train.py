@@ -1,8 +1,9 @@
 """``private_train``: resolve -> load and split -> calibrate sigma -> reserve budget -> train in
 checkpointed chunks -> evaluate -> log -> register -> commit budget.
 
-Reads like the algorithm: every side effect (MLflow, Prefect artifacts, files) is here, every
-computation is a component. A chunk of training draws DP noise: it is never cached; a failed chunk is
+Reads like the algorithm: every computation is a component; what the run writes to MLflow is
+``flows.registration``'s, where it starts from ``flows.lineage``'s, how a killed run is found again
+``flows.resume``'s and what counts as a refusal ``flows.refusals``'. A chunk of training draws DP noise: it is never cached; a failed chunk is
 retried from the last checkpoint, and the steps the failed attempt spent stay charged. A process killed
 mid-run resumes from its last checkpoint under the same ledger reservation and MLflow run, charged with
 every step of the chunk it was killed in. A private run's noise was calibrated for
@@ -16,46 +17,40 @@ lost cluster, or released when nothing private ran). Report and guarantee text i
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 import mlflow
-import numpy as np
 import torch
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import RunTag
 
 import specs
 from specs.sections import LEDGER_URL_ENV, default_ledger
 from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
-from components.estimators.directions import GENERATOR_VERSION
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
-from flows.blocks import BlockView
+from flows.window import BlockView
 from flows.checkpoints import Checkpointer
-from flows.ledger import DatasetTerms, ledger_for_spending, shown_url
-from flows.lineage import (MODEL_BLOCK_EVENTS, MODEL_EVENT, model_block_events, model_epsilon, model_event, model_runs,
-                           registered_source)
+from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, shown_url
+from flows.lineage import registered_source
 from flows.refusals import checking_input, checks_input, is_refusal, not_refused, quiet_refusals, refusal_line
-from flows.reporting import PrivacySummary, privacy_report, shown, shown_left, summarize
+from flows.reporting import shown, shown_left
+from flows.registration import (artifact_key, budget_table, epsilon_metric, log_metrics, log_spent, open_run, register,
+                                 reopen_run, result_summary)
 from flows.resume import checkpoint_binding, find_checkpoint, run_window, same_stream
 from flows.session import RunSession
-from flows.tracking import (DESCRIPTION, KEYED_ROWS, dp_tags, journal_json, keyed_rows, log_text_artifacts,
-                            experiment_url, released_fingerprint, run_name, run_url, tool, training_experiment,
-                            ui_command, version_url)
-from flows.transcript import (REGISTER_TAG, Transcript, load_weights, log_transcript_model, replays_to, transcript_of,
-                              weights_bytes)
+from flows.tracking import KEYED_ROWS, keyed_rows, released_fingerprint, tool
+from flows.transcript import load_weights
+from flows.tracking_names import DP_BUDGET_LEFT, PRIVZO_INIT
 
 
 @dataclass(frozen=True)
@@ -100,8 +95,6 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
     spec = plan.spec
     if spec.budget is None:
         return None
-    from flows.ledger import PrivacyLedger, Reservation
-
     ledger = PrivacyLedger.open(spec.budget.ledger)
     # the ledger is read by more people than the data: it holds keyed fingerprints only
     private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints
@@ -122,8 +115,6 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
 def commit_budget(spec: specs.RunSpec, charge_id: str, event_json: str, steps: int, run_id: Optional[str]) -> float:
     """Charge what was executed (all steps, or those before a crash); returns the dataset's budget left."""
     from components.accountants import event_from_json
-    from flows.ledger import PrivacyLedger
-
     ledger = PrivacyLedger.open(spec.budget.ledger)
     ledger.commit(charge_id, event_from_json(event_json), steps, run_id)
     return spec.budget.lifetime_epsilon - ledger.spent(spec.budget.dataset)
@@ -189,11 +180,11 @@ def trajectory_end(spec: specs.RunSpec, loop) -> int:
 def initial_weights(spec: specs.RunSpec, built: builders.Built, source: Optional[Dict[str, str]]) -> Dict[str, str]:
     """Load the registered version found by ``registered_source`` into the model (and its replicas)."""
     if source is None:
-        return {"privzo.init": "seed" if spec.optimizer.init == "seed" else "seed (no registered version yet)"}
+        return {PRIVZO_INIT: "seed" if spec.optimizer.init == "seed" else "seed (no registered version yet)"}
     # a transcript version is replayed, a weights version loaded as logged
-    model = load_weights(source["privzo.init"], tracking_uri=spec.tracking.uri)
+    model = load_weights(source[PRIVZO_INIT], tracking_uri=spec.tracking.uri)
     builders.load_weights(built, model.state_dict())
-    get_run_logger().info("initialised from %s", source["privzo.init"])
+    get_run_logger().info("initialised from %s", source[PRIVZO_INIT])
     return source
 
 
@@ -220,13 +211,6 @@ def evaluation(built: builders.Built, data: SplitData) -> Dict[str, float]:
     return out
 
 
-def _summary(plan: Plan, built: builders.Built) -> PrivacySummary:
-    loop = built.loop
-    return summarize(plan.spec, loop.tracker.epsilon(), loop.tracker.steps, loop.sampler,
-                     loop.estimator.queries_per_step, rho=loop.tracker.rho(),
-                     noise_source=loop.mechanism.noise_source)
-
-
 def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
     if (spec_path is None) == (spec is None):
         raise ValueError("private_train: give exactly one of spec_path or spec")
@@ -236,87 +220,6 @@ def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.Run
         raise ValueError("budget.ledger: ./privacy-ledger.db is a ledger earlier privzo kept here by default; name the "
                          "ledger this dataset's runs use (budget.ledger or PRIVZO_LEDGER_URL, with an absolute path)")
     return run_spec
-
-
-@task(name="open-run", cache_policy=NO_CACHE, retries=2)
-def open_run(plan: Plan, data: SplitData, dimension: int, device: str) -> str:
-    """Create the MLflow run with the resolved spec as params; nothing private is read here."""
-    spec = plan.spec
-    client = mlflow.MlflowClient(spec.tracking.uri)
-    experiment_id = training_experiment(client, spec.tracking.experiment or spec.name)
-    run = client.create_run(experiment_id, run_name=run_name(spec.name), tags={
-        "privzo.spec": spec.name, "privzo.estimator": spec.estimator.kind,
-        "dp.target_epsilon": str(spec.privacy.epsilon if spec.privacy else math.inf),
-        "dp.private": str(spec.private).lower()})
-    params = dict(specs.flatten(spec))
-    params.update({
-        "derived.n_public": str(len(data.public)), "derived.n_test": str(len(data.test)),
-        "derived.sampling_rate": repr(plan.sampling_rate), "derived.dimension": str(dimension),
-        "derived.device": device})
-    if spec.private_count_is_public:  # under add/remove the count is private and never released
-        params["derived.n_private"] = str(len(data.private))
-    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
-    log_text_artifacts(client, run.info.run_id, {"spec.yaml": specs.dump_yaml(spec)})
-    return run.info.run_id
-
-
-@task(name="log-metrics", cache_policy=NO_CACHE, retries=2)
-def log_metrics(tracking_uri: str, run_id: str, metrics: Dict[str, float], step: int) -> None:
-    now = int(time.time() * 1000)
-    mlflow.MlflowClient(tracking_uri).log_batch(
-        run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
-
-
-@task(name="log-privacy", cache_policy=NO_CACHE, retries=2)
-def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: str, event_json: str,
-                journal: str, extra: Optional[Dict[str, str]] = None) -> None:
-    """What was spent, whatever happened: DP tags, the composed DpEvent, the report and the journal."""
-    client = mlflow.MlflowClient(tracking_uri)
-    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-    log_text_artifacts(client, run_id, {
-        "dp_event.json": event_json, "privacy_report.md": report, "journal/journal.json": journal, **(extra or {})})
-
-
-@task(name="register-model", cache_policy=NO_CACHE)
-def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_shape: Tuple[int, ...], row_dtype: str,
-                   name: str, tags: Dict[str, str], description: str = "",
-                   transcript: Optional[Transcript] = None) -> str:
-    """``row_shape``/``row_dtype``: of one input row (float features, or token ids and mask for text).
-    ``tags`` lead with the model's guarantee (dp.epsilon, dp.guarantee: every run that trained it), the
-    run's own spend beside it (dp.run_*); ``description`` is the version's, headed by the same.
-    ``transcript``: register it (an MLflow pyfunc that rebuilds the weights by replay) in place of the weights."""
-    mlflow.set_tracking_uri(tracking_uri)
-    # all-zero rows: the exported graph needs an example input, and no real row may be logged
-    example = np.zeros((2, *row_shape), dtype=row_dtype)  # 2 rows: batch size stays dynamic
-    with mlflow.start_run(run_id=run_id):
-        if transcript is None:
-            info = mlflow.pytorch.log_model(
-                model.cpu(), name="model", pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                input_example=example, registered_model_name=name)
-        else:  # the signature from the trained model's output, so logging replays nothing
-            was_training = model.training
-            with torch.no_grad():
-                output = model.eval()(torch.from_numpy(example).to(next(model.parameters()).device)).cpu().numpy()
-            model.train(was_training)
-            info = log_transcript_model(transcript, example, output, name)
-    client = mlflow.MlflowClient(tracking_uri)
-    version = str(info.registered_model_version)
-    sizes = {}
-    if transcript is not None:  # what it weighs against the weights it stands for
-        sizes = {REGISTER_TAG: "transcript", "privzo.transcript_bytes": str(len(transcript.to_json().encode())),
-                 "privzo.weights_bytes": str(weights_bytes(model))}
-    for key, value in {**tags, **sizes}.items():  # registered models carry the DP tags
-        client.set_model_version_tag(name, version, key, value)
-    if description:  # with the command that checks it against the ledger and the run (flows/verify.py)
-        if transcript is not None:
-            description += "\n\n" + reporting.transcript_paragraph(
-                name, version, len(transcript.journal), transcript.start, int(sizes["privzo.transcript_bytes"]),
-                int(sizes["privzo.weights_bytes"]), transcript.directions_stream)
-        description = f"{description}\n\n{reporting.verify_hint(name, version, tracking_uri)}"
-        client.update_model_version(name, version, description=description)
-        client.update_registered_model(name, description=reporting.registered_model_description(
-            name, version, description))
-    return version
 
 
 def _deployment_run() -> bool:
@@ -371,7 +274,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     with checking_input():
         run_spec = _load(spec_path, spec)
         _charged_to_the_team_ledger(run_spec)
-        from components.memory import check_fits
+        from components.memory_plan import check_fits
         check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
         if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row
             ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
@@ -406,7 +309,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
             reopen_run(uri, run_id, saved["loop"]["step"])
             built.loop.load_state_dict(saved["loop"], restore_privacy_steps=True)
         else:
-            run_id = open_run(plan, data, built.loop.backend.directions.dim, str(built.device))
+            run_id = open_run(resolved, plan.sampling_rate, data, built.loop.backend.directions.dim, str(built.device))
         checkpointer = Checkpointer(store, checkpoint_binding(resolved, fingerprint, session.charge_id, run_id, built, view),
                                     saved["loop"] if saved else None)
         session.track(checkpointer, run_id)
@@ -418,12 +321,12 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     budget = ""
     if session.charge_id is not None:
         result["budget_left"] = left
-        mlflow.MlflowClient(uri).set_tag(run_id, "dp.budget_left", shown_left(left, 6))
+        mlflow.MlflowClient(uri).set_tag(run_id, DP_BUDGET_LEFT, shown_left(left, 6))
         budget = budget_table(resolved)
-    for line in _result_summary(resolved, result, markdown=False):
+    for line in result_summary(resolved, result, markdown=False):
         get_run_logger().info("%s", line)
-    create_markdown_artifact(reporting.run_artifact(_result_summary(resolved, result, markdown=True), budget, report),
-                             key=_artifact_key(resolved.name), description="privzo run: MLflow links, guarantee, budget")
+    create_markdown_artifact(reporting.run_artifact(result_summary(resolved, result, markdown=True), budget, report),
+                             key=artifact_key(resolved.name), description="privzo run: MLflow links, guarantee, budget")
     return result
 
 
@@ -442,65 +345,16 @@ class _RunLedger:
         reserve_budget(self.plan, self.data, charge_id, self.view)
 
     def abort(self, charge_id: str) -> None:
-        from flows.ledger import PrivacyLedger
-
         PrivacyLedger.open(self.url).abort(charge_id)
 
     def commit(self, charge_id: str, loop, run_id: Optional[str]) -> float:
         """Charge the steps ``loop`` executed, whatever happened; returns the dataset's budget left."""
         spec = self.plan.spec
-        from flows.ledger import PrivacyLedger
-
         left = commit_budget(spec, charge_id, event_to_json(loop.tracker.event()), loop.tracker.steps, run_id)
         fits = PrivacyLedger.open(self.url).next_fit(spec.budget.dataset)
         get_run_logger().info("%s", reporting.budget_left_line(spec.budget.dataset, spec.budget.lifetime_epsilon - left,
                                                                spec.budget.lifetime_epsilon, fits))
         return left
-
-
-def _result_summary(spec: specs.RunSpec, result: Dict[str, Any], markdown: bool) -> list:
-    """The run's summary lines (``flows.reporting.result_summary``), with its MLflow addresses."""
-    uri, name, version = result["tracking_uri"], spec.name, result["model_version"]
-    return reporting.result_summary(
-        name, version, result, result["model_guarantee"], result["guarantee"], run_name=result["run_name"],
-        run_id=result["run_id"], tracking_uri=uri, browse_command=ui_command(uri),
-        run_link=run_url(uri, result["experiment_id"], result["run_id"]), version_link=version_url(uri, name, version),
-        experiment=spec.tracking.experiment or name, experiment_link=experiment_url(uri, result["experiment_id"]),
-        markdown=markdown)
-
-
-def budget_table(spec: specs.RunSpec) -> str:
-    """The dataset's ledger as a markdown table (``flows.reporting.budget_table``): every run's epsilon, the
-    exact total and what a next run like the last still fits."""
-    from flows.ledger import PrivacyLedger
-
-    ledger = PrivacyLedger.open(spec.budget.ledger)
-    dataset = spec.budget.dataset
-    ds = ledger.dataset(dataset)
-    spent = ledger.spent(dataset)
-    where = ledger.engine.url.render_as_string(hide_password=True)  # a team ledger's URL may hold a password
-    charges = [reporting.BudgetRow(c.run_id, ledger.run_epsilon(c), c.steps_run, c.steps_planned, c.status,
-                                   c.created_at, c.run_name) for c in ledger.history(dataset)]
-    return reporting.budget_table(dataset, where, ds.delta, ds.accountant, ds.neighboring, ds.lifetime_epsilon, spent,
-                                  charges, ledger.next_fit(dataset))
-
-
-@task(name="reopen-run", cache_policy=NO_CACHE, retries=2)
-def reopen_run(tracking_uri: str, run_id: str, step: int) -> None:
-    client = mlflow.MlflowClient(tracking_uri)
-    client.update_run(run_id, status="RUNNING")
-    client.set_tag(run_id, "privzo.resumed_from_step", str(step))
-
-
-NOMINAL_EPSILON_METRIC = "privacy/nominal_epsilon_not_private"
-
-
-def epsilon_metric(spec: specs.RunSpec) -> Optional[str]:
-    """The metric a run's spent epsilon is logged under: ``privacy/epsilon`` only where it is a guarantee.
-    An insecure_deterministic run's is nominal and logged under a name that says so; mechanism none has none."""
-    if spec.privacy is None:
-        return None
-    return "privacy/epsilon" if spec.private else NOMINAL_EPSILON_METRIC
 
 
 def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: str, checkpointer: Checkpointer,
@@ -535,10 +389,10 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
         if bar is not None:
             bar.close()
         built.loop.backend.close()  # Ray workers hold private rows: stop them with the run
-        spent = _log_spent(plan, data, built, run_id, metrics)
+        spent = log_spent(resolved, plan.window, data, built, run_id, metrics)
         if mlflow_status != "FINISHED":
             mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
-    version = _register(plan, data, built, run_id, spent)
+    version = register(resolved, data, built, run_id, spent)
     mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
     run = mlflow.MlflowClient(uri).get_run(run_id)
     summary = spent.summary
@@ -587,95 +441,5 @@ def _train_in_chunks(plan: Plan, data: SplitData, built: builders.Built, run_id:
         evaluate_and_log()
     if not metrics:  # resumed from a checkpoint that already held every step: evaluate what it holds
         evaluate_and_log()
-
-
-@dataclass(frozen=True)
-class _Spent:
-    """What a run spent and guarantees, as logged to its MLflow run."""
-    summary: PrivacySummary
-    tags: Dict[str, str]
-    model_guarantee: str  # the model's: this run's, or every run since a seed initialisation composed
-    model_epsilon: float
-    report: str
-    trained_on: str
-
-
-def _log_spent(plan: Plan, data: SplitData, built: builders.Built, run_id: str, metrics: Dict[str, float]) -> _Spent:
-    """Log the run's DP tags, DpEvent, privacy report and journal: what the steps executed so far spent."""
-    resolved = plan.spec
-    uri = resolved.tracking.uri
-    summary = _summary(plan, built)
-    tags = {**dp_tags(summary, data.private.fingerprint), "privzo.directions_version": str(GENERATOR_VERSION),
-            "privzo.directions_stream": built.loop.backend.directions.stream}
-    client = mlflow.MlflowClient(uri)
-    composed = model_event(client, run_id, resolved, built.loop.tracker.event())
-    model_eps = model_epsilon(resolved, composed)
-    by_block = None
-    if plan.window:  # the model's guarantee is its largest block's, not the composition over blocks
-        by_block = model_block_events(client, run_id, plan.window, built.loop.tracker.event(), composed)
-        per_block = {b: model_epsilon(resolved, e) for b, e in (by_block or {}).items()}
-        model_eps = max(per_block.values()) if per_block else math.inf
-        tags["privzo.blocks"] = ",".join(plan.window)
-    tags["dp.model_epsilon"] = shown(model_eps, 6)
-    started = client.get_run(run_id).data.tags.get("privzo.init", "seed")
-    continued = started.startswith("models:/")
-    tags["dp.model_runs"] = str(model_runs(client, run_id) if continued else 1)
-    model_sentence = (summary.model_guarantee(
-        model_eps, int(tags["dp.model_runs"]), started, blocks=len(by_block or {}),
-        person_level=bool(resolved.data.blocks and resolved.data.blocks.person)) if continued else summary.guarantee())
-    report = privacy_report(summary, {k: v for k, v in metrics.items() if not math.isnan(v)},
-                            model=model_sentence if continued else None)
-    trained_on = _trained_on(resolved, data, summary.steps, started)
-    tags[DESCRIPTION] = reporting.run_description(summary.guarantee(), trained_on,
-                                                  model_sentence if continued else None)
-    if continued:
-        report += reporting.initialisation_paragraph(started, tags["dp.model_epsilon"], composed is not None)
-    extra = {MODEL_EVENT: event_to_json(composed)} if composed is not None else {}
-    if by_block is not None:
-        extra[MODEL_BLOCK_EVENTS] = json.dumps({b: event_to_json(e) for b, e in sorted(by_block.items())})
-    log_privacy(uri, run_id, tags, report, event_to_json(built.loop.tracker.event()),
-                journal_json(built.loop.journal), extra)
-    return _Spent(summary, tags, model_sentence, model_eps, report, trained_on)
-
-
-def _register(plan: Plan, data: SplitData, built: builders.Built, run_id: str, spent: _Spent) -> str:
-    """Register the model, its version headed by the model's guarantee with the run's spend beside it; with
-    ``tracking.register_as: transcript``, its transcript, once a replay has rebuilt the trained weights from it."""
-    resolved, tags = plan.spec, spent.tags
-    version_tags = {k: v for k, v in tags.items() if k != DESCRIPTION}
-    version_tags.update({  # a version is the model: its headline is the model's guarantee, the run's spend beside it
-        "dp.epsilon": tags["dp.model_epsilon"] if resolved.private else tags["dp.epsilon"],
-        "dp.guarantee": spent.model_guarantee, "dp.run_epsilon": tags["dp.epsilon"],
-        "dp.run_guarantee": tags["dp.guarantee"]})
-    transcript = None
-    if resolved.tracking.register_as == "transcript":
-        init = mlflow.MlflowClient(resolved.tracking.uri).get_run(run_id).data.tags.get("privzo.init")
-        transcript = transcript_of(resolved, built.model, built.loop.journal, built.loop.backend.directions.stream,
-                                   run_id, init, (data.n_features, data.n_classes))
-        problem = replays_to(transcript, built.model, resolved.tracking.uri)
-        if problem:  # never register a transcript that loads as other weights: the trained ones are at hand
-            get_run_logger().warning("tracking.register_as: transcript: %s; registering the weights instead", problem)
-            transcript = None
-    return register_model(resolved.tracking.uri, run_id, built.model, data.test.features.shape[1:],
-                          str(data.test.features.dtype), resolved.name, version_tags,
-                          description=reporting.version_description(spent.model_guarantee, run_id,
-                                                                    spent.summary.guarantee(), spent.trained_on),
-                          transcript=transcript)
-
-
-def _trained_on(spec: specs.RunSpec, data: SplitData, steps: int, started: str) -> str:
-    """What a model was trained on and how, in a sentence (``flows.reporting.trained_on``; no private count
-    under add/remove)."""
-    source = spec.data.source
-    return reporting.trained_on(
-        spec.name, spec.estimator.kind, spec.mechanism.kind, spec.sampling.kind, steps, source.kind, source.name,
-        len(data.public), len(data.test), started,
-        private_rows=len(data.private) if spec.private_count_is_public else None,
-        declared_private_rows=spec.data.declared_private_rows)
-
-
-def _artifact_key(name: str) -> str:
-    # Prefect artifact keys allow lowercase letters, digits and dashes only
-    return "privacy-report-" + "".join(c if c.isalnum() else "-" for c in name.lower())
 
 

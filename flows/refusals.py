@@ -12,6 +12,7 @@ import abc
 import contextlib
 import functools
 import logging
+import sys
 from typing import Any
 
 
@@ -88,3 +89,9 @@ def quiet_refusals() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _RefusalsWithoutTracebacks) for f in logger.filters):
             logger.addFilter(_RefusalsWithoutTracebacks())
+
+
+def fail(message: str, code: int = 2) -> int:
+    """A command's refusal: its one line on stderr, and the exit status (2: the input; 130: interrupted)."""
+    print(f"privzo: error: {message}", file=sys.stderr)
+    return code

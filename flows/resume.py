@@ -13,7 +13,7 @@ import specs
 from components import builders
 from components.data.blocks import open_period
 from components.estimators.directions import GENERATOR_VERSION
-from flows.blocks import BlockView, Window, as_of_moment
+from flows.window import BlockView, Window, as_of_moment
 from flows.checkpoints import CheckpointStore, resume_store, spec_digest
 from flows.refusals import checks_input
 

@@ -68,7 +68,7 @@ def grow_stream(spec_path: str, as_of: Optional[str] = None) -> int:
     8 days back, so the nightly retrain has a full window of 7 sealed days from its first night."""
     import pandas as pd
 
-    from flows.blocks import as_of_moment
+    from flows.window import as_of_moment
 
     spec = specs.load_spec(spec_path)
     path, moment = Path(spec.data.source.path), as_of_moment(as_of)

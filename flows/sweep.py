@@ -45,9 +45,11 @@ from prefect.cache_policies import NO_CACHE
 import specs
 from components import builders
 from components.protocols import Finalizing
-from flows.private_train import epsilon_metric, evaluation
+from flows.private_train import evaluation
+from flows.registration import epsilon_metric
 from flows.reporting import summarize
 from flows.tracking import dp_tags, log_text_artifacts
+from flows.tracking_names import PRIVZO_ESTIMATOR
 
 
 @task(name="sweep-cell", cache_policy=NO_CACHE, retries=0)
@@ -68,7 +70,7 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     client = mlflow.MlflowClient()
     run_id = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}"
                                f"-s{resolved.seed}", tags={"mlflow.parentRunId": parent_run_id,
-                                                           "privzo.estimator": resolved.estimator.kind}).info.run_id
+                                                           PRIVZO_ESTIMATOR: resolved.estimator.kind}).info.run_id
     try:
         before = {**({"public/warm_start_steps": warm_steps} if warm_steps else {}), **evaluation(built, data)}
         client.log_batch(run_id, params=[Param(k, v) for k, v in specs.flatten(resolved).items()],

@@ -17,6 +17,9 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from flows.reporting import PrivacySummary, shown
+from flows.tracking_names import (
+    DATA_FINGERPRINT, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_LARGE_DELTA, DP_NEIGHBORING,
+    DP_NOISE_MULTIPLIER, DP_NOISE_SOURCE, DP_PRIVATE, DP_STEPS, DP_ZCDP_RHO)
 
 
 KEY_ENV = "PRIVZO_FINGERPRINT_KEY"
@@ -80,20 +83,20 @@ def keyed_rows(row_fingerprints: Sequence[str]) -> List[str]:
 
 def dp_tags(summary: PrivacySummary, data_fingerprint: str) -> Dict[str, str]:
     """``data_fingerprint``: the private rows' content fingerprint; the tag carries its keyed form."""
-    rho = {"dp.zcdp_rho": shown(summary.rho, 6)} if summary.rho is not None else {}
+    rho = {DP_ZCDP_RHO: shown(summary.rho, 6)} if summary.rho is not None else {}
     return {
         **rho,
-        "dp.epsilon": shown(summary.epsilon, 6),
-        "dp.delta": shown(summary.delta, 6),
-        "dp.accountant": summary.accountant,
-        "dp.neighboring": summary.neighboring,
-        "dp.guarantee": summary.guarantee(),
-        "dp.noise_multiplier": f"{summary.noise_multiplier:.6g}",
-        "dp.steps": str(summary.steps),
-        "dp.private": "true" if summary.private else "false",
-        "dp.noise_source": summary.noise_source if summary.mechanism != "none" else "none",
-        "data.fingerprint": released_fingerprint(data_fingerprint),
-        **({"dp.large_delta": "true"} if summary.large_delta_rows is not None else {}),
+        DP_EPSILON: shown(summary.epsilon, 6),
+        DP_DELTA: shown(summary.delta, 6),
+        DP_ACCOUNTANT: summary.accountant,
+        DP_NEIGHBORING: summary.neighboring,
+        DP_GUARANTEE: summary.guarantee(),
+        DP_NOISE_MULTIPLIER: f"{summary.noise_multiplier:.6g}",
+        DP_STEPS: str(summary.steps),
+        DP_PRIVATE: "true" if summary.private else "false",
+        DP_NOISE_SOURCE: summary.noise_source if summary.mechanism != "none" else "none",
+        DATA_FINGERPRINT: released_fingerprint(data_fingerprint),
+        **({DP_LARGE_DELTA: "true"} if summary.large_delta_rows is not None else {}),
     }
 
 

@@ -37,11 +37,11 @@ from mlflow.exceptions import MlflowException
 
 import specs
 from specs.traits import JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS
+from flows.tracking_names import MODEL_ARTIFACT, PRIVZO_LOAD, PRIVZO_REGISTER
 
 TRANSCRIPT_ARTIFACT = "transcript"          # the pyfunc's artifact key
 TRANSCRIPT_FILE = "transcript.json"
 FORMAT = "privzo-transcript/1"
-REGISTER_TAG = "privzo.register"            # weights | transcript, on the version
 
 # A run whose directions were drawn on a GPU (privzo.directions_stream cuda-*): the replay on a GPU draws the
 # same directions, but the update kernels may round differently (a cached direction against one drawn inside
@@ -312,9 +312,9 @@ def log_transcript_model(transcript: Transcript, example: np.ndarray, output: np
         path = Path(folder, TRANSCRIPT_FILE)
         path.write_text(transcript.to_json())
         return mlflow.pyfunc.log_model(
-            name="model", python_model=TranscriptModel(), artifacts={TRANSCRIPT_ARTIFACT: str(path)},
+            name=MODEL_ARTIFACT, python_model=TranscriptModel(), artifacts={TRANSCRIPT_ARTIFACT: str(path)},
             signature=infer_signature(example, output), registered_model_name=registered_model_name,
-            metadata={REGISTER_TAG: "transcript", "privzo.load": "flows.transcript.load_weights"},
+            metadata={PRIVZO_REGISTER: "transcript", PRIVZO_LOAD: "flows.transcript.load_weights"},
             # declared, so a loader may name the store a continued start resolves in (MLflow drops undeclared keys)
             model_config={"tracking_uri": ""},
             # loading replays with privzo's own code, so privzo must be importable where it loads

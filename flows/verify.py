@@ -44,7 +44,7 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -57,54 +57,12 @@ import specs
 from specs.sections.tracking import tracking_uri_from_env
 from components.accountants import Accountant, beyond_plan, event_from_json
 from flows.ledger import recomposition_problems, shown_url
-
-OK, FAILED, NOT_APPLICABLE, NOT_RUN = "ok", "failed", "not applicable", "not run"
-CHECKS = ("source run", "ledger charge", "epsilon", "model guarantee", "spec and fingerprint", "weights")
-
-
-SPEC_ARTIFACT, EVENT_ARTIFACT, JOURNAL_ARTIFACT = "spec.yaml", "dp_event.json", "journal/journal.json"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # ok | failed | not applicable | not run
-    detail: str  # one line: what was compared, or the mismatch
-
-
-@dataclass
-class VerifyReport:
-    model_name: str
-    version: str
-    run_id: Optional[str]
-    tracking_uri: str
-    ledger_url: Optional[str]
-    checks: List[Check] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        """Every check ok, or not applicable to this version (a check that did not run is not a pass)."""
-        return all(c.status in (OK, NOT_APPLICABLE) for c in self.checks) and len(self.checks) == len(CHECKS)
-
-    @property
-    def first_mismatch(self) -> Optional[str]:
-        """The first failed check's line, None if none failed."""
-        return next((c.detail for c in self.checks if c.status == FAILED), None)
-
-    def headline(self) -> str:
-        where = f"{self.model_name} version {self.version}"
-        if self.passed:
-            return f"{where}: verified against ledger {shown_url(self.ledger_url)} and run {self.run_id}"
-        return f"{where}: FAILED: {self.first_mismatch or 'not every check ran'}"
-
-    def lines(self) -> List[str]:
-        """The headline, then one line per check."""
-        width = max(len(n) for n in CHECKS)
-        return [self.headline()] + [f"  {c.name:<{width}}  {c.status:<14}  {c.detail}" for c in self.checks]
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines())
-
+from flows.verify_report import CHECKS, FAILED, NOT_APPLICABLE, NOT_RUN, OK, Check, VerifyReport
+from flows.tracking_names import (
+    DATA_FINGERPRINT, DERIVED_N_PRIVATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_EVENT_ARTIFACT, DP_GUARANTEE,
+    DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_RUN_EPSILON, DP_RUN_GUARANTEE, DP_STEPS, JOURNAL_ARTIFACT,
+    MODEL_BLOCK_EVENTS_ARTIFACT, MODEL_EVENT_ARTIFACT, PRIVZO_BLOCKS, PRIVZO_DIRECTIONS_STREAM, PRIVZO_DIRECTIONS_VERSION,
+    PRIVZO_INIT, PRIVZO_INIT_RUN_ID, SPEC_ARTIFACT)
 
 def verify_command(model_name: str, version: Optional[str] = None, tracking_uri: Optional[str] = None,
                    ledger_url: Optional[str] = None, out=None) -> int:
@@ -256,18 +214,18 @@ class _Verifier:
 
         run_id, spec, charge = self.run.info.run_id, self.spec, self.charge
         tags, vtags = self.run.data.tags, self.version.tags or {}
-        logged = self._artifact_event(run_id, EVENT_ARTIFACT)
+        logged = self._artifact_event(run_id, DP_EVENT_ARTIFACT)
         if logged is None:
-            raise _Mismatch(f"run {run_id} logged no {EVENT_ARTIFACT}: what it spent is recorded only in the ledger")
+            raise _Mismatch(f"run {run_id} logged no {DP_EVENT_ARTIFACT}: what it spent is recorded only in the ledger")
         if logged != charge.executed:
-            raise _Mismatch(f"run {run_id}'s {EVENT_ARTIFACT} is not the event the ledger committed for it "
+            raise _Mismatch(f"run {run_id}'s {DP_EVENT_ARTIFACT} is not the event the ledger committed for it "
                             f"(charge {charge.id})")
         privacy = spec.privacy
         ledger_neighboring = self._dataset_neighboring(charge)
-        expected = {"dp.accountant": (privacy.accountant, "the run's spec accounts with"),
-                    "dp.neighboring": (privacy.neighboring, "the run's spec and the ledger's dataset are accounted "
+        expected = {DP_ACCOUNTANT: (privacy.accountant, "the run's spec accounts with"),
+                    DP_NEIGHBORING: (privacy.neighboring, "the run's spec and the ledger's dataset are accounted "
                                        "under"),
-                    "dp.delta": (shown(float(privacy.delta), 6), "the run's spec has delta")}
+                    DP_DELTA: (shown(float(privacy.delta), 6), "the run's spec has delta")}
         if ledger_neighboring is not None and ledger_neighboring != privacy.neighboring:
             raise _Mismatch(f"run {run_id}'s spec is accounted under {privacy.neighboring}, the ledger accounts "
                             f"dataset {charge.dataset!r} under {ledger_neighboring}")
@@ -278,46 +236,46 @@ class _Verifier:
         eps = Accountant(privacy.accountant, privacy.neighboring).epsilon(charge.executed, float(privacy.delta))
         self.run_epsilon = eps
         composes = f"the ledger's committed event composes to {shown(eps, 6)}"
-        if tags.get("dp.epsilon") != shown(eps, 6):
-            raise _Mismatch(f"run {run_id}'s dp.epsilon tag says {tags.get('dp.epsilon')}, {composes}")
-        if vtags.get("dp.run_epsilon") != shown(eps, 6):
-            raise _Mismatch(f"{self.where}'s dp.run_epsilon tag says {vtags.get('dp.run_epsilon')}, {composes}")
-        stated = _pair(tags.get("dp.guarantee", ""))
+        if tags.get(DP_EPSILON) != shown(eps, 6):
+            raise _Mismatch(f"run {run_id}'s dp.epsilon tag says {tags.get(DP_EPSILON)}, {composes}")
+        if vtags.get(DP_RUN_EPSILON) != shown(eps, 6):
+            raise _Mismatch(f"{self.where}'s dp.run_epsilon tag says {vtags.get(DP_RUN_EPSILON)}, {composes}")
+        stated = _pair(tags.get(DP_GUARANTEE, ""))
         if spec.private and (stated is None or stated[0] != shown(eps)):
             raise _Mismatch(f"run {run_id}'s dp.guarantee states epsilon {stated[0] if stated else 'none'}, the "
                             f"ledger's committed event composes to {shown(eps)}")
-        if vtags.get("dp.run_guarantee") != tags.get("dp.guarantee"):
+        if vtags.get(DP_RUN_GUARANTEE) != tags.get(DP_GUARANTEE):
             raise _Mismatch(f"{self.where}'s dp.run_guarantee is not its run's dp.guarantee "
-                            f"({vtags.get('dp.run_guarantee')!r})")
+                            f"({vtags.get(DP_RUN_GUARANTEE)!r})")
         return OK, (f"the committed event composes to epsilon {shown(eps, 6)} at delta "
                     f"{shown(float(privacy.delta), 6)} ({privacy.accountant}, {privacy.neighboring}), as the run's "
                     "tags say")
 
     def _model_guarantee(self) -> Tuple[str, str]:
-        from flows.lineage import MODEL_BLOCK_EVENTS, MODEL_EVENT, model_epsilon
+        from flows.lineage import model_epsilon
         from flows.reporting import shown
 
         run, spec, charge = self.run, self.spec, self.charge
         run_id, tags, vtags = run.info.run_id, run.data.tags, self.version.tags or {}
         composed, runs = self._model_event(run, spec, charge.executed)
-        logged = self._artifact_event(run_id, MODEL_EVENT)
-        if logged is None and composed is not None and runs > 1 and tags.get("dp.model_epsilon") == "inf":
+        logged = self._artifact_event(run_id, MODEL_EVENT_ARTIFACT)
+        if logged is None and composed is not None and runs > 1 and tags.get(DP_MODEL_EPSILON) == "inf":
             composed = None  # the run found a start's events unknown and says so: "unknown" is not a false claim
         if composed is not None and logged != composed:
-            raise _Mismatch(f"run {run_id}'s {MODEL_EVENT} is not the composition of the ledger's committed events "
+            raise _Mismatch(f"run {run_id}'s {MODEL_EVENT_ARTIFACT} is not the composition of the ledger's committed events "
                             f"of the {runs} run{'s' if runs != 1 else ''} that trained the model")
         if composed is None and logged is not None:
-            raise _Mismatch(f"run {run_id} logged a {MODEL_EVENT}, but the ledger does not record every run of its "
+            raise _Mismatch(f"run {run_id} logged a {MODEL_EVENT_ARTIFACT}, but the ledger does not record every run of its "
                             "lineage")
         model_eps = model_epsilon(spec, composed)
-        window = [b for b in tags.get("privzo.blocks", "").split(",") if b]
+        window = [b for b in tags.get(PRIVZO_BLOCKS, "").split(",") if b]
         if window:
             expected_blocks = self._block_events(run, spec, window, charge.executed, composed)
-            logged_blocks = self._artifact_text(run_id, MODEL_BLOCK_EVENTS)
+            logged_blocks = self._artifact_text(run_id, MODEL_BLOCK_EVENTS_ARTIFACT)
             logged_blocks = None if logged_blocks is None else {
                 b: event_from_json(t) for b, t in json.loads(logged_blocks).items()}
             if logged_blocks != expected_blocks:
-                raise _Mismatch(f"run {run_id}'s {MODEL_BLOCK_EVENTS} is not the per-block composition of the "
+                raise _Mismatch(f"run {run_id}'s {MODEL_BLOCK_EVENTS_ARTIFACT} is not the per-block composition of the "
                                 "ledger's committed events of the runs that trained the model")
             blocks = len(expected_blocks or {})
             per_block = [model_epsilon(spec, e) for e in (expected_blocks or {}).values()]
@@ -325,15 +283,15 @@ class _Verifier:
         self.model_eps = model_eps
         headline = model_eps if spec.private else self.run_epsilon
         lineage = f"the ledger's committed events of its {runs} run{'s' if runs != 1 else ''} compose to"
-        checks = [(tags, f"run {run_id}", "dp.model_epsilon", model_eps), (vtags, self.where, "dp.epsilon", headline),
-                  (vtags, self.where, "dp.model_epsilon", model_eps)]
+        checks = [(tags, f"run {run_id}", DP_MODEL_EPSILON, model_eps), (vtags, self.where, DP_EPSILON, headline),
+                  (vtags, self.where, DP_MODEL_EPSILON, model_eps)]
         for held, owner, key, value in checks:
             if held.get(key) != shown(value, 6):
                 raise _Mismatch(f"{owner}'s {key} tag says {held.get(key)}, {lineage} {shown(value, 6)}")
-        if tags.get("dp.model_runs") != str(runs):
-            raise _Mismatch(f"run {run_id}'s dp.model_runs tag says {tags.get('dp.model_runs')}, its lineage has "
+        if tags.get(DP_MODEL_RUNS) != str(runs):
+            raise _Mismatch(f"run {run_id}'s dp.model_runs tag says {tags.get(DP_MODEL_RUNS)}, its lineage has "
                             f"{runs} run{'s' if runs != 1 else ''}")
-        self._guarantee_sentence(f"{self.where}'s dp.guarantee", vtags.get("dp.guarantee", ""), model_eps, lineage)
+        self._guarantee_sentence(f"{self.where}'s dp.guarantee", vtags.get(DP_GUARANTEE, ""), model_eps, lineage)
         description = self.version.description or ""
         model_line = _paragraph_after(description, "**Model guarantee:** ")
         if model_line is None:
@@ -344,7 +302,7 @@ class _Verifier:
             raise _Mismatch(f"the description of {self.where} does not state what run {run_id} spent")
         self._guarantee_sentence(f"the description of {self.where} (run {run_id} spent)", run_line,
                                  self.run_epsilon, "the ledger's committed event composes to")
-        if model_line != vtags.get("dp.guarantee") or run_line != tags.get("dp.guarantee"):
+        if model_line != vtags.get(DP_GUARANTEE) or run_line != tags.get(DP_GUARANTEE):
             raise _Mismatch(f"the description of {self.where} does not state its dp.guarantee tag as the model's "
                             f"guarantee and its run's dp.guarantee as what run {run_id} spent")
         return OK, (f"model epsilon {shown(model_eps, 6)} over {runs} run{'s' if runs != 1 else ''}"
@@ -382,11 +340,11 @@ class _Verifier:
             if params.get(key) != value:
                 raise _Mismatch(f"run {run_id}'s param {key} is {params.get(key)!r}, its {SPEC_ARTIFACT} says "
                                 f"{value!r}")
-        fingerprint = tags.get("data.fingerprint")
+        fingerprint = tags.get(DATA_FINGERPRINT)
         if fingerprint != charge.fingerprint:
             raise _Mismatch(f"run {run_id}'s data.fingerprint tag is {fingerprint}, the ledger charged rows of "
                             f"fingerprint {charge.fingerprint}")
-        tagged = (self.version.tags or {}).get("data.fingerprint")
+        tagged = (self.version.tags or {}).get(DATA_FINGERPRINT)
         if tagged != fingerprint:
             raise _Mismatch(f"{self.where}'s data.fingerprint tag is {tagged}, its run's is {fingerprint}")
         if charge.run_name != spec.name:
@@ -395,10 +353,10 @@ class _Verifier:
         if charge.steps_planned != spec.optimizer.steps:
             raise _Mismatch(f"the ledger reserved {charge.steps_planned} steps for run {run_id}, its spec plans "
                             f"{spec.optimizer.steps}")
-        if tags.get("dp.steps") != str(charge.steps_run):
-            raise _Mismatch(f"run {run_id}'s dp.steps tag says {tags.get('dp.steps')}, the ledger committed "
+        if tags.get(DP_STEPS) != str(charge.steps_run):
+            raise _Mismatch(f"run {run_id}'s dp.steps tag says {tags.get(DP_STEPS)}, the ledger committed "
                             f"{charge.steps_run} steps")
-        n_private = params.get("derived.n_private")
+        n_private = params.get(DERIVED_N_PRIVATE)
         try:
             planned = builders.planned_event(spec, int(n_private) if n_private else None,
                                              float(spec.mechanism.noise_multiplier))
@@ -407,7 +365,7 @@ class _Verifier:
         if planned != charge.planned:
             raise _Mismatch(f"the ledger's reservation for run {run_id} planned another event than its spec plans "
                             "(noise, sampling or steps differ)")
-        window = [b for b in tags.get("privzo.blocks", "").split(",") if b]
+        window = [b for b in tags.get(PRIVZO_BLOCKS, "").split(",") if b]
         if window and sorted(window) != sorted(charge.blocks):
             raise _Mismatch(f"run {run_id}'s privzo.blocks tag names {', '.join(window)}, the ledger charged it on "
                             f"{', '.join(charge.blocks)}")
@@ -426,11 +384,11 @@ class _Verifier:
             return NOT_APPLICABLE, (f"{spec.estimator.kind} with {spec.optimizer.kind}: its updates are not a journal "
                                     "of seeded steps alone, so its weights cannot be replayed")
         run_id, tags = run.info.run_id, run.data.tags
-        stream = tags.get("privzo.directions_stream", f"cpu-torch-v{GENERATOR_VERSION}")
+        stream = tags.get(PRIVZO_DIRECTIONS_STREAM, f"cpu-torch-v{GENERATOR_VERSION}")
         try:
-            if tags.get("privzo.directions_version") != str(GENERATOR_VERSION):
+            if tags.get(PRIVZO_DIRECTIONS_VERSION) != str(GENERATOR_VERSION):
                 raise ReplayError(f"run {run_id}'s journal was drawn by direction generator "
-                                  f"v{tags.get('privzo.directions_version')}, this privzo draws v{GENERATOR_VERSION}: "
+                                  f"v{tags.get(PRIVZO_DIRECTIONS_VERSION)}, this privzo draws v{GENERATOR_VERSION}: "
                                   "it cannot be replayed here")
             on_gpu = replay_device(stream, f"run {run_id}").type == "cuda"
         except ReplayError as err:
@@ -452,7 +410,7 @@ class _Verifier:
         try:
             replayed, used = replay_weights(
                 spec, entries, owner=f"run {run_id}", stream=stream, directions_version=str(GENERATOR_VERSION),
-                start=start_of(tags.get("privzo.init")), load_start=self._load_start)
+                start=start_of(tags.get(PRIVZO_INIT)), load_start=self._load_start)
         except ReplayError as err:
             raise _Mismatch(str(err)) from None
         # every tensor of the model the spec builds (a registered graph may hold constants of its own besides)
@@ -486,8 +444,8 @@ class _Verifier:
         held = {"run": (transcript.run_id, run_id),
                 "spec": (transcript.spec, self._artifact_text(run_id, SPEC_ARTIFACT)),
                 "journal": (transcript.entries(), entries), "directions stream": (transcript.directions_stream, stream),
-                "direction generator": (transcript.directions_version, tags.get("privzo.directions_version")),
-                "start": (transcript.start, start_of(tags.get("privzo.init")))}
+                "direction generator": (transcript.directions_version, tags.get(PRIVZO_DIRECTIONS_VERSION)),
+                "start": (transcript.start, start_of(tags.get(PRIVZO_INIT)))}
         for what, (theirs, recorded) in held.items():
             if theirs != recorded:
                 raise _Mismatch(f"{self.where} is a transcript whose {what} is not run {run_id}'s, so it does not "
@@ -510,13 +468,13 @@ class _Verifier:
     def _model_event(self, run, spec: specs.RunSpec, event) -> Tuple[Optional[dp_accounting.DpEvent], int]:
         """The model's composed event as ``flows.lineage.model_event`` builds it, every run's event taken
         from the ledger's committed charge; and the number of runs that trained it."""
-        source_id = run.data.tags.get("privzo.init_run_id")
+        source_id = run.data.tags.get(PRIVZO_INIT_RUN_ID)
         if source_id is None:
             return event, 1
         source = self._get_run(source_id)
         if source is None:
             return None, 2
-        if source.data.tags.get("dp.neighboring") != spec.privacy.neighboring:
+        if source.data.tags.get(DP_NEIGHBORING) != spec.privacy.neighboring:
             return None, 2
         source_spec = self._spec_of(source_id)
         if source_spec is None or source_spec.budget is None or source_spec.privacy is None:
@@ -529,11 +487,11 @@ class _Verifier:
 
     def _block_events(self, run, spec: specs.RunSpec, window: List[str], event, composed):
         """Per block, as ``flows.lineage.model_block_events`` composes them, from the ledger."""
-        source_id = run.data.tags.get("privzo.init_run_id")
+        source_id = run.data.tags.get(PRIVZO_INIT_RUN_ID)
         if source_id is None:
             return {block: event for block in window}
         source = self._get_run(source_id)
-        source_window = [b for b in (source.data.tags.get("privzo.blocks", "") if source else "").split(",") if b]
+        source_window = [b for b in (source.data.tags.get(PRIVZO_BLOCKS, "") if source else "").split(",") if b]
         if source is None or not source_window:
             return None if composed is None else {block: composed for block in window}
         source_spec = self._spec_of(source_id)

@@ -7,7 +7,8 @@
 #
 # PRIVZO_STACK_DB picks where the state lives:
 #   sqlite (default)  Prefect's own SQLite, MLflow over sqlite:///mlflow.db (PRIVZO_STACK_MLFLOW_STORE: another
-#                     store); specs name their own stores.
+#                     store), the artifacts it serves in ./mlartifacts (PRIVZO_STACK_MLFLOW_ARTIFACTS: another
+#                     folder); specs name their own stores.
 #   postgres          the topology of infra/compose on one machine: a local PostgreSQL (installed and
 #                     started by infra/postgres/test-db.sh, needs root) holds Prefect's database
 #                     (privzo_prefect), MLflow's tracking store and registry (privzo_mlflow) and the privacy
@@ -42,7 +43,8 @@ state="$root/.privzo-stack"
 prefect_port=${PRIVZO_PREFECT_PORT:-4200}
 mlflow_port=${PRIVZO_MLFLOW_PORT:-5000}
 export PREFECT_API_URL="http://127.0.0.1:$prefect_port/api"
-export PREFECT_SERVER_ANALYTICS_ENABLED=false
+# offline: no usage telemetry from the servers, the worker or its flow runs (flows/cli.py, COMMAND_ENVIRONMENT)
+export PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=1
 export PREFECT_HOME="${PREFECT_HOME:-$state/prefect-home}"
 ray_port=${PRIVZO_RAY_PORT:-6379}
 ray_dashboard_port=${PRIVZO_RAY_DASHBOARD_PORT:-8265}
@@ -183,7 +185,7 @@ case "${1:-up}" in
     else
       store=${PRIVZO_STACK_MLFLOW_STORE:-sqlite:///mlflow.db}
       mlflow_env+=("MLFLOW_BACKEND_STORE_URI=$store")
-      artifacts=()
+      artifacts=(--artifacts-destination "${PRIVZO_STACK_MLFLOW_ARTIFACTS:-./mlartifacts}")
       worker_env+=("PRIVZO_MLFLOW_UI_STORE=$store")
     fi
     if [ "$auth" = 1 ]; then

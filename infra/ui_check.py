@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
 import yaml
+from flows.tracking_names import DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_MODEL_EPSILON, DP_RUN_EPSILON
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -128,6 +129,7 @@ def local_stack(workdir: Path) -> Iterator[Dict[str, str]]:
         env.pop(name, None)
     env.update(PRIVZO_PREFECT_PORT=str(_free_port()), PRIVZO_MLFLOW_PORT=str(_free_port()),
                PREFECT_HOME=str(workdir / "prefect-home"), PRIVZO_STACK_MLFLOW_STORE=tracking,
+               PRIVZO_STACK_MLFLOW_ARTIFACTS=str(workdir / "mlartifacts"),
                MLFLOW_TRACKING_URI=tracking, PRIVZO_LEDGER_URL=ledger, PRIVZO_STACK_AUTH="1",
                PRIVZO_PREFECT_AUTH_STRING=f"admin:{secrets.token_hex(12)}",
                **{f"PRIVZO_MLFLOW_{user}_PASSWORD": secrets.token_hex(12) for user in ("ADMIN", "WORKER", "VIEWER")})
@@ -443,7 +445,7 @@ def _close(a: str, b: str, rel: float = 5e-3) -> bool:
 
 def _run_epsilon(tags: Dict[str, str]) -> tuple:
     """(tag key, value) of a run's own epsilon: dp.run_epsilon where privzo names it, else dp.epsilon."""
-    key = "dp.run_epsilon" if "dp.run_epsilon" in tags else "dp.epsilon"
+    key = DP_RUN_EPSILON if DP_RUN_EPSILON in tags else DP_EPSILON
     return key, tags[key]
 
 
@@ -475,15 +477,15 @@ def page_checks(f: Facts) -> List[tuple]:
     def run(b: Browser) -> str:
         tags = latest.data.tags
         b.text("Run ID", "run details", timeout=FIRST_LOAD_MS)
-        b.text(tags["dp.guarantee"], f"guarantee sentence {tags['dp.guarantee']!r}")
-        b.tag("dp.epsilon", tags["dp.epsilon"], "run epsilon")
-        b.tag("dp.delta", tags["dp.delta"], "run delta")
+        b.text(tags[DP_GUARANTEE], f"guarantee sentence {tags[DP_GUARANTEE]!r}")
+        b.tag(DP_EPSILON, tags[DP_EPSILON], "run epsilon")
+        b.tag(DP_DELTA, tags[DP_DELTA], "run delta")
         note = tags.get("mlflow.note.content")
         assert note, "run has no description (tag mlflow.note.content)"
         shown = b.description("run")  # rendered from markdown: what a reader sees
         assert shown.startswith("Model guarantee:"), f"run description shows {shown[:60]!r}"
-        return f"{latest.info.run_id[:8]}: {tags['dp.guarantee']} epsilon {tags['dp.epsilon']} delta " \
-               f"{tags['dp.delta']}; description {shown[:50]!r}"
+        return f"{latest.info.run_id[:8]}: {tags[DP_GUARANTEE]} epsilon {tags[DP_EPSILON]} delta " \
+               f"{tags[DP_DELTA]}; description {shown[:50]!r}"
 
     def charts(b: Browser) -> str:
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -505,7 +507,7 @@ def page_checks(f: Facts) -> List[tuple]:
     def model_version(b: Browser) -> str:
         tags = version.tags
         b.text(f"Version {RETRAINS}", f"version {RETRAINS} header", timeout=FIRST_LOAD_MS)
-        model_eps = tags.get("dp.model_epsilon")
+        model_eps = tags.get(DP_MODEL_EPSILON)
         assert model_eps, f"version {RETRAINS} has no tag dp.model_epsilon"
         run_key, run_eps = _run_epsilon(tags)
         every = [float(_run_epsilon(r.data.tags)[1]) for r in f.runs]
@@ -516,8 +518,8 @@ def page_checks(f: Facts) -> List[tuple]:
         assert head, f"version description shows {shown[:60]!r}, not 'Model guarantee: (epsilon, delta)-DP'"
         assert _close(head.group(1), model_eps), \
             f"description epsilon {head.group(1)} is not dp.model_epsilon {model_eps}"
-        assert _close(head.group(2), tags["dp.delta"]), \
-            f"description delta {head.group(2)} is not dp.delta {tags['dp.delta']}"
+        assert _close(head.group(2), tags[DP_DELTA]), \
+            f"description delta {head.group(2)} is not dp.delta {tags[DP_DELTA]}"
         model_at = b.page.evaluate(TEXT_AT_JS, head.group(1))
         run_at = b.tag(run_key, run_eps, "run's own epsilon")
         assert model_at is not None, f"model epsilon {head.group(1)} not found in the page"
@@ -572,8 +574,8 @@ def page_checks(f: Facts) -> List[tuple]:
             f"accuracy shown {found.group(0)!r}, the run's eval/accuracy is {accuracy}"
         # the model's (epsilon, delta), or the run's own where the report names that
         pairs = re.findall(r"\(([0-9.e+-]+), ([0-9.e+-]+)\)-DP", body)
-        model_eps, run_eps = version.tags.get("dp.model_epsilon", "nan"), _run_epsilon(latest.data.tags)[1]
-        delta = latest.data.tags["dp.delta"]
+        model_eps, run_eps = version.tags.get(DP_MODEL_EPSILON, "nan"), _run_epsilon(latest.data.tags)[1]
+        delta = latest.data.tags[DP_DELTA]
         model = [p for p in pairs if _close(p[0], model_eps) and _close(p[1], delta)]
         own = [p for p in pairs if _close(p[0], run_eps) and _close(p[1], delta)]
         assert model or own, f"(epsilon, delta) line not shown: pairs {pairs}, model ({model_eps}, {delta})"

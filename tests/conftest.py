@@ -11,6 +11,12 @@ import pytest
 # bench/ tests set their subprocesses' environment themselves; tests/flows/test_audit.py sets 2 threads to
 # check that the audit (which runs on 1) restores them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# what `privzo` sets before Prefect and MLflow are imported (no telemetry, time for Prefect's temporary
+# server), for the flows the tests call in-process too
+from flows.cli import COMMAND_ENVIRONMENT  # noqa: E402
+
+for _name, _value in COMMAND_ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -125,8 +131,6 @@ def _isolated_prefect_home(tmp_path_factory):
     """Prefect keeps state under PREFECT_HOME; tests never touch the user's."""
     home = tmp_path_factory.mktemp("prefect-home")
     os.environ["PREFECT_HOME"] = str(home)
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("PRIVZO_FINGERPRINT_KEY", "privzo-tests")  # no key file in the user's home
     # a spec without tracking.uri or budget.ledger reads these; a user's own servers are never the tests'
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -140,3 +144,14 @@ def _no_tracking_uri_left_behind():
     names no store (and every subprocess) would then follow: no test leaves it to the next."""
     yield
     os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """A real temporary Prefect server on 127.0.0.1 for the whole session, stopped at the end; yields its
+    API URL (a subprocess given it as PREFECT_API_URL uses this server instead of starting its own)."""
+    import prefect.settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield prefect.settings.PREFECT_API_URL.value()

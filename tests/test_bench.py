@@ -43,7 +43,7 @@ def test_memory_runs_the_first_order_methods_on_the_mlp():
 
 
 def test_memory_measures_the_planner_on_a_small_decoder():
-    """Each case in its own process, its peak of torch's CPU allocations next to components/memory.py's estimate:
+    """Each case in its own process, its peak of torch's CPU allocations next to components/memory_plan.py's estimate:
     within 15% on a tiny decoder too, where activations weigh as much as the weights."""
     out = subprocess.run([sys.executable, "bench/memory.py", "--model", "decoder", "--quick", "--precisions", "fp32",
                           "--cases", "inference", "regenerate", "dp_sgd"], cwd=ROOT, capture_output=True, text=True,

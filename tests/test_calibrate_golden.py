@@ -2,7 +2,7 @@
 (tests/golden/calibrate/, recorded from main at f23a888; specs added since, when they were added): the redesign
 moved code, not numbers. Two phrases
 of the nonsmooth family's directions line were reworded on purpose (they cited a document a reader does not
-have, and a paper by number); every number is as recorded. The memory plan printed last (components/memory.py,
+have, and a paper by number); every number is as recorded. The memory plan printed last (components/memory_plan.py,
 since) is not part of the recorded output: it holds the machine's free memory; tests/components/test_memory.py
 checks it."""
 from __future__ import annotations

@@ -7,8 +7,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FORBIDDEN = {
-    "specs": {"torch", "ray", "prefect", "mlflow", "numpy", "components", "flows"},
-    "components": {"prefect", "mlflow", "flows"},
+    "specs": {"torch", "ray", "prefect", "mlflow", "numpy", "components", "flows", "reproduce"},
+    "components": {"prefect", "mlflow", "flows", "reproduce"},
 }
 
 
@@ -61,7 +61,7 @@ def _import_graph():
     """Every project module's imports of other project modules, function-local imports included (a circle
     hidden inside a function is still a circle). ``from a import b`` is an edge to a (its __init__ runs)
     and to a.b when that is a module; a package's own __init__ is a node like any other."""
-    paths = [p for layer in ("specs", "components", "flows") for p in (ROOT / layer).rglob("*.py")]
+    paths = [p for layer in ("specs", "components", "flows", "reproduce") for p in (ROOT / layer).rglob("*.py")]
     modules = {_module_name(p): p for p in paths}
     graph = {}
     for name, path in modules.items():
@@ -121,3 +121,65 @@ def test_no_import_circles_anywhere():
 
 def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# names that are also ordinary file and folder names (a spec file, a model argument): spelled out freely
+COMMON_WORDS = {"spec.yaml", "model"}
+
+
+def _tracking_names() -> dict:
+    import flows.tracking_names as names
+
+    return {value: key for key, value in vars(names).items() if key.isupper() and isinstance(value, str)}
+
+
+def _spelled(path: Path, values: dict):
+    """(line, name) for each string constant in ``path`` that is one of ``values``, docstrings included."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values:
+            yield node.lineno, values[node.value]
+
+
+def test_tracking_names_are_spelled_in_one_module():
+    """docs/design.md, "MLflow conventions": every tag, param and artifact name privzo writes or reads is a
+    constant of flows/tracking_names.py; no other code, test or script spells one out."""
+    values = {v: k for v, k in _tracking_names().items() if v not in COMMON_WORDS}
+    offenders = [f"{path.relative_to(ROOT)}:{line} spells {name}"
+                 for folder in ("specs", "components", "flows", "reproduce", "infra", "tests", "bench", "recipes", "docs")
+                 for path in sorted((ROOT / folder).rglob("*.py"))
+                 if path.name != "tracking_names.py"
+                 for line, name in _spelled(path, values)]
+    assert not offenders, offenders
+
+
+def test_the_spelling_finder_finds_a_spelled_tag(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('tags = {"dp.epsilon": "1"}\nfrom x import DP_EPSILON\n')
+    assert list(_spelled(path, _tracking_names())) == [(1, "DP_EPSILON")]
+
+
+FLOWS = ("flows.private_train", "flows.sweep", "flows.audit", "reproduce.flow", "flows.simulate", "flows.cli")
+ROOMS = ("flows.session", "flows.refusals", "flows.lineage", "flows.resume", "flows.window", "flows.registration",
+         "flows.tracking", "flows.tracking_names", "flows.reporting", "flows.checkpoints", "flows.transcript",
+         "flows.verify", "flows.verify_report")
+
+
+def test_the_flows_rooms_stand_below_the_flows():
+    """docs/design.md, "Layers": the rooms a flow calls never import a flow or the CLI (a room that did would
+    pull the flow's imports into verify and the tests, and start a circle); tracking_names imports nothing."""
+    graph = _import_graph()
+    offenders = sorted(f"{room} imports {name}" for room in ROOMS for name in graph.get(room, ())
+                       if name in FLOWS)
+    assert not offenders, offenders
+    assert set(ROOMS) <= set(graph), sorted(set(ROOMS) - set(graph))
+    assert list(_module_imports(ROOT / "flows" / "tracking_names.py")) == []
+
+
+def test_the_reproduction_harness_stands_beside_the_product():
+    """docs/design.md, "Layers": reproduce/ (the papers' rate experiments) uses the product; of the product,
+    only the CLI's `privzo reproduce` reaches it."""
+    graph = _import_graph()
+    offenders = sorted(f"{module} imports {name}" for module, names in graph.items()
+                       if not module.startswith("reproduce") and module != "flows.cli"
+                       for name in names if name.startswith("reproduce"))
+    assert not offenders, offenders

@@ -2,6 +2,7 @@
 epsilon at a stated confidence (one-run and many-runs tests)."""
 from components.audit.bounds import (
     clopper_pearson,
+    many_runs_ceiling,
     many_runs_epsilon,
     one_run_ceiling,
     one_run_epsilon,
@@ -11,14 +12,11 @@ from components.audit.run import (
     AuditResult,
     ThreatModelResult,
     audit,
-    audit_many,
     audit_problem,
     default_canaries,
-    default_runs,
-    many_runs_ceiling,
-    runs_problem,
     with_epsilon,
 )
+from components.audit.many_runs import audit_many, default_runs, runs_problem
 
 audit_ceiling = one_run_ceiling
 

@@ -152,3 +152,8 @@ def many_runs_epsilon(false_positives: int, negatives: int, false_negatives: int
         elif num > 0.0:  # an upper bound of 0 needs infinitely many runs; never reached by Clopper-Pearson
             best = math.inf
     return best
+
+
+def many_runs_ceiling(runs: int, delta: float, confidence: float) -> float:
+    """The largest many-runs bound ``runs`` runs can give: every guess right, half of the runs with the canary."""
+    return many_runs_epsilon(0, runs // 2, 0, runs - runs // 2, delta, confidence)

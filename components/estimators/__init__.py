@@ -1,5 +1,6 @@
 """Gradient estimators. Each declares its noisy queries per step and turns released values into updates."""
-from components.estimators.directions import Directions, add_direction_, perturbed
+from components.estimators.directions import Directions
+from components.estimators.perturbation import add_direction_, perturbed
 from components.estimators.first_order import FirstOrderEstimator
 from components.estimators.full_gradient import FullGradientEstimator
 from components.estimators.gep import GepEstimator, anchor_basis

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from components.estimators.directions import Directions, perturbed
+from components.estimators.directions import Directions
+from components.estimators.perturbation import perturbed
 from components.estimators.queries import (
     EmbeddedGradients,
     FiniteDifferences,

@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from flows.sweep import results_csv, results_table  # noqa: E402
+from flows.tracking_names import PRIVZO_ESTIMATOR
 
 
 def child_runs(uri: str) -> list:
@@ -26,7 +27,7 @@ def child_runs(uri: str) -> list:
         for run in sorted(runs, key=lambda r: r.info.start_time):  # the order the sweep ran its cells
             name, eps, seed = run.info.run_name.rsplit("-", 2)
             metrics = run.data.metrics
-            cells.append({"name": name, "estimator": run.data.tags.get("privzo.estimator", ""),
+            cells.append({"name": name, "estimator": run.data.tags.get(PRIVZO_ESTIMATOR, ""),
                           "epsilon": float(eps[3:]), "seed": int(seed[1:]), "accuracy": metrics["eval/accuracy"],
                           "metrics": ["accuracy"], "seconds": metrics.get("time/seconds"),
                           "spent_epsilon": metrics.get("privacy/epsilon", float("nan")), "private": True})

@@ -24,6 +24,7 @@ import yaml
 import specs
 from components import builders
 from tests.conftest import fixed_loop
+from flows.tracking_names import DP_EPSILON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +234,7 @@ def _one_charge_one_run(tmp_path: Path):
         [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()])
     assert run.info.status == "FINISHED" and run.info.run_id == charge.run_id
     # the tag is shown to 6 significant digits: 1.9999976 is "2"
-    assert float(run.data.tags["dp.epsilon"]) == pytest.approx(planned_epsilon, rel=5e-6)
+    assert float(run.data.tags[DP_EPSILON]) == pytest.approx(planned_epsilon, rel=5e-6)
 
 
 def test_a_worker_node_killed_during_a_flow_run_costs_one_charge_and_one_run(cluster, tiny_spec_dict, tmp_path):

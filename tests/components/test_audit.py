@@ -27,7 +27,8 @@ from components.audit import (
 from components.audit.bounds import one_run_p_value, one_run_p_values
 from components.audit.canaries import Probe, draw_canaries, scaled
 from components.audit.guessing import choose_guess_count, count_correct, guesses, split_guess
-from components.audit.run import NoiseOff, _audit_data, split_threshold, threshold_guess
+from components.audit.many_runs import split_threshold, threshold_guess
+from components.audit.run import NoiseOff, _audit_data
 
 # ------------------------------------------------------------------------------------------- statistics
 

@@ -307,7 +307,7 @@ def test_a_large_linear_layer_is_perturbed_a_block_of_rows_at_a_time(kind, bias,
     """Regenerate mode's scratch for an LM head is one block of its rows, about the largest other module's
     parameters, and the forward is the one at W + s V: the values cache mode (whole swaps) gives, within
     the rounding another CPU's matrix products may add (on this one they are equal)."""
-    from components.estimators import directions as module
+    from components.estimators import perturbation as module
 
     monkeypatch.setattr(module, "SPLIT_MIN", 1 << 14)
     model = _Head(bias)

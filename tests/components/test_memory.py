@@ -1,4 +1,4 @@
-"""The memory plan (components/memory.py): its ordering of the estimators on a decoder built from its config alone,
+"""The memory plan (components/memory_plan.py): its ordering of the estimators on a decoder built from its config alone,
 the one-line refusal of a spec over the device's memory (privzo validate and the run refuse before any row), and
 a small model's plan from its shapes. bench/memory.py --model decoder measures the estimates."""
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 import specs
-from components import memory
+from components import memory_plan
 from tests.components import tiny_lm
 
 
@@ -40,11 +40,11 @@ DP_SGD = {"kind": "first_order"}
 
 
 def test_a_decoder_is_planned_from_its_config_in_the_order_its_estimators_need(files):
-    plans = {name: memory.plan(specs.spec_from_dict(_spec(files, est)))
+    plans = {name: memory_plan.plan(specs.spec_from_dict(_spec(files, est)))
              for name, est in (("regenerate", REGENERATE), ("cache", CACHE), ("first_order", DP_SGD))}
     sizes = plans["regenerate"].sizes
     assert sizes.trainable == 20_896 and sizes.weights >= 4 * sizes.trainable  # the tiny llama, fp32
-    inference = memory.estimate(sizes, dataclasses.replace(plans["regenerate"].settings, estimator="inference"))
+    inference = memory_plan.estimate(sizes, dataclasses.replace(plans["regenerate"].settings, estimator="inference"))
     steps = {name: p.step for name, p in plans.items()}
     assert steps["first_order"] > steps["cache"] > steps["regenerate"]
     # regenerate holds one module's perturbed parameters over inference; cache a direction and a perturbed copy
@@ -52,14 +52,14 @@ def test_a_decoder_is_planned_from_its_config_in_the_order_its_estimators_need(f
     assert steps["cache"] - inference.step == sizes.trainable_bytes + sizes.swapped
     assert plans["regenerate"].settings.batch == 8 + 12  # Poisson: 8 + 4 sqrt(8), rounded up
     bf16_spec = specs.spec_from_dict(_spec(files, REGENERATE, precision="bf16"))
-    bf16 = memory.plan(bf16_spec)
+    bf16 = memory_plan.plan(bf16_spec)
     assert bf16.sizes.weights < 0.6 * sizes.weights
     # float32 master copies of the trainable parameters, where the model keeps them: the optimizer's state, and
     # cloned into every checkpoint
     masters = 4 * sizes.trainable if getattr(bf16_spec.model, "master_weights", False) else 0
     assert bf16.settings.optimizer_state == masters
     assert dict(bf16.parts)["last checkpoint"] == bf16.sizes.trainable_bytes + masters
-    lora = memory.plan(specs.spec_from_dict(_spec(files, DP_SGD, trainable="lora")))
+    lora = memory_plan.plan(specs.spec_from_dict(_spec(files, DP_SGD, trainable="lora")))
     # rank 8 on q_proj (32 -> 32) and v_proj (32 -> 16) of 2 layers
     assert lora.sizes.trainable == 2 * 8 * (32 + 32 + 32 + 16)
     assert lora.step < plans["first_order"].step
@@ -72,18 +72,18 @@ def test_the_public_data_estimators_hold_their_public_gradients_beside_the_priva
     def plan(estimator):
         spec = _spec(files, estimator)
         spec["data"]["split"]["public"] = 0.25
-        return memory.plan(specs.spec_from_dict(spec))
+        return memory_plan.plan(specs.spec_from_dict(spec))
 
     base = plan(REGENERATE)
     s, T, d = base.sizes, base.sizes.trainable_bytes, base.sizes.trainable
     act = base.step - s.weights - s.scratch  # A(b): the private forward
     pazo_m = plan({"kind": "pazo_m", "queries": 1, "public_batch_size": 4, "perturbation": "regenerate"})
-    assert pazo_m.step - s.weights == s.scratch + max(2 * T + memory._saved(s, 4, 16, False), act + T)
+    assert pazo_m.step - s.weights == s.scratch + max(2 * T + memory_plan._saved(s, 4, 16, False), act + T)
     pazo_p = plan({"kind": "pazo_p", "queries": 2, "public_batches": 3, "public_batch_size": 4, "perturbation": "cache"})
     pazo_s = plan({"kind": "pazo_s", "public_batches": 3, "public_batch_size": 4})
     for p, held in ((pazo_p, 4 * 3 * d + 2 * T), (pazo_s, 5 * T)):
         assert not p.settings.cache and p.step - s.weights >= s.scratch + act + held
-    qr = 3 * T + int((1 + memory.QR_COPIES) * 4 * 3 * d)  # the gradients beside G, its copy, Q and the workspace
+    qr = 3 * T + int((1 + memory_plan.QR_COPIES) * 4 * 3 * d)  # the gradients beside G, its copy, Q and the workspace
     assert pazo_p.step - s.weights >= s.scratch + qr
     normalized = plan({"kind": "pazo_p", "queries": 2, "public_batches": 3, "public_batch_size": 4,
                        "basis": "normalized"})
@@ -94,24 +94,24 @@ def test_the_public_data_estimators_hold_their_public_gradients_beside_the_priva
 
 def test_a_spec_over_the_device_memory_is_refused_in_one_line_with_the_numbers(files, monkeypatch):
     dp_sgd = specs.spec_from_dict(_spec(files, DP_SGD))
-    planned = memory.plan(dp_sgd)
-    need, light = planned.peak, memory.plan(specs.spec_from_dict(_spec(files, REGENERATE))).peak
+    planned = memory_plan.plan(dp_sgd)
+    need, light = planned.peak, memory_plan.plan(specs.spec_from_dict(_spec(files, REGENERATE))).peak
     device = (need + light) // 2
-    monkeypatch.setenv(memory.MEMORY_ENV, str(device))
+    monkeypatch.setenv(memory_plan.MEMORY_ENV, str(device))
     with pytest.raises(ValueError) as err:
-        memory.check_fits(dp_sgd)
+        memory_plan.check_fits(dp_sgd)
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith(f"execution: the run needs about {memory.shown(need)} at its peak "
-                              f"({memory.shown(planned.sizes.weights)} of weights and first_order: float64 sums and "
+    assert message.startswith(f"execution: the run needs about {memory_plan.shown(need)} at its peak "
+                              f"({memory_plan.shown(planned.sizes.weights)} of weights and first_order: float64 sums and "
                               "per-example gradients of 20,896 trainable parameters")
-    assert f"the device has {memory.shown(device)} ({memory.MEMORY_ENV})" in message
+    assert f"the device has {memory_plan.shown(device)} ({memory_plan.MEMORY_ENV})" in message
     assert "estimator.kind: two_point with perturbation: regenerate (about" in message
-    memory.check_fits(specs.spec_from_dict(_spec(files, REGENERATE)))  # fits: no error
-    monkeypatch.setenv(memory.MEMORY_ENV, str(planned.sizes.weights - 1))
+    memory_plan.check_fits(specs.spec_from_dict(_spec(files, REGENERATE)))  # fits: no error
+    monkeypatch.setenv(memory_plan.MEMORY_ENV, str(planned.sizes.weights - 1))
     with pytest.raises(ValueError, match=r"what fits: nothing with these weights, which alone need .* a smaller "
                                          r"model, or model.precision: bf16$"):
-        memory.check_fits(dp_sgd)
+        memory_plan.check_fits(dp_sgd)
 
 
 def test_validate_and_calibrate_refuse_it_and_calibrate_prints_the_plan(files, tmp_path, monkeypatch, capsys):
@@ -119,30 +119,35 @@ def test_validate_and_calibrate_refuse_it_and_calibrate_prints_the_plan(files, t
 
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(_spec(files, DP_SGD)))
-    monkeypatch.setenv(memory.MEMORY_ENV, str(2 ** 20))
+    monkeypatch.setenv(memory_plan.MEMORY_ENV, str(2 ** 20))
     for command in ("validate", "calibrate"):
         assert cli.main([command, str(path)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("privzo: error: execution: the run needs about") and "\n" not in err
         assert "the device has 1 MiB" in err
-    monkeypatch.setenv(memory.MEMORY_ENV, str(2 ** 30))
+    monkeypatch.setenv(memory_plan.MEMORY_ENV, str(2 ** 30))
     assert cli.main(["calibrate", str(path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-4].startswith("peak memory (estimate):") and "first_order" in lines[-4]
-    assert lines[-1] == f"  device memory:          1 GiB ({memory.MEMORY_ENV})"
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[-3].startswith("peak memory (estimate):") and "first_order" in lines[-3]
+    # the machine's memory of the moment apart, on stderr: calibrate's stdout is the same for the same spec
+    assert err.strip() == f"this machine: device memory 1 GiB ({memory_plan.MEMORY_ENV}): the estimate fits"
+    monkeypatch.setenv(memory_plan.MEMORY_ENV, str(2 ** 31))
+    assert cli.main(["calibrate", str(path)]) == 0
+    assert capsys.readouterr().out == out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
 
 def test_a_linear_model_is_planned_from_its_shapes(tiny_spec_dict):
     spec = specs.spec_from_dict(tiny_spec_dict)  # linear on digits, two_point, Poisson batch 64
-    assert memory.plan(spec) is None  # its size needs the data's shapes: planned by calibrate and the preflight
-    memory.check_fits(spec)  # nothing to check before the rows
-    p = memory.plan(spec, n_features=64, n_classes=10, n_private=1385, n_eval=360)
+    assert memory_plan.plan(spec) is None  # its size needs the data's shapes: planned by calibrate and the preflight
+    memory_plan.check_fits(spec)  # nothing to check before the rows
+    p = memory_plan.plan(spec, n_features=64, n_classes=10, n_private=1385, n_eval=360)
     assert p.sizes.trainable == 650 and p.sizes.weights == 650 * 4
     assert p.settings.batch == 64 + 32 and p.settings.eval_rows == 360
     assert 650 * 4 < p.step < 2 ** 20 and p.peak < 2 ** 21
     tiny_spec_dict["optimizer"] = {"kind": "adam", "lr": 0.01, "steps": 60}
-    adam = memory.plan(specs.spec_from_dict(tiny_spec_dict), n_features=64, n_classes=10, n_private=1385, n_eval=360)
+    adam = memory_plan.plan(specs.spec_from_dict(tiny_spec_dict), n_features=64, n_classes=10, n_private=1385, n_eval=360)
     assert (adam.settings.optimizer_state, adam.settings.optimizer_step) == (2 * 650 * 4, 650 * 4)  # moments, gradient
     assert adam.peak > p.peak
 
@@ -162,15 +167,15 @@ def test_a_tied_lm_head_adds_a_per_example_gradient_for_each_use_and_regenerate_
         with torch.device("meta"):
             lm = LlamaForCausalLM(config)
         freeze_lm_(lm, "all", "test")
-        sizes[tie] = memory.module_sizes(lm, 4, lm_config=config)
+        sizes[tie] = memory_plan.module_sizes(lm, 4, lm_config=config)
     untied, tied = sizes[False], sizes[True]
     assert untied.tied == 0 and tied.tied == 2 * 4000 * 128 * 4
     assert tied.trainable == untied.trainable - 4000 * 128
     # regenerate's scratch is the largest layer's (an MLP matrix), not the 4000 x 128 head
     assert untied.scratch == tied.scratch == 128 * 344 * 4
-    first_order = memory.Settings("first_order", 8, 32)
-    c = memory.chunk_rows(tied, 8)
-    assert (memory.estimate(tied, first_order).step - memory.estimate(dataclasses.replace(tied, tied=0),
+    first_order = memory_plan.Settings("first_order", 8, 32)
+    c = memory_plan.chunk_rows(tied, 8)
+    assert (memory_plan.estimate(tied, first_order).step - memory_plan.estimate(dataclasses.replace(tied, tied=0),
                                                                         first_order).step) == c * tied.tied
 
 

@@ -15,6 +15,7 @@ from flows.tracking import dp_tags
 from scipy import stats
 
 from tests.components.test_sampling import _spec
+from flows.tracking_names import DP_ZCDP_RHO
 
 G = dp_accounting.GaussianDpEvent
 
@@ -119,9 +120,9 @@ def test_report_and_tags_state_rho_for_a_zcdp_run():
     assert f"| zCDP rho spent | {shown(rho, 6)} |" in report and float(shown(rho, 6)) >= rho  # never understated
     assert (f"-DP for replacement of one example of digits; the number of private rows (1000) is the same for "
             f"every such neighbour, and the run uses and releases it. It is {shown(rho)}-zCDP, which implies that.") in report
-    assert dp_tags(summary, "ab" * 32)["dp.zcdp_rho"] == shown(rho, 6)
+    assert dp_tags(summary, "ab" * 32)[DP_ZCDP_RHO] == shown(rho, 6)
     # other accountants carry no rho
     rdp_spec = specs.spec_from_dict(_spec("replace_one", {"kind": "full_batch"},
                                           optimizer={"kind": "sgd", "lr": 0.1, "steps": 30}))
     plain = summarize(builders.resolve_privacy(rdp_spec, 1000)[0], 1.0, 30, sampler, 2)
-    assert "zCDP" not in privacy_report(plain, {}) and "dp.zcdp_rho" not in dp_tags(plain, "ab" * 32)
+    assert "zCDP" not in privacy_report(plain, {}) and DP_ZCDP_RHO not in dp_tags(plain, "ab" * 32)

@@ -8,6 +8,11 @@ from pathlib import Path
 import mlflow
 import pytest
 import yaml
+from flows.tracking_names import (
+    AUDIT_ARTIFACT, AUDIT_BLACK_BOX_CORRECT, AUDIT_BLACK_BOX_EPSILON_LOWER, AUDIT_BLACK_BOX_GUESSES,
+    AUDIT_CANARIES, AUDIT_CANARIES_ARTIFACT, AUDIT_CLAIMED_EPSILON, AUDIT_CONFIDENCE, AUDIT_EPSILON_LOWER,
+    AUDIT_EXCEEDS_CLAIM, AUDIT_REPORT_ARTIFACT, AUDIT_THREAT_MODELS, AUDIT_WHITE_BOX_CORRECT,
+    AUDIT_WHITE_BOX_EPSILON_LOWER, AUDIT_WHITE_BOX_GUESSES, PRIVZO_KIND, SPEC_ARTIFACT)
 
 ROOT = Path(__file__).resolve().parents[2]
 PRIVZO = [sys.executable, "-m", "flows.cli"]
@@ -70,16 +75,16 @@ def test_audit_flow_logs_audit_tags_and_a_report(prefect_server, mlflow_db):
     assert result["epsilon_lower"] <= result["claimed_epsilon"] <= 1.0
     run = mlflow.MlflowClient(uri).get_run(result["run_id"])
     tags = run.data.tags
-    assert float(tags["audit.claimed_epsilon"]) == pytest.approx(result["claimed_epsilon"], rel=1e-5)
-    for key in ("audit.epsilon_lower", "audit.white_box.epsilon_lower", "audit.black_box.epsilon_lower",
-                "audit.confidence", "audit.canaries", "audit.threat_models", "audit.white_box.guesses",
-                "audit.white_box.correct", "audit.black_box.guesses", "audit.black_box.correct"):
+    assert float(tags[AUDIT_CLAIMED_EPSILON]) == pytest.approx(result["claimed_epsilon"], rel=1e-5)
+    for key in (AUDIT_EPSILON_LOWER, AUDIT_WHITE_BOX_EPSILON_LOWER, AUDIT_BLACK_BOX_EPSILON_LOWER,
+                AUDIT_CONFIDENCE, AUDIT_CANARIES, AUDIT_THREAT_MODELS, AUDIT_WHITE_BOX_GUESSES,
+                AUDIT_WHITE_BOX_CORRECT, AUDIT_BLACK_BOX_GUESSES, AUDIT_BLACK_BOX_CORRECT):
         assert key in tags, key
-    assert tags["audit.canaries"] == "40" and tags["audit.confidence"] == "0.95"
-    assert tags["audit.exceeds_claim"] == "false" and tags["privzo.kind"] == "audit"
+    assert tags[AUDIT_CANARIES] == "40" and tags[AUDIT_CONFIDENCE] == "0.95"
+    assert tags[AUDIT_EXCEEDS_CLAIM] == "false" and tags[PRIVZO_KIND] == "audit"
     assert not any(k.startswith("dp.") for k in tags)  # an audit makes no privacy claim of its own
     names = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(result["run_id"])}
-    assert {"audit_report.md", "audit.json", "audit_canaries.csv", "spec.yaml"} <= names
+    assert {AUDIT_REPORT_ARTIFACT, AUDIT_ARTIFACT, AUDIT_CANARIES_ARTIFACT, SPEC_ARTIFACT} <= names
     report = result["report"]
     assert "| white-box |" in report and "| black-box |" in report and "No private row of the spec was read" in report
 

@@ -9,8 +9,9 @@ import pytest
 
 import specs
 from components.data import load_sklearn
-from flows.blocks import BlockView, Window
+from flows.window import BlockView, Window
 from flows.ledger import BudgetExceeded, PrivacyLedger, Reservation
+from flows.tracking_names import DP_EPSILON, DP_MODEL_EPSILON, DP_MODEL_RUNS, PRIVZO_BLOCKS
 
 START = dt.date(2026, 11, 1)
 PER_DAY = 120
@@ -197,7 +198,7 @@ def test_a_partitioned_folder_gives_each_row_its_files_period(tmp_path):
 
 
 def _terms(spec, days):
-    from flows.blocks import _terms as terms
+    from flows.window import _terms as terms
 
     return terms(spec, days)
 
@@ -240,11 +241,11 @@ def test_nightly_runs_on_a_window_go_on_as_days_arrive(prefect_server, tmp_path,
     (run,) = client.search_runs([client.get_experiment_by_name("visits").experiment_id],
                                 "attributes.status = 'FINISHED'", max_results=1, order_by=["attributes.start_time DESC"])
     assert run.data.params["data.declared_private_rows"] == "200"
-    assert float(run.data.tags["dp.epsilon"]) <= 1.0 and run.data.tags["privzo.blocks"] == "2026-11-07,2026-11-08"
+    assert float(run.data.tags[DP_EPSILON]) <= 1.0 and run.data.tags[PRIVZO_BLOCKS] == "2026-11-07,2026-11-08"
     # the model of six runs: per block the composition of the runs that read it, the largest block's
     version = client.get_model_version("visits", "6")
-    assert float(version.tags["dp.model_epsilon"]) == pytest.approx(ledger.spent("visits"), rel=1e-5)
-    assert float(version.tags["dp.model_epsilon"]) <= 1.6 and float(version.tags["dp.model_runs"]) == 6
+    assert float(version.tags[DP_MODEL_EPSILON]) == pytest.approx(ledger.spent("visits"), rel=1e-5)
+    assert float(version.tags[DP_MODEL_EPSILON]) <= 1.6 and float(version.tags[DP_MODEL_RUNS]) == 6
     assert "the largest over the 7 blocks of data its 6 runs read" in version.description
 
 

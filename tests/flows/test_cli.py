@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows.cli import COMMAND_ENVIRONMENT
 from tests.conftest import EXAMPLES
 
 # imported here, outside any test's output capture: Prefect binds its log handlers to the streams it finds
@@ -206,13 +207,20 @@ def test_run_refuses_what_does_not_fit_before_prefect_starts(tmp_path, monkeypat
 
 def test_the_temporary_prefect_server_gets_time_to_start(tmp_path):
     """`privzo run` without a Prefect server starts a temporary one; Prefect's own 20 s allowance failed a
-    first run on a busy 2-core machine, so privzo's flows package raises it before Prefect reads settings."""
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"}
-    code = ("import flows.cli\nfrom prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as s\n"
-            "print(s.value())")
+    first run on a busy 2-core machine, so the command raises it (and turns telemetry off) before Prefect
+    reads its settings. Importing privzo's flows changes no one's environment."""
+    env = {k: v for k, v in os.environ.items() if k not in COMMAND_ENVIRONMENT}
+    env["PYTHONPATH"] = str(ROOT)
+    imported = subprocess.run([sys.executable, "-c", "import os, flows.private_train, flows.cli\n"
+                               "print(sorted(set(os.environ) & set(flows.cli.COMMAND_ENVIRONMENT)))"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert imported.returncode == 0 and imported.stdout.split("\n")[-2] == "[]", imported.stdout + imported.stderr
+    code = (f"import os, flows.cli\nassert flows.cli.main(['validate', {str(EXAMPLES / 'digits_dpzero.yaml')!r}]) == 0\n"
+            "from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as s\n"
+            "print(s.value(), os.environ['DO_NOT_TRACK'])")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env=dict(env, PYTHONPATH=str(ROOT)))
-    assert out.returncode == 0 and int(out.stdout.strip()) >= 120, out.stderr
+                         env=env)
+    assert out.returncode == 0 and out.stdout.split()[-2:] == ["120", "1"], out.stderr
 
 
 def _data_spec(tmp_path, tiny_spec_dict, source):

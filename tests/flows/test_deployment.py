@@ -12,6 +12,7 @@ from urllib.parse import quote
 import mlflow
 import pytest
 import yaml
+from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, PRIVACY_REPORT_ARTIFACT
 
 # one stack per checkout (.privzo-stack): with tests/flows/test_nightly.py, run in turn by one worker
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]
@@ -237,10 +238,10 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         # the worker's ledger role, its password never logged (every MLflow reader sees the params)
         assert finished.data.params["budget.ledger"] == "postgresql+psycopg://privzo_worker:***@127.0.0.1:5432/privzo_ledger"
         assert not any(secret in str(finished.data.params) for secret in secrets.values())
-        report = Path(client.download_artifacts(finished.info.run_id, "privacy_report.md", str(tmp_path)))
-        assert finished.data.tags["dp.guarantee"] in report.read_text()
+        report = Path(client.download_artifacts(finished.info.run_id, PRIVACY_REPORT_ARTIFACT, str(tmp_path)))
+        assert finished.data.tags[DP_GUARANTEE] in report.read_text()
         (version,) = client.search_model_versions("name='digits-retrain'")
-        assert version.run_id == finished.info.run_id and version.tags["dp.epsilon"] == finished.data.tags["dp.epsilon"]
+        assert version.run_id == finished.info.run_id and version.tags[DP_EPSILON] == finished.data.tags[DP_EPSILON]
 
         (charge,) = PrivacyLedger(owner).history("sklearn-digits")
         assert charge.status == "committed" and charge.run_id == finished.info.run_id
@@ -254,7 +255,7 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         from mlflow.exceptions import MlflowException
 
         for forge in (lambda: client.create_model_version("digits-retrain", version.source, version.run_id),
-                      lambda: client.set_model_version_tag("digits-retrain", version.version, "dp.epsilon", "0.1"),
+                      lambda: client.set_model_version_tag("digits-retrain", version.version, DP_EPSILON, "0.1"),
                       lambda: client.update_model_version("digits-retrain", version.version, "epsilon 0.1"),
                       lambda: client.create_registered_model("forged"), lambda: client.create_experiment("forged")):
             with pytest.raises(MlflowException, match="PERMISSION_DENIED|403"):
@@ -404,7 +405,7 @@ def test_the_compose_mlflow_command_answers_the_worker_by_its_service_name(tmp_p
                                          headers={"Host": host,
                                                   "Authorization": "Basic " + base64.b64encode(b"admin:admin-password-1").decode()})
         try:
-            return urllib.request.urlopen(request, timeout=5).status
+            return urllib.request.urlopen(request, timeout=30).status  # a first request waits on the app's imports
         except urllib.error.HTTPError as err:
             return err.code
 
@@ -414,7 +415,7 @@ def test_the_compose_mlflow_command_answers_the_worker_by_its_service_name(tmp_p
             try:
                 assert status("localhost") == 200
                 break
-            except (urllib.error.URLError, ConnectionError, AssertionError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError, AssertionError):
                 assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
                 time.sleep(0.5)
         assert status("mlflow:5000") == 200

@@ -9,9 +9,10 @@ import yaml
 
 import specs
 from flows.cli import main
-from flows.private_train import NOMINAL_EPSILON_METRIC, epsilon_metric
+from flows.registration import NOMINAL_EPSILON_METRIC, epsilon_metric
 from flows.sweep import results_csv, results_table, run_cell, utility_plot
 from tests.flows.recording_client import RecordingClient
+from flows.tracking_names import DP_PRIVATE
 
 
 def _insecure(tiny):
@@ -64,7 +65,7 @@ def test_a_sweep_cell_is_logged_and_marked_not_private(tiny_spec_dict, monkeypat
     cell = run_cell.fn(specs.spec_from_dict(tiny), "parent", "0")  # the task's body, without Prefect
     assert cell["private"] is False
     assert "privacy/epsilon" not in client.metrics and client.metrics[NOMINAL_EPSILON_METRIC] > 0
-    assert client.tags["dp.private"] == "false"
+    assert client.tags[DP_PRIVATE] == "false"
 
     private = dict(cell, name="tiny-private", private=True)
     cells = [cell, private]
@@ -98,4 +99,4 @@ def test_an_insecure_runs_epsilon_metric_says_it_is_not_a_guarantee(prefect_serv
     run = mlflow.MlflowClient(tiny["tracking"]["uri"]).get_run(result["run_id"])
     assert "privacy/epsilon" not in run.data.metrics and "privacy/epsilon" not in result
     assert run.data.metrics[NOMINAL_EPSILON_METRIC] > 0
-    assert run.data.tags["dp.private"] == "false"
+    assert run.data.tags[DP_PRIVATE] == "false"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from flows.tracking_names import DP_EPSILON
 
 # one stack per checkout (.privzo-stack): with tests/flows/test_deployment.py, run in turn by one worker
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]
@@ -47,7 +48,7 @@ def test_prefect_deployment_runs_train_log_and_charge_the_ledger(nightly, monkey
     client = mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
     assert len(runs) == ui_check.RETRAINS
-    assert all(r.info.status == "FINISHED" and float(r.data.tags["dp.epsilon"]) <= 2.0 for r in runs)
+    assert all(r.info.status == "FINISHED" and float(r.data.tags[DP_EPSILON]) <= 2.0 for r in runs)
     from flows.ledger import PrivacyLedger
 
     charges = PrivacyLedger(env["PRIVZO_LEDGER_URL"]).history("sklearn-digits")

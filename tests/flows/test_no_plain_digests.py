@@ -14,6 +14,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from flows.tracking_names import PRIVACY_REPORT_ARTIFACT
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +74,7 @@ def test_no_plain_row_or_set_digest_reaches_any_output(prefect_server, tiny_spec
     look("registered version tags", "\n".join(_strings(version.tags)))
     artifacts = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts")))
     files = [p for p in artifacts.rglob("*") if p.is_file()]
-    assert any(p.name == "privacy_report.md" for p in files)
+    assert any(p.name == PRIVACY_REPORT_ARTIFACT for p in files)
     for path in files:
         look(f"mlflow artifact {path.name}", path.read_bytes().decode("latin-1"))
 

@@ -9,6 +9,11 @@ import mlflow
 import pytest
 import yaml
 from dp_accounting import rdp
+from flows.tracking_names import (
+    DATA_FINGERPRINT, DERIVED_N_PRIVATE, DERIVED_SAMPLING_RATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON,
+    DP_EVENT_ARTIFACT, DP_GUARANTEE, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_NOISE_SOURCE, DP_PRIVATE,
+    DP_RUN_EPSILON, DP_RUN_GUARANTEE, DP_STEPS, DP_ZCDP_RHO, JOURNAL_ARTIFACT, PRIVACY_REPORT_ARTIFACT,
+    PRIVZO_DIRECTIONS_STREAM, PRIVZO_DIRECTIONS_VERSION, PRIVZO_ESTIMATOR, PRIVZO_INIT, SPEC_ARTIFACT)
 
 pytestmark = pytest.mark.e2e
 
@@ -43,19 +48,19 @@ def finished_run(_one_finished_run, tiny_spec_dict, monkeypatch):
 def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_dict):
     result, client, run, _ = finished_run
     tags, params = run.data.tags, run.data.params
-    assert float(tags["dp.epsilon"]) <= tiny_spec_dict["privacy"]["epsilon"]
-    assert tags["dp.accountant"] == "rdp" and tags["dp.neighboring"] == "add_remove"
-    assert tags["dp.guarantee"].endswith("-DP for add/remove of one example of digits.")
-    assert tags["dp.private"] == "true"
+    assert float(tags[DP_EPSILON]) <= tiny_spec_dict["privacy"]["epsilon"]
+    assert tags[DP_ACCOUNTANT] == "rdp" and tags[DP_NEIGHBORING] == "add_remove"
+    assert tags[DP_GUARANTEE].endswith("-DP for add/remove of one example of digits.")
+    assert tags[DP_PRIVATE] == "true"
     import specs
     from components import builders
     from flows.tracking import released_fingerprint
 
     private_fingerprint = builders.load_data(specs.spec_from_dict(tiny_spec_dict)).private.fingerprint
-    assert tags["data.fingerprint"] == released_fingerprint(private_fingerprint) != private_fingerprint
+    assert tags[DATA_FINGERPRINT] == released_fingerprint(private_fingerprint) != private_fingerprint
     from components.estimators.directions import GENERATOR_VERSION
-    assert tags["privzo.directions_version"] == str(GENERATOR_VERSION)  # what its journal replays with
-    assert tags["privzo.directions_stream"] == f"cpu-torch-v{GENERATOR_VERSION}"
+    assert tags[PRIVZO_DIRECTIONS_VERSION] == str(GENERATOR_VERSION)  # what its journal replays with
+    assert tags[PRIVZO_DIRECTIONS_STREAM] == f"cpu-torch-v{GENERATOR_VERSION}"
     assert params["estimator.queries"] == "2" and params["optimizer.steps"] == "60"
     assert params["privacy.delta"] != "auto" and params["mechanism.noise_multiplier"] != "auto"
     eps_curve = client.get_metric_history(run.info.run_id, "privacy/epsilon")
@@ -69,12 +74,12 @@ def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_d
 def test_reported_epsilon_equals_independent_dp_accounting(finished_run):
     result, _, run, _ = finished_run
     params = run.data.params
-    rate = float(params["derived.sampling_rate"])
+    rate = float(params[DERIVED_SAMPLING_RATE])
     sigma = float(params["mechanism.noise_multiplier"])
     steps = int(params["optimizer.steps"])
     delta = float(params["privacy.delta"])
     assert rate == 64 / int(params["data.declared_private_rows"])  # never the private count (add/remove)
-    assert "derived.n_private" not in params
+    assert DERIVED_N_PRIVATE not in params
     independent = rdp.RdpAccountant().compose(
         dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps).get_epsilon(delta)
     assert result["epsilon"] == pytest.approx(independent, rel=1e-9)
@@ -86,14 +91,14 @@ def test_reported_epsilon_equals_independent_dp_accounting(finished_run):
 def test_artifacts_exist_and_describe_the_run(finished_run):
     result, client, run, tmp = finished_run
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"spec.yaml", "dp_event.json", "privacy_report.md", "journal"} <= names
+    assert {SPEC_ARTIFACT, DP_EVENT_ARTIFACT, PRIVACY_REPORT_ARTIFACT, "journal"} <= names
     local = Path(client.download_artifacts(run.info.run_id, "", str(tmp / "dl")))
     spec = yaml.safe_load((local / "spec.yaml").read_text())
     assert spec["privacy"]["delta"] == pytest.approx(float(run.data.params["privacy.delta"]))
-    event = json.loads((local / "dp_event.json").read_text())
+    event = json.loads((local / DP_EVENT_ARTIFACT).read_text())
     assert event["type"] == "SelfComposedDpEvent" and event["count"] == 60
     assert event["event"]["type"] == "PoissonSampledDpEvent"
-    report = (local / "privacy_report.md").read_text()
+    report = (local / PRIVACY_REPORT_ARTIFACT).read_text()
     assert "-DP for add/remove of one example of digits" in report
     journal = json.loads((local / "journal" / "journal.json").read_text())
     assert len(journal) == 60 * 2 and {"step", "seed", "coefficient"} <= set(journal[0])
@@ -103,8 +108,8 @@ def test_model_is_registered_with_dp_tags(finished_run, tiny_spec_dict):
     result, client, run, _ = finished_run
     version = client.get_model_version(tiny_spec_dict["name"], result["model_version"])
     assert version.run_id == run.info.run_id
-    assert version.tags["dp.epsilon"] == run.data.tags["dp.epsilon"]
-    assert "dp.guarantee" in version.tags
+    assert version.tags[DP_EPSILON] == run.data.tags[DP_EPSILON]
+    assert DP_GUARANTEE in version.tags
     import torch
 
     model = mlflow.pytorch.load_model(f"models:/{tiny_spec_dict['name']}/{result['model_version']}")
@@ -148,8 +153,8 @@ def test_insecure_deterministic_run_is_labelled_not_private(prefect_server, tiny
     tiny_spec_dict["optimizer"]["steps"] = 20
     result = private_train(spec=tiny_spec_dict)
     run = mlflow.MlflowClient(tiny_spec_dict["tracking"]["uri"]).get_run(result["run_id"])
-    assert run.data.tags["dp.private"] == "false"
-    assert run.data.tags["dp.guarantee"].startswith("NOT private")
+    assert run.data.tags[DP_PRIVATE] == "false"
+    assert run.data.tags[DP_GUARANTEE].startswith("NOT private")
 
 
 def _fail_queries(monkeypatch, from_call: int, until_call: float):
@@ -183,10 +188,10 @@ def test_a_crash_mid_training_records_the_steps_it_spent(prefect_server, tiny_sp
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name(tiny_spec_dict["name"]).experiment_id])
     assert run.info.status == "FAILED"
-    assert run.data.tags["dp.steps"] == "30"  # 20 checkpointed + 10 discarded by the failed attempt
-    local = Path(client.download_artifacts(run.info.run_id, "dp_event.json", str(tmp_path / "dl")))
+    assert run.data.tags[DP_STEPS] == "30"  # 20 checkpointed + 10 discarded by the failed attempt
+    local = Path(client.download_artifacts(run.info.run_id, DP_EVENT_ARTIFACT, str(tmp_path / "dl")))
     assert json.loads(local.read_text())["count"] == 30
-    assert float(run.data.tags["dp.epsilon"]) < tiny_spec_dict["privacy"]["epsilon"]
+    assert float(run.data.tags[DP_EPSILON]) < tiny_spec_dict["privacy"]["epsilon"]
 
 
 def test_a_failed_chunk_is_retried_from_its_checkpoint(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
@@ -205,11 +210,11 @@ def test_a_failed_chunk_is_retried_from_its_checkpoint(prefect_server, tiny_spec
     assert result["steps"] == planned["steps"] == 60  # 50 on the trajectory + 10 discarded
     assert result["epsilon"] == planned["epsilon"] <= tiny_spec_dict["privacy"]["epsilon"]
     client = mlflow.MlflowClient(result["tracking_uri"])
-    local = Path(client.download_artifacts(result["run_id"], "journal/journal.json", str(tmp_path / "dl")))
+    local = Path(client.download_artifacts(result["run_id"], JOURNAL_ARTIFACT, str(tmp_path / "dl")))
     steps = sorted({e["step"] for e in json.loads(local.read_text())})
     assert steps == list(range(50))
     run = client.get_run(result["run_id"])
-    assert run.data.tags["dp.steps"] == "60" and run.info.status == "FINISHED"
+    assert run.data.tags[DP_STEPS] == "60" and run.info.status == "FINISHED"
     assert max(m.step for m in client.get_metric_history(result["run_id"], "eval/accuracy")) == 50
     assert not (tmp_path / ".privzo" / "checkpoints" / "tiny-digits" / result["run_key"]).exists()
 
@@ -225,8 +230,8 @@ def test_mezo_run_is_labelled_not_private(prefect_server, tiny_spec_dict, tmp_pa
     tiny_spec_dict["optimizer"]["steps"] = 20
     result = private_train(spec=tiny_spec_dict)
     run = mlflow.MlflowClient(uri).get_run(result["run_id"])
-    assert run.data.tags["dp.private"] == "false" and run.data.tags["dp.epsilon"] == "inf"
-    assert run.data.tags["dp.guarantee"].startswith("NOT private: mechanism none")
+    assert run.data.tags[DP_PRIVATE] == "false" and run.data.tags[DP_EPSILON] == "inf"
+    assert run.data.tags[DP_GUARANTEE].startswith("NOT private: mechanism none")
     assert "privacy/epsilon" not in run.data.metrics
     assert result["epsilon"] == float("inf")
 
@@ -243,8 +248,8 @@ def test_pazo_run_with_public_warm_start(prefect_server, tiny_spec_dict, tmp_pat
     result = private_train(spec=tiny_spec_dict)
     client = mlflow.MlflowClient(uri)
     run = client.get_run(result["run_id"])
-    assert run.data.tags["privzo.estimator"] == "pazo_s"
-    assert float(run.data.tags["dp.epsilon"]) <= 2.0
+    assert run.data.tags[PRIVZO_ESTIMATOR] == "pazo_s"
+    assert float(run.data.tags[DP_EPSILON]) <= 2.0
     assert client.get_metric_history(result["run_id"], "public/warm_start_steps")[0].value > 0
 
 
@@ -268,7 +273,7 @@ def test_run_on_ray_workers(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,
         result = private_train(spec=tiny_spec_dict)
         run = mlflow.MlflowClient(uri).get_run(result["run_id"])
         assert run.data.params["execution.backend"] == "ray"
-        assert float(run.data.tags["dp.epsilon"]) <= 2.0 and run.data.tags["dp.steps"] == "20"
+        assert float(run.data.tags[DP_EPSILON]) <= 2.0 and run.data.tags[DP_STEPS] == "20"
         assert closed == [2]  # the two workers holding private rows are stopped with the run
     finally:
         ray.shutdown()
@@ -362,7 +367,7 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     client = mlflow.MlflowClient(uri)
 
     first = private_train(spec=retrain)  # nothing registered yet
-    assert client.get_run(first["run_id"]).data.tags["privzo.init"] == "seed (no registered version yet)"
+    assert client.get_run(first["run_id"]).data.tags[PRIVZO_INIT] == "seed (no registered version yet)"
 
     mezo = copy.deepcopy(tiny_spec_dict)
     mezo["mechanism"] = {"kind": "none"}
@@ -376,10 +381,10 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     assert private_train(spec=tiny_spec_dict)["model_version"] == "3"
     second = private_train(spec=retrain)
     assert second["model_version"] == "4"
-    assert client.get_run(second["run_id"]).data.tags["privzo.init"] == "models:/tiny-digits/3"
+    assert client.get_run(second["run_id"]).data.tags[PRIVZO_INIT] == "models:/tiny-digits/3"
     start = mlflow.pytorch.load_model("models:/tiny-digits/3")
     end = mlflow.pytorch.load_model("models:/tiny-digits/4")
-    journal_file = client.download_artifacts(second["run_id"], "journal/journal.json", str(tmp_path / "dl"))
+    journal_file = client.download_artifacts(second["run_id"], JOURNAL_ARTIFACT, str(tmp_path / "dl"))
     journal = [JournalEntry(e["step"], e["seed"], e["coefficient"]) for e in json.loads(Path(journal_file).read_text())]
     spec = specs.spec_from_dict(retrain)
     params = [p for p in start.parameters()]
@@ -391,36 +396,36 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     from components.accountants import event_from_json
 
     def event_of(run_id):
-        return event_from_json(Path(client.download_artifacts(run_id, "dp_event.json", str(tmp_path / run_id))).read_text())
+        return event_from_json(Path(client.download_artifacts(run_id, DP_EVENT_ARTIFACT, str(tmp_path / run_id))).read_text())
 
     chained = private_train(spec=retrain)  # version 5, started from version 4
     tags = client.get_run(chained["run_id"]).data.tags
     v3_run = client.get_model_version("tiny-digits", "3").run_id
     composed = dp_accounting.ComposedDpEvent([event_of(v3_run), event_of(second["run_id"]), event_of(chained["run_id"])])
     accountant = dp_accounting.rdp.RdpAccountant()
-    expected = accountant.compose(composed).get_epsilon(float(tags["dp.delta"]))
-    assert float(tags["dp.model_epsilon"]) == pytest.approx(expected, rel=1e-5)
-    assert float(tags["dp.model_epsilon"]) > float(tags["dp.epsilon"]) + 0.5  # three runs, not this one alone
-    assert client.get_model_version("tiny-digits", "5").tags["dp.model_epsilon"] == tags["dp.model_epsilon"]
-    assert client.get_run(second["run_id"]).data.tags["dp.model_epsilon"] != client.get_run(second["run_id"]).data.tags["dp.epsilon"]
-    assert client.get_run(v3_run).data.tags["dp.model_epsilon"] == client.get_run(v3_run).data.tags["dp.epsilon"]
-    report = Path(client.download_artifacts(chained["run_id"], "privacy_report.md", str(tmp_path / "r"))).read_text()
-    assert f"epsilon {tags['dp.model_epsilon']} at this run's delta" in report
+    expected = accountant.compose(composed).get_epsilon(float(tags[DP_DELTA]))
+    assert float(tags[DP_MODEL_EPSILON]) == pytest.approx(expected, rel=1e-5)
+    assert float(tags[DP_MODEL_EPSILON]) > float(tags[DP_EPSILON]) + 0.5  # three runs, not this one alone
+    assert client.get_model_version("tiny-digits", "5").tags[DP_MODEL_EPSILON] == tags[DP_MODEL_EPSILON]
+    assert client.get_run(second["run_id"]).data.tags[DP_MODEL_EPSILON] != client.get_run(second["run_id"]).data.tags[DP_EPSILON]
+    assert client.get_run(v3_run).data.tags[DP_MODEL_EPSILON] == client.get_run(v3_run).data.tags[DP_EPSILON]
+    report = Path(client.download_artifacts(chained["run_id"], PRIVACY_REPORT_ARTIFACT, str(tmp_path / "r"))).read_text()
+    assert f"epsilon {tags[DP_MODEL_EPSILON]} at this run's delta" in report
     # what a user sees first of version 5 is the model's guarantee, the run's own spend beside it, named so
     from flows.reporting import shown
 
     version = client.get_model_version("tiny-digits", "5")
-    assert version.tags["dp.epsilon"] == tags["dp.model_epsilon"] and version.tags["dp.run_epsilon"] == tags["dp.epsilon"]
-    assert version.tags["dp.run_guarantee"] == tags["dp.guarantee"] and tags["dp.model_runs"] == "3"
-    headline = f"(" + shown(float(tags["dp.model_epsilon"])) + ", "
-    assert version.tags["dp.guarantee"].startswith(headline) and "composed over the 3 runs" in version.tags["dp.guarantee"]
+    assert version.tags[DP_EPSILON] == tags[DP_MODEL_EPSILON] and version.tags[DP_RUN_EPSILON] == tags[DP_EPSILON]
+    assert version.tags[DP_RUN_GUARANTEE] == tags[DP_GUARANTEE] and tags[DP_MODEL_RUNS] == "3"
+    headline = f"(" + shown(float(tags[DP_MODEL_EPSILON])) + ", "
+    assert version.tags[DP_GUARANTEE].startswith(headline) and "composed over the 3 runs" in version.tags[DP_GUARANTEE]
     assert version.description.startswith(f"**Model guarantee:** {headline}")
-    assert f"**Run {chained['run_id']} spent:** {tags['dp.guarantee']}" in version.description
+    assert f"**Run {chained['run_id']} spent:** {tags[DP_GUARANTEE]}" in version.description
     assert "Latest: version 5.** **Model guarantee:** " + headline in client.get_registered_model("tiny-digits").description
     assert tags["mlflow.note.content"].startswith(f"**Model guarantee:** {headline}")
-    assert report.index("**Model guarantee.** " + headline) < report.index("**This run's spend.** " + tags["dp.guarantee"])
+    assert report.index("**Model guarantee.** " + headline) < report.index("**This run's spend.** " + tags[DP_GUARANTEE])
     first_run = client.get_run(first["run_id"])  # a seed-initialised model's guarantee is its run's
-    assert first_run.data.tags["mlflow.note.content"].startswith("**Guarantee:** " + first_run.data.tags["dp.guarantee"])
+    assert first_run.data.tags["mlflow.note.content"].startswith("**Guarantee:** " + first_run.data.tags[DP_GUARANTEE])
     assert first_run.info.run_name.endswith(" tiny-digits") and first_run.info.run_name != chained["run_name"]
     assert client.get_experiment(first["experiment_id"]).tags["mlflow.experimentKind"] == "custom_model_development"
 
@@ -437,7 +442,7 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     from_seed["optimizer"]["init"] = "seed"
     assert private_train(spec=from_seed)["model_version"] == "6"
     third = private_train(spec=budgeted)  # version 6 is charged: allowed
-    assert client.get_run(third["run_id"]).data.tags["privzo.init"] == "models:/tiny-digits/6"
+    assert client.get_run(third["run_id"]).data.tags[PRIVZO_INIT] == "models:/tiny-digits/6"
     assert [c.status for c in PrivacyLedger(ledger_url).history("digits-patients")] == ["committed"] * 2
 
 
@@ -561,20 +566,20 @@ def test_fixed_size_batches_under_replace_one_are_reported_and_composed_in_the_l
     second = private_train(spec=tiny_spec_dict)
     client = mlflow.MlflowClient(tiny_spec_dict["tracking"]["uri"])
     run = client.get_run(first["run_id"])
-    assert run.data.tags["dp.neighboring"] == "replace_one"
-    assert run.data.tags["dp.guarantee"].endswith(
+    assert run.data.tags[DP_NEIGHBORING] == "replace_one"
+    assert run.data.tags[DP_GUARANTEE].endswith(
         "-DP for replacement of one example of digits; the number of private rows "
-        f"({run.data.params['derived.n_private']}) is the same for every such neighbour, and the run uses and releases it.")
+        f"({run.data.params[DERIVED_N_PRIVATE]}) is the same for every such neighbour, and the run uses and releases it.")
     local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "dl")))
-    event = json.loads((local / "dp_event.json").read_text())
+    event = json.loads((local / DP_EVENT_ARTIFACT).read_text())
     assert event["event"]["type"] == "SampledWithoutReplacementDpEvent" and event["event"]["sample_size"] == 40
-    n = int(run.data.params["derived.n_private"])
+    n = int(run.data.params[DERIVED_N_PRIVATE])
     assert event["event"]["source_dataset_size"] == n
-    report = (local / "privacy_report.md").read_text()
+    report = (local / PRIVACY_REPORT_ARTIFACT).read_text()
     assert f"| sampling | fixed size, 40 of {n} private rows per step without replacement |" in report
     assert "sampled without replacement per step" in report
     assert "batch membership were drawn by torch's generators" in report  # privacy.noise auto: fast on digits
-    assert run.data.tags["dp.noise_source"] == "fast"
+    assert run.data.tags[DP_NOISE_SOURCE] == "fast"
     sigma = float(run.data.params["mechanism.noise_multiplier"])
     delta = float(run.data.params["privacy.delta"])
     step = dp_accounting.SampledWithoutReplacementDpEvent(n, 40, dp_accounting.GaussianDpEvent(sigma))
@@ -609,14 +614,14 @@ def test_full_batch_runs_under_zcdp_report_rho_and_compose_by_adding_it(prefect_
     sigma = float(run.data.params["mechanism.noise_multiplier"])
     delta = float(run.data.params["privacy.delta"])
     rho = 10 / (2 * sigma ** 2)
-    assert float(run.data.tags["dp.zcdp_rho"]) == pytest.approx(rho, rel=1e-5)
-    assert run.data.tags["dp.accountant"] == "zcdp"
+    assert float(run.data.tags[DP_ZCDP_RHO]) == pytest.approx(rho, rel=1e-5)
+    assert run.data.tags[DP_ACCOUNTANT] == "zcdp"
     from flows.reporting import shown
 
-    assert run.data.tags["dp.guarantee"].endswith(f"It is {shown(rho)}-zCDP, which implies that.")
+    assert run.data.tags[DP_GUARANTEE].endswith(f"It is {shown(rho)}-zCDP, which implies that.")
     local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "dl")))
-    assert f"| zCDP rho spent | {shown(rho, 6)} |" in (local / "privacy_report.md").read_text()
-    event = json.loads((local / "dp_event.json").read_text())
+    assert f"| zCDP rho spent | {shown(rho, 6)} |" in (local / PRIVACY_REPORT_ARTIFACT).read_text()
+    event = json.loads((local / DP_EVENT_ARTIFACT).read_text())
     assert event["event"]["type"] == "GaussianDpEvent" and event["count"] == 10
     relation = dp_accounting.NeighboringRelation.REPLACE_ONE
     one = ZCdpAccountant(relation).compose(dp_accounting.ZCDpEvent(rho)).get_epsilon(delta)
@@ -626,7 +631,7 @@ def test_full_batch_runs_under_zcdp_report_rho_and_compose_by_adding_it(prefect_
     assert second["budget_left"] == pytest.approx(3.0 - both, rel=1e-9)
     assert both < 2 * one
     versions = client.search_model_versions(f"run_id = '{first['run_id']}'")
-    assert versions and versions[0].tags["dp.zcdp_rho"] == run.data.tags["dp.zcdp_rho"]
+    assert versions and versions[0].tags[DP_ZCDP_RHO] == run.data.tags[DP_ZCDP_RHO]
 
 
 def test_the_default_ledger_never_starts_beside_the_one_earlier_privzo_kept_in_the_folder(
@@ -681,12 +686,12 @@ def test_each_nonsmooth_example_runs_end_to_end(prefect_server, tmp_path, mlflow
         ray.shutdown()
     run = mlflow.MlflowClient(spec["tracking"]["uri"]).get_run(result["run_id"])
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-    assert float(tags["dp.epsilon"]) <= 1.0
-    assert tags["dp.neighboring"] == ("add_remove" if "poisson" in name else "replace_one")
+    assert float(tags[DP_EPSILON]) <= 1.0
+    assert tags[DP_NEIGHBORING] == ("add_remove" if "poisson" in name else "replace_one")
     assert params["optimizer.kind"] == "o2nc" and params["optimizer.lr"] != "auto"
     assert 0 < metrics["eval/goldstein_certificate"] <= 1.0 + 1e-9  # |mean of unit-ish gradients| on P1
     assert metrics["eval/excess_risk"] >= 0 and result["model_version"] == "1"
-    report = mlflow.MlflowClient(spec["tracking"]["uri"]).download_artifacts(result["run_id"], "privacy_report.md",
+    report = mlflow.MlflowClient(spec["tracking"]["uri"]).download_artifacts(result["run_id"], PRIVACY_REPORT_ARTIFACT,
                                                                             str(tmp_path))
     expected = {"multipass": "every row is in every step", "poisson": "a fresh poisson batch"}
     assert next((v for k, v in expected.items() if k in name), "single pass") in Path(report).read_text().lower()
@@ -720,11 +725,11 @@ def test_each_kl_example_runs_end_to_end(prefect_server, tmp_path, mlflow_db, mo
         run = mlflow.MlflowClient(mlflow_db).get_run(result["run_id"])
         tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
         target = spec["privacy"]["epsilon"]
-        assert target * 0.999 <= float(tags["dp.epsilon"]) <= target, name  # the whole plan, not what ran
+        assert target * 0.999 <= float(tags[DP_EPSILON]) <= target, name  # the whole plan, not what ran
         assert params["estimator.kind"] == "full_gradient" and params["optimizer.steps"] != "auto"
         (charge,) = PrivacyLedger(ledger).history(name)
         assert charge.status == "committed"
-        resolved = specs.load_spec(mlflow.MlflowClient(mlflow_db).download_artifacts(result["run_id"], "spec.yaml",
+        resolved = specs.load_spec(mlflow.MlflowClient(mlflow_db).download_artifacts(result["run_id"], SPEC_ARTIFACT,
                                                                                     str(tmp_path / name)))
         assert charge.event == builders.planned_event(resolved, rows, resolved.mechanism.noise_multiplier), name
         assert metrics["eval/grad_norm"] >= 0 and result["model_version"] == "1"

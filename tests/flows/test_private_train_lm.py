@@ -12,6 +12,7 @@ import torch
 
 from specs import traits
 from tests.components import tiny_lm
+from flows.tracking_names import DERIVED_SAMPLING_RATE
 
 pytestmark = pytest.mark.e2e
 
@@ -114,14 +115,14 @@ def test_a_completion_run_logs_its_test_loss_and_exact_match_before_and_after(pr
 
 def test_every_standard_estimator_is_in_the_table_of_lm_runs_and_has_a_memory_plan(lm_files):
     """A new estimator of the standard family gets its language-model run below; each is planned from the model's
-    config (components/memory.py) before any row is read."""
+    config (components/memory_plan.py) before any row is read."""
     import specs
-    from components import memory
+    from components import memory_plan
 
     assert set(ESTIMATORS) == set(traits.kinds(traits.ESTIMATORS, family=traits.STANDARD))
     for estimator in ESTIMATORS:
         for arch, task in (("llama", "label_words"), ("bert", "label_words"), ("llama", "completion")):
-            plan = memory.plan(specs.spec_from_dict(_spec(lm_files, "sqlite:///unused.db", arch, estimator, task)))
+            plan = memory_plan.plan(specs.spec_from_dict(_spec(lm_files, "sqlite:///unused.db", arch, estimator, task)))
             assert plan.settings.estimator == estimator and plan.step > plan.sizes.weights > 0
 
 
@@ -165,7 +166,7 @@ def test_every_estimator_trains_a_prompted_lm_through_the_flow_and_spends_what_t
     assert result["steps"] == 2
     client = mlflow.MlflowClient(mlflow_db)
     params = client.get_run(result["run_id"]).data.params
-    step = dp_accounting.PoissonSampledDpEvent(float(params["derived.sampling_rate"]),
+    step = dp_accounting.PoissonSampledDpEvent(float(params[DERIVED_SAMPLING_RATE]),
                                                dp_accounting.GaussianDpEvent(float(params["mechanism.noise_multiplier"])))
     spent = dp_accounting.rdp.RdpAccountant().compose(step, 2).get_epsilon(float(params["privacy.delta"]))
     assert result["epsilon"] == pytest.approx(spent, rel=1e-9) and 0 < spent <= 8.0
@@ -180,13 +181,13 @@ def test_every_estimator_trains_a_prompted_lm_through_the_flow_and_spends_what_t
 
 def test_a_run_over_the_device_memory_is_refused_before_any_row_is_read(prefect_server, lm_files, mlflow_db, tmp_path,
                                                                        monkeypatch):
-    """components/memory.py plans a language model from its config: a run that cannot fit the device (here 1 MiB,
+    """components/memory_plan.py plans a language model from its config: a run that cannot fit the device (here 1 MiB,
     by PRIVZO_DEVICE_MEMORY_BYTES) is refused in one line before the flow reads a row or writes anything."""
-    from components import builders, memory
+    from components import builders, memory_plan
     from flows.private_train import private_train
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(memory.MEMORY_ENV, str(2 ** 20))
+    monkeypatch.setenv(memory_plan.MEMORY_ENV, str(2 ** 20))
 
     def no_rows(*_args, **_kwargs):
         raise AssertionError("a row was read before the memory plan")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from flows.tracking_names import PRIVZO_RESUMED_FROM_STEP
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +137,7 @@ def test_killed_run_resumes_with_one_charge_and_the_same_model(prefect_server, t
     import mlflow
 
     run = mlflow.MlflowClient(spec["tracking"]["uri"]).get_run(state["run_id"])
-    assert run.info.status == "FINISHED" and run.data.tags["privzo.resumed_from_step"] == str(killed_at)
+    assert run.info.status == "FINISHED" and run.data.tags[PRIVZO_RESUMED_FROM_STEP] == str(killed_at)
 
 
 def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(prefect_server, tiny_spec_dict, tmp_path):

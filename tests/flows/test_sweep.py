@@ -4,6 +4,7 @@ import copy
 import mlflow
 import pytest
 import yaml
+from flows.tracking_names import DP_EPSILON
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +30,7 @@ def test_sweep_logs_children_table_and_plot(prefect_server, tiny_spec_dict, tmp_
     exp = client.get_experiment_by_name("privzo-sweep")
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{result['parent_run_id']}'")
     assert len(children) == 8
-    assert all(float(r.data.tags["dp.epsilon"]) <= float(r.data.params["privacy.epsilon"]) for r in children)
+    assert all(float(r.data.tags[DP_EPSILON]) <= float(r.data.params["privacy.epsilon"]) for r in children)
     table = out.read_text()
     assert "| tiny-two_point |" in table and "ε = 0.5" in table and "±" in table and "| s / run |" in table
     # every cell's wall time: in the CSV, in MLflow, and in the table as the mean per spec

@@ -1,3 +1,4 @@
+from flows.tracking_names import DP_LARGE_DELTA
 """MLflow tags: what a run releases about its data."""
 
 
@@ -54,7 +55,7 @@ def test_a_shown_epsilon_never_understates_and_a_large_delta_leads_the_guarantee
     assert summary.guarantee().startswith("NOT a meaningful guarantee: delta 0.01 is above 1/N = 1/1384 "
                                           "(privacy.allow_large_delta)")
     assert "(above 1/N = 1/1384: not a meaningful guarantee)" in privacy_report(summary, {})
-    assert dp_tags(summary, "ab" * 32)["dp.large_delta"] == "true"
+    assert dp_tags(summary, "ab" * 32)[DP_LARGE_DELTA] == "true"
 
 
 def test_only_refusals_lose_their_tracebacks():

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.flows.forging import dress_as
+from flows.tracking_names import JOURNAL_ARTIFACT, PRIVZO_REGISTER, PRIVZO_TRANSCRIPT_BYTES, PRIVZO_WEIGHTS_BYTES
 
 pytestmark = pytest.mark.e2e
 
@@ -87,15 +88,15 @@ def test_a_transcript_version_holds_no_weights_and_is_a_fraction_of_them(runs, c
     assert transcript.run_id == results["transcript"]["run_id"] and transcript.start == "seed"
     assert len(transcript.journal) == 20 * 2 and transcript.directions_stream == "cpu-torch-v2"
     # the journal is the run's own
-    logged = json.loads(Path(client.download_artifacts(transcript.run_id, "journal/journal.json",
+    logged = json.loads(Path(client.download_artifacts(transcript.run_id, JOURNAL_ARTIFACT,
                                                        str(tmp_path))).read_text())
     assert transcript.entries() == logged
 
     held = (transcript_dir / "artifacts" / TRANSCRIPT_FILE).stat().st_size
     weights = _bytes(weights_dir / "data")  # the exported program (model.pt2)
     tags = client.get_model_version(NAME, "2").tags
-    assert tags["privzo.register"] == "transcript" and int(tags["privzo.transcript_bytes"]) == held
-    assert int(tags["privzo.weights_bytes"]) == 9_610 * 4
+    assert tags[PRIVZO_REGISTER] == "transcript" and int(tags[PRIVZO_TRANSCRIPT_BYTES]) == held
+    assert int(tags[PRIVZO_WEIGHTS_BYTES]) == 9_610 * 4
     assert weights > 9 * held, (weights, held)  # ~38 kB of weights, ~4 kB of transcript
     assert _bytes(weights_dir) > 4 * _bytes(transcript_dir)  # whole model folders, MLmodel and environment files too
     # same dp tags as the weights version's (its own run's values), and a description saying how to load it

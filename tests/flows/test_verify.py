@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.flows.forging import dress_as
+from flows.tracking_names import DP_EPSILON, PRIVZO_INIT
 
 pytestmark = pytest.mark.e2e
 
@@ -119,7 +120,7 @@ def test_a_changed_epsilon_tag_is_named(trained, client):
     uri = trained[1]
     version = _copy_of_version_1(client)
     assert verify(NAME, version, tracking_uri=uri).passed  # the copy is version 1 again
-    client.set_model_version_tag(NAME, version, "dp.epsilon", "2.5")
+    client.set_model_version_tag(NAME, version, DP_EPSILON, "2.5")
     report = verify(NAME, version, tracking_uri=uri)
     assert _statuses(report)["model guarantee"] == "failed"
     assert report.first_mismatch == (f"version {version}'s dp.epsilon tag says 2.5, the ledger's committed events of "
@@ -169,7 +170,7 @@ def test_a_continued_model_is_checked_against_its_whole_lineage(trained, client)
     second = private_train(spec=again)
     report = verify(NAME, second["model_version"], tracking_uri=uri)
     assert report.passed, str(report)
-    assert client.get_run(second["run_id"]).data.tags["privzo.init"] == f"models:/{NAME}/{start}"
+    assert client.get_run(second["run_id"]).data.tags[PRIVZO_INIT] == f"models:/{NAME}/{start}"
     assert "over 2 runs" in report.checks[3].detail and f"weights of models:/{NAME}/{start}" in report.checks[5].detail
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.reproduce.agreement import Agreement
+from reproduce.agreement import Agreement
 
 EPSILON = 2.0
 DELTA = 1e-6

@@ -8,7 +8,7 @@ at once (seeds as a batch dimension), so a sweep takes minutes.
 It is evidence about privzo only because it is checked against privzo: ``Kernel.run`` with ``PrivzoStreams``
 reads every random input the way a privzo run does (the public seed's row order, per-example directions and
 query-point fractions; the noise from the generator a test injects), and
-``tests/components/test_reproduce.py`` and the reproduction command compare its query points and window
+``tests/reproduce/test_kernels.py`` and the reproduction command compare its query points and window
 certificates with privzo's own loop (estimator, door, mechanism, sampler, optimizer) to 1e-9. Sweeps then
 use ``FastStreams``: the same distributions drawn in batches (fresh rows and noise per seed).
 """

@@ -33,10 +33,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from components.reproduce.agreement import Agreement
+from reproduce.agreement import Agreement
 from components.protocols import Finalizing
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "specs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "specs" / "examples"
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class PointResult:
 
 def run_point(series: Series, x: int, seeds: Sequence[int]) -> PointResult:
     """One point of a sweep: the kernel on the resolved spec, a run per seed (fresh rows and noise)."""
-    from components.reproduce.kernel import FastStreams, Kernel, KernelPlan, _h
+    from reproduce.kernel import FastStreams, Kernel, KernelPlan, _h
 
     started = time.perf_counter()
     resolved, eps = resolve(series, x)
@@ -213,7 +213,7 @@ def match(series: Series, x: int, noise_seed: int = 7, threads: int = 1, start: 
 
     import specs
     from components import builders
-    from components.reproduce.kernel import Kernel, KernelPlan, PrivzoStreams
+    from reproduce.kernel import Kernel, KernelPlan, PrivzoStreams
 
     data = spec_dict(series, x)
     if start is not None:

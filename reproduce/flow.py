@@ -2,7 +2,7 @@
 ``privzo reproduce kl``: the KL paper's (E6 to E9), and ``privzo reproduce dpzero``: DPZero's Figure 1, written to
 docs/ and logged to MLflow as a parent run with a child run per point.
 
-The sweeps run the vectorised kernel (components/reproduce/kernel.py) on specs resolved by privzo's planner.
+The sweeps run the vectorised kernel (reproduce/kernel.py) on specs resolved by privzo's planner.
 While they run, a second process runs privzo's own loop at the first point of every series and the kernel
 on the same random inputs; the evidence stands only if every trajectory agrees to 1e-9, and the command
 fails (its parent run FAILED, after everything is logged) when one does not.
@@ -24,8 +24,9 @@ import numpy as np
 from mlflow.entities import Metric, Param
 from prefect import flow, get_run_logger
 
-from components.reproduce import experiments as ex
+from reproduce import experiments as ex
 from flows.tracking import log_text_artifacts
+from flows.tracking_names import PRIVZO_KIND
 
 TOLERANCE = 0.15  # the study's pass band on a slope
 
@@ -79,7 +80,7 @@ def markdown(points: List[ex.PointResult], slopes: List[Dict[str, Any]], matches
         own = [p for p in points if p.series.experiment == experiment]
         axis = own[0].series.axis
         lines += ["", f"## {experiment}", "",
-                  f"| series | n | d | steps | window | period | z | seeds | median Γ̄ | p90 Γ̄ | bound | F(out) median | s |",
+                  "| series | n | d | steps | window | period | z | seeds | median Γ̄ | p90 Γ̄ | bound | F(out) median | s |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in own:
             lines.append(f"| {p.series.label} | {p.n} | {p.d} | {p.steps} | {p.settings['window']} | "
@@ -164,7 +165,7 @@ def _parent_run(suite: str, experiments, seeds, quick: bool, tracking_uri: Optio
     exp = mlflow.set_experiment(experiment)
     client = mlflow.MlflowClient()
     parent = client.create_run(exp.experiment_id, run_name=f"reproduce-{suite}-{'-'.join(experiments)}",
-                               tags={"privzo.kind": "reproduction"})
+                               tags={PRIVZO_KIND: "reproduction"})
     client.log_batch(parent.info.run_id, params=[Param("reproduce.experiments", ",".join(experiments)),
                                                  Param("reproduce.seeds", ",".join(map(str, seeds))),
                                                  Param("reproduce.quick", str(quick).lower())])
@@ -322,7 +323,7 @@ def kl_csv(points) -> str:
 
 
 def _kl_match_all(pairs):
-    from components.reproduce import kl_kernel as kk
+    from reproduce import kl_kernel as kk
 
     return [kk.match(series, x) for series, x in pairs]
 
@@ -333,7 +334,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
                  experiment: str = "privzo-reproduce", command: str = "privzo reproduce kl") -> Dict[str, Any]:
     """Menart et al. (KL)'s rate experiments: the kernel on privzo's plans, privzo's own loop against it at the first
     point of every series (the DP-GD baselines: privzo's first_order + gaussian + sgd run)."""
-    from components.reproduce import kl_kernel as kk
+    from reproduce import kl_kernel as kk
 
     started = time.perf_counter()
     series = kk.series_of(experiments, quick)
@@ -377,7 +378,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
 
 # ---------------------------------------------------------------- DPZero (DPZero's Figure 1)
 def _dpzero_match_all(points):
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     return [dq.match(p) for p in points]
 
@@ -395,7 +396,7 @@ def _selected(run, grid, method: str) -> str:
 def dpzero_slopes(cells, split: str = "train") -> Dict[str, Dict[str, float]]:
     """Per spectrum and method: the least-squares slope of log(best gradient norm) against log d, and of the start's
     gradient norm and of r (the references)."""
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     out = {}
     for spectrum in dict.fromkeys(c.spectrum for c in cells):
@@ -416,7 +417,7 @@ def _value(run, split: str) -> float:
 
 def dpzero_reading(cells, slopes) -> List[str]:
     """What the numbers say against the paper's findings, each claim checked on this run's table."""
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     lines = _paper_claims(cells, slopes) + ["", "In numbers:", ""]
     total = len(cells)
@@ -456,7 +457,7 @@ def _reduction(cells, reference) -> float:
 
 def _paper_claims(cells, slopes) -> List[str]:
     """The paper's findings on Figure 1 (§5.1), each with what this run's table says."""
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     lines = ["The paper's findings on Figure 1, against this run (train; a claim is checked on the table above):", ""]
     spectra = [s for s in dq.SPECTRA if any(c.spectrum == s for c in cells)]
@@ -517,7 +518,7 @@ def _paper_claims(cells, slopes) -> List[str]:
 
 def dpzero_markdown(cells, matches, grid, seeds: Sequence[int], seconds: float, command: str,
                     references=()) -> str:
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     steps = sorted({t for m in dq.METHODS for t in grid.steps[m]})
     lines = [
@@ -627,7 +628,7 @@ def dpzero_markdown(cells, matches, grid, seeds: Sequence[int], seconds: float, 
 
 def dpzero_csv(cells) -> str:
     """The figure's points: per spectrum, d, method and split, the best grid point and its value per seed."""
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     out = ["spectrum,d,r,method,split,value,steps,lr,clip,noise_multiplier,start_norm,values"]
     for c in cells:
@@ -659,7 +660,7 @@ def dpzero_plot(cells) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     spectra = list(dict.fromkeys(c.spectrum for c in cells))
     fig, axes = plt.subplots(1, len(spectra), figsize=(4.6 * len(spectra), 4.0), squeeze=False)
@@ -686,7 +687,7 @@ def dpzero_plot(cells) -> bytes:
 
 def _log_dpzero_cell(client, experiment_id: str, parent_id: str, cell, grid) -> None:
     """A child run per method of one (spectrum, d): its best grid points and their values."""
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     for m in dq.METHODS:
         train, test = cell.best(m), cell.best(m, "test")
@@ -713,7 +714,7 @@ def reproduce_dpzero(experiments: List[str], seeds: List[int], quick: bool = Fal
                      experiment: str = "privzo-reproduce", command: str = "privzo reproduce dpzero") -> Dict[str, Any]:
     """DPZero's Figure 1: every grid point of the three methods on each (spectrum, d) through the kernel, a child
     run per (spectrum, method, d), privzo's own loop against the kernel on one grid point per method."""
-    from components.reproduce import dpzero_quadratic as dq
+    from reproduce import dpzero_quadratic as dq
 
     started = time.perf_counter()
     spectra = dq.spectra_of(experiments)  # refuses an unknown spectrum before anything starts

@@ -30,9 +30,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from components.reproduce.agreement import Agreement
+from reproduce.agreement import Agreement
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "specs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "specs" / "examples"
 DELTA = 1e-6
 
 
@@ -496,7 +496,7 @@ def match(series: KlSeries, n: int, noise_seed: int = 7, threads: int = 1) -> Kl
     import torch
 
     import specs
-    from components.reproduce.experiments import privzo_trajectory
+    from reproduce.experiments import privzo_trajectory
 
     spec = specs.spec_from_dict(spec_dict(series, n) if series.dp_gd_steps is None else dp_gd_spec(series, n))
     resolved, data, built, points, privzo_seconds = privzo_trajectory(spec, noise_seed, threads)

@@ -1,11 +1,11 @@
 """The rate experiments' kernel is privzo's code: it reproduces privzo's own loop to 1e-9, and a kernel that
-leaves that trajectory is caught (tests/flows/test_reproduce.py runs the command itself)."""
+leaves that trajectory is caught (tests/reproduce/test_command.py runs the command itself)."""
 import dataclasses
 
 import pytest
 
-from components.reproduce import experiments as ex
-from components.reproduce.kernel import KernelPlan
+from reproduce import experiments as ex
+from reproduce.kernel import KernelPlan
 
 
 @pytest.mark.parametrize("label, start", [("002 private (coupled)", 0.2), ("002 private (coupled)", 0.03),
@@ -48,7 +48,7 @@ def test_slopes_are_least_squares_and_local():
 def test_the_kl_kernel_reproduces_privzos_loop_to_1e9(experiment, label, rows):
     """Paper 003's kernel against privzo's own loop (the door, the filter, the optimizer; E9 with the
     selection's Gumbel draws): every iterate and the output to 1e-9."""
-    from components.reproduce import kl_kernel as kk
+    from reproduce import kl_kernel as kk
 
     series = next(s for s in kk.series_of([experiment], quick=True) if s.label == label)
     found = kk.match(series, rows)
@@ -56,7 +56,7 @@ def test_the_kl_kernel_reproduces_privzos_loop_to_1e9(experiment, label, rows):
 
 
 def test_a_kl_kernel_off_privzos_plan_is_caught(monkeypatch):
-    from components.reproduce import kl_kernel as kk
+    from reproduce import kl_kernel as kk
 
     series = kk.series_of(["E7"], quick=True)[1]
     honest = kk.proximal_point

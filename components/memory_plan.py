@@ -8,7 +8,7 @@ step's peak is W plus the largest of its phases:
 
     inference         A(b)                          the forward's working set
     two_point, regen. A(b) + S                      S: the scratch stack of perturbed parameters, the largest
-                                                    module's own trainable ones (``directions._capacity``;
+                                                    module's own trainable ones (``perturbation._capacity``;
                                                     plain embedding tables only get their looked-up rows, a
                                                     large Linear layer a block of rows at a time)
     two_point, cache  A(b) + q T + C                q cached directions (2q with execution.prefetch_directions)
@@ -265,7 +265,7 @@ def estimate(s: Sizes, st: Settings, batch_note: str = "") -> MemoryPlan:
 
 # ------------------------------------------------------------------------------------------- model sizes
 def _capacity_bytes(model: nn.Module, element: int) -> int:
-    from components.estimators.directions import _capacity
+    from components.estimators.perturbation import _capacity
 
     index = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
     return sum(_capacity(model, index).values()) * element
@@ -468,7 +468,6 @@ def device_memory(device: torch.device) -> Tuple[int, str]:
     if device.type == "cuda":
         import torch
 
-
         free, total = torch.cuda.mem_get_info(device)
         return free, f"free on {torch.cuda.get_device_name(device)} (of {total / GIB:.3g} GiB)"
     try:
@@ -543,10 +542,11 @@ def check_fits(spec) -> None:
     checked(spec)
 
 
-def check_data(spec, data) -> List[str]:
-    """With the data's shapes and counts (privzo calibrate, the run's preflight): the plan's lines and the
-    memory it is held against, or the one-line refusal (ValueError)."""
+def check_data(spec, data) -> Tuple[List[str], str]:
+    """With the data's shapes and counts (privzo calibrate, the run's preflight): the plan's lines (the same
+    for the same spec and data on any machine), and apart from them the line of the memory this machine has
+    now, which the plan was held against; or the one-line refusal (ValueError)."""
     test = getattr(data, "test", None)
     memory_plan, memory, source = checked(spec, data.n_features, data.n_classes, len(data.private),
                                           None if test is None else len(test))
-    return memory_plan.describe() + [f"  device memory:          {shown(memory)} ({source})"]
+    return memory_plan.describe(), f"this machine: device memory {shown(memory)} ({source}): the estimate fits"

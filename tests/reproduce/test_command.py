@@ -3,6 +3,7 @@ same code), its docs, its MLflow parent run, and privzo's own loop matched at th
 import math
 
 import mlflow
+from flows.tracking_names import PRIVZO_KIND
 
 
 def test_the_reproduce_command_writes_docs_and_an_mlflow_parent_run(prefect_server, tmp_path, monkeypatch):
@@ -22,7 +23,7 @@ def test_the_reproduce_command_writes_docs_and_an_mlflow_parent_run(prefect_serv
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name("privzo-reproduce")
     runs = client.search_runs([exp.experiment_id])
-    parent = [r for r in runs if r.data.tags.get("privzo.kind") == "reproduction"]
+    parent = [r for r in runs if r.data.tags.get(PRIVZO_KIND) == "reproduction"]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
     assert len(children) == 6 and all("eval/goldstein_certificate_median" in r.data.metrics for r in children)
@@ -51,7 +52,7 @@ def test_the_reproduce_kl_command_writes_docs_and_an_mlflow_parent_run(prefect_s
     assert len(out.with_suffix(".csv").read_text().splitlines()) == 1 + 5 * 2 * 2  # series x points x seeds
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("privzo-reproduce").experiment_id])
-    parent = [r for r in runs if r.data.tags.get("privzo.kind") == "reproduction"]
+    parent = [r for r in runs if r.data.tags.get(PRIVZO_KIND) == "reproduction"]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
     assert len(children) == 10 and all(r.data.metrics["privacy/epsilon"] > 0 for r in children)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from components.reproduce import dpzero_quadratic as dq
+from reproduce import dpzero_quadratic as dq
 
 
 @pytest.mark.parametrize("method, spectrum, lr, clip", [("dpzero", "identity", 0.01, 3.0),
@@ -58,7 +58,7 @@ def test_the_noise_is_privzos_planner_calibration(steps):
     epsilon meets the target."""
     import specs
     from components import builders
-    from components.reproduce.experiments import EXAMPLES
+    from reproduce.experiments import EXAMPLES
 
     data = specs.load_spec(EXAMPLES / "digits_dp_gd_full_batch.yaml").model_dump(mode="json")
     data["privacy"] = {"epsilon": dq.EPSILON, "delta": dq.DELTA, "accountant": dq.ACCOUNTANT,
