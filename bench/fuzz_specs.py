@@ -1,7 +1,8 @@
 """Spec fuzzing at scale: 10,000 random and mutated specs, each valid or refused in one line, none a traceback.
 
 The generators and the property are tests/specs/test_spec_fuzz.py's (mutated examples, JSON-like trees, YAML
-oddities; a refusal is privzo's SpecError on one line naming a field). Each case goes through
+oddities; a refusal is privzo's SpecError on one line naming a field, in at most 300 characters and never in
+pydantic's words, "instance of DataSpec" and the like). Each case goes through
 ``specs.spec_from_dict`` (trees) and ``specs.load_spec`` on a written file; every ``--cli-every``-th case
 also through ``privzo validate`` with HOME and the working directory in an empty folder, which must stay
 empty (no MLflow store, ledger, checkpoint or .privzo folder).
@@ -11,7 +12,8 @@ empty (no MLflow store, ledger, checkpoint or .privzo folder).
     python bench/fuzz_specs.py --seed 7         # another draw (the default seed repeats the same cases)
 
 Prints, per generator, how many cases were valid, rejected and tracebacks (any exception but SpecError, or
-a refusal that breaks the property), the CLI sample's counts, and the time; exits 1 on any traceback,
+a refusal that breaks the property), the CLI sample's counts, the refusal messages' wording figures (how many
+name a pydantic class or run over 300 characters, the longest), and the time; exits 1 on any traceback,
 printing the first few with their case.
 """
 from __future__ import annotations
@@ -30,7 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
+import tests.specs.test_spec_fuzz as fuzz_tests  # noqa: E402
 from tests.specs.test_spec_fuzz import GENERATORS, Case, run_case  # noqa: E402
+
+# a refusal in privzo's words names the section and what it must be, never pydantic's model classes, in at
+# most SHORT characters (after the file's name); check_refusal holds each case to both
+PYDANTIC_WORDS, SHORT = fuzz_tests.PYDANTIC_WORDS, fuzz_tests.MAX_MESSAGE
+MESSAGES: List[str] = []
 
 SHOWN = reprlib.Repr()
 SHOWN.maxstring = SHOWN.maxother = 300
@@ -51,6 +59,14 @@ def fuzz(n_cases: int, cli_every: int, draw_seed: int) -> Tuple[Dict[str, Counte
     cli: Counter = Counter()
     failures: List[str] = []
     ran = 0
+    checked = fuzz_tests.check_refusal
+
+    def recording(err, data=None, origin=None) -> str:  # every refusal's message, for its wording figures
+        message = checked(err, data, origin)
+        MESSAGES.append(message)
+        return message
+
+    fuzz_tests.check_refusal = recording
 
     def one(case: Case) -> None:
         nonlocal ran
@@ -99,6 +115,12 @@ def main(argv=None) -> int:
     print(f"{'total':18} {ran:7d} {total['valid']:7d} {total['rejected']:9d} {total['tracebacks']:11d}")
     print(f"privzo validate on {sum(cli.values())} of them (HOME and cwd an empty folder, left empty): "
           f"{cli['valid']} valid, {cli['rejected']} rejected")
+    worded = sum(bool(PYDANTIC_WORDS.search(m)) for m in MESSAGES)
+    long = sum(len(m) > SHORT for m in MESSAGES)
+    print(f"refusal messages: {len(MESSAGES)}; naming a pydantic class: {worded}; over {SHORT} characters: {long}; "
+          f"the longest: {max(map(len, MESSAGES), default=0)}")
+    for message in [m for m in MESSAGES if PYDANTIC_WORDS.search(m) or len(m) > SHORT][:args.show]:
+        print(f"  e.g. {message[:400]}")
     print(f"time {seconds:.1f} s ({1000 * seconds / max(ran, 1):.1f} ms a case), seed {args.seed}")
     for failure in failures[:args.show]:
         print("\n" + failure, file=sys.stderr)

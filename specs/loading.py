@@ -22,11 +22,13 @@ _LINE_BREAKS = {c: repr(chr(c))[1:-1] for c in (0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x
 
 
 class SpecError(ValueError):
-    """A spec that cannot run. ``str(err)`` is one line naming each bad field and what is allowed."""
+    """A spec that cannot run. ``str(err)`` is one line naming the bad fields and what is allowed, at most
+    SHORT characters (the problems that fit, then how many more); ``problems`` holds every one of them."""
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", problems: Optional[List[str]] = None) -> None:
         # a value quoted from the spec (a path, a key) may hold a line break; the message stays one line
         super().__init__(str(message).translate(_LINE_BREAKS))
+        self.problems = [str(p).translate(_LINE_BREAKS) for p in problems] if problems else [str(self)]
 
 
 # A spec is a few levels deep (data.split.public_source.path is the deepest); far deeper YAML is a mistake or
@@ -126,7 +128,8 @@ def load_spec(path: Union[str, Path]) -> RunSpec:
     except SpecError as err:
         message = str(err)
         # every message names the file it is about (a sweep reads several)
-        raise SpecError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None
+        raise SpecError(message if message.startswith(f"{path}:") else f"{path}: {message}",
+                        problems=err.problems) from None
 
 
 def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
@@ -182,7 +185,8 @@ def spec_from_dict(data: Dict[str, Any]) -> RunSpec:
     try:
         return RunSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(format_errors(err)) from None
+        problems = problem_list(err)
+        raise SpecError(_short(problems), problems=problems) from None
 
 
 def _items(value: Any) -> List[Tuple[Any, Any]]:
@@ -294,12 +298,65 @@ _PATTERNS = {  # the spec's name patterns, in words
 }
 
 
-MAX_PROBLEMS = 20
+# A refusal is read at a glance: at most SHORT characters, the problems that fit and how many more there are
+SHORT = 300
+# pydantic's errors for a value that should have been a mapping (a section, or a kind's keys)
+MAPPING_ERRORS = ("model_type", "model_attributes_type", "dict_type")
+
+
+def _spec_models() -> Dict[str, type]:
+    """Every model class of the spec by name (RunSpec and the models its fields hold, at any depth)."""
+    found: Dict[str, type] = {}
+    todo: List[Any] = [RunSpec]
+    while todo:
+        tp = todo.pop()
+        if _is_model(tp):
+            if tp.__name__ in found:
+                continue
+            found[tp.__name__] = tp
+            todo.extend(f.annotation for f in tp.model_fields.values())
+        else:
+            todo.extend(get_args(tp))
+    return found
+
+
+def _mapping_problem(path: str, e: dict) -> str:
+    """A section or a kind's keys given as something else than a mapping, in privzo's words."""
+    model = _spec_models().get((e.get("ctx") or {}).get("class_name"))
+    if not path:
+        what = f"a mapping of sections ({', '.join(model.model_fields)})" if model is not None else "a mapping"
+    elif model is not None:
+        what = f"a mapping of its keys ({', '.join(model.model_fields)})"
+    else:  # a section of several kinds (data.source, estimator, ...): its kind picks the keys
+        what = "a mapping with its kind and that kind's keys (`privzo schema` lists them)"
+    found = e.get("input")
+    return f"{path or 'spec'}: must be {what}, not {_shown(found, 40)}"
+
+
+def _short(parts: List[str]) -> str:
+    """``parts`` joined by '; ', as many as fit in SHORT characters, then how many more there are. The first is
+    always shown whole: privzo's own sentence for one problem says what to do (a path in it, say)."""
+    out: List[str] = []
+    for i, part in enumerate(parts):
+        rest = len(parts) - i - 1
+        tail = f"; and {rest} more problem{'s' if rest != 1 else ''}" if rest else ""
+        if out and len("; ".join(out + [part])) + len(tail) > SHORT:
+            left = len(parts) - len(out)
+            return "; ".join(out) + f"; and {left} more problem{'s' if left != 1 else ''}"
+        out.append(part)
+    return "; ".join(out)
 
 
 def format_errors(err: ValidationError) -> str:
-    """One line: ``field.path: problem (found X; allowed: ...)`` for each error, joined by '; '."""
+    """One line: ``field.path: problem (found X; allowed: ...)`` for each error, joined by '; ', at most SHORT
+    characters (the problems that fit, then how many more)."""
+    return _short(problem_list(err))
+
+
+def problem_list(err: ValidationError) -> List[str]:
+    """Each problem of ``err`` in privzo's words: ``field.path: problem (found X; allowed: ...)``."""
     parts: List[str] = []
+    unknown: Dict[str, List[str]] = {}  # a section's unknown keys, named together: one problem
     errors = err.errors(include_url=False)
     # A number-or-'auto' field fails in both union branches: pydantic reports each under a branch tag
     # (delta.constrained-float, delta.literal['auto']); the user wrote one field and gets one message.
@@ -315,8 +372,14 @@ def format_errors(err: ValidationError) -> str:
         path, model = _walk(loc)
         kind = e["type"]
         if kind == "extra_forbidden":
-            allowed = ", ".join(model.model_fields) if model is not None else "see `privzo schema`"
-            parts.append(f"{path}: unknown key; allowed keys here: {allowed}")
+            parent, _, key = path.rpartition(".")
+            if parent not in unknown:
+                unknown[parent] = []
+                allowed = ", ".join(model.model_fields) if model is not None else "see `privzo schema`"
+                parts.append((parent, allowed))  # its place among the problems; worded below
+            unknown[parent].append(key)
+        elif kind in MAPPING_ERRORS:
+            parts.append(_mapping_problem(path, e))
         elif kind == "union_tag_invalid":
             ctx = e.get("ctx", {})
             parts.append(f"{path}.kind: unknown kind {_shown(ctx.get('tag'))}; allowed: {ctx.get('expected_tags')}")
@@ -335,10 +398,17 @@ def format_errors(err: ValidationError) -> str:
             found = e.get("input")
             found_text = "" if isinstance(found, (dict, list)) else f" (found {_shown(found)})"
             parts.append(f"{path or 'spec'}: {msg}{found_text}")
-    parts = list(dict.fromkeys(parts))
-    if len(parts) > MAX_PROBLEMS:  # a list of 10,000 wrong items is one mistake, not a page of them
-        parts = parts[:MAX_PROBLEMS] + [f"and {len(parts) - MAX_PROBLEMS} more problems"]
-    return "; ".join(parts)
+    worded = []
+    for part in parts:
+        if isinstance(part, tuple):  # a section's unknown keys
+            parent, allowed = part
+            keys = unknown[parent]
+            if len(keys) == 1:
+                part = f"{parent + '.' if parent else ''}{keys[0]}: unknown key; allowed keys here: {allowed}"
+            else:
+                part = f"{parent or 'spec'}: unknown keys {', '.join(keys)}; allowed keys here: {allowed}"
+        worded.append(part)
+    return list(dict.fromkeys(worded))
 
 
 def _walk(loc: Tuple[Any, ...]) -> Tuple[str, Any]:

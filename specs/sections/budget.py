@@ -76,7 +76,7 @@ class BudgetSpec(Strict):
     def _one_ledger_wherever_privzo_runs(cls, value: str) -> str:
         problem = sqlite_ledger_problem(value)
         if problem:
-            raise ValueError(f"{problem} (from the spec, or ${LEDGER_URL_ENV} where the spec names none)")
+            raise ValueError(f"{problem} (the spec's, else ${LEDGER_URL_ENV})")
         return value
 
 
@@ -97,7 +97,7 @@ def sqlite_ledger_problem(url: str) -> Optional[str]:
     if path in ("", ":memory:") or "mode=memory" in rest:
         return "an in-memory SQLite ledger forgets every run when its process ends; give a file: sqlite:////ABSOLUTE/PATH.db"
     if not path.startswith("/"):
-        return (f"a relative SQLite path names another ledger from every folder privzo runs in, so runs started "
-                f"elsewhere could together pass the lifetime budget; give an absolute path (this folder's: "
-                f"{scheme}:///{os.path.abspath(path)})")
+        return (f"a relative SQLite path names another ledger from every folder privzo runs in (runs from two "
+                f"folders could together pass the lifetime); give an absolute path, as this folder's: "
+                f"{scheme}:///{os.path.abspath(path)}")
     return None

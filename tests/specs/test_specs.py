@@ -403,7 +403,7 @@ def test_a_ledger_must_be_the_same_from_every_folder(tiny_spec_dict, ledger, mes
     text = _error_for(tiny_spec_dict, lambda d: None)
     assert text.startswith("budget.ledger: ") and message in text
     if "relative" in message and ".." not in ledger:
-        assert f"(this folder's: sqlite:///{tmp_path / 'privacy-ledger.db'})" in text
+        assert f"as this folder's: sqlite:///{tmp_path / 'privacy-ledger.db'}" in text
     tiny_spec_dict["budget"]["ledger"] = f"sqlite:///{tmp_path / 'l.db'}"
     assert specs.spec_from_dict(tiny_spec_dict).budget.ledger == f"sqlite:///{tmp_path / 'l.db'}"
     del tiny_spec_dict["budget"]["ledger"]
