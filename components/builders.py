@@ -10,6 +10,7 @@ import torch
 
 from components import models
 from components.data import SplitData
+from components.devices import CACHE_LIMIT_BYTES, device_for  # noqa: F401 (the builders' API too)
 from components.data.prompts import prompt_of
 from components.data.table import Table
 from components.estimators import Directions
@@ -130,9 +131,6 @@ def build_directions(spec: RunSpec, params) -> Directions:
     return Directions(params, kind, radius)
 
 
-CACHE_LIMIT_BYTES = 512 * 2**20
-
-
 def use_direction_cache(spec: RunSpec, params, queries: int) -> bool:
     mode = getattr(spec.estimator, "perturbation", "regenerate")
     if mode != "auto":
@@ -186,20 +184,6 @@ def planned_before_rows(spec: RunSpec):
         dimension = model_dimension(spec, shapes.n_features, shapes.n_classes)
     resolved, _, _ = family.resolve(spec, None, dimension)
     return planned_event(resolved, None, float(resolved.mechanism.noise_multiplier))
-
-
-def device_for(spec: RunSpec) -> torch.device:
-    """Where the model and its directions live. With Ray, ``auto`` takes a GPU only when the workers get
-    GPUs too: the driver's replica and the workers' must draw directions on the same kind of device (a
-    GPU's streams are not the CPU's), and the workers are sent the driver's choice."""
-    ex = spec.execution
-    wanted = ex.device
-    if wanted == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("execution.device: cuda requested but no CUDA device is available; use auto or cpu")
-    if wanted == "auto":
-        gpus = torch.cuda.is_available() and (ex.backend == "local" or ex.gpus_per_worker > 0)
-        return torch.device("cuda" if gpus else "cpu")
-    return torch.device(wanted)
 
 
 def build_optimizer(spec: RunSpec, directions: Directions, model: Optional[torch.nn.Module] = None,

@@ -403,7 +403,7 @@ def settings_of(spec, sizes: Sizes, n_private: Optional[int] = None, n_eval: Opt
     loop's checkpoints (on a GPU they are host copies)."""
     import inspect
 
-    from components.builders import CACHE_LIMIT_BYTES
+    from components.devices import CACHE_LIMIT_BYTES
     from components.data.prompts import prompt_of
     from components.models import evaluate
     from components.models.lm import EVAL_BATCH_SIZE
@@ -451,7 +451,7 @@ def plan(spec, n_features: Optional[int] = None, n_classes: Optional[int] = None
     sizes = _spec_sizes(spec, n_features, n_classes)
     if sizes is None:
         return None
-    from components.builders import device_for
+    from components.devices import device_for
 
     settings, note = settings_of(spec, sizes, n_private, n_eval, on_host=device_for(spec).type == "cpu")
     return estimate(sizes, settings, note)
@@ -527,7 +527,7 @@ def checked(spec, n_features: Optional[int] = None, n_classes: Optional[int] = N
     memory_plan = plan(spec, n_features, n_classes, n_private, n_eval)
     if memory_plan is None:
         return None
-    from components.builders import device_for
+    from components.devices import device_for
 
     memory, source = device_memory(device_for(spec))
     message = refusal(memory_plan, memory, source)
