@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import sys
-from typing import Any
+from typing import Any, Dict
 
 
 class Refusal(Exception, metaclass=abc.ABCMeta):
@@ -38,11 +38,34 @@ def _register_spec_error() -> None:
 _register_spec_error()
 
 INPUT_ERRORS = (ValueError, FileNotFoundError)
+_INPUT_REFUSALS: Dict[type, type] = {}
+
+
+class InputRefusal(Refusal):
+    """An input error raised where a run checks its input (``checking_input``), as a refusal: an instance of a
+    subclass of both this and the error's own type, so a caller that catches the error's type still does."""
+
+    @staticmethod
+    def of(err: BaseException) -> BaseException:
+        """``err`` as the same error of its refusal type: its arguments, attributes, cause and traceback."""
+        kind = type(err)
+        refused = _INPUT_REFUSALS.get(kind)
+        if refused is None:
+            refused = _INPUT_REFUSALS[kind] = type(kind.__name__, (kind, InputRefusal),
+                                                   {"__module__": kind.__module__, "__qualname__": kind.__qualname__})
+        out = refused.__new__(refused, *err.args)
+        out.args = err.args
+        out.__dict__.update(err.__dict__)
+        if isinstance(err, OSError):  # errno, strerror and filename live in OSError's own fields
+            out.errno, out.strerror, out.filename = err.errno, err.strerror, err.filename
+        out.__cause__, out.__context__ = err.__cause__, err.__context__
+        return out.with_traceback(err.__traceback__)
 
 
 def is_refusal(err: Any) -> bool:
-    """A ``Refusal``, or an input error raised where a run checks its input (``checks_input``)."""
-    return isinstance(err, Refusal) or getattr(err, "privzo_refusal", False) is True
+    """A ``Refusal``: the ledger's, a locked run, a bad spec, or an input error raised where a run checks its
+    input (``checks_input``)."""
+    return isinstance(err, Refusal)
 
 
 def refusal_line(err: BaseException) -> str:
@@ -52,13 +75,14 @@ def refusal_line(err: BaseException) -> str:
 @contextlib.contextmanager
 def checking_input():
     """Input errors raised inside are refusals: a ValueError from a loader or a planner says what of the
-    input is wrong, not that privzo crashed. They keep their own type (callers and tests catch it), so the
-    mark is an attribute, set only here."""
+    input is wrong, not that privzo crashed. Each is raised again as its ``InputRefusal`` form, which is
+    still of its own type (callers and tests catch it)."""
     try:
         yield
     except INPUT_ERRORS as err:
-        err.privzo_refusal = True
-        raise
+        if isinstance(err, Refusal):
+            raise
+        raise InputRefusal.of(err) from err.__cause__
 
 
 def checks_input(fn):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
 import yaml
+
 from flows.tracking_names import DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_MODEL_EPSILON, DP_RUN_EPSILON
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,6 +12,7 @@ from urllib.parse import quote
 import mlflow
 import pytest
 import yaml
+
 from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, PRIVACY_REPORT_ARTIFACT
 
 # one stack per checkout (.privzo-stack): with tests/flows/test_nightly.py, run in turn by one worker

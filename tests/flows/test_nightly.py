@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+
 from flows.tracking_names import DP_EPSILON
 
 # one stack per checkout (.privzo-stack): with tests/flows/test_deployment.py, run in turn by one worker

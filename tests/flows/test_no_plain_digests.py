@@ -14,6 +14,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+
 from flows.tracking_names import PRIVACY_REPORT_ARTIFACT
 
 pytestmark = pytest.mark.e2e

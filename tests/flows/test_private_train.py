@@ -9,6 +9,7 @@ import mlflow
 import pytest
 import yaml
 from dp_accounting import rdp
+
 from flows.tracking_names import (
     DATA_FINGERPRINT, DERIVED_N_PRIVATE, DERIVED_SAMPLING_RATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON,
     DP_EVENT_ARTIFACT, DP_GUARANTEE, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_NOISE_SOURCE, DP_PRIVATE,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from flows.tracking_names import PRIVZO_RESUMED_FROM_STEP
 
 pytestmark = pytest.mark.e2e

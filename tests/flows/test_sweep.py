@@ -4,6 +4,7 @@ import copy
 import mlflow
 import pytest
 import yaml
+
 from flows.tracking_names import DP_EPSILON
 
 pytestmark = pytest.mark.e2e

@@ -1,5 +1,7 @@
-from flows.tracking_names import DP_LARGE_DELTA
 """MLflow tags: what a run releases about its data."""
+import pytest
+
+from flows.tracking_names import DP_LARGE_DELTA
 
 
 def test_released_fingerprint_is_keyed_and_the_key_file_is_private(tmp_path, monkeypatch):
@@ -73,12 +75,20 @@ def test_only_refusals_lose_their_tracebacks():
         except BaseException:
             return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
 
-    refused_input = ValueError("data.source.label: no column 'y'")
-    try:
+    class NoColumn(ValueError):
+        def __init__(self, column):
+            super().__init__(f"data.source.label: no column {column!r}")
+            self.column = column
+
+    with pytest.raises(NoColumn) as raised:  # still its own type, with its message and attributes
         with checking_input():
-            raise refused_input
-    except ValueError:
-        pass
+            raise NoColumn("y")
+    refused_input = raised.value
+    assert str(refused_input) == "data.source.label: no column 'y'" and refused_input.column == "y"
+    with pytest.raises(FileNotFoundError) as missing:
+        with checking_input():
+            open("/nonexistent/privzo/spec.csv")
+    assert is_refusal(missing.value) and missing.value.filename == "/nonexistent/privzo/spec.csv"
     keeps = _RefusalsWithoutTracebacks().filter
     assert is_refusal(refused_input) and not keeps(record_of(refused_input))
     assert not keeps(record_of(BudgetExceeded("d", 0.1, 1.0, 8.0)))
@@ -91,5 +101,5 @@ def test_only_refusals_lose_their_tracebacks():
     from flows.refusals import Refusal
 
     for refusal in (BudgetExceeded, RunLocked, DatasetNotRegistered, RowsExposed, RowsLaundered, RowsUnrecognised,
-                    specs.SpecError):
+                    specs.SpecError, type(refused_input)):
         assert issubclass(refusal, Refusal), refusal

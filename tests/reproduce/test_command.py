@@ -3,6 +3,7 @@ same code), its docs, its MLflow parent run, and privzo's own loop matched at th
 import math
 
 import mlflow
+
 from flows.tracking_names import PRIVZO_KIND
 
 
