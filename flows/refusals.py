@@ -41,6 +41,28 @@ INPUT_ERRORS = (ValueError, FileNotFoundError)
 _INPUT_REFUSALS: Dict[type, type] = {}
 
 
+def _refusal_of(kind: type) -> type:
+    """The refusal form of error type ``kind``: a subclass of both (made once per type)."""
+    refused = _INPUT_REFUSALS.get(kind)
+    if refused is None:
+        # its own __reduce__ first: the error type's (OSError has one) would pickle the class made here by name
+        refused = _INPUT_REFUSALS[kind] = type(kind.__name__, (kind, InputRefusal), {
+            "__module__": kind.__module__, "__qualname__": kind.__qualname__, "__reduce__": InputRefusal.__reduce__})
+    return refused
+
+
+def _rebuilt(kind: type, args: tuple, state: dict) -> BaseException:
+    """An ``InputRefusal`` unpickled (a Prefect state's data, a result sent to another process)."""
+    refused = _refusal_of(kind)
+    out = refused.__new__(refused, *args)
+    out.args = args
+    state = dict(state)
+    if isinstance(out, OSError):  # errno, strerror and filename live in OSError's own fields
+        out.errno, out.strerror, out.filename = state.pop("_os_fields", (None, None, None))
+    out.__dict__.update(state)
+    return out
+
+
 class InputRefusal(Refusal):
     """An input error raised where a run checks its input (``checking_input``), as a refusal: an instance of a
     subclass of both this and the error's own type, so a caller that catches the error's type still does."""
@@ -48,18 +70,20 @@ class InputRefusal(Refusal):
     @staticmethod
     def of(err: BaseException) -> BaseException:
         """``err`` as the same error of its refusal type: its arguments, attributes, cause and traceback."""
-        kind = type(err)
-        refused = _INPUT_REFUSALS.get(kind)
-        if refused is None:
-            refused = _INPUT_REFUSALS[kind] = type(kind.__name__, (kind, InputRefusal),
-                                                   {"__module__": kind.__module__, "__qualname__": kind.__qualname__})
-        out = refused.__new__(refused, *err.args)
-        out.args = err.args
-        out.__dict__.update(err.__dict__)
-        if isinstance(err, OSError):  # errno, strerror and filename live in OSError's own fields
-            out.errno, out.strerror, out.filename = err.errno, err.strerror, err.filename
+        state = dict(err.__dict__)
+        if isinstance(err, OSError):
+            state["_os_fields"] = (err.errno, err.strerror, err.filename)
+        out = _rebuilt(type(err), err.args, state)
         out.__cause__, out.__context__ = err.__cause__, err.__context__
         return out.with_traceback(err.__traceback__)
+
+    def __reduce__(self):
+        # by its error type (the refusal form is made again on loading), not by the class made at run time
+        kind = next(k for k in type(self).__mro__[1:] if not issubclass(k, InputRefusal))
+        state = dict(self.__dict__)
+        if isinstance(self, OSError):
+            state["_os_fields"] = (self.errno, self.strerror, self.filename)
+        return _rebuilt, (kind, self.args, state)
 
 
 def is_refusal(err: Any) -> bool:

@@ -60,6 +60,14 @@ def test_a_shown_epsilon_never_understates_and_a_large_delta_leads_the_guarantee
     assert dp_tags(summary, "ab" * 32)[DP_LARGE_DELTA] == "true"
 
 
+class NoColumn(ValueError):
+    """An input error of its own type, with an attribute (as privzo's data errors have)."""
+
+    def __init__(self, column):
+        super().__init__(f"data.source.label: no column {column!r}")
+        self.column = column
+
+
 def test_only_refusals_lose_their_tracebacks():
     """A refusal (the ledger's, or an input error before the first private step) is logged without its
     traceback; an error once training runs is a crash and keeps it."""
@@ -75,11 +83,6 @@ def test_only_refusals_lose_their_tracebacks():
         except BaseException:
             return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
 
-    class NoColumn(ValueError):
-        def __init__(self, column):
-            super().__init__(f"data.source.label: no column {column!r}")
-            self.column = column
-
     with pytest.raises(NoColumn) as raised:  # still its own type, with its message and attributes
         with checking_input():
             raise NoColumn("y")
@@ -89,6 +92,13 @@ def test_only_refusals_lose_their_tracebacks():
         with checking_input():
             open("/nonexistent/privzo/spec.csv")
     assert is_refusal(missing.value) and missing.value.filename == "/nonexistent/privzo/spec.csv"
+    # a flow run's Failed state carries the refusal to other processes: it pickles as what it is
+    import pickle
+
+    for err in (refused_input, missing.value):
+        back = pickle.loads(pickle.dumps(err))
+        assert is_refusal(back) and isinstance(back, type(err).__mro__[1]) and str(back) == str(err)
+    assert pickle.loads(pickle.dumps(refused_input)).column == "y"
     keeps = _RefusalsWithoutTracebacks().filter
     assert is_refusal(refused_input) and not keeps(record_of(refused_input))
     assert not keeps(record_of(BudgetExceeded("d", 0.1, 1.0, 8.0)))
