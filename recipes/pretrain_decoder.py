@@ -11,16 +11,18 @@ fine-tuning is the setting DPZero and PAZO study anyway. The public corpus is re
 
 Never the evaluation task's data: nothing of chatterbot-corpus (nor any other site-packages file) is read.
 
-    .venv/bin/python recipes/pretrain_decoder.py --out ~/.privzo/models/privzo-decoder-v1 --minutes 15
-    # what docs/results_lm.md used (10 min on the shared 2-core machine; the label words kept one token each):
-    .venv/bin/python recipes/pretrain_decoder.py --steps 1500 --threads 1 --layers 4 --hidden 256 --batch 8 \
-        --corpus-mb 16 --keep-words AI me code computers conversation emotions food gossip greetings health \
-        history humor literature money movies politics psychology science sports support trivia
+    .venv/bin/python recipes/pretrain_decoder.py     # ~/.privzo/models/privzo-decoder-v1, unless it is there
 
-prints the corpus (documents, MB, tokens), the model (parameters), the steps, the time and the final training
-and held-out losses. ``--minutes`` sets the number of steps from the speed of a few throw-away steps timed
-first; the steps are printed, and ``--steps N`` (with the same seed, corpus, sizes and threads) repeats the run
-exactly. Nothing here downloads anything; the output folder is outside the repository.
+makes the decoder of the language-model examples (specs/examples/chatterbot_lm_*.yaml) and of
+docs/results_lm.md: 4 layers, hidden 256, 1,500 steps of 8 x 128 tokens on 16 MB of text, 1 thread (about 10
+minutes on a 2-core machine), the chatterbot topics' label words kept one token each. It is cached: run again
+with the same settings it prints where the decoder is and stops; a folder made with other settings is refused
+(choose another --out). ``--minutes`` instead of ``--steps`` sets the steps from the speed of a few throw-away
+steps timed first (the steps are printed, and ``--steps N`` repeats the run exactly).
+
+It prints the corpus (documents, MB, tokens), the model (parameters), the steps, the time and the final training
+and held-out losses. Given the same settings (seed, corpus, sizes, steps and threads) the run repeats exactly.
+Nothing here downloads anything; the output folder is outside the repository, written whole or not at all.
 """
 from __future__ import annotations
 
@@ -31,13 +33,19 @@ import json
 import math
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 SPECIAL = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2
+# the label words of chatterbot's 21 topics (specs/examples/chatterbot_lm_*.yaml take theirs from these)
+LABEL_WORDS = ["AI", "me", "code", "computers", "conversation", "emotions", "food", "gossip", "greetings", "health",
+               "history", "humor", "literature", "money", "movies", "politics", "psychology", "science", "sports",
+               "support", "trivia"]
 MAN = Path("/usr/share/man")
 ROFF_FONT = re.compile(r"\\f(\[[^\]]*\]|\(..|.)")  # \fB, \fI, \fR, \f(CW, \f[B]
 ROFF_ESCAPE = re.compile(r"\\(\(..|\[[^\]]*\]|[*nk]\(?..?|s[-+]?\d+|[&|^/,:%!~0-9]|.)")
@@ -156,23 +164,60 @@ def schedule(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
 
 
-def main(argv=None) -> int:
+def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(Path.home() / ".privzo" / "models" / "privzo-decoder-v1"))
-    p.add_argument("--minutes", type=float, default=20.0, help="training time, turned into steps (default 20)")
-    p.add_argument("--steps", type=int, default=None, help="exactly this many steps (overrides --minutes)")
+    p.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
+    p.add_argument("--minutes", type=float, default=None, help="instead of --steps: this much training time, "
+                   "turned into steps")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256, help="a multiple of 64 (heads of 64)")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--context", type=int, default=128, help="tokens per training sequence")
-    p.add_argument("--batch", type=int, default=16, help="sequences per step")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--corpus-mb", type=float, default=24.0)
-    p.add_argument("--keep-words", nargs="*", default=[], help="words to keep as one token after a space (the "
-                   "label words of a prompt task); added to the tokenizer's training text only")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--corpus-mb", type=float, default=16.0)
+    p.add_argument("--keep-words", nargs="*", default=LABEL_WORDS, help="words to keep as one token after a space "
+                   "(the label words of a prompt task; default: chatterbot's topics'); added to the tokenizer's "
+                   "training text only")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the run repeats exactly "
+                   "given the same number)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    return p
+
+
+def settings_of(args) -> dict:
+    """What the decoder depends on: every argument but where it is written."""
+    return {k: v for k, v in vars(args).items() if k != "out"}
+
+
+def cached(out: Path, settings: dict, parser) -> bool:
+    """True when ``out`` holds a decoder this recipe made with ``settings``; SystemExit when it holds anything
+    else (never overwritten)."""
+    facts_path = out / "pretraining.json"
+    if not out.exists():
+        return False
+    try:
+        facts = json.loads(facts_path.read_text())
+        made = facts.get("settings") or settings_of(parser.parse_args(facts["argv"]))
+    except (OSError, ValueError, KeyError, SystemExit):
+        raise SystemExit(f"{out} exists and is not a decoder this recipe made (no readable pretraining.json); "
+                         "remove it or choose another --out")
+    if {k: made.get(k) for k in settings} != settings:
+        differ = sorted(k for k in settings if made.get(k) != settings[k])
+        raise SystemExit(f"{out} holds a decoder made with other settings ({', '.join(differ)}); remove it or "
+                         "choose another --out")
+    print(f"cached: {out} (made by this recipe with these settings: {facts['steps']} steps, held-out loss "
+          f"{facts['heldout_loss']:.3f}); nothing to do")
+    return True
+
+
+def main(argv=None) -> int:
+    parser = arguments()
+    args = parser.parse_args(argv)
+    out = Path(args.out).expanduser()
+    if cached(out, settings_of(args), parser):
+        return 0
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
 
@@ -209,7 +254,7 @@ def main(argv=None) -> int:
         return model, torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     steps = args.steps
-    if steps is None:  # time a few steps of a throw-away copy; the run itself depends only on the steps
+    if args.minutes is not None:  # time a few steps of a throw-away copy; the run itself depends only on the steps
         model, optimizer = new()
         train_step(model, optimizer, 0, 10)
         t0 = time.perf_counter()
@@ -232,14 +277,20 @@ def main(argv=None) -> int:
     with torch.no_grad():
         chunks = valid[: len(valid) // args.context * args.context].view(-1, args.context)
         held_loss = sum(float(model(input_ids=c, labels=c).loss) for c in chunks.split(32)) / len(chunks.split(32))
-    out = Path(args.out).expanduser()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    facts = {"recipe": "recipes/pretrain_decoder.py", "argv": sys.argv[1:], "steps": steps, "parameters": params,
-             "corpus": count, "corpus_mb": round(size / 1e6, 2), "tokens": len(stream), "tokens_seen": steps * args.batch
-             * args.context, "train_loss_last50": sum(recent) / len(recent), "heldout_loss": held_loss,
-             "train_minutes": minutes}
-    (out / "pretraining.json").write_text(json.dumps(facts, indent=1))
+    facts = {"recipe": "recipes/pretrain_decoder.py", "settings": settings_of(args), "steps": steps,
+             "parameters": params, "corpus": count, "corpus_mb": round(size / 1e6, 2), "tokens": len(stream),
+             "tokens_seen": steps * args.batch * args.context, "train_loss_last50": sum(recent) / len(recent),
+             "heldout_loss": held_loss, "train_minutes": minutes}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:  # written beside, then renamed: the folder is whole or absent
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "pretraining.json").write_text(json.dumps(facts, indent=1))
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     print(f"final training loss {facts['train_loss_last50']:.3f} (mean of the last {len(recent)} steps), held-out loss "
           f"{held_loss:.3f} (perplexity {math.exp(held_loss):.1f}); {steps * args.batch * args.context:,} tokens seen in "
           f"{minutes:.1f} min of training; saved to {out}")
