@@ -356,9 +356,13 @@ def _spec_sizes(spec, n_features: Optional[int], n_classes: Optional[int]) -> Op
             freeze_(classifier, "head" if lora else model.trainable)
             return module_sizes(classifier, 4, lora, encoder.config, vocab_head=False)
         from components.data.prompts import prompt_of
+        from components.models.decoder_skeleton import decoder_skeleton
         from components.models.lm import freeze_lm_
 
-        lm = pretrained.language_model_skeleton(model.path, prompt_of(model).objective)
+        objective = prompt_of(model).objective
+        # a Llama-like decoder from its config.json with torch's layers; any other model from transformers'
+        lm = (objective == "causal" and pretrained.model_path(model.path) and decoder_skeleton(model.path)) \
+            or pretrained.language_model_skeleton(model.path, objective)
         if lora:
             for p in lm.parameters():
                 p.requires_grad_(False)

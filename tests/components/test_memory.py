@@ -192,3 +192,45 @@ def test_the_guide_states_what_the_planner_says_of_a_7b_decoder():
             f"regenerate mode needs {planned['regenerate'] / 2**30:.0f} GiB, "
             f"{planned['regenerate'] / planned['inference']:.2f}× its inference")
     assert said in guide, said
+
+
+@pytest.mark.parametrize("arch, extra", [
+    ("llama", dict(tie_word_embeddings=True)), ("llama", dict(tie_word_embeddings=False, num_key_value_heads=2)),
+    ("llama", dict(tie_word_embeddings=False, attention_bias=True, mlp_bias=True, head_dim=48)),
+    ("mistral", dict(tie_word_embeddings=False, num_key_value_heads=2, head_dim=24)),
+    ("qwen2", dict(tie_word_embeddings=True, num_key_value_heads=1))])
+def test_a_llama_like_decoder_is_sized_from_its_config_json_as_from_transformers_meta_model(tmp_path, arch, extra):
+    """validate plans a Llama-like decoder from config.json with torch's layers (no transformers import): every
+    figure of the plan's sizes equals the one from transformers' own meta model, for each trainable set, adapters
+    included, and each precision."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from components.models.decoder_skeleton import decoder_skeleton
+    from components.models.lm import freeze_lm_
+
+    config = AutoConfig.for_model(arch, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+                                  num_attention_heads=4, vocab_size=3000, **extra)
+    config.save_pretrained(tmp_path)
+    for trainable, lora in (("all", None), ("all_but_embeddings", None), ("lora", (8, ("q_proj", "v_proj"))),
+                            ("lora", (4, ("lm_head", "down_proj")))):
+        sizes = []
+        for build in (lambda: decoder_skeleton(str(tmp_path)), lambda: AutoModelForCausalLM.from_config(config)):
+            with torch.device("meta"):
+                lm = build()
+            if lora:
+                for p in lm.parameters():
+                    p.requires_grad_(False)
+            else:
+                freeze_lm_(lm, trainable, "test")
+            sizes.append([memory_plan.module_sizes(lm, element, lora, lm.config) for element in (4, 2)])
+        assert sizes[0] == sizes[1], (trainable, lora)
+
+
+def test_a_config_the_skeleton_cannot_size_alone_goes_to_transformers(tmp_path):
+    from components.models.decoder_skeleton import decoder_skeleton
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')  # sizes left to defaults
+    assert decoder_skeleton(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_embd": 64}')
+    assert decoder_skeleton(str(tmp_path)) is None
