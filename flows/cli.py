@@ -178,6 +178,9 @@ def cmd_run(args) -> int:
     _preflight(spec, args.resume)
     result = private_train(spec_path=str(args.spec), progress=not args.no_progress, resume=args.resume)
     print()
+    if result["before"]:  # a language model's zero-shot score through its prompt; any other's at its start
+        start = "zero-shot" if getattr(spec.model, "prompt", None) is not None else "before training"
+        print(_summary_line(f"{spec.name} {start}", result["before"]))
     print(_summary_line(spec.name, result))
     if spec.privacy is None:
         print(f"privacy: {result['guarantee']}")

@@ -394,9 +394,13 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
             mlflow.MlflowClient(uri).set_terminated(run_id, "FAILED")
     version = register(resolved, data, built, run_id, spent)
     mlflow.MlflowClient(uri).set_terminated(run_id, "FINISHED")
-    run = mlflow.MlflowClient(uri).get_run(run_id)
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(run_id)
+    # the evaluation before any private step, as MLflow holds it (a resumed run logged it in its first process)
+    before = {k: at[-1].value for k in run.data.metrics if k.startswith("eval/")
+              if (at := [m for m in client.get_metric_history(run_id, k) if m.step == 0])}
     summary = spent.summary
-    return {
+    return {"before": before,
         "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri, "run_name": run.info.run_name,
         "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
         "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
