@@ -29,7 +29,8 @@ def model_path(name: str) -> str:
     if "/" in name:
         folder = Path(name)
         if not folder.is_dir():
-            raise ValueError(f"model.path: {name} is not a folder (expected one written by save_pretrained)")
+            raise ValueError(f"model.path: {name} is not a folder (expected one written by save_pretrained; the "
+                             "language-model examples' decoder is made by recipes/pretrain_decoder.py)")
         files = {p.name for p in folder.iterdir()}
         if "config.json" not in files:
             raise ValueError(f"model.path: no config.json in {name}; save the model there with save_pretrained")

@@ -28,6 +28,9 @@ if not torch.cuda.is_available():
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "specs" / "examples"
+# the examples whose model a package ships; the language-model ones (chatterbot_lm_*) name the decoder that
+# recipes/pretrain_decoder.py makes in ~/.privzo/models, and tests/flows/test_lm_examples.py makes a tiny one
+SHIPPED_EXAMPLES = sorted(p for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("chatterbot_lm_"))
 
 TINY = {
     "name": "tiny-digits",

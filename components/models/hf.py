@@ -60,6 +60,7 @@ def add_adapters_(encoder: nn.Module, rank: int, alpha: float, targets, generato
     as peft draws it), B = 0, so the encoder computes what it did before. No dropout: both forward passes
     of a finite difference must see one function."""
     import math
+    import warnings
 
     from components.data_check import package_missing
 
@@ -70,7 +71,10 @@ def add_adapters_(encoder: nn.Module, rank: int, alpha: float, targets, generato
 
     check_adapter_targets(encoder, targets, rank)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
-    with torch.random.fork_rng(devices=[]):  # peft draws A from the global RNG; it is re-drawn below
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # peft draws A from the global RNG;
+        # it is re-drawn below. An adapter on a tied LM head leaves the tied table as it is; peft's warning is
+        # about merging such an adapter into it, which privzo never does (a model keeps its adapters apart)
+        warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True`")
         inject_adapter_in_model(config, encoder)
     with torch.no_grad():
         for name, p in encoder.named_parameters():

@@ -36,7 +36,8 @@ class LoraSpec(Strict):
     alpha: PositiveFloat = 16.0
     targets: List[str] = Field(default_factory=lambda: ["query", "value"], min_length=1,
                                description="Names of Linear layers (the last part of their module name; "
-                               "BERT-like encoders: query, key, value, dense).")
+                               "BERT-like encoders: query, key, value, dense; Llama-like decoders: q_proj, k_proj, "
+                               "v_proj, o_proj, gate_proj, up_proj, down_proj, and lm_head, the LM head itself).")
 
 
 def _as_path(value: Optional[str]) -> Optional[str]:
