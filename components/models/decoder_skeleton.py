@@ -20,6 +20,19 @@ STATED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attentio
           "tie_word_embeddings")
 
 
+class _Linear(nn.Linear):
+    """nn.Linear (its forward, so the plan treats it as one) without the initialisation: on the meta device
+    there is nothing to draw, and torch's init would import its decompositions (over a second)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        pass
+
+
 class _RMSNorm(nn.Module):
     def __init__(self, width: int):
         super().__init__()
@@ -29,18 +42,18 @@ class _RMSNorm(nn.Module):
 class _Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, o_bias: bool):
         super().__init__()
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
+        self.q_proj = _Linear(hidden, heads * head_dim, bias=qkv_bias)
+        self.k_proj = _Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = _Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = _Linear(heads * head_dim, hidden, bias=o_bias)
 
 
 class _Mlp(nn.Module):
     def __init__(self, hidden: int, inner: int, bias: bool):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=bias)
-        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.gate_proj = _Linear(hidden, inner, bias=bias)
+        self.up_proj = _Linear(hidden, inner, bias=bias)
+        self.down_proj = _Linear(inner, hidden, bias=bias)
 
 
 class _Layer(nn.Module):
@@ -63,7 +76,7 @@ class _Rotary(nn.Module):
 class _Body(nn.Module):
     def __init__(self, c: SimpleNamespace, head_dim: int, rotary_dim: int, biases: tuple):
         super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens = _Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(_Layer(c, head_dim, *biases) for _ in range(c.num_hidden_layers))
         self.norm = _RMSNorm(c.hidden_size)
         self.rotary_emb = _Rotary(rotary_dim)
@@ -82,7 +95,7 @@ class DecoderSkeleton(nn.Module):
         biases = {"llama": (bool(c.attention_bias), bool(c.attention_bias), bool(c.mlp_bias)),
                   "mistral": (False, False, False), "qwen2": (True, False, False)}[c.model_type]
         self.model = _Body(c, head_dim, int(head_dim * factor), biases)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.lm_head = _Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
