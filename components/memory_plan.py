@@ -361,8 +361,9 @@ def _spec_sizes(spec, n_features: Optional[int], n_classes: Optional[int]) -> Op
 
         objective = prompt_of(model).objective
         # a Llama-like decoder from its config.json with torch's layers; any other model from transformers'
-        lm = (objective == "causal" and pretrained.model_path(model.path) and decoder_skeleton(model.path)) \
-            or pretrained.language_model_skeleton(model.path, objective)
+        lm = decoder_skeleton(pretrained.model_path(model.path)) if objective == "causal" else None
+        if lm is None:
+            lm = pretrained.language_model_skeleton(model.path, objective)
         if lora:
             for p in lm.parameters():
                 p.requires_grad_(False)
