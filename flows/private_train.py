@@ -400,12 +400,12 @@ def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: s
     before = {k: at[-1].value for k in run.data.metrics if k.startswith("eval/")
               if (at := [m for m in client.get_metric_history(run_id, k) if m.step == 0])}
     summary = spent.summary
-    return {"before": before,
+    return {
         "run_id": run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri, "run_name": run.info.run_name,
         "epsilon": summary.epsilon, "delta": summary.delta, "target_epsilon": summary.target_epsilon,
         "noise_multiplier": summary.noise_multiplier, "steps": summary.steps, "guarantee": summary.guarantee(),
         "model_guarantee": spent.model_guarantee, "model_epsilon": spent.model_epsilon, "model_version": version,
-        "blocks": list(plan.window), **metrics,
+        "blocks": list(plan.window), "before": before, **metrics,
     }, spent.report
 
 
