@@ -86,16 +86,18 @@ def test_run_prints_the_familys_summary_line(prefect_server, tmp_path, mlflow_db
     out = _privzo(["run", "--no-progress", str(path)], tmp_path, prefect_server)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    match = re.match(SUMMARY[family], lines[0])
+    # the model at its initial weights first (what MLflow holds at step 0), then the trained one
+    assert lines[0].startswith(f"{NAMES[family]} before training: "), out.stdout
+    match = re.match(SUMMARY[family], lines[1])
     assert match, out.stdout
     values = [float(v) for v in match.groups()]
-    assert all(math.isfinite(v) for v in values), lines[0]
+    assert all(math.isfinite(v) for v in values), lines[1]
     if family == "standard":
         assert 0.0 <= values[0] <= 1.0
     else:
         assert "accuracy" not in out.stdout
         assert values[0] >= 0.0  # an excess risk
-    assert lines[1].startswith("privacy: (") and any(line.startswith("MLflow run ") for line in lines), out.stdout
+    assert lines[2].startswith("privacy: (") and any(line.startswith("MLflow run ") for line in lines), out.stdout
 
 
 @pytest.mark.e2e
