@@ -16,7 +16,9 @@ from flows import cli
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "calibrate"
-SPECS = sorted((ROOT / "specs").glob("*/*.yaml"))
+# the language-model examples' decoder is made by recipes/pretrain_decoder.py, not shipped: their calibrate
+# runs on a tiny one in tests/flows/test_lm_examples.py
+SPECS = sorted(p for p in (ROOT / "specs").glob("*/*.yaml") if not p.name.startswith("chatterbot_lm_"))
 
 
 def _golden(spec_path):

@@ -1,7 +1,7 @@
 """The language-model examples (specs/examples/chatterbot_lm_*.yaml) as a new user meets them, at a tiny size:
 the decoder they name (~/.privzo/models/privzo-decoder-v1) made by the public recipe (recipes/pretrain_decoder.py)
-with tiny settings in a home of the test's own, then `privzo validate` on the example as shipped and `privzo
-run` on it with two steps; the run prints the zero-shot score, the final score and (ε, δ)."""
+with tiny settings in a home of the test's own, then `privzo validate` and `privzo calibrate` on the example as shipped and
+`privzo run` on it with two steps; the run prints the zero-shot score, the final score and (ε, δ)."""
 import os
 import re
 import subprocess
@@ -54,11 +54,16 @@ def test_an_lm_example_validates_and_runs_printing_zero_shot_final_and_epsilon_d
     assert capsys.readouterr().out.startswith("ok: ")
     spec = specs.load_spec(path).model_dump(mode="json")  # paths made absolute, ~ expanded to the test's home
     assert spec["model"]["path"] == str(home / ".privzo" / "models" / "privzo-decoder-v1")
-    spec["optimizer"].pop("epochs", None)
-    spec["optimizer"]["steps"] = 2
-    spec["tracking"].update(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", log_every=2)
     if spec["data"]["source"]["kind"] == "completions":  # the tiny vocabulary spells a reply in more tokens
         spec["data"]["source"]["max_length"] = 192
+    calibrating = tmp_path / "calibrate.yaml"
+    calibrating.write_text(yaml.safe_dump(spec))
+    assert main(["calibrate", str(calibrating)]) == 0
+    calibrated = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines() if ":" in line)
+    assert float(calibrated["noise_multiplier (sigma)"]) > 0 and int(calibrated["steps"]) == 200
+    assert float(calibrated["epsilon"].split()[0]) <= 4.0
+    spec["optimizer"]["steps"] = 2
+    spec["tracking"].update(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", log_every=2)
     tiny = tmp_path / path.name
     tiny.write_text(yaml.safe_dump(spec))
     # as the user runs it, in a process of its own (Prefect's log handlers outlive a test's captured streams)
