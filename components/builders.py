@@ -38,10 +38,7 @@ def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = N
     for checks that train nothing and release nothing (privzo validate and calibrate, a run's preflight:
     N is declared, and the rows give only their shape and classes)."""
     split = spec.data.split
-    # a file's text column is tokenised by the model's own tokenizer unless the source names one, and a
-    # language model's rows are its prompt filled with each text
-    model_tokenizer = spec.model.weights if MODEL_TRAITS[spec.model.kind].reads == "tokens" else None
-    prompt = prompt_of(spec.model)
+    model_tokenizer, prompt = _reading(spec)
     table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None,
                           spec.data.blocks, prompt)
     if spec.data.blocks is not None and not every_block:
@@ -51,6 +48,22 @@ def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = N
                              "do not read blocks)")
         table = table.take(np.asarray(select(table), dtype=np.int64))
     return SPLITS[split.kind](spec, table, scale, lambda source: _table(source, model_tokenizer, prompt=prompt))
+
+
+def source_table(spec: RunSpec) -> Table:
+    """Every row of the spec's main source as a run reads it before it chooses its window or splits (the
+    ledger's id migration keys them)."""
+    split = spec.data.split
+    model_tokenizer, prompt = _reading(spec)
+    return _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None,
+                  spec.data.blocks, prompt)[0]
+
+
+def _reading(spec: RunSpec):
+    # a file's text column is tokenised by the model's own tokenizer unless the source names one, and a
+    # language model's rows are its prompt filled with each text
+    model_tokenizer = spec.model.weights if MODEL_TRAITS[spec.model.kind].reads == "tokens" else None
+    return model_tokenizer, prompt_of(spec.model)
 
 
 def _no_public_rows(spec: RunSpec) -> str:

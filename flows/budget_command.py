@@ -14,7 +14,7 @@ from specs.sections import LEDGER_URL_ENV, ledger_from_env
 
 def budget_parsers(p) -> None:
     """``privzo budget``'s actions, each with its own arguments."""
-    actions = p.add_subparsers(dest="action", required=True, metavar="{show,history,simulate,init,grant}")
+    actions = p.add_subparsers(dest="action", required=True, metavar="{show,history,simulate,init,grant,migrate-ids}")
 
     def action(name: str, what: str, metavar: str, helped: str):
         a = actions.add_parser(name, help=helped)
@@ -49,6 +49,10 @@ def budget_parsers(p) -> None:
                    help="(default add_remove)")
     a = action("grant", "an existing PostgreSQL role", "ROLE", "the ledger owner's: a worker's or a viewer's rights")
     a.add_argument("--read-only", action="store_true", help="a viewer's rights (read), not a worker's")
+    a = action("migrate-ids", "the dataset to re-key", "DATASET", "the ledger owner's: re-key a dataset an earlier "
+               "privzo recorded with ids read by type inference to its ids as written, once")
+    a.add_argument("--spec", required=True, help="the spec of the runs on it; its source must hold every person and "
+                   "row earlier runs recorded")
 
 
 def cmd_budget(args) -> int:
@@ -56,6 +60,8 @@ def cmd_budget(args) -> int:
         return cmd_simulate(args)
     if args.action in ("init", "grant"):
         return cmd_budget_owner(args)
+    if args.action == "migrate-ids":
+        return cmd_migrate_ids(args)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -239,6 +245,30 @@ def cmd_budget_owner(args) -> int:
           f"{terms.lifetime_epsilon:g} at delta {terms.delta:g} ({terms.accountant}, {terms.neighboring}), "
           f"{terms.described()}; runs charged to it are admitted within that, each block's own with data.blocks, "
           "and a run whose spec has other terms is refused")
+    return 0
+
+
+def cmd_migrate_ids(args) -> int:
+    """The owner's once-only re-keying of a dataset's person and row ids to their text as written."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from flows.id_migration import migrate
+    from flows.ledger import driver_reason, shown_url
+
+    where = shown_url(args.ledger)
+    spec = specs.load_spec(args.spec)
+    if spec.budget is None or spec.budget.dataset != args.dataset:
+        return fail(f"--spec: {args.spec} charges {'no dataset' if spec.budget is None else repr(spec.budget.dataset)},"
+                    f" not {args.dataset!r}")
+    try:
+        counts = migrate(spec, args.ledger)
+    except SQLAlchemyError as err:
+        return fail(f"--ledger: {where}: {driver_reason(err)}")
+    if not counts:
+        print(f"{args.dataset}: nothing to migrate in {where} (its ids are recorded as written, or no run recorded any)")
+        return 0
+    print(f"{args.dataset}: re-keyed in {where} to ids as written: {counts.get('person', 0)} persons, "
+          f"{counts.get('row', 0)} row blocks, {counts.get('private', 0)} private rows; its runs match them from now on")
     return 0
 
 

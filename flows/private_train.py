@@ -106,9 +106,18 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
         private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
         legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
+        ids_legacy_layout=_ids_legacy_layout(data.layout),
         charge_id=charge_id, terms=DatasetTerms.of(spec), **({} if view is None else dict(
             blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
             person_blocks=view.seen_persons, when=view.when))))
+
+
+def _ids_legacy_layout(layout: str) -> Optional[str]:
+    """The ledger layout an earlier privzo recorded for this source, if its ids were read another way then."""
+    from components.data.table import legacy_identity_layout
+
+    legacy = legacy_identity_layout(layout)
+    return None if legacy == layout else f"{legacy};{KEYED_ROWS}"
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)

@@ -110,7 +110,7 @@ class BlockView:
 
         blocks_spec, budget = self.spec.data.blocks, self.spec.budget
         ledger = PrivacyLedger.open(budget.ledger)
-        periods = arrival_periods(table.arrivals, blocks_spec.period, blocks_spec.arrival)
+        periods = arrival_periods(table.arrivals, blocks_spec.period, blocks_spec.arrival, blocks_spec.arrival_format)
         row_keys = keyed_rows(table.row_fingerprints())
         person_keys = _keyed_persons(table.persons) if blocks_spec.person else None
         blocks = row_blocks(

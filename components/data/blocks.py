@@ -14,19 +14,35 @@ import numpy as np
 from components.periods import FORMATS, block_start
 
 
-def arrival_periods(values: Sequence, period: str, column: str) -> np.ndarray:
-    """Each value's period (a UTC day, ISO week or month) as its block id; one line naming the first value
-    that is not a date."""
-    import pandas as pd
+ISO_EXAMPLES = "2026-03-10, 2026-03-10T14:30:00, 2026-03-10T14:30:00+01:00"
 
-    raw = pd.Series(list(values), dtype=object)
-    parsed = pd.to_datetime(raw, utc=True, errors="coerce", format="mixed")
-    bad = parsed.isna()
-    if bad.any():
-        first = int(np.flatnonzero(bad.to_numpy())[0])
-        raise ValueError(f"data.blocks.arrival: column {column!r} holds {raw.iloc[first]!r} (row {first + 1}), which "
-                         "is not a date or time; give every row the date it arrived")
-    return parsed.dt.strftime(FORMATS[period]).to_numpy(dtype=object)
+
+def arrival_moment(value: str, fmt: Optional[str] = None) -> dt.datetime:
+    """One arrival as a UTC moment: ISO 8601 (Python's ``datetime.fromisoformat``), or ``fmt`` (a
+    ``strptime`` format the spec declares); a naive one is UTC. ValueError if it is neither: a row's block is
+    a privacy fact, so a date is never guessed (03/10/2026 is refused, not read as 10 March or 3 October)."""
+    moment = dt.datetime.strptime(value, fmt) if fmt else dt.datetime.fromisoformat(value)
+    return moment.astimezone(dt.timezone.utc) if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def arrival_periods(values: Sequence, period: str, column: str, fmt: Optional[str] = None) -> np.ndarray:
+    """Each value's period (a UTC day, ISO week or month) as its block id; one line naming the first value
+    in neither ISO 8601 nor the declared ``fmt`` (data.blocks.arrival_format)."""
+    out = np.empty(len(values), dtype=object)
+    seen: dict = {}
+    for i, value in enumerate(values):
+        text = str(value)
+        if text not in seen:
+            try:
+                seen[text] = arrival_moment(text, fmt).strftime(FORMATS[period])
+            except ValueError:
+                form = f"the declared data.blocks.arrival_format {fmt!r}" if fmt else \
+                    f"ISO 8601 (e.g. {ISO_EXAMPLES})"
+                hint = "" if fmt else "; write arrivals in ISO 8601, or declare their form in data.blocks.arrival_format"
+                raise ValueError(f"data.blocks.arrival: column {column!r} holds {text!r} (row {i + 1}), which is not a "
+                                 f"date or time in {form}{hint}") from None
+        out[i] = seen[text]
+    return out
 
 
 def _period_start(moment: dt.datetime, period: str) -> dt.datetime:
@@ -76,16 +92,18 @@ def next_after(block: str, period: str, count: int) -> str:
 def row_blocks(periods: np.ndarray, row_keys: Sequence[str], recorded_rows: Mapping[str, str],
                person_keys: Optional[Sequence[str]] = None,
                recorded_persons: Optional[Mapping[str, str]] = None) -> np.ndarray:
-    """Each row's block: the block the ledger recorded for it when a run first saw it; else, with persons,
-    the block of its person's first arrival (recorded, or the earliest period among the person's rows);
-    else its own arrival period. A row written again with a new date keeps its recorded block."""
+    """Each row's block. With persons, its person's block and nothing else: the block the ledger recorded
+    for the person, else the earliest period among the person's rows, so that all of one person's rows
+    fall in one block (a row whose content another person's row also has is still this person's). Without,
+    the block the ledger recorded for the row when a run first saw it, else its own arrival period. A row
+    written again with a new date keeps its block either way."""
     blocks = np.asarray(periods, dtype=object).copy()
     if person_keys is not None:
         first: dict = dict(recorded_persons or {})
         for person, block in zip(person_keys, periods):
             if person not in (recorded_persons or {}) and (person not in first or block < first[person]):
                 first[person] = block
-        blocks = np.asarray([first[p] for p in person_keys], dtype=object)
+        return np.asarray([first[p] for p in person_keys], dtype=object)
     for i, key in enumerate(row_keys):
         recorded = recorded_rows.get(key)
         if recorded is not None:

@@ -11,7 +11,8 @@ from components.data_check import (HF_DATASETS_MISSING, HF_INDEX, NOT_SAVED_TO_D
                                    first_line, hf_split_of, missing_column, name_problems)
 
 
-from components.data.table import Table, _unique_rows, content_fingerprint  # noqa: F401 (re-exported)
+from components.data.table import Table, _unique_rows, content_fingerprint, identity_layout  # noqa: F401
+from components.data.identity import identity_text
 from components.periods import partition_files
 from components.registry import SOURCES
 
@@ -57,6 +58,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
 
     path = Path(path)
     arrived = None
+    identity = tuple(c for c in (arrival, person, row_id) if c is not None)
     if partitions is not None:  # one file per period: a row's arrival is its file's period
         frames = []
         for part, start in partition_files(path, partitions):
@@ -64,7 +66,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
             if kind == "hf_disk":
                 raise ValueError(f"data.source.path: {part.name} in {path} is a folder; a partitioned source "
                                  "holds csv, parquet or jsonl files, one per period")
-            frames.append((part, start, _read_frame(part, kind, label, text, classes, public_flag, hf_split)))
+            frames.append((part, start, _read_frame(part, kind, label, text, classes, public_flag, hf_split,
+                                                    identity)))
         first = frames[0]
         for part, _, frame in frames[1:]:
             if list(frame.columns) != list(first[2].columns):
@@ -74,7 +77,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         frame = pd.concat([f for _, f in kept], ignore_index=True) if kept else first[2]
         arrived = np.concatenate([np.full(len(f), start, dtype=object) for start, f in kept]) if kept else None
     else:
-        frame = _read_frame(path, file_kind(path, file_format, hf_split), label, text, classes, public_flag, hf_split)
+        frame = _read_frame(path, file_kind(path, file_format, hf_split), label, text, classes, public_flag, hf_split,
+                            identity)
     columns = list(frame.columns)
     if len(frame) == 0:
         raise ValueError(f"data.source.path: {path} has no rows")
@@ -91,11 +95,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     for field, column in (("arrival", arrival), ("person", person)):
         if column is not None:
             require(f"data.blocks.{field}", column)
-            values = frame[column]
-            if values.isna().any() or (values.astype(str).str.strip() == "").any():
-                raise ValueError(f"data.blocks.{field}: column {column!r} has missing or empty values; every row "
-                                 f"needs its {field}")
-            meta[f"{field}s"] = values.astype(str).to_numpy(dtype=object)
+            meta[f"{field}s"] = identity_text(frame[column], f"data.blocks.{field}", path.name,
+                                              f"every row needs its {field}")
     if row_id is not None:
         meta["row_ids"] = _row_ids(frame, row_id, columns, path.name)
     if text is not None:
@@ -119,6 +120,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
             layout += f";{prompt.layout}"
         if row_id is not None:  # a row's fingerprint is then its identifier alone
             layout = f"file:row_id={row_id}"
+        layout = identity_layout(layout, person is not None, row_id is not None)
         return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
                                   class_names=tuple(str(c) for c in classes), **meta))
     names = list(features) if features is not None else [c for c in columns
@@ -141,14 +143,16 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
                          "non-finite values, or values beyond float32's range (3.4e38); fill, drop or rescale them")
     layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name" if row_id is None \
         else f"file:row_id={row_id}"
+    layout = identity_layout(layout, person is not None, row_id is not None)
     return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
                               columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes), **meta))
 
 
 def _read_frame(path: Path, kind: str, label: str, text: Optional[str], classes, public_flag: Optional[str],
-                hf_split: Optional[str]):
+                hf_split: Optional[str], identity: Sequence[str] = ()):
     """One file's rows as a frame with its column names as text, their names checked; one line where it
-    cannot be read."""
+    cannot be read. ``identity``: the columns that name a row, its person or its arrival, which a CSV gives
+    as written (never as numbers or dates pandas guessed from the other rows)."""
     import pandas as pd
 
     try:
@@ -161,7 +165,7 @@ def _read_frame(path: Path, kind: str, label: str, text: Optional[str], classes,
         else:
             _check_csv_header(path)
             # the label as written ('01' is not 1); text as written too: 'NA', 'None' or '1.0' are lines
-            as_written = {label: str, **({text: str} if text is not None else {})}
+            as_written = {label: str, **({text: str} if text is not None else {}), **{c: str for c in identity}}
             frame = pd.read_csv(path, dtype=as_written, keep_default_na=text is None)
     except ValueError as err:
         if str(err).startswith("data.source"):
@@ -266,11 +270,7 @@ def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> n
 def _row_ids(frame, column: str, columns, file: str) -> np.ndarray:
     """The declared identifiers as written: every row has one, and no two rows share one."""
     _refuse([missing_column("data.source.row_id", column, columns, file)])
-    values = frame[column]
-    if values.isna().any() or (values.astype(str).str.strip() == "").any():
-        raise ValueError(f"data.source.row_id: column {column!r} has missing or empty values; every row needs its "
-                         "identifier")
-    ids = values.astype(str).to_numpy(dtype=object)
+    ids = identity_text(frame[column], "data.source.row_id", file, "every row needs its identifier")
     repeated = len(ids) - len(set(ids))
     if repeated:
         raise ValueError(f"data.source.row_id: column {column!r} repeats identifiers ({repeated} rows share one with "

@@ -9,6 +9,24 @@ from typing import List
 import numpy as np
 
 
+# what a row layout says of its identity columns: read as written (components/data/identity.py), and, at person
+# level, each row's identity holding its person
+IDS_AS_WRITTEN, ROWS_PER_PERSON = "ids=as-written", "rows=per-person"
+
+
+def identity_layout(layout: str, persons: bool, row_ids: bool) -> str:
+    """``layout`` with the marks of how its person and row-id columns were read (none without either)."""
+    if persons or row_ids:
+        layout += f";{IDS_AS_WRITTEN}"
+    return layout + (f";{ROWS_PER_PERSON}" if persons else "")
+
+
+def legacy_identity_layout(layout: str) -> str:
+    """The layout an earlier privzo recorded for the same source: its identity columns read with pandas' type
+    inference, and a person-level row's identity its content alone."""
+    return ";".join(p for p in layout.split(";") if p not in (IDS_AS_WRITTEN, ROWS_PER_PERSON))
+
+
 @dataclass(frozen=True)
 class Table:
     """Features (float32 values, or int64 token ids and attention masks [n, 2, length] for text), integer
@@ -56,18 +74,34 @@ class Table:
         return np.ascontiguousarray(self.features[:, np.argsort(np.asarray(self.columns, dtype=object))])
 
     def content_keys(self) -> List[bytes]:
-        """One key per row over its features alone (no label)."""
+        """One key per row over its features alone (no label); at person level, over its person and features,
+        since two persons' rows of equal content are two persons' rows."""
         canonical = self._canonical()
+        if self.persons is not None:
+            return [person_key(p) + canonical[i].tobytes() for i, p in enumerate(self.persons)]
         return [canonical[i].tobytes() for i in range(len(self))]
 
     def row_fingerprints(self) -> List[str]:
+        """One SHA-256 per row: of its declared row id, else of its content and label; at person level, with
+        the row's person, so that a row is never another person's (components/data/blocks.py)."""
         if self.row_ids is not None:  # declared identity: the same row re-encoded keeps its fingerprint
-            return [hashlib.sha256(b"row_id:" + str(i).encode("utf-8")).hexdigest() for i in self.row_ids]
-        if self.class_names is None:
-            return [hashlib.sha256(key + int(label).to_bytes(8, "little")).hexdigest()
-                    for key, label in zip(self.content_keys(), self.labels)]
-        names = [b"class:" + str(name).encode("utf-8") for name in self.class_names]
-        return [hashlib.sha256(key + names[int(label)]).hexdigest() for key, label in zip(self.content_keys(), self.labels)]
+            own = [hashlib.sha256(b"row_id:" + str(i).encode("utf-8")).hexdigest() for i in self.row_ids]
+        elif self.class_names is None:
+            own = [hashlib.sha256(key + int(label).to_bytes(8, "little")).hexdigest()
+                   for key, label in zip(self.content_keys(), self.labels)]
+        else:
+            names = [b"class:" + str(name).encode("utf-8") for name in self.class_names]
+            own = [hashlib.sha256(key + names[int(label)]).hexdigest()
+                   for key, label in zip(self.content_keys(), self.labels)]
+        if self.persons is None or self.row_ids is None:
+            return own  # content keys already hold the person
+        return [hashlib.sha256(person_key(p) + bytes.fromhex(fp)).hexdigest() for p, fp in zip(self.persons, own)]
+
+
+def person_key(person) -> bytes:
+    """A person's id as bytes, length-prefixed so that no id and row content run into another's."""
+    raw = str(person).encode("utf-8")
+    return b"person:" + len(raw).to_bytes(4, "little") + raw
 
 
 def content_fingerprint(row_fingerprints: List[str]) -> str:

@@ -10,7 +10,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import dp_accounting
 from sqlalchemy import create_engine, event, insert, select, text
@@ -25,7 +25,7 @@ import flows.ledger.migrations as migrations
 import flows.ledger.roles as roles
 import flows.ledger.rows as ledger_rows
 from flows.ledger.errors import (FIXED, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable, RowsExposed,
-                                 RowsUnmatched, driver_reason, shown_url)
+                                 RowsUnmatched, driver_reason, ids_not_migrated, shown_url)
 from flows.ledger.reservation import Reservation
 from flows.ledger.schema import (ABORTED, COMMITTED, NO_BLOCKS, RESERVED, WHOLE, BlockRow, ChargeBlockRow, ChargeRow,
                                  DatasetRow, PrivateRowRow, RowBlockRow, RowLayoutRow, _now)
@@ -531,6 +531,9 @@ class PrivacyLedger:
             recorded = session.get(RowLayoutRow, dataset)
             if recorded is None:
                 session.add(RowLayoutRow(dataset=dataset, layout=row_layout))
+            elif recorded.layout != row_layout and r.ids_legacy_layout is not None and \
+                    recorded.layout == r.ids_legacy_layout:
+                raise ids_not_migrated(dataset)
             elif recorded.layout != row_layout and r.legacy_layout is not None and recorded.layout == r.legacy_layout:
                 ledger_rows.rekey(session, dataset, r.legacy_rows or {})
                 recorded.layout = row_layout
@@ -674,6 +677,27 @@ class PrivacyLedger:
                 block = session.get(BlockRow, (row.dataset, link.block))
                 state = ComposedState.from_json(block.committed).plus(increment)
                 block.committed, block.committed_epsilon = state.to_json(), state.epsilon(block.delta)
+
+    def migrate_ids(self, dataset: str, layout: str, legacy_layout: str, persons: Mapping[str, Iterable[str]],
+                    rows: Mapping[str, Iterable[str]]) -> Dict[str, int]:
+        """Re-key a dataset whose person and row ids an earlier privzo read with type inference
+        (``legacy_layout``) to its ids as written (``layout``), in one transaction; the owner's act (it
+        replaces recorded keys, which no worker may). ``persons`` and ``rows``: each legacy key any row of the
+        data could have had -> the keys as written of the rows that could have had it (keyed). A recorded
+        person (or, without persons, row) among none of them is refused, since its block could not be found
+        again; a legacy key several ids could have had gives each of them its block (the earliest, where
+        two legacy keys give one id two), as the earlier reading did. Returns what was re-keyed, by kind."""
+        with Session(self.engine) as session, session.begin():
+            self._lock(session, dataset)
+            recorded_layout = session.get(RowLayoutRow, dataset)
+            if recorded_layout is None or recorded_layout.layout == layout:
+                return {}
+            if recorded_layout.layout != legacy_layout:
+                raise RowsUnmatched(dataset, recorded_layout.layout, layout)
+            ledger_rows.lock_rows(session)
+            counts = ledger_rows.rekey_ids(session, dataset, persons, rows, person_level=bool(persons))
+            recorded_layout.layout = layout
+            return counts
 
     def abort(self, charge_id: str) -> None:
         """Release a reservation whose run never queried private data."""

@@ -72,6 +72,15 @@ class RowsUnmatched(RuntimeRefusal):
             "the source's columns and text settings of those runs, or charge a new dataset"))
 
 
+def ids_not_migrated(dataset: str) -> "RowsUnmatched":
+    """A dataset whose ledger holds person and row ids an earlier privzo read with type inference."""
+    return RowsUnmatched(dataset, "", "", reason=(
+        f"data.source: dataset {dataset!r}'s ledger holds person and row ids read by an earlier privzo with type "
+        "inference (an id written 0065 recorded as 65), and runs now read them as written; migrate it once with "
+        f"`privzo budget migrate-ids {dataset} --spec SPEC` (the ledger owner's, on data holding every person and "
+        "row earlier runs recorded)"))
+
+
 class RowsLaundered(RuntimeRefusal):
     """Rows this run would keep private are private rows of another dataset: the same people charged under a
     second name would have a second budget."""

@@ -27,6 +27,9 @@ class Reservation:
     A dataset whose rows were recorded under ``legacy_layout`` (plain hashes, before rows were keyed) is
     re-keyed in the same transaction with ``legacy_rows`` (each of this run's rows: plain -> keyed),
     provided every recorded row is among them; otherwise the run is refused and nothing changes.
+    ``ids_legacy_layout``: the layout an earlier privzo recorded for this run's source, whose person and row
+    ids were read with type inference (components/data/identity.py): such a ledger is refused with the
+    command that migrates it (``PrivacyLedger.migrate_ids``), since its keys cannot be matched as written.
     ``charge_id``: chosen by the caller, who records it before reserving (see flows.checkpoints).
 
     ``blocks``: the blocks the run reads (its window), each registered with its dataset's terms on first use; the
@@ -51,6 +54,7 @@ class Reservation:
     row_layout: str = ""
     legacy_layout: Optional[str] = None
     legacy_rows: Optional[Mapping[str, str]] = None
+    ids_legacy_layout: Optional[str] = None
     charge_id: Optional[str] = None
     blocks: Optional[Sequence[BlockTerms]] = None
     next_block: Optional[str] = None

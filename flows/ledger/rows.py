@@ -89,3 +89,39 @@ def rekey(session: Session, dataset: str, keyed: Mapping[str, str]) -> None:
     session.execute(delete(PrivateRowRow).where(PrivateRowRow.dataset == dataset))
     if stored:
         session.execute(insert(PrivateRowRow), [{"dataset": dataset, "row": keyed[r]} for r in sorted(stored)])
+
+
+def rekey_ids(session: Session, dataset: str, persons: Mapping[str, Iterable[str]], rows: Mapping[str, Iterable[str]],
+              person_level: bool) -> dict:
+    """The dataset's recorded persons, row blocks and private rows under their keys as written (see
+    ``PrivacyLedger.migrate_ids``). Persons, and rows without persons, must each be found; at person level a
+    row's block is its person's, so a recorded row this data no longer holds is dropped; a private row no
+    key maps is kept as it was (it is still matched by the laundering checks of rows written that way)."""
+    counts = {}
+    for kind, mapping, required in (("person", persons, True), ("row", rows, not person_level)):
+        recorded = dict(session.execute(select(RowBlockRow.key, RowBlockRow.block).where(
+            RowBlockRow.dataset == dataset, RowBlockRow.kind == kind)).all())
+        lost = [k for k in recorded if k not in mapping]
+        if required and lost:
+            raise RowsUnmatched(dataset, "", "", reason=(
+                f"budget migrate-ids: {len(lost)} of the {len(recorded)} {kind}s dataset {dataset!r} recorded are "
+                f"not in this data, so their blocks could not be found again; run it on data holding every {kind} "
+                "earlier runs recorded (the whole export, not a window of it)"))
+        blocks: dict = {}
+        for key, block in recorded.items():
+            for new in mapping.get(key, ()):
+                blocks[new] = min(blocks.get(new, block), block)
+        session.execute(delete(RowBlockRow).where(RowBlockRow.dataset == dataset, RowBlockRow.kind == kind))
+        if blocks:
+            session.execute(insert(RowBlockRow), [{"dataset": dataset, "kind": kind, "key": k, "block": b}
+                                                  for k, b in sorted(blocks.items())])
+        counts[kind] = len(blocks)
+    private = list(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
+    kept = set()
+    for row in private:
+        kept.update(rows.get(row, (row,)))
+    session.execute(delete(PrivateRowRow).where(PrivateRowRow.dataset == dataset))
+    if kept:
+        session.execute(insert(PrivateRowRow), [{"dataset": dataset, "row": k} for k in sorted(kept)])
+    counts["private"] = len(kept)
+    return counts

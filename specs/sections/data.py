@@ -357,7 +357,11 @@ class BlocksSpec(Strict):
     sees it, so writing an old row again with a new date does not move it into fresh budget."""
 
     arrival: Optional[str] = Field(None, min_length=1, description="The column holding when each row arrived (a "
-                                   "date or timestamp, read as UTC); public metadata, never a feature.")
+                                   "date or time in ISO 8601, or in arrival_format; one without a UTC offset is "
+                                   "UTC); public metadata, never a feature.")
+    arrival_format: Optional[str] = Field(None, min_length=2, description="The form of the arrival column when it is "
+                                          "not ISO 8601, as a strptime format (e.g. '%d/%m/%Y'); any value not in it "
+                                          "is refused, never guessed.")
     partitioned: bool = Field(False, description="Instead of an arrival column: data.source.path is a folder of "
                               "files, one per period, each named by the period its rows arrived in "
                               "(2026-11-27.csv for a day, 2026-W48.parquet for a week, 2026-11.jsonl for a month).")
@@ -383,6 +387,13 @@ class BlocksSpec(Strict):
                              "period, not both" if self.partitioned else
                              "arrival: give the column holding when each row arrived, or partitioned: true for a "
                              "folder of files named by period")
+        if self.arrival_format is not None:
+            if self.arrival is None:
+                raise ValueError("arrival_format: the form of an arrival column; a partitioned folder's files are "
+                                 "named by period")
+            if "%" not in self.arrival_format:
+                raise ValueError(f"arrival_format: {self.arrival_format!r} has no strptime directive; give the form "
+                                 "of the dates, e.g. '%d/%m/%Y' or '%m/%d/%Y %H:%M'")
         if self.person is not None and self.person == self.arrival:
             raise ValueError("person and arrival must be different columns")
         if self.person is not None and (self.declared_persons is None or self.declared_private_rows is not None):
