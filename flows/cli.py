@@ -98,6 +98,7 @@ def cmd_calibrate(args) -> int:
     data = builders.load_data(spec, every_block=True)
     n = len(data.private)
     resolved, rate, eps = builders.plan(spec, data)
+    _say_over_declared(spec)
     family = family_for(resolved)
     dimension = builders.model_dimension(resolved, data.n_features, data.n_classes) if family.needs_dimension else None
     for line in family.describe_plan(resolved, n, dimension):  # what the family's preset derived
@@ -131,6 +132,18 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _say_over_declared(spec: specs.RunSpec) -> None:
+    """Blocks of the file over their declared size, on stderr of the data holder's own command (never in the
+    run's logs or MLflow: the count is private)."""
+    if spec.data.blocks is None:
+        return
+    from components.builders import source_table
+    from flows.window import over_declared
+
+    for line in over_declared(spec, source_table(spec)):
+        print(line, file=sys.stderr)
+
+
 def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
     """What ``calibrate`` checks, plus the model's shape and size and the checkpoint to resume, before
     Prefect starts: a spec that does not fit its data fails in one line, not after Prefect's task
@@ -140,6 +153,7 @@ def _preflight(spec: specs.RunSpec, resume: Optional[str]) -> None:
 
     data = builders.load_data(spec, every_block=True)
     builders.plan(spec, data)
+    _say_over_declared(spec)
     builders.check_model(spec, data.n_features, data.n_classes,
                          os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     from components import memory_plan

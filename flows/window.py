@@ -167,3 +167,33 @@ def next_window(spec: specs.RunSpec, as_of: dt.datetime):
     for block in registered:
         states[block] = "next" if chosen and block in chosen.blocks else "waiting" if block in room else "retired"
     return chosen, refusal, states
+
+
+def over_declared(spec: specs.RunSpec, table: Table) -> List[str]:
+    """For whoever holds the data (``privzo calibrate``, ``privzo run``'s preflight on the caller's machine): a
+    line per block of the file holding more persons (rows, at event level) than the spec declares. A step
+    samples each person at expected_batch_size / the declared N, so such a block's batches are larger than
+    planned in proportion (and so is the memory a step needs); the guarantee is unchanged. How many persons
+    a block holds is private: it is said here, to the data's holder, and in no log, tag or artifact of a run."""
+    blocks = spec.data.blocks
+    if blocks is None or table.arrivals is None:
+        return []
+    periods = arrival_periods(table.arrivals, blocks.period, blocks.arrival or "", blocks.arrival_format)
+    if blocks.person is not None:
+        first: Dict[str, str] = {}
+        for person, period in zip(table.persons, periods):
+            first[person] = min(first.get(person, period), period)
+        held = list(first.values())
+    else:
+        held = list(periods)
+    counts: Dict[str, int] = {}
+    for block in held:
+        counts[block] = counts.get(block, 0) + 1
+    unit = "persons" if blocks.person is not None else "rows"
+    field = "declared_persons" if blocks.person is not None else "declared_private_rows"
+    declared = blocks.declared_units
+    return [f"note: data.blocks.{field}: block {block} of the file holds {n} {unit}, more than the {declared} declared: "
+            f"a step samples each at the declared rate, so its batches there are about {n / declared:.2g}x "
+            f"sampling.expected_batch_size, and so is the memory a step needs beyond the model's; the guarantee is "
+            f"unchanged. Declare an upper bound (a new budget.dataset: it is a fixed term)"
+            for block, n in sorted(counts.items()) if n > declared]

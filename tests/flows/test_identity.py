@@ -220,3 +220,17 @@ def test_a_ledger_keyed_by_inferred_ids_is_refused_until_its_owner_migrates_it(t
     assert "0065" not in set(table.persons[chosen])  # still day 3's
     assert cli.main(["budget", "migrate-ids", "visits", "--spec", str(spec_path), "--ledger", spec.budget.ledger]) == 0
     assert "nothing to migrate" in capsys.readouterr().out
+
+
+def test_a_block_over_its_declared_persons_is_said_to_the_datas_holder_only(tmp_path, capsys):
+    """25 persons first arrive on day 2, 20 are declared: calibrate says so on stderr, with what it does to the
+    batches; its stdout (the plan) and every block at or under its bound say nothing."""
+    write(tmp_path / "visits.csv", daily(range(0, 2)) + [(2, f"x{j}", 100 + j) for j in range(25)])
+    (tmp_path / "visits.yaml").write_text(yaml.safe_dump(spec_dict(tmp_path)))
+    assert cli.main(["calibrate", str(tmp_path / "visits.yaml")]) == 0
+    out, err = capsys.readouterr()
+    (line,) = [e for e in err.splitlines() if e.startswith("note: data.blocks")]
+    assert line.startswith("note: data.blocks.declared_persons: block 2026-11-03 of the file holds 25 persons, more "
+                           "than the 20 declared: a step samples each at the declared rate, so its batches there are "
+                           "about 1.2x sampling.expected_batch_size")
+    assert "holds" not in out and "persons" not in out
