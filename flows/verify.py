@@ -397,6 +397,8 @@ class _Verifier:
         if journal_text is None:
             raise _Mismatch(f"run {run_id} logged no journal ({JOURNAL_ARTIFACT})")
         entries = json.loads(journal_text)
+        if self.charge is not None:
+            self._journal_counted(run_id, entries)
         local = self._download(f"models:/{self.name}/{self.number}")
         try:
             transcript = None if local is None else transcript_in(local)
@@ -431,6 +433,23 @@ class _Verifier:
                                 f"{used} ({key} differs by up to {gap:.3g}; required {how})")
         return OK, (f"the weights are the replay of {len(entries)} journal entries from the {used}, "
                     + ("bit for bit (CPU)" if not on_gpu else f"within rtol {GPU_RTOL:g}, atol {GPU_ATOL:g} (GPU)"))
+
+    def _journal_counted(self, run_id: str, entries: List[dict]) -> None:
+        """The journal is the trajectory: every step it holds was a private step, so the ledger's committed
+        charge must count exactly those. A worker that commits fewer steps than it ran (or "nothing ran")
+        hides their epsilon while the weights, replayed from the journal, still pass."""
+        per_step = int(self.spec.estimator.queries)
+        committed = self.charge.steps_run
+        steps = sorted({int(e["step"]) for e in entries})
+        counted = f"its committed charge {self.charge.id} counts {committed} steps x {per_step} releases"
+        if committed == 0 and entries:
+            raise _Mismatch(f"run {run_id}'s journal holds {len(entries)} entries over {len(steps)} steps, and {counted}"
+                            " (nothing ran): the weights were trained on steps the ledger does not count")
+        if len(entries) != committed * per_step or steps != list(range(committed)):
+            last = f", the last {steps[-1]}" if steps else ""
+            raise _Mismatch(f"run {run_id}'s journal holds {len(entries)} entries over {len(steps)} steps{last}, and "
+                            f"{counted} = {committed * per_step}: the weights were trained on steps the ledger does "
+                            "not count as they ran")
 
     def _transcript(self, local: Path, transcript, entries: List[dict], stream: str) -> Tuple[str, str]:
         """A transcript version holds no weights: the replay of its journal is the model. It must hold what the run

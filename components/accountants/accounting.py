@@ -113,7 +113,10 @@ def beyond_plan(planned: dp_accounting.DpEvent, executed: dp_accounting.DpEvent,
         if isinstance(planned, dp_accounting.SelfComposedDpEvent) and planned.count == planned_steps \
                 and isinstance(executed, dp_accounting.SelfComposedDpEvent) and executed.count != run:
             return f"{executed.count} releases for the {run} steps it ran"
-    if isinstance(executed, dp_accounting.NoOpDpEvent) or executed == planned:
+    if isinstance(executed, dp_accounting.NoOpDpEvent):
+        # nothing released: only a run that ran no step executes that
+        return None if steps is None or steps[1] == 0 else f"nothing released for the {steps[1]} steps it ran"
+    if executed == planned:
         return None
     if isinstance(planned, dp_accounting.SelfComposedDpEvent):
         if isinstance(executed, dp_accounting.SelfComposedDpEvent) and executed.event == planned.event:

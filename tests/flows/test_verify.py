@@ -290,3 +290,41 @@ def test_a_version_is_checked_against_the_teams_ledger_not_the_one_its_spec_name
     report = verify(NAME, "1", tracking_uri=uri)
     assert report.first_mismatch == (f"run {result['run_id']} has no charge in ledger {team} (dataset "
                                      "'digits-patients'): nothing there records what it spent")
+
+
+@pytest.mark.parametrize("kept", [3, 0])
+def test_a_worker_committing_fewer_steps_than_it_ran_is_caught_by_the_journal(prefect_server, mlflow_schema,
+                                                                              tmp_path, monkeypatch, kept):
+    """A worker commits its own reservation with ``kept`` of the 12 steps it ran (0: "nothing ran"), the event
+    cut to match, so the ledger and its blocks agree with each other; the journal still holds every step's
+    releases, and verify names the two counts."""
+    import dp_accounting
+
+    from flows.ledger import PrivacyLedger
+    from flows.private_train import private_train
+    from flows.verify import verify
+    from tests.conftest import TINY, copy_mlflow_store
+
+    honest = PrivacyLedger.commit
+
+    def commit(self, charge_id, executed, steps_run, run_id=None):
+        cut = dp_accounting.NoOpDpEvent() if kept == 0 else dp_accounting.SelfComposedDpEvent(executed.event, kept)
+        return honest(self, charge_id, cut, kept, run_id)
+
+    monkeypatch.setattr(PrivacyLedger, "commit", commit)
+    monkeypatch.chdir(tmp_path)
+    spec = copy.deepcopy(TINY)
+    spec["tracking"]["uri"] = copy_mlflow_store(mlflow_schema, tmp_path / "mlflow.db")
+    spec["optimizer"]["steps"] = 12
+    spec["privacy"]["epsilon"] = 1.0
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    spec["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    result = private_train(spec=spec)
+    monkeypatch.setattr(PrivacyLedger, "commit", honest)
+    assert PrivacyLedger(ledger).history("digits-patients")[0].steps_run == kept
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    report = verify(NAME, result["model_version"], tracking_uri=spec["tracking"]["uri"], ledger_url=ledger)
+    assert not report.passed and _statuses(report)["weights"] == "failed"
+    (weights,) = [c.detail for c in report.checks if c.name == "weights"]
+    assert weights.startswith(f"run {result['run_id']}'s journal holds 24 entries over 12 steps")
+    assert f"counts {kept} steps x 2 releases" in weights
