@@ -366,7 +366,8 @@ def cmd_audit(args) -> int:
 def cmd_verify(args) -> int:
     from flows.verify import verify_command
 
-    return verify_command(args.model, args.version, tracking_uri=args.tracking_uri, ledger_url=args.ledger)
+    return verify_command(args.model, args.version, tracking_uri=args.tracking_uri, ledger_url=args.ledger,
+                          promote=args.promote)
 
 
 def cmd_schema(_args) -> int:
@@ -444,7 +445,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--ledger", default=None,
-                   help="SQLAlchemy URL of the ledger (default: the budget.ledger of the run's spec)")
+                   help="SQLAlchemy URL of the ledger (default: $PRIVZO_LEDGER_URL, else the budget.ledger of the "
+                        "run's spec)")
+    p.add_argument("--promote", action="store_true", help="the ledger owner's: give a version that passes against the "
+                   "team's ledger the alias 'verified' (consumers load models:/MODEL@verified); one that fails loses it")
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("schema", help="JSON Schema of RunSpec (for editors)")
     p.set_defaults(func=cmd_schema)

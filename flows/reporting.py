@@ -255,7 +255,9 @@ def verify_hint(model_name: str, version: str, tracking_uri: Optional[str] = Non
     if tracking_uri:
         command += f" --tracking-uri {shlex.quote(tracking_uri)}"
     return (f"Verify: `{command}` checks this version's guarantee, tags and weights against the privacy ledger "
-            "and the run that trained it.")
+            "and the run that trained it. Load `models:/" + str(model_name) + "@verified`: the alias the ledger's "
+            "owner sets with `privzo verify --promote` on a version that passes against the team's ledger (a run "
+            "sets no alias).")
 
 
 def registered_model_description(name: str, version: str, description: str) -> str:

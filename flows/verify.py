@@ -64,16 +64,48 @@ from flows.tracking_names import (
     MODEL_BLOCK_EVENTS_ARTIFACT, MODEL_EVENT_ARTIFACT, PRIVZO_BLOCKS, PRIVZO_DIRECTIONS_STREAM, PRIVZO_DIRECTIONS_VERSION,
     PRIVZO_INIT, PRIVZO_INIT_RUN_ID, SPEC_ARTIFACT)
 
+VERIFIED_ALIAS = "verified"
+
+
 def verify_command(model_name: str, version: Optional[str] = None, tracking_uri: Optional[str] = None,
-                   ledger_url: Optional[str] = None, out=None) -> int:
+                   ledger_url: Optional[str] = None, out=None, promote: bool = False) -> int:
     """``privzo verify``: print the report (its headline names the first mismatch); 0 when every check passes,
-    1 when one fails. A model or version that does not exist raises ValueError (the CLI's one-line error)."""
+    1 when one fails. A model or version that does not exist raises ValueError (the CLI's one-line error).
+
+    ``promote`` (the ledger owner's, against the team's ledger: ``ledger_url`` or $PRIVZO_LEDGER_URL): a
+    version that passes gets the registered model's alias ``verified`` (which then leaves the version it was
+    on), one that fails loses it. Consumers load ``models:/NAME@verified``; a run registers no alias, so a
+    version charged to another ledger or with steps its charge does not count never gets it."""
     import sys
 
+    from specs.sections import LEDGER_URL_ENV
+
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line a check, no bars between
+    if promote:
+        ledger_url = ledger_url or os.environ.get(LEDGER_URL_ENV, "").strip() or None
+        if ledger_url is None:
+            raise ValueError(f"--promote: the {VERIFIED_ALIAS!r} alias says a version passed against the team's ledger; "
+                             f"give that ledger with --ledger or ${LEDGER_URL_ENV}")
     report = verify(model_name, version, tracking_uri, ledger_url)
     print(str(report), file=out or sys.stdout)
+    if promote:
+        print(_promoted(report, tracking_uri), file=out or sys.stdout)
     return 0 if report.passed else 1
+
+
+def _promoted(report: VerifyReport, tracking_uri: Optional[str]) -> str:
+    """Set or remove the ``verified`` alias as ``report`` says; the line that tells which."""
+    client = mlflow.MlflowClient(tracking_uri or tracking_uri_from_env())
+    name, number = report.model_name, report.version
+    if report.passed:
+        client.set_registered_model_alias(name, VERIFIED_ALIAS, number)
+        return f"promoted: models:/{name}@{VERIFIED_ALIAS} is version {number}"
+    held = client.get_registered_model(name).aliases.get(VERIFIED_ALIAS)
+    if held is not None and str(held) == str(number):
+        client.delete_registered_model_alias(name, VERIFIED_ALIAS)
+        return f"not promoted: version {number} lost the {VERIFIED_ALIAS!r} alias (models:/{name}@{VERIFIED_ALIAS} is unset)"
+    return (f"not promoted: version {number} does not get the {VERIFIED_ALIAS!r} alias"
+            + (f" (it stays on version {held})" if held is not None else ""))
 
 
 class _Mismatch(Exception):

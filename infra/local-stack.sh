@@ -66,10 +66,26 @@ secret() {  # NAME: $NAME, else the first line of the file $NAME_FILE; refuses t
   printf '%s' "$value"
 }
 
-start() {  # name, [NAME=value ...] --, command...: in its own process group in the background, with those
-  # variables in its environment (exported in a subshell: an `env NAME=value` argument list is visible to ps)
+clean_environment() {  # in a subshell about to start a long-running process: every exported variable but the
+  # few every process needs and the caller's settings that hold no secret; that process's own are exported
+  # after. So no server, worker or flow run holds a secret it was not given (the ledger owner's, MLflow's
+  # admin's), whatever the operator's shell had exported (`env -i NAME=value` would show them to ps).
+  local var
+  for var in $(compgen -e); do
+    case "$var" in
+      PATH|HOME|LANG|LC_*|TZ|TMPDIR|USER|LOGNAME|PREFECT_HOME|PREFECT_API_URL|PRIVZO_DEVICE_MEMORY_BYTES) continue ;;
+      PREFECT_*|MLFLOW_*|RAY_*|DO_NOT_TRACK)
+        case "$var" in *PASSWORD*|*TOKEN*|*SECRET*|*AUTH*|*KEY*|*CREDENTIAL*|*_URL|*_URI) ;; *) continue ;; esac ;;
+    esac
+    unset "$var" 2>/dev/null || true
+  done
+}
+
+start() {  # name, [NAME=value ...] --, command...: in its own process group in the background, from a clean
+  # environment with those variables (exported in a subshell: an `env NAME=value` argument list is visible to ps)
   local name=$1; shift
   (
+    clean_environment
     while [ "$1" != -- ]; do export "${1?}"; shift; done; shift
     cd "$root"
     exec setsid "$@" >"$state/$name.log" 2>&1 < /dev/null
@@ -155,6 +171,9 @@ case "${1:-up}" in
     trap 'stop_all' EXIT  # a stack that did not come up whole is stopped, not left half running
     # flow runs name the UI their MLflow runs are browsed in (links in Prefect's logs and artifacts)
     worker_env=("PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
+    # the team's key of row fingerprints, where the operator keeps it in the environment: the worker's runs
+    # key rows as the team's other machines do (else the worker's ~/.privzo/fingerprint.key)
+    if [ -n "${PRIVZO_FINGERPRINT_KEY:-}" ]; then worker_env+=("PRIVZO_FINGERPRINT_KEY=$PRIVZO_FINGERPRINT_KEY"); fi
     if [ "$db" = postgres ]; then
       bash "$root/infra/postgres/test-db.sh" server >"$state/postgres.log" 2>&1 ||
         { echo "local-stack: PostgreSQL did not start; see $state/postgres.log" >&2; exit 1; }
@@ -187,10 +206,14 @@ case "${1:-up}" in
       mlflow_env+=("MLFLOW_BACKEND_STORE_URI=$store")
       artifacts=(--artifacts-destination "${PRIVZO_STACK_MLFLOW_ARTIFACTS:-./mlartifacts}")
       worker_env+=("PRIVZO_MLFLOW_UI_STORE=$store")
+      # one person's stack: the store and ledger they exported are where the worker's retrains go
+      for name in MLFLOW_TRACKING_URI PRIVZO_LEDGER_URL; do
+        if [ -n "${!name:-}" ]; then worker_env+=("$name=${!name}"); fi
+      done
     fi
     if [ "$auth" = 1 ]; then
       # Prefect: the server checks the auth string on every API call; its CLI and the worker send it
-      prefect_server_env+=("PREFECT_SERVER_API_AUTH_STRING=$prefect_auth")
+      prefect_server_env+=("PREFECT_SERVER_API_AUTH_STRING=$prefect_auth" "PREFECT_API_AUTH_STRING=$prefect_auth")
       export PREFECT_API_AUTH_STRING="$prefect_auth"
       prefect_curl="user = \"$prefect_auth\""
       # MLflow: basic-auth, users in their own store; anyone signed in may read, only owners write
@@ -203,8 +226,12 @@ case "${1:-up}" in
       printf 'auth_cache_ttl_seconds = 60\n' >>"$state/mlflow-auth.ini"
       # the key of the UI's CSRF tokens: this stack's own, kept with its state
       [ -s "$state/mlflow-secret-key" ] || (umask 077 && openssl rand -hex 32 >"$state/mlflow-secret-key")
-      mlflow_env+=("MLFLOW_AUTH_CONFIG_PATH=$state/mlflow-auth.ini" "MLFLOW_AUTH_ADMIN_PASSWORD=$mlflow_admin"
+      mlflow_env+=("MLFLOW_AUTH_CONFIG_PATH=$state/mlflow-auth.ini"
                    "MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$state/mlflow-secret-key")" PRIVZO_MLFLOW_READ_ONLY_USERS=viewer)
+      # the admin is made here, by a command that ends: the server, which runs for weeks, never holds its password
+      MLFLOW_AUTH_CONFIG_PATH="$state/mlflow-auth.ini" MLFLOW_AUTH_ADMIN_PASSWORD="$mlflow_admin" "$bin/python" -c \
+        'from mlflow.server.auth import bootstrap_admin_user; bootstrap_admin_user()' >"$state/mlflow-admin.log" 2>&1 ||
+        { echo "local-stack: MLflow's admin could not be made; see $state/mlflow-admin.log" >&2; exit 1; }
       mlflow_app=(--app-name privzo-auth)  # basic-auth, and a viewer creates nothing (flows/mlflow_app.py)
       # the worker's flow runs log to the server as user worker, whatever store the stack keeps
       worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "MLFLOW_TRACKING_USERNAME=worker"

@@ -328,3 +328,31 @@ def test_a_worker_committing_fewer_steps_than_it_ran_is_caught_by_the_journal(pr
     (weights,) = [c.detail for c in report.checks if c.name == "weights"]
     assert weights.startswith(f"run {result['run_id']}'s journal holds 24 entries over 12 steps")
     assert f"counts {kept} steps x 2 releases" in weights
+
+
+def test_promote_sets_the_verified_alias_only_on_a_version_that_passes_against_the_teams_ledger(trained, client,
+                                                                                                  tmp_path, capsys):
+    """The owner's ``privzo verify --promote``: version 1 passes and gets ``verified`` (loadable as
+    models:/NAME@verified); a forged version fails and does not take it; against a ledger that holds no charge
+    for version 1 (another team's), version 1 fails and loses it. Without a ledger, --promote is refused."""
+    from flows.ledger import PrivacyLedger
+    from flows.verify import verify_command
+
+    result, uri, ledger, _ = trained
+    with pytest.raises(ValueError, match=r"^--promote: .* give that ledger with --ledger or \$PRIVZO_LEDGER_URL$"):
+        verify_command(NAME, "1", tracking_uri=uri, promote=True)
+    assert verify_command(NAME, "1", tracking_uri=uri, ledger_url=ledger, promote=True) == 0
+    assert capsys.readouterr().out.endswith(f"promoted: models:/{NAME}@verified is version 1\n")
+    assert str(client.get_model_version_by_alias(NAME, "verified").version) == "1"
+    assert "@verified`" in client.get_model_version(NAME, "1").description
+    forged = _copy_of_version_1(client)
+    client.set_model_version_tag(NAME, forged, DP_EPSILON, "0.01")
+    assert verify_command(NAME, forged, tracking_uri=uri, ledger_url=ledger, promote=True) == 1
+    assert capsys.readouterr().out.endswith(f"not promoted: version {forged} does not get the 'verified' alias (it "
+                                            "stays on version 1)\n")
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    PrivacyLedger(other)
+    assert verify_command(NAME, "1", tracking_uri=uri, ledger_url=other, promote=True) == 1
+    assert capsys.readouterr().out.endswith("not promoted: version 1 lost the 'verified' alias "
+                                            f"(models:/{NAME}@verified is unset)\n")
+    assert "verified" not in client.get_registered_model(NAME).aliases
