@@ -72,6 +72,18 @@ class RowsUnmatched(RuntimeRefusal):
             "the source's columns and text settings of those runs, or charge a new dataset"))
 
 
+class BlockRecordChanged(RuntimeRefusal):
+    """A block's stored composition is not what its committed charges compose to: admission reads the stored
+    one, so a run is refused until the ledger's owner has looked (``privzo budget show DATASET --check``)."""
+
+    def __init__(self, dataset: str, block: str, stored: float, recomposed: float, n: int):
+        self.dataset, self.block = dataset, block
+        super().__init__(
+            f"ledger: block {block!r} of dataset {dataset!r} stores epsilon {stored:.6g}, but its {n} committed "
+            f"charge{'s' if n != 1 else ''} compose to {recomposed:.6g}: its record was changed outside privzo, so "
+            f"no run is admitted on it; its owner checks it with `privzo budget show {dataset} --check`")
+
+
 def ids_not_migrated(dataset: str) -> "RowsUnmatched":
     """A dataset whose ledger holds person and row ids an earlier privzo read with type inference."""
     return RowsUnmatched(dataset, "", "", reason=(

@@ -269,6 +269,11 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                            ("/ajax-api/3.0/mlflow/demo/generate", {}),
                            ("/api/3.0/mlflow/datasets/create", {"name": "x"})):
             assert _status(server + path, "POST", auth=viewer, body=body) == 403, path
+        # and on the routes MLflow serves on FastAPI ahead of its Flask app (the ASGI door, flows/mlflow_app.py)
+        for method, path, body in (("POST", "/ajax-api/3.0/mlflow/mcp-servers", {"name": "x", "url": "http://x"}),
+                                   ("PUT", "/ajax-api/3.0/mlflow/assistant/config", {"provider": "x"}),
+                                   ("POST", "/ajax-api/3.0/jobs/", {"function_fullname": "os.system", "params": {}})):
+            assert _status(server + path, method, auth=viewer, body=body) == 403, path
         assert _status(f"{server}/api/2.0/mlflow/runs/search", "POST", auth=viewer,
                        body={"experiment_ids": [finished.info.experiment_id]}) == 200
 

@@ -53,6 +53,31 @@ def test_budget_show_check_names_a_block_whose_stored_composition_is_not_its_cha
                       "record of this block was changed outside privzo")
 
 
+def test_admission_refuses_a_block_whose_stored_composition_is_not_its_charges(tmp_path):
+    """A composition written inside a commit's own transaction (here by hand: an empty state and epsilon 0) was
+    read by admission as it stood, so a reservation of the whole lifetime went through; admission now
+    recomposes the window's blocks from their committed charges and refuses, naming the block and both."""
+    from components.accountants import Accountant
+    from components.accountants.composed import ComposedState
+    from flows.ledger import BudgetExceeded
+    from flows.ledger.errors import BlockRecordChanged
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    terms = DatasetTerms("clinic", 1.5, DELTA, "rdp", "add_remove", "day", None, 10)
+    ledger = PrivacyLedger(url)
+    ledger.commit(reserve(ledger, terms, "2026-11-26"), run_event(), 20, run_id="run-1")
+    with pytest.raises(BudgetExceeded):  # the lifetime has room for one such run, not two
+        reserve(ledger, terms, "2026-11-26")
+    empty = ComposedState(Accountant("rdp", "add_remove")).to_json()
+    with ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE privzo_blocks SET committed = :c, committed_epsilon = 0"), {"c": empty})
+    with pytest.raises(BlockRecordChanged, match=r"^ledger: block '2026-11-26' of dataset 'clinic' stores epsilon 0, "
+                                                  r"but its 1 committed charge compose to 1\.227.*privzo budget show "
+                                                  r"clinic --check`$"):
+        reserve(ledger, terms, "2026-11-26")
+    assert [c.status for c in ledger.history("clinic")] == ["committed"]  # nothing reserved
+
+
 @pytest.mark.e2e
 def test_a_worker_cannot_rewrite_what_the_ledger_recorded(postgres_url):
     """As the worker role, with its own grants: what privzo's own reserve, commit and abort do still goes

@@ -29,3 +29,36 @@ def test_each_listed_read_is_a_post_mlflow_serves(what):
     served = {p.rsplit("mlflow/", 1)[1] for p, m in _endpoints() if m == "POST" and "mlflow/" in p}
     assert what in served
     assert is_read("POST", f"/api/2.0/mlflow/{what}") and is_read("POST", f"/ajax-api/3.0/mlflow/{what}")
+
+
+def test_a_read_only_user_is_refused_at_the_asgi_door_on_every_route(monkeypatch):
+    """MLflow serves jobs, the assistant, MCP servers and the gateway on FastAPI ahead of Flask, where the Flask
+    hook never ran: the middleware refuses a viewer's write there too, and lets reads and other users by."""
+    import asyncio
+    import base64
+
+    from flows.mlflow_app import ReadOnlyUsersAtTheDoor
+
+    reached, sent = [], []
+
+    async def inner(scope, receive, send):
+        reached.append((scope["method"], scope["path"]))
+
+    async def send(message):
+        sent.append(message)
+
+    def call(user, method, path):
+        headers = [(b"authorization", b"Basic " + base64.b64encode(f"{user}:pw".encode()))]
+        sent.clear()
+        asyncio.run(ReadOnlyUsersAtTheDoor(inner)({"type": "http", "method": method, "path": path,
+                                                   "headers": headers}, None, send))
+        return sent[0]["status"] if sent else None
+
+    monkeypatch.setenv("PRIVZO_MLFLOW_READ_ONLY_USERS", "viewer")
+    for method, path in (("POST", "/ajax-api/3.0/mlflow/mcp-servers"), ("PUT", "/ajax-api/3.0/mlflow/assistant/config"),
+                         ("POST", "/ajax-api/3.0/jobs/"), ("POST", "/api/3.0/mlflow/gateway/secrets/create")):
+        assert call("viewer", method, path) == 403, path
+        assert call("worker", method, path) is None  # basic-auth decides for other users
+    assert call("viewer", "GET", "/ajax-api/3.0/mlflow/assistant/config") is None
+    assert call("viewer", "POST", "/api/2.0/mlflow/runs/search") is None
+    assert reached.count(("PUT", "/ajax-api/3.0/mlflow/assistant/config")) == 1  # the worker's only
