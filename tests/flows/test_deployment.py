@@ -358,12 +358,16 @@ def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
     assert worker["MLFLOW_TRACKING_USERNAME"] == "worker"
     for secret in (worker["PREFECT_API_AUTH_STRING"], worker["MLFLOW_TRACKING_PASSWORD"],
                    services["prefect-server"]["environment"]["PREFECT_SERVER_API_AUTH_STRING"],
-                   services["mlflow"]["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"],
+                   services["mlflow-admin"]["environment"]["MLFLOW_AUTH_ADMIN_PASSWORD"],
                    services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]):
         assert secret.startswith("${PRIVZO_") and ":?" in secret
     assert services["ray-head"]["environment"]["RAY_AUTH_MODE"] == "token"
     assert "ports" not in services["postgres"] and "ports" not in services["ray-head"]
     assert services["mlflow"]["command"][services["mlflow"]["command"].index("--app-name") + 1] == "privzo-auth"
+    # the admin's password reaches only the command that makes the admin, never the long-running server
+    assert "MLFLOW_AUTH_ADMIN_PASSWORD" not in services["mlflow"]["environment"]
+    assert services["mlflow-admin"]["restart"] == "no" and "bootstrap_admin_user" in services["mlflow-admin"]["command"][-1]
+    assert services["mlflow"]["depends_on"]["mlflow-admin"] == {"condition": "service_completed_successfully"}
     assert "viewer" in services["mlflow"]["environment"]["PRIVZO_MLFLOW_READ_ONLY_USERS"]
     assert worker["PREFECT_API_URL"] == "http://prefect-server:4200/api" and worker[TRACKING_URI_ENV] == "http://mlflow:5000"
     assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://") and worker[LEDGER_URL_ENV].endswith("@postgres:5432/privzo_ledger")
