@@ -82,7 +82,7 @@ def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = 
     return SOURCES[source.kind](source, model_tokenizer, public_flag, **extra)
 
 
-def _meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
+def meta_model(spec: RunSpec, n_features: int, n_classes: int) -> torch.nn.Module:
     """Shapes only, nothing allocated (module constructors would also draw from the global RNG)."""
     return MODELS[spec.model.kind](spec, n_features, n_classes, None)
 
@@ -104,7 +104,7 @@ def check_model(spec: RunSpec, n_features: int, n_classes: int, memory_bytes: in
             lora = spec.model.lora
             models.check_adapter_targets(pretrained.encoder_skeleton(spec.model.weights), lora.targets, lora.rank)
         return
-    model = _meta_model(spec, n_features, n_classes)
+    model = meta_model(spec, n_features, n_classes)
     n = sum(p.numel() for p in model.parameters())
     need = n * 4  # float32
     if need > memory_bytes:
@@ -124,7 +124,7 @@ def model_dimension(spec: RunSpec, n_features: int, n_classes: int) -> int:
     if not MODEL_TRAITS[spec.model.kind].sized_from_shapes:
         raise ValueError(f"optimizer.kind: {spec.optimizer.kind} needs the model's dimension before training; a "
                          f"pretrained model (model.kind {spec.model.kind}) is not supported")
-    return sum(p.numel() for p in _meta_model(spec, n_features, n_classes).parameters())
+    return sum(p.numel() for p in meta_model(spec, n_features, n_classes).parameters())
 
 
 def build_estimator(spec: RunSpec, dimension: Optional[int] = None):

@@ -8,7 +8,7 @@ step's peak is W plus the largest of its phases:
 
     inference         A(b)                          the forward's working set
     two_point, regen. A(b) + S                      S: the scratch stack of perturbed parameters, the largest
-                                                    module's own trainable ones (``perturbation._capacity``;
+                                                    module's own trainable ones (``perturbation.perturbation_capacity``;
                                                     plain embedding tables only get their looked-up rows, a
                                                     large Linear layer a block of rows at a time)
     two_point, cache  A(b) + q T + C                q cached directions (2q with execution.prefetch_directions)
@@ -265,26 +265,26 @@ def estimate(s: Sizes, st: Settings, batch_note: str = "") -> MemoryPlan:
 
 # ------------------------------------------------------------------------------------------- model sizes
 def _capacity_bytes(model: nn.Module, element: int) -> int:
-    from components.estimators.perturbation import _capacity
+    from components.estimators.perturbation import perturbation_capacity
 
     index = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
-    return sum(_capacity(model, index).values()) * element
+    return sum(perturbation_capacity(model, index).values()) * element
 
 
 def _swapped_bytes(model: nn.Module, element: int) -> int:
     """Cache mode's perturbed copy: every trainable tensor but those only looked up by row (a table tied to an
     LM head is copied whole), as ``Directions.swapped`` decides on a CPU."""
-    from components.estimators.directions import _row_lookup
+    from components.estimators.directions import row_lookup
 
     row_only = {}
     for m in model.modules():
         for p in m._parameters.values():
             if p is not None and p.requires_grad:
-                row_only[id(p)] = row_only.get(id(p), True) and _row_lookup(m)
+                row_only[id(p)] = row_only.get(id(p), True) and row_lookup(m)
     return sum(p.numel() for p in model.parameters() if p.requires_grad and not row_only[id(p)]) * element
 
 
-def _widths(config) -> dict:
+def config_widths(config) -> dict:
     """A transformer config's widths, by the names Llama, GPT-2, OPT and BERT give them."""
     get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), 0)  # noqa: E731
     hidden = get("hidden_size", "n_embd", "d_model")
@@ -312,7 +312,7 @@ def module_sizes(model: nn.Module, element: int, lora=None, lm_config=None, per_
     tied = sum(p.numel() * uses[id(p)] for p in trainable if uses[id(p)] > 1) * element
     scratch, swapped = _capacity_bytes(model, element), _swapped_bytes(model, element)
     if lora is not None:
-        from components.models.hf import _widths as linear_widths
+        from components.models.hf import linear_widths
 
         rank, targets = lora
         widths = [w for name, m in model.named_modules() if (w := linear_widths(m)) is not None
@@ -326,7 +326,7 @@ def module_sizes(model: nn.Module, element: int, lora=None, lm_config=None, per_
         trainable_bytes = (d - sum(adapters)) * element + sum(adapters) * 4
     else:
         trainable_bytes = d * element
-    dims = _widths(lm_config) if lm_config is not None else {}
+    dims = config_widths(lm_config) if lm_config is not None else {}
     if dims and not vocab_head:
         dims["vocab"] = 0  # an encoder's pooled head: no logits over a vocabulary
     return Sizes(weights, d, trainable_bytes, largest, scratch, tied, swapped, element, per_row=per_row,
@@ -351,7 +351,7 @@ def _spec_sizes(spec, n_features: Optional[int], n_classes: Optional[int]) -> Op
 
             encoder = pretrained.encoder_skeleton(model.weights)
             with torch.device("meta"):
-                head = nn.Linear(_widths(encoder.config)["hidden"], n_classes or 2)
+                head = nn.Linear(config_widths(encoder.config)["hidden"], n_classes or 2)
             classifier = TextClassifier(encoder, head)
             freeze_(classifier, "head" if lora else model.trainable)
             return module_sizes(classifier, 4, lora, encoder.config, vocab_head=False)
@@ -370,9 +370,9 @@ def _spec_sizes(spec, n_features: Optional[int], n_classes: Optional[int]) -> Op
         else:
             freeze_lm_(lm, model.trainable, model.path)
         return module_sizes(lm, PRECISION_BYTES[model.precision], lora, lm.config)
-    from components.builders import _meta_model
+    from components.builders import meta_model
 
-    meta = _meta_model(spec, n_features, n_classes)
+    meta = meta_model(spec, n_features, n_classes)
     per_row = sum(m.out_features for m in meta.modules() if isinstance(m, nn.Linear)) + n_features
     per_row += sum(m.out_channels * n_features for m in meta.modules() if isinstance(m, nn.Conv2d))
     return module_sizes(meta, 4, per_row=per_row)

@@ -106,13 +106,13 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
         private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
         legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
-        ids_legacy_layout=_ids_legacy_layout(data.layout),
+        ids_legacy_layout=legacy_ids_layout(data.layout),
         charge_id=charge_id, terms=DatasetTerms.of(spec), **({} if view is None else dict(
             blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
             person_blocks=view.seen_persons, when=view.when))))
 
 
-def _ids_legacy_layout(layout: str) -> Optional[str]:
+def legacy_ids_layout(layout: str) -> Optional[str]:
     """The ledger layout an earlier privzo recorded for this source, if its ids were read another way then."""
     from components.data.table import legacy_identity_layout
 

@@ -136,12 +136,12 @@ def predicted(resolved, n: int, d: int) -> float:
     """The theorem's bound (constants 1, its log factors) for n private rows, dimension d and the resolved
     spec's privacy."""
     from components.families.nonsmooth import presets
-    from components.families.nonsmooth.plan import _theory
+    from components.families.nonsmooth.plan import theory_preset
 
     eps = float(resolved.privacy.epsilon) if resolved.privacy is not None else math.inf
     delta = float(resolved.privacy.delta) if resolved.privacy is not None else None
     mu = presets.gdp_mu(eps, delta) if resolved.privacy is not None else math.inf
-    return _theory(resolved, n, d, eps, mu, delta).predicted
+    return theory_preset(resolved, n, d, eps, mu, delta).predicted
 
 
 @dataclass
@@ -169,7 +169,7 @@ class PointResult:
 
 def run_point(series: Series, x: int, seeds: Sequence[int]) -> PointResult:
     """One point of a sweep: the kernel on the resolved spec, a run per seed (fresh rows and noise)."""
-    from reproduce.kernel import FastStreams, Kernel, KernelPlan, _h
+    from reproduce.kernel import FastStreams, Kernel, KernelPlan, h_of
 
     started = time.perf_counter()
     resolved, eps = resolve(series, x)
@@ -187,7 +187,7 @@ def run_point(series: Series, x: int, seeds: Sequence[int]) -> PointResult:
                 "step_bound": plan.step_bound, "lr": plan.lr, "noise_std": plan.noise_std,
                 "noise_multiplier": float(resolved.mechanism.noise_multiplier) if series.private else 0.0}
     return PointResult(series, x, point["n"], point["d"], [float(c) for c in certificates],
-                       [float(v) for v in _h(result.output)], predicted(resolved, point["n"], point["d"]), plan.steps,
+                       [float(v) for v in h_of(result.output)], predicted(resolved, point["n"], point["d"]), plan.steps,
                        eps, time.perf_counter() - started, settings)
 
 

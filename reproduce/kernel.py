@@ -208,7 +208,7 @@ class FastStreams:
         return self._draw("noise", (self.runs, self.plan.dimension), self._rng.standard_normal)
 
 
-def _h(points: np.ndarray) -> np.ndarray:
+def h_of(points: np.ndarray) -> np.ndarray:
     """h over the last axis: d^(-1/2) sum_j min(|x_j - 1|, |x_j + 1|) (= ||x_j| - 1|)."""
     return np.abs(np.abs(points) - 1).sum(axis=-1) / math.sqrt(points.shape[-1])
 
@@ -239,7 +239,7 @@ def _slope(points: np.ndarray) -> np.ndarray:
 
 def _loss(points: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """f(point; xi) for points [R, b, m, d] and rows [R, b, d]: [R, b, m]."""
-    return _h(points) + np.einsum("rbmd,rbd->rbm", points, rows)
+    return h_of(points) + np.einsum("rbmd,rbd->rbm", points, rows)
 
 
 def _norms(a: np.ndarray) -> np.ndarray:

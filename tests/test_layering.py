@@ -183,3 +183,30 @@ def test_the_reproduction_harness_stands_beside_the_product():
                        if not module.startswith("reproduce") and module != "flows.cli"
                        for name in names if name.startswith("reproduce"))
     assert not offenders, offenders
+
+
+PRODUCT = ("components", "flows", "specs", "reproduce", "recipes", "infra", "bench", "docs")
+
+
+def _private_imports(path: Path):
+    """(line, module, name) of each name with one leading underscore this file imports from another module of
+    the tree: a module's private names are its own."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] in PRODUCT:
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    yield node.lineno, node.module, alias.name
+
+
+def test_no_module_of_the_product_imports_another_modules_private_name():
+    offenders = sorted(f"{path.relative_to(ROOT)}:{line} takes {module}.{name}"
+                       for top in PRODUCT for path in (ROOT / top).rglob("*.py")
+                       for line, module, name in _private_imports(path))
+    assert not offenders, offenders
+
+
+def test_the_private_name_finder_finds_one(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from components.data.table import Table, _hidden\nfrom os import _exit\n")
+    assert list(_private_imports(sample)) == [(1, "components.data.table", "_hidden")]

@@ -46,7 +46,7 @@ class ZCdpAccountant(dp_accounting.PrivacyAccountant):
         self.rho = 0.0
 
     def _maybe_compose(self, event, count, do_compose) -> Optional[dp_accounting.PrivacyAccountant.CompositionErrorDetails]:
-        rho = _event_rho(event)
+        rho = event_rho(event)
         if rho is None:
             return self.CompositionErrorDetails(
                 invalid_event=event, error_message=f"no zCDP bound for {describe_event(event)}; use rdp or pld")
@@ -78,7 +78,7 @@ _ZCDP_ORDERS = np.unique(np.concatenate([
     np.linspace(1.011, 2.0, 200), np.geomspace(2.0, 1e5, 2000)]))
 
 
-def _event_rho(event: dp_accounting.DpEvent) -> Optional[float]:
+def event_rho(event: dp_accounting.DpEvent) -> Optional[float]:
     """rho of ``event`` under zCDP, or None when it has no exact zCDP bound."""
     if isinstance(event, dp_accounting.NoOpDpEvent):
         return 0.0
@@ -91,10 +91,10 @@ def _event_rho(event: dp_accounting.DpEvent) -> Optional[float]:
         variance = float(event.noise_multiplier) ** 2  # underflows to 0 for sigma below ~1e-162
         return math.inf if variance == 0 else 1.0 / (2.0 * variance)
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
-        inner = _event_rho(event.event)
+        inner = event_rho(event.event)
         return None if inner is None else (inner * event.count if inner > 0 and event.count > 0 else 0.0)
     if isinstance(event, dp_accounting.ComposedDpEvent):
-        parts = [_event_rho(e) for e in event.events]
+        parts = [event_rho(e) for e in event.events]
         return None if any(p is None for p in parts) else float(sum(parts))
     return None
 

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from components.audit.bounds import many_runs_epsilon
-from components.audit.run import (AuditResult, ThreatModelResult, _check_arguments, _person_rows, _result, _setup,
-                                  _train, separation)
+from components.audit.run import (AuditResult, ThreatModelResult, check_arguments, person_rows_of, audit_result, audit_setup,
+                                  train_with_canaries, separation)
 from components.data.split import SplitData
 from components.randomness import private_generator, public_seed
 
@@ -106,12 +106,12 @@ def audit_many(spec, data: SplitData, *, runs: int, confidence: float = 0.95, ba
     in and out, fixed before any run: "in" when the score is above 0. Black-box: each run's loss drop of the
     canary, with a threshold picked on a public half of the runs (``split_threshold``).
     ``on_run(done, runs)`` after each run. Arguments otherwise as ``audit``."""
-    _check_arguments(spec, None, confidence, background, noise_scale)
+    check_arguments(spec, None, confidence, background, noise_scale)
     if runs < 10:
         raise ValueError(f"--runs: {runs} must be at least 10 for a many-runs audit (1 is the one-run audit)")
     start = time.perf_counter()
-    setup = _setup(spec, data, 1, background, seed)
-    setup.person_rows = _person_rows(spec, person_rows)
+    setup = audit_setup(spec, data, 1, background, seed)
+    setup.person_rows = person_rows_of(spec, person_rows)
     gen = inclusion_generator if inclusion_generator is not None else private_generator()
     # exactly half of the runs hold the canary: the two error rates are then measured on fixed run counts
     order = torch.randperm(runs, generator=gen).numpy()
@@ -121,7 +121,7 @@ def audit_many(spec, data: SplitData, *, runs: int, confidence: float = 0.95, ba
     share = 0.0
     trained = None
     for k in range(runs):
-        trained = _train(setup, data, included[k:k + 1], noise_scale, noise_generator, sampling_generator)
+        trained = train_with_canaries(setup, data, included[k:k + 1], noise_scale, noise_generator, sampling_generator)
         white[k], black[k] = trained.white_scores[0], trained.black_scores[0]
         share += trained.share_at_clip / runs
         if on_run is not None:
@@ -130,7 +130,7 @@ def audit_many(spec, data: SplitData, *, runs: int, confidence: float = 0.95, ba
     white_result = threshold_guess("white_box", white, included, 0.0, delta, confidence)
     black_result = split_threshold("black_box", black, included, delta, confidence,
                                    public_seed(setup.canary_seed, 1))
-    return _result(setup, trained, canaries=1, confidence=confidence, background=background,
+    return audit_result(setup, trained, canaries=1, confidence=confidence, background=background,
                    noise_scale=noise_scale, white=white_result, black=black_result,
                    seconds=time.perf_counter() - start, included=included, white_scores=white, black_scores=black,
                    method="many-runs", runs=runs, share_at_clip=share)

@@ -318,7 +318,7 @@ def _audit_data(data: SplitData, rows_x: np.ndarray, rows_y: np.ndarray,
     return SplitData(data.public, private, data.test, data.n_classes, data.n_features, data.layout)
 
 
-def _check_arguments(spec, canaries, confidence, background, noise_scale) -> None:
+def check_arguments(spec, canaries, confidence, background, noise_scale) -> None:
     problem = audit_problem(spec)
     if problem:
         raise ValueError(problem)
@@ -375,7 +375,7 @@ def _largest_clip(resolved) -> float:
     return max(float(mech.clip), float(getattr(mech, "difference_clip", None) or 0.0))
 
 
-def _setup(spec, data: SplitData, canaries: Optional[int], background: str, seed: Optional[int]) -> _Setup:
+def audit_setup(spec, data: SplitData, canaries: Optional[int], background: str, seed: Optional[int]) -> _Setup:
     spec = _local(spec)
     replace_one = spec.privacy.neighboring == "replace_one"
     theory = family_of(spec) != STANDARD
@@ -481,7 +481,7 @@ def _rows(setup: _Setup, included: np.ndarray):
     return rows_x, rows_y, persons
 
 
-def _train(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
+def train_with_canaries(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
            noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator],
            on_step=None, clip_rows_alone: bool = False) -> _Trained:
     if setup.theory:
@@ -577,7 +577,7 @@ def _probed_loop(setup: _Setup, data: SplitData, included: np.ndarray, noise_sca
 def _train_vectors(setup: _Setup, data: SplitData, included: np.ndarray, noise_scale: float,
                    noise_generator: Optional[torch.Generator], sampling_generator: Optional[torch.Generator],
                    on_step=None) -> _Trained:
-    """``_train`` for the theory families: the spec's loop on the rows, scored by VectorProbe (standardized
+    """``train_with_canaries`` for the theory families: the spec's loop on the rows, scored by VectorProbe (standardized
     posterior estimates, see VectorProbe.standardized_scores)."""
     built, probe = _probed_loop(setup, data, included, noise_scale, noise_generator, sampling_generator)
     slots, device = setup.slots, built.device
@@ -588,7 +588,7 @@ def _train_vectors(setup: _Setup, data: SplitData, included: np.ndarray, noise_s
                     built.loop.sampler.describe())
 
 
-def _result(setup: _Setup, trained: _Trained, *, canaries: int, confidence: float, background: str,
+def audit_result(setup: _Setup, trained: _Trained, *, canaries: int, confidence: float, background: str,
             noise_scale: float, white: ThreatModelResult, black: ThreatModelResult, seconds: float,
             included: np.ndarray, white_scores: np.ndarray, black_scores: np.ndarray, method: str = "one-run",
             runs: int = 1, share_at_clip: Optional[float] = None) -> AuditResult:
@@ -626,14 +626,14 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
     broken run, for checking that the audit catches it. ``data``: the spec's split; only its public rows
     (and, for ``background: public``, those again as always-present private rows) reach the run.
     Generators: inclusion of the canaries, DP noise and batches; OS entropy unless injected (tests)."""
-    _check_arguments(spec, canaries, confidence, background, noise_scale)
+    check_arguments(spec, canaries, confidence, background, noise_scale)
     start = time.perf_counter()
-    setup = _setup(spec, data, canaries, background, seed)
-    setup.person_rows = _person_rows(spec, person_rows)
+    setup = audit_setup(spec, data, canaries, background, seed)
+    setup.person_rows = person_rows_of(spec, person_rows)
     canaries = len(setup.slots)
     gen = inclusion_generator if inclusion_generator is not None else private_generator()
     included = (torch.rand(canaries, generator=gen, dtype=torch.float64) < 0.5).numpy()
-    trained = _train(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step,
+    trained = train_with_canaries(setup, data, included, noise_scale, noise_generator, sampling_generator, on_step,
                      clip_rows_alone)
 
     delta = float(setup.resolved.privacy.delta)
@@ -642,12 +642,12 @@ def audit(spec, data: SplitData, *, canaries: Optional[int] = None, confidence: 
                               method="probit" if setup.theory else "mixture")
     black = bound_from_scores("black_box", trained.black_scores, included, delta, confidence, guess_count,
                               method="split", seed=public_seed(setup.canary_seed, 1))
-    return _result(setup, trained, canaries=canaries, confidence=confidence, background=background,
+    return audit_result(setup, trained, canaries=canaries, confidence=confidence, background=background,
                    noise_scale=noise_scale, white=white, black=black, seconds=time.perf_counter() - start,
                    included=included, white_scores=trained.white_scores, black_scores=trained.black_scores)
 
 
-def _person_rows(spec, person_rows: Optional[int]) -> int:
+def person_rows_of(spec, person_rows: Optional[int]) -> int:
     if not spec.person_level:
         if person_rows not in (None, 1):
             raise ValueError("--person-rows: the spec is event level (no data.blocks.person); its canaries are rows")

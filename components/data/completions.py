@@ -7,8 +7,8 @@ import numpy as np
 
 from components import pretrained
 from components.data.prompts import Prompt, encode_prompted
-from components.data.sources import _read_frame, _refuse
-from components.data.table import Table, _unique_rows
+from components.data.sources import read_frame, refuse_problems
+from components.data.table import Table, unique_rows
 from components.data_check import file_kind, missing_column
 from components.registry import SOURCES
 
@@ -21,12 +21,12 @@ def load_completions(path, *, file_format: str, prompt_column: str, completion_c
     fingerprint). Exact duplicate rows are dropped, as for every source."""
     path = Path(path)
     # both columns are read as written (text), like a file source's label and text columns
-    frame = _read_frame(path, file_kind(path, file_format, hf_split), prompt_column, completion_column, [], None,
+    frame = read_frame(path, file_kind(path, file_format, hf_split), prompt_column, completion_column, [], None,
                         hf_split)
     if len(frame) == 0:
         raise ValueError(f"data.source.path: {path} has no rows")
     columns = list(frame.columns)
-    _refuse([missing_column("data.source.prompt", prompt_column, columns, path.name),
+    refuse_problems([missing_column("data.source.prompt", prompt_column, columns, path.name),
              missing_column("data.source.completion", completion_column, columns, path.name)])
     texts = {}
     for field, column in (("prompt", prompt_column), ("completion", completion_column)):
@@ -41,7 +41,7 @@ def load_completions(path, *, file_format: str, prompt_column: str, completion_c
                                completions=texts["completion"])
     layout = (f"completions:prompt={prompt_column};completion={completion_column};tokenizer={tokenizer};"
               f"max_length={max_length};{prompt.layout}")
-    return _unique_rows(Table(path.name, features, np.zeros(len(features), dtype=np.int64), 1, None, layout=layout))
+    return unique_rows(Table(path.name, features, np.zeros(len(features), dtype=np.int64), 1, None, layout=layout))
 
 
 @SOURCES.register("completions")

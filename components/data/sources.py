@@ -11,7 +11,7 @@ from components.data_check import (HF_DATASETS_MISSING, HF_INDEX, NOT_SAVED_TO_D
                                    first_line, hf_split_of, missing_column, name_problems)
 
 
-from components.data.table import Table, _unique_rows, content_fingerprint, identity_layout  # noqa: F401
+from components.data.table import Table, unique_rows, content_fingerprint, identity_layout  # noqa: F401
 from components.data.identity import identity_text
 from components.periods import partition_files
 from components.registry import SOURCES
@@ -31,7 +31,7 @@ def load_sklearn(name: str) -> Table:
     x, y = loaders[name](return_X_y=True)
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.asarray(y, dtype=np.int64)
-    return _unique_rows(Table(name, x, y, int(y.max()) + 1, 1.0 / 16.0 if name == "digits" else None,
+    return unique_rows(Table(name, x, y, int(y.max()) + 1, 1.0 / 16.0 if name == "digits" else None,
                               layout=f"sklearn:{name}"))
 
 
@@ -66,7 +66,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
             if kind == "hf_disk":
                 raise ValueError(f"data.source.path: {part.name} in {path} is a folder; a partitioned source "
                                  "holds csv, parquet or jsonl files, one per period")
-            frames.append((part, start, _read_frame(part, kind, label, text, classes, public_flag, hf_split,
+            frames.append((part, start, read_frame(part, kind, label, text, classes, public_flag, hf_split,
                                                     identity)))
         first = frames[0]
         for part, _, frame in frames[1:]:
@@ -77,14 +77,14 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         frame = pd.concat([f for _, f in kept], ignore_index=True) if kept else first[2]
         arrived = np.concatenate([np.full(len(f), start, dtype=object) for start, f in kept]) if kept else None
     else:
-        frame = _read_frame(path, file_kind(path, file_format, hf_split), label, text, classes, public_flag, hf_split,
+        frame = read_frame(path, file_kind(path, file_format, hf_split), label, text, classes, public_flag, hf_split,
                             identity)
     columns = list(frame.columns)
     if len(frame) == 0:
         raise ValueError(f"data.source.path: {path} has no rows")
 
     def require(field: str, name: str) -> None:
-        _refuse([missing_column(field, name, columns, path.name)])
+        refuse_problems([missing_column(field, name, columns, path.name)])
 
     require("data.source.label", label)
     labels = _class_positions(frame, label, classes)
@@ -121,7 +121,7 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
         if row_id is not None:  # a row's fingerprint is then its identifier alone
             layout = f"file:row_id={row_id}"
         layout = identity_layout(layout, person is not None, row_id is not None)
-        return _unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
+        return unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
                                   class_names=tuple(str(c) for c in classes), **meta))
     names = list(features) if features is not None else [c for c in columns
                                                          if c not in (label, public_flag, arrival, person, row_id)]
@@ -144,11 +144,11 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name" if row_id is None \
         else f"file:row_id={row_id}"
     layout = identity_layout(layout, person is not None, row_id is not None)
-    return _unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
+    return unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
                               columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes), **meta))
 
 
-def _read_frame(path: Path, kind: str, label: str, text: Optional[str], classes, public_flag: Optional[str],
+def read_frame(path: Path, kind: str, label: str, text: Optional[str], classes, public_flag: Optional[str],
                 hf_split: Optional[str], identity: Sequence[str] = ()):
     """One file's rows as a frame with its column names as text, their names checked; one line where it
     cannot be read. ``identity``: the columns that name a row, its person or its arrival, which a CSV gives
@@ -175,7 +175,7 @@ def _read_frame(path: Path, kind: str, label: str, text: Optional[str], classes,
         raise ValueError(f"data.source.path: cannot read {path} as {kind}: {first_line(err)}") from None
     frame.columns = [str(c) for c in frame.columns]
     if kind != "csv":  # a CSV's header was checked as written, before pandas renamed its unnamed and repeated cells
-        _refuse(name_problems(list(frame.columns), path.name))
+        refuse_problems(name_problems(list(frame.columns), path.name))
     return frame
 
 
@@ -219,10 +219,10 @@ def _read_hf_disk(path: Path, split: Optional[str], label: str, classes: Sequenc
 def _check_csv_header(path: Path) -> None:
     """pandas names an empty header cell 'Unnamed: N' and renames a repeated one ('y', 'y.1'), and would take
     either as a feature: refuse both, on the header as written."""
-    _refuse(name_problems(csv_header(path), path.name))
+    refuse_problems(name_problems(csv_header(path), path.name))
 
 
-def _refuse(problems) -> None:
+def refuse_problems(problems) -> None:
     problems = [p for p in problems if p]
     if problems:
         raise ValueError("; ".join(problems))
@@ -269,7 +269,7 @@ def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> n
 
 def _row_ids(frame, column: str, columns, file: str) -> np.ndarray:
     """The declared identifiers as written: every row has one, and no two rows share one."""
-    _refuse([missing_column("data.source.row_id", column, columns, file)])
+    refuse_problems([missing_column("data.source.row_id", column, columns, file)])
     ids = identity_text(frame[column], "data.source.row_id", file, "every row needs its identifier")
     repeated = len(ids) - len(set(ids))
     if repeated:

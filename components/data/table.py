@@ -112,7 +112,7 @@ def content_fingerprint(row_fingerprints: List[str]) -> str:
     return digest.hexdigest()
 
 
-def _unique_rows(table: Table) -> Table:
+def unique_rows(table: Table) -> Table:
     """The table with exact duplicate rows dropped (first kept, order kept), and every row whose features
     also occur under another label dropped (it has no single label, and its copies could land in two
     splits). A row is flagged public only if every copy of it is: its content is also someone's private

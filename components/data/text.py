@@ -20,7 +20,7 @@ from components.data_check import TEXT_CORPORA, corpus_folder, topic_files, topi
 from components.registry import SOURCES
 
 
-def _chatterbot_english() -> Path:
+def chatterbot_english() -> Path:
     return corpus_folder("chatterbot")
 
 

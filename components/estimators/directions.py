@@ -240,7 +240,7 @@ class Directions:
         if cached is not None:
             torch.add(src, cached[i].reshape(-1)[start:stop], alpha=scale, out=flat)
         elif self._philox is not None:
-            # the rows drawn as an embedding table's are (``_row_hook``), then the cached swap's arithmetic
+            # the rows drawn as an embedding table's are (``row_hook``), then the cached swap's arithmetic
             dim = p.shape[-1] if p.dim() > 1 else 1
             rows = torch.arange(start // dim, stop // dim, device=p.device)
             philox.rows(flat, rows, dim, self._keys(seed)[i], self.kind, self._scale(seed))
@@ -461,7 +461,7 @@ class Directions:
             # a table tied to another module's weight (an LM head) is swapped whole for both
             row_only: Dict[int, bool] = {}
             for m, _n, i in owners:
-                row_only[i] = row_only.get(i, True) and _row_lookup(m)
+                row_only[i] = row_only.get(i, True) and row_lookup(m)
             tables = {i for i, only in row_only.items() if only}
             copied = [i for i in row_only if i not in tables]
             views = self._swap_views(copied)
@@ -471,7 +471,7 @@ class Directions:
         swap = [o for o in owners if o[2] not in tables]
         handles = []
         try:
-            handles.extend(m.register_forward_hook(_row_hook(self, seed, i, scale))
+            handles.extend(m.register_forward_hook(row_hook(self, seed, i, scale))
                            for m, _n, i in owners if i in tables)
             for module, name, i in swap:
                 module._parameters[name] = views[i]
@@ -665,7 +665,7 @@ class _Stack:
         self.offset -= like.numel()
 
 
-def _row_lookup(module: nn.Module) -> bool:
+def row_lookup(module: nn.Module) -> bool:
     """A plain embedding table: its forward reads only the rows of its input ids, so its perturbation is
     added to those rows (W[ids] + s * V[ids] == (W + s * V)[ids]) instead of to the whole table. Tables
     with ``max_norm`` (which rewrite W in forward) or a custom forward go the general way."""
@@ -673,7 +673,7 @@ def _row_lookup(module: nn.Module) -> bool:
             and module.max_norm is None)
 
 
-def _row_hook(directions: "Directions", direction, i: int, scale: float, seen: Optional[set] = None):
+def row_hook(directions: "Directions", direction, i: int, scale: float, seen: Optional[set] = None):
     """Forward hook of a plain embedding table (tensor i): its output rows get scale * v[ids] added,
     which equals looking the ids up in W + scale * v (v: a seed, ``Seeded`` or ``Dense``)."""
     seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)

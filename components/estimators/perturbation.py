@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Tuple
 import torch
 from torch import nn
 
-from components.estimators.directions import CHUNK, Directions, _row_hook, _row_lookup
+from components.estimators.directions import CHUNK, Directions, row_hook, row_lookup
 
 # A plain Linear layer whose weight has at least SPLIT_MIN elements, and more than twice what any other module
 # perturbs, is perturbed a block of output rows at a time in regenerate mode (``_split_rows``): a small
@@ -60,7 +60,7 @@ def _split_rows(model: nn.Module, index: Dict[int, int]) -> Dict[int, int]:
     if not large:
         return {}
     ids = {id(m) for m in large}
-    others = max((_own(m, index) for m in model.modules() if id(m) not in ids and not _row_lookup(m)), default=0)
+    others = max((_own(m, index) for m in model.modules() if id(m) not in ids and not row_lookup(m)), default=0)
     block = max(others, CHUNK)
     rows = {}
     for m in large:
@@ -73,7 +73,7 @@ def _split_rows(model: nn.Module, index: Dict[int, int]) -> Dict[int, int]:
     return rows
 
 
-def _capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple[torch.device, torch.dtype], int]:
+def perturbation_capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple[torch.device, torch.dtype], int]:
     """Scratch needed at once: a module's own perturbed parameters plus the largest need of a child
     (children run inside their parent's forward). Embedding tables need none; a Linear layer perturbed a
     block of rows at a time (``_split_rows``) needs one block of its weight and bias."""
@@ -87,7 +87,7 @@ def _capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple[torch.devic
                 if p is not None and id(p) in index:
                     key = (p.device, p.dtype)
                     own[key] = own.get(key, 0) + rows * (p.shape[1] if p.dim() > 1 else 1)
-        elif not _row_lookup(module):
+        elif not row_lookup(module):
             for p in module._parameters.values():
                 if p is not None and id(p) in index:
                     key = (p.device, p.dtype)
@@ -131,7 +131,7 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
     index = {id(p): i for i, p in enumerate(directions.params)}
     capacity = directions._capacities.get(id(model))
     if capacity is None:
-        capacity = directions._capacities[id(model)] = _capacity(model, index)
+        capacity = directions._capacities[id(model)] = perturbation_capacity(model, index)
     stacks = {}
     for key, n in capacity.items():
         same = [p for p in directions.params if (p.device, p.dtype) == key]
@@ -222,8 +222,8 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         if id(module) in split:
             module.forward = split_forward(module, split[id(module)])
             replaced.append(module)
-        elif owned and _row_lookup(module):
-            handles.append(module.register_forward_hook(_row_hook(directions, direction, index[id(module.weight)],
+        elif owned and row_lookup(module):
+            handles.append(module.register_forward_hook(row_hook(directions, direction, index[id(module.weight)],
                                                                   scale, seen)))
         elif owned:
             pre, post = make_hooks(owned)

@@ -29,7 +29,7 @@ class TextClassifier(nn.Module):
         return self.head(pooled)
 
 
-def _widths(module: nn.Module):
+def linear_widths(module: nn.Module):
     """(in, out) of a Linear layer, or of transformers' Conv1D (GPT-2's linear layers, weight stored [in, out],
     which peft adapts too); None for any other module."""
     if isinstance(module, nn.Linear):
@@ -42,7 +42,7 @@ def _widths(module: nn.Module):
 def check_adapter_targets(encoder: nn.Module, targets, rank: int) -> None:
     """Every target must name Linear layers of the encoder (peft matches the end of a module's name), and
     the rank must be below their widths (a larger one trains more parameters than the layer has)."""
-    linear = {name: _widths(m) for name, m in encoder.named_modules() if _widths(m) is not None}
+    linear = {name: linear_widths(m) for name, m in encoder.named_modules() if linear_widths(m) is not None}
     for target in targets:
         matched = [w for name, w in linear.items() if name == target or name.endswith("." + target)]
         if not matched:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from components import pretrained  # noqa: E402
 from components.data.prompts import Prompt, label_word_ids  # noqa: E402
-from components.data.text import _chatterbot_english, read_topics  # noqa: E402
+from components.data.text import chatterbot_english, read_topics  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = "{text} This is about"
@@ -112,7 +112,7 @@ def pairs(topics, out: Path) -> int:
     import yaml
 
     seen, rows = set(), []
-    for path in sorted(_chatterbot_english().glob("*.yml")):
+    for path in sorted(chatterbot_english().glob("*.yml")):
         doc = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)  # noqa: S506 - no objects
         for conversation in doc.get("conversations") or []:
             if isinstance(conversation, str):
@@ -129,7 +129,7 @@ def pairs(topics, out: Path) -> int:
 
 def main() -> None:
     model = sys.argv[1] if len(sys.argv) > 1 else str(Path.home() / ".privzo" / "models" / "privzo-decoder-v1")
-    topics = [topic for topic, _ in read_topics(_chatterbot_english())]
+    topics = [topic for topic, _ in read_topics(chatterbot_english())]
     words = label_words(model, topics)
     print("label words:", ", ".join(f"{t}={w}" for t, w in zip(topics, words)))
     for method, estimator in METHODS.items():

@@ -28,7 +28,7 @@ from flows.ledger.errors import (FIXED, BlockRecordChanged, BudgetExceeded, Data
                                  RowsExposed, RowsUnmatched, driver_reason, ids_not_migrated, shown_url)
 from flows.ledger.reservation import Reservation
 from flows.ledger.schema import (ABORTED, COMMITTED, NO_BLOCKS, RESERVED, WHOLE, BlockRow, ChargeBlockRow, ChargeRow,
-                                 DatasetRow, PrivateRowRow, RowBlockRow, RowLayoutRow, _now)
+                                 DatasetRow, PrivateRowRow, RowBlockRow, RowLayoutRow, utc_now)
 from flows.ledger.terms import BlockTerms, DatasetTerms, term_values
 from specs.sections import default_ledger
 
@@ -347,7 +347,7 @@ class PrivacyLedger:
                 live = [self._live_event(r, ds.accountant) for r in charges]
                 return [Block(dataset, WHOLE, ds.lifetime_epsilon, ds.delta, None, self._epsilon(ds, committed),
                               self._epsilon(ds, live), len(charges),
-                              min((r.created_at for r in charges), default=_now()))]
+                              min((r.created_at for r in charges), default=utc_now()))]
             out = []
             for b in rows:
                 linked = self._linked(session, b)
@@ -430,13 +430,13 @@ class PrivacyLedger:
         state = ComposedState(Accountant(ds.accountant, ds.neighboring))
         if ds.accountant == "pld":  # copies of one planned event (admission's rule): one self-composition each,
             counts: Dict[str, int] = {}  # not n convolutions (they agree to 1e-9 here; the check allows 1e-6)
-            for event in events:
-                counts[event] = counts.get(event, 0) + 1
-            for event, n in sorted(counts.items()):
-                state = state.plus(self._event_state(ds, event, n))
+            for counted_json in events:
+                counts[counted_json] = counts.get(counted_json, 0) + 1
+            for counted_json, n in sorted(counts.items()):
+                state = state.plus(self._event_state(ds, counted_json, n))
         else:
-            for event in events:  # folded as commit folds them, each event's own composition computed once
-                state = state.plus(self._event_state(ds, event))
+            for counted_json in events:  # folded as commit folds them, each event's own composition computed once
+                state = state.plus(self._event_state(ds, counted_json))
         recomposed = state.epsilon(block.delta) if events else 0.0
         stored = ComposedState.from_json(block.committed).epsilon(block.delta)
         for value in (stored, block.committed_epsilon):
@@ -612,8 +612,8 @@ class PrivacyLedger:
                     ledger_rows.record_blocks(session, dataset, kind, seen, recorded[kind])
             charge = ChargeRow(id=r.charge_id or str(uuid.uuid4()), dataset=dataset, fingerprint=r.fingerprint,
                                run_name=r.run_name, status=RESERVED, planned_event=event_to_json(planned),
-                               steps_planned=r.steps, steps_run=0, planned_epsilon=requested, created_at=_now(),
-                               updated_at=_now())
+                               steps_planned=r.steps, steps_run=0, planned_epsilon=requested, created_at=utc_now(),
+                               updated_at=utc_now())
             session.add(charge)
             session.flush()
             session.execute(insert(ChargeBlockRow), [{"charge_id": charge.id, "block": b.block, "dataset": dataset}
@@ -639,7 +639,7 @@ class PrivacyLedger:
                 row = BlockRow(dataset=dataset, block=terms.block, lifetime_epsilon=ds.lifetime_epsilon,
                                delta=ds.delta, rows=terms.rows,
                                committed=ComposedState(Accountant(ds.accountant, ds.neighboring)).to_json(),
-                               committed_epsilon=0.0, created_at=_now())
+                               committed_epsilon=0.0, created_at=utc_now())
                 session.add(row)
             else:
                 self._refuse_a_changed_record(session, ds, row)
@@ -716,7 +716,7 @@ class PrivacyLedger:
             self._blocks_written(session, ds)  # before this charge is committed: it is composed below
             row.status, row.executed_event, row.steps_run = COMMITTED, event_to_json(executed), steps_run
             row.run_id = run_id or row.run_id
-            row.updated_at = _now()
+            row.updated_at = utc_now()
             session.flush()  # the charge is committed before its blocks move: the ledger's rules check that order
             # under pld a run counts as planned (see flows.ledger.admission's note on filters)
             folded = event_from_json(row.planned_event) if ds.accountant == "pld" else executed
@@ -752,4 +752,4 @@ class PrivacyLedger:
         with Session(self.engine) as session, session.begin():
             row = session.get(ChargeRow, charge_id)
             if row is not None and row.status == RESERVED:
-                row.status, row.updated_at = ABORTED, _now()
+                row.status, row.updated_at = ABORTED, utc_now()

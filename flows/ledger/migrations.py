@@ -11,7 +11,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 
 from flows.ledger.integrity import install_rules
-from flows.ledger.schema import TERM_COLUMNS, BlockRow, DatasetRow, PrivateRowRow, RowBlockRow, _Base
+from flows.ledger.schema import TERM_COLUMNS, BlockRow, DatasetRow, PrivateRowRow, RowBlockRow, LedgerBase
 
 
 def prepare(engine: Engine) -> bool:
@@ -20,9 +20,9 @@ def prepare(engine: Engine) -> bool:
         # first use by several runs at once: one creates the tables, the others then find them
         with engine.begin() as conn:
             conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('privzo ledger schema'))"))
-            _Base.metadata.create_all(conn)
+            LedgerBase.metadata.create_all(conn)
             return migrate(engine, conn)
-    _Base.metadata.create_all(engine)
+    LedgerBase.metadata.create_all(engine)
     with engine.begin() as conn:
         return migrate(engine, conn)
 

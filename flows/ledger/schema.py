@@ -25,11 +25,11 @@ WORKER_GRANTS: Dict[str, tuple] = {
 }
 
 
-class _Base(DeclarativeBase):
+class LedgerBase(DeclarativeBase):
     pass
 
 
-class DatasetRow(_Base):
+class DatasetRow(LedgerBase):
     __tablename__ = "privzo_datasets"
     # what a block's foreign key names: a block's terms can only be its dataset's
     __table_args__ = (UniqueConstraint("dataset", "lifetime_epsilon", "delta", name="privzo_datasets_terms"),)
@@ -49,7 +49,7 @@ class DatasetRow(_Base):
 TERM_COLUMNS = ("blocks", "person", "declared")
 
 
-class PrivateRowRow(_Base):
+class PrivateRowRow(LedgerBase):
     """A row (content fingerprint) some run on the dataset reserved as private."""
 
     __tablename__ = "privzo_private_rows"
@@ -59,7 +59,7 @@ class PrivateRowRow(_Base):
     row = Column(String(64), primary_key=True)
 
 
-class RowLayoutRow(_Base):
+class RowLayoutRow(LedgerBase):
     """What the dataset's row fingerprints are computed from (Table.layout), fixed by its first run."""
 
     __tablename__ = "privzo_row_layouts"
@@ -67,7 +67,7 @@ class RowLayoutRow(_Base):
     layout = Column(Text, nullable=False)
 
 
-class BlockRow(_Base):
+class BlockRow(LedgerBase):
     """A block of a dataset: its lifetime, and the exact composition of its committed charges (a
     ``ComposedState``), updated by every commit so a reservation need not recompose the history."""
 
@@ -87,7 +87,7 @@ class BlockRow(_Base):
     created_at = Column(DateTime, nullable=False)
 
 
-class ChargeBlockRow(_Base):
+class ChargeBlockRow(LedgerBase):
     """A charge on one block it read."""
 
     __tablename__ = "privzo_charge_blocks"
@@ -96,7 +96,7 @@ class ChargeBlockRow(_Base):
     dataset = Column(String(200), nullable=False, index=True)
 
 
-class RowBlockRow(_Base):
+class RowBlockRow(LedgerBase):
     """The block a row (keyed fingerprint) was in when a run first saw it; with persons, the block a person
     (keyed) first arrived in. Later runs read it, so a row written again with a new date keeps its block."""
 
@@ -109,7 +109,7 @@ class RowBlockRow(_Base):
     block = Column(String(200), nullable=False)
 
 
-class ChargeRow(_Base):
+class ChargeRow(LedgerBase):
     __tablename__ = "privzo_charges"
     id = Column(String(36), primary_key=True)
     dataset = Column(String(200), nullable=False, index=True)
@@ -126,5 +126,5 @@ class ChargeRow(_Base):
     updated_at = Column(DateTime, nullable=False)
 
 
-def _now() -> dt.datetime:
+def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

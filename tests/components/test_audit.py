@@ -315,11 +315,11 @@ def test_a_lone_canary_is_the_most_extreme_of_a_public_pool(digits):
     # one random canary is as likely as not already classified right (loss and gradient 0, useless to
     # every audit); the many-runs audit picks, at the public x_0, the one of a pool furthest past the clip
     from components.audit.canaries import gradient_norms
-    from components.audit.run import SINGLE_CANARY_POOL, _setup
+    from components.audit.run import SINGLE_CANARY_POOL, audit_setup
 
     spec = _spec(**dict(PAZO_S, model={"kind": "mlp", "hidden": [16]}))
-    setup = _setup(spec, digits, 1, "none", None)
-    pool = _setup(spec, digits, SINGLE_CANARY_POOL, "none", None)
+    setup = audit_setup(spec, digits, 1, "none", None)
+    pool = audit_setup(spec, digits, SINGLE_CANARY_POOL, "none", None)
     built = builders.build_loop(setup.resolved, digits, noise_generator=torch.Generator().manual_seed(0),
                                 sampling_generator=torch.Generator().manual_seed(0))
     params = built.loop.backend.directions.params

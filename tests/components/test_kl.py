@@ -16,7 +16,7 @@ import specs
 from components import builders
 from components.families.kl import plan as kl
 from components.accountants import Accountant, FilterTracker, PrivacyFilterError
-from components.accountants.accounting import _event_rho, gaussian_equivalent
+from components.accountants.accounting import event_rho, gaussian_equivalent
 from components.estimators.evaluate import exact_gradient_sums
 from components.estimators.queries import PerExampleGradientAt
 from components.mechanisms.full_batch import FullBatchGaussian
@@ -69,7 +69,7 @@ def test_kl_spider_planned_event_has_rho_exactly(n, d, kappa, gamma, lipschitz, 
         assert str(err).startswith("data: n = ")
         return
     event = kl.plan_event(plan)
-    assert _event_rho(event) == pytest.approx(rho, rel=1e-10)  # summation order of many releases
+    assert event_rho(event) == pytest.approx(rho, rel=1e-10)  # summation order of many releases
     # the run is charged the one Gaussian its releases compose to (mu^2 adds over Gaussians)
     assert gaussian_equivalent(event).noise_multiplier == pytest.approx(1 / math.sqrt(2 * rho), rel=1e-10)
     assert Accountant("zcdp", "replace_one").rho(event) == pytest.approx(rho, rel=1e-10)
@@ -94,7 +94,7 @@ def test_proximal_point_planned_event_has_rho_exactly(n, d, kappa, rho, weak):
         return
     (count, z), = plan.multipliers()
     assert count == plan.outer * (plan.inner - 1)
-    assert _event_rho(kl.plan_event(plan)) == pytest.approx(rho, rel=1e-10)  # summation order of many releases
+    assert event_rho(kl.plan_event(plan)) == pytest.approx(rho, rel=1e-10)  # summation order of many releases
 
 
 def test_zcdp_accountant_matches_the_closed_forms():
@@ -146,7 +146,7 @@ def test_adaptive_spend_never_passes_rho(problem, rows, d, multiplier, clip, sta
     assert loop.tracker.spent == pytest.approx(spent, rel=1e-10)  # summation order of many releases
     charged = loop.tracker.event()
     assert charged == kl.charged_event(resolved, multiplier)
-    assert _event_rho(charged) == pytest.approx(rho, rel=1e-10)  # summation order of many releases
+    assert event_rho(charged) == pytest.approx(rho, rel=1e-10)  # summation order of many releases
     assert eps <= resolved.privacy.epsilon
 
 

@@ -95,9 +95,9 @@ def test_a_files_text_column_becomes_the_tokenizers_ids(tmp_path, minilm_tokeniz
     import pandas as pd
 
     from components.data import load_file
-    from components.data.text import _chatterbot_english, encode
+    from components.data.text import chatterbot_english, encode
 
-    topics = read_topics(_chatterbot_english())[:3]
+    topics = read_topics(chatterbot_english())[:3]
     lines = [line for _t, ls in topics for line in ls] + ["NA", "None", "1.0"]  # text as written, never parsed
     labels = [t for t, ls in topics for _ in ls] + [topics[0][0]] * 3
     path = tmp_path / f"tickets{suffix}"

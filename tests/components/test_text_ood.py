@@ -8,7 +8,7 @@ import pytest
 import specs
 from components import builders, pretrained
 from components.data.split import SplitOverlapError, source_split
-from components.data.text import _chatterbot_english, _chatterbot_italian, encode, load_text, read_topics, tokenised
+from components.data.text import chatterbot_english, _chatterbot_italian, encode, load_text, read_topics, tokenised
 from tests.conftest import EXAMPLES
 
 LENGTH = 16  # short rows: the same checks, less tokenising
@@ -21,7 +21,7 @@ def corpora():
 
 @pytest.fixture(scope="module")
 def english_topics():
-    return [topic for topic, _lines in read_topics(_chatterbot_english())]
+    return [topic for topic, _lines in read_topics(chatterbot_english())]
 
 
 def test_italian_rows_carry_the_english_label_of_their_topic(corpora, english_topics):

@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 
 import dp_accounting
 
-from components.accountants.accounting import _event_rho
+from components.accountants.accounting import event_rho
 from components.families.common import accountant as accountant_for
 from specs.traits import KL_OPTIMIZERS as KL_KINDS, KL_PROBLEMS
 
@@ -342,7 +342,7 @@ def resolve_kl(spec, n_private: Optional[int], dimension: Optional[int]):
     filled["optimizer"]["steps"] = steps
     final = spec.resolved(n_private=n_private, noise_multiplier=z, filled=filled)
     if not isinstance(plan, AdaptivePlan):  # the plan composes to its charge: checked, not assumed
-        planned = _event_rho(plan_event(plan))
+        planned = event_rho(plan_event(plan))
         if not math.isclose(planned, rho_of(z), rel_tol=1e-9):
             raise ArithmeticError(f"{spec.optimizer.kind}: the plan costs rho {planned}, not the {rho_of(z)} charged")
     eps = accountant.epsilon(charged_event(final, z), float(final.privacy.delta))

@@ -69,7 +69,7 @@ def spider_period(spec) -> int:
     return spec.estimator.period if multi_pass(spec) else spec.sampling.period
 
 
-def _theory(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[float]) -> Schedule:
+def theory_preset(spec, n: int, d: int, epsilon: float, mu: float, delta: Optional[float]) -> Schedule:
     est = spec.estimator
     lipschitz, gap = assumptions_of(spec)
     if multi_pass(spec):
@@ -170,10 +170,10 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
     epsilon = float(spec.privacy.epsilon) if spec.privacy is not None else math.inf
     mu = presets.gdp_mu(epsilon, delta) if private else math.inf
     opt = spec.optimizer
-    schedule = _theory(spec, n, d, epsilon, mu, delta) if opt.preset != "manual" else None
+    schedule = theory_preset(spec, n, d, epsilon, mu, delta) if opt.preset != "manual" else None
     if (schedule is not None and opt.target_stationarity is not None and not multi_pass(spec)
             and schedule.predicted > opt.target_stationarity):
-        need = presets.rows_for_target(lambda rows: _theory(spec, rows, d, epsilon, mu, delta).predicted
+        need = presets.rows_for_target(lambda rows: theory_preset(spec, rows, d, epsilon, mu, delta).predicted
                                        if _fits(spec, rows, d, epsilon, mu, delta) else math.inf,
                                        opt.target_stationarity, n)
         raise ValueError(f"optimizer.target_stationarity: {opt.target_stationarity:g} needs about {need} private rows "
@@ -233,7 +233,7 @@ def resolve_o2nc(spec, n_private: Optional[int], dimension: Optional[int]):
 
 def _fits(spec, rows, d, epsilon, mu, delta) -> bool:
     try:
-        _theory(spec, rows, d, epsilon, mu, delta)
+        theory_preset(spec, rows, d, epsilon, mu, delta)
         return True
     except ValueError:
         return False
