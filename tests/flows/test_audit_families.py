@@ -86,7 +86,7 @@ def test_a_theory_family_is_planned_by_its_family_and_kl_is_audited_by_many_runs
     for spec, data in (o2nc, kl):
         assert spec.mechanism.noise_multiplier == "auto"
         resolved, _, claimed = builders.plan(spec, data)
-        setup = audit_run._setup(spec, data, 8, "none", None)
+        setup = audit_run.audit_setup(spec, data, 8, "none", None)
         assert setup.resolved.mechanism.noise_multiplier == pytest.approx(resolved.mechanism.noise_multiplier)
         assert setup.claimed == pytest.approx(claimed) and setup.theory
         assert len(setup.bg_y) + len(setup.slots) == len(data.private)  # the spec's N rows: slots and fillers
@@ -99,7 +99,7 @@ def test_the_white_box_view_is_exactly_what_the_family_releases(request, case):
     # noise off: every node of the tree (every release of the KL mechanism) minus its expectation is the sum of
     # its slots' templates times (z - 1/2), so the scores are A (z - 1/2) exactly, A the probe's own overlap
     spec, data = request.getfixturevalue(case)
-    setup = audit_run._setup(spec, data, 60 if case == "o2nc" else 6, "none", None)
+    setup = audit_run.audit_setup(spec, data, 60 if case == "o2nc" else 6, "none", None)
     included = np.arange(len(setup.slots)) % 3 != 0
     built, probe = audit_run._probed_loop(setup, data, included, 0.0, *_generators(1)[1:])
     built.loop.run(setup.resolved.optimizer.steps)
