@@ -18,20 +18,28 @@ NAME = "tiny-digits"
 ROWS = np.zeros((2, 64), dtype="float32")  # what privzo's register_model logs as the input example
 
 
+def _charged_spec(mlflow_schema, folder, steps: int):
+    """The tiny spec at epsilon 1 for ``steps`` steps, tracked in a new MLflow store and charged to a new SQLite
+    ledger in ``folder``; (spec, ledger URL)."""
+    from tests.conftest import TINY, copy_mlflow_store
+
+    spec = copy.deepcopy(TINY)
+    spec["tracking"]["uri"] = copy_mlflow_store(mlflow_schema, folder / "mlflow.db")
+    spec["optimizer"]["steps"] = steps
+    spec["privacy"]["epsilon"] = 1.0
+    ledger = f"sqlite:///{folder / 'ledger.db'}"
+    spec["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    return spec, ledger
+
+
 @pytest.fixture(scope="module")
 def trained(prefect_server, mlflow_schema, tmp_path_factory):
     """One tiny run (20 steps) charged to a SQLite ledger, its model registered as version 1; each test adds
     the versions it needs and leaves version 1 as the run registered it."""
     from flows.private_train import private_train
-    from tests.conftest import TINY, copy_mlflow_store
 
     tmp_path = tmp_path_factory.mktemp("verify")
-    spec = copy.deepcopy(TINY)
-    spec["tracking"]["uri"] = copy_mlflow_store(mlflow_schema, tmp_path / "mlflow.db")
-    spec["optimizer"]["steps"] = 20
-    spec["privacy"]["epsilon"] = 1.0
-    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    spec["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    spec, ledger = _charged_spec(mlflow_schema, tmp_path, steps=20)
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -303,7 +311,6 @@ def test_a_worker_committing_fewer_steps_than_it_ran_is_caught_by_the_journal(pr
     from flows.ledger import PrivacyLedger
     from flows.private_train import private_train
     from flows.verify import verify
-    from tests.conftest import TINY, copy_mlflow_store
 
     honest = PrivacyLedger.commit
 
@@ -313,12 +320,7 @@ def test_a_worker_committing_fewer_steps_than_it_ran_is_caught_by_the_journal(pr
 
     monkeypatch.setattr(PrivacyLedger, "commit", commit)
     monkeypatch.chdir(tmp_path)
-    spec = copy.deepcopy(TINY)
-    spec["tracking"]["uri"] = copy_mlflow_store(mlflow_schema, tmp_path / "mlflow.db")
-    spec["optimizer"]["steps"] = 12
-    spec["privacy"]["epsilon"] = 1.0
-    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
-    spec["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    spec, ledger = _charged_spec(mlflow_schema, tmp_path, steps=12)
     result = private_train(spec=spec)
     monkeypatch.setattr(PrivacyLedger, "commit", honest)
     assert PrivacyLedger(ledger).history("digits-patients")[0].steps_run == kept
