@@ -138,10 +138,13 @@ def _show_budget(args, ledger) -> int:
 def _checked(args, ledger) -> int:
     """``budget show --check``: the ledger's record recomputed from its charges; 1, naming each difference."""
     from flows.ledger import ledger_problems
+    from flows.ledger.integrity import unrun_charges
 
     problems = ledger_problems(ledger, args.dataset)
     for problem in problems:
         print(f"check: {problem}", file=sys.stderr)
+    for note in unrun_charges(ledger, args.dataset):
+        print(f"check: note: {note}")
     if not problems:
         print(f"check: every committed charge of {args.dataset} executed its plan, and every block's stored "
               "composition is what its committed charges compose to")

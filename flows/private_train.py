@@ -39,6 +39,7 @@ from components.data import SplitData
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
 from flows.window import BlockView
+from flows.worker_config import worker_ledger
 from flows.checkpoints import Checkpointer
 from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, shown_url
 from flows.lineage import registered_source
@@ -241,22 +242,32 @@ def _deployment_run() -> bool:
         return False
 
 
-def _charged_to_the_team_ledger(spec: specs.RunSpec) -> None:
-    """On a team's worker (a deployment's flow run, $PRIVZO_LEDGER_URL set in the worker's environment) every
-    run is charged to the team's ledger: a spec, or a deployment's inline spec, that names another ledger or
-    has no budget would train on the team's data outside the lifetimes its owner registered. Refused in one
-    line before any row is read."""
-    team = os.environ.get(LEDGER_URL_ENV, "").strip()
-    if not team or not _deployment_run():
-        return
+def _charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
+    """On a team's worker (a deployment's flow run) every run is charged to the team's ledger: the one the
+    worker's configuration names (flows/worker_config.py, which no job variable moves), else, on a worker
+    without one, $PRIVZO_LEDGER_URL from its environment (against mistakes only). A spec naming no ledger is
+    given the team's; one naming another, or with no budget, would train on the team's data outside the
+    lifetimes its owner registered. Refused in one line before any row is read."""
+    if not _deployment_run():
+        return spec
+    team = worker_ledger()
+    if team is not None:
+        source = f"this worker's configuration, {shown_url(team)}"
+        if spec.budget is not None and "ledger" not in spec.budget.model_fields_set:
+            spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"ledger": team})})
+    else:
+        team = os.environ.get(LEDGER_URL_ENV, "").strip()
+        if not team:
+            return spec
+        source = f"${LEDGER_URL_ENV}, {shown_url(team)}"
     if spec.budget is None:
         raise ValueError(f"budget: a deployment's run on this team's worker is charged to the team's ledger "
-                         f"(${LEDGER_URL_ENV}, {shown_url(team)}); this spec has no budget section: give budget "
-                         "with the dataset its rows are charged to (a run without privacy cannot be charged)")
+                         f"({source}); this spec has no budget section: give budget with the dataset its rows are "
+                         "charged to (a run without privacy cannot be charged)")
     if spec.budget.ledger != team:
         raise ValueError(f"budget.ledger: a deployment's run on this team's worker is charged to the team's ledger "
-                         f"(${LEDGER_URL_ENV}, {shown_url(team)}), not {shown_url(spec.budget.ledger)}; remove "
-                         "budget.ledger")
+                         f"({source}), not {shown_url(spec.budget.ledger)}; remove budget.ledger")
+    return spec
 
 
 @flow(name="private-train", log_prints=True, validate_parameters=True)
@@ -282,7 +293,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                    resume: Optional[str], as_of: Optional[str] = None) -> Dict[str, Any]:
     with checking_input():
         run_spec = _load(spec_path, spec)
-        _charged_to_the_team_ledger(run_spec)
+        run_spec = _charged_to_the_team_ledger(run_spec)
         from components.memory_plan import check_fits
         check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
         if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row

@@ -16,8 +16,9 @@
 #                     as (privzo_prefect and privzo_mlflow: passwords made for this stack and kept under
 #                     .privzo-stack/, mode 600); the ledger's owner is privzo_owner. MLflow serves the
 #                     artifacts (.privzo-stack/mlartifacts). The worker's flow runs get MLFLOW_TRACKING_URI
-#                     (the MLflow server) and PRIVZO_LEDGER_URL, so a spec that names no tracking.uri or
-#                     budget.ledger is logged to the server and charged to the shared ledger.
+#                     (the MLflow server), and the worker's configuration, .privzo-stack/worker.json (mode
+#                     600), names the shared ledger, so a spec that names no tracking.uri or budget.ledger is
+#                     logged to the server and charged to the shared ledger (a run naming another is refused).
 #
 # PRIVZO_STACK_AUTH=1 puts every service behind its own authentication (the team stack's switches, on one
 # machine), with secrets from the environment or from files (NAME_FILE: a file holding NAME), never from
@@ -148,6 +149,7 @@ stop_all() {  # every group is signalled at once and waited for together: stoppi
   if [ -f "$state/ray-temp-dir" ]; then
     rm -rf "$(cat "$state/ray-temp-dir")" "$state/ray-temp-dir"
   fi
+  rm -f "$state/worker.json"  # no worker: a hand-started one is pinned by nothing stale
 }
 
 case "${1:-up}" in
@@ -173,6 +175,7 @@ case "${1:-up}" in
     trap 'stop_all' EXIT  # a stack that did not come up whole is stopped, not left half running
     # flow runs name the UI their MLflow runs are browsed in (links in Prefect's logs and artifacts)
     worker_env=("PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
+    worker_ledger=""
     # the team's key of row fingerprints, where the operator keeps it in the environment: the worker's runs
     # key rows as the team's other machines do (else the worker's ~/.privzo/fingerprint.key)
     if [ -n "${PRIVZO_FINGERPRINT_KEY:-}" ]; then worker_env+=("PRIVZO_FINGERPRINT_KEY=$PRIVZO_FINGERPRINT_KEY"); fi
@@ -202,16 +205,16 @@ case "${1:-up}" in
           { echo "local-stack: the ledger's worker role could not be granted; see $state/ledger-roles.log" >&2; exit 1; }
         ledger_url="postgresql+psycopg://privzo_worker:$(url_quoted "$ledger_worker")@$pg_host/privzo_ledger"
       fi
-      worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "PRIVZO_LEDGER_URL=$ledger_url")
+      worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port")
+      worker_ledger=$ledger_url
     else
       store=${PRIVZO_STACK_MLFLOW_STORE:-sqlite:///mlflow.db}
       mlflow_env+=("MLFLOW_BACKEND_STORE_URI=$store")
       artifacts=(--artifacts-destination "${PRIVZO_STACK_MLFLOW_ARTIFACTS:-./mlartifacts}")
       worker_env+=("PRIVZO_MLFLOW_UI_STORE=$store")
       # one person's stack: the store and ledger they exported are where the worker's retrains go
-      for name in MLFLOW_TRACKING_URI PRIVZO_LEDGER_URL; do
-        if [ -n "${!name:-}" ]; then worker_env+=("$name=${!name}"); fi
-      done
+      if [ -n "${MLFLOW_TRACKING_URI:-}" ]; then worker_env+=("MLFLOW_TRACKING_URI=$MLFLOW_TRACKING_URI"); fi
+      worker_ledger=${PRIVZO_LEDGER_URL:-}
     fi
     if [ "$auth" = 1 ]; then
       # Prefect: the server checks the auth string on every API call; its CLI and the worker send it
@@ -262,6 +265,13 @@ case "${1:-up}" in
     wait_http "http://127.0.0.1:$prefect_port/api/health" "$prefect_curl"
     "$bin/prefect" work-pool inspect local >/dev/null 2>&1 || "$bin/prefect" work-pool create local --type process >/dev/null
     (cd "$root" && PRIVZO_ROOT="$root" "$bin/prefect" --no-prompt deploy --all --prefect-file infra/prefect.yaml >"$state/deploy.log" 2>&1)
+    # the ledger the worker's deployment runs are charged to, in its configuration (flows/worker_config.py),
+    # not in its environment: a run's job variables set that environment, never this file
+    rm -f "$state/worker.json"
+    if [ -n "$worker_ledger" ]; then
+      (umask 077 && PRIVZO_WORKER_LEDGER="$worker_ledger" "$bin/python" -c \
+        'import json, os, sys; json.dump({"ledger": os.environ["PRIVZO_WORKER_LEDGER"]}, sys.stdout)' >"$state/worker.json")
+    fi
     start prefect-worker "${worker_env[@]}" -- "$bin/prefect" worker start --pool local
     wait_http "http://127.0.0.1:$mlflow_port/health"
     if [ "$auth" = 1 ]; then  # users worker and viewer, made (or their passwords set) by the admin

@@ -160,7 +160,8 @@ def _spec_copies(workdir: Path, quick: bool) -> Dict[str, Path]:
     main = yaml.safe_load((examples / "digits_dpzero.yaml").read_text())
     main["tracking"]["uri"] = f"sqlite:///{workdir / 'mlflow.db'}"
     retrain = yaml.safe_load((examples / "digits_retrain.yaml").read_text())
-    # the worker's MLFLOW_TRACKING_URI and PRIVZO_LEDGER_URL decide where retrains go, as on a team's stack
+    # the worker's MLFLOW_TRACKING_URI and its ledger (the stack's worker.json, from the exported
+    # PRIVZO_LEDGER_URL) decide where retrains go, as on a team's stack
     retrain.get("tracking", {}).pop("uri", None)
     retrain.get("budget", {}).pop("ledger", None)
     if quick:

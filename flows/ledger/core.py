@@ -21,6 +21,7 @@ from sqlalchemy.pool import NullPool
 from components.accountants import Accountant, event_from_json, event_to_json
 from components.accountants.composed import ComposedState
 import flows.ledger.admission as admission
+import flows.ledger.integrity as integrity
 import flows.ledger.migrations as migrations
 import flows.ledger.roles as roles
 import flows.ledger.rows as ledger_rows
@@ -118,8 +119,6 @@ class PrivacyLedger:
 
     def __init__(self, url: str, *, pooled: bool = True):
         self.url = url
-        self._event_states: "OrderedDict[tuple, ComposedState]" = OrderedDict()
-        self._lock_states = threading.Lock()
         if url == default_ledger():  # this user's ledger: its folder is made on first use
             os.makedirs(os.path.dirname(url.split(":///", 1)[1]), mode=0o700, exist_ok=True)
         options = self._engine_options(url)
@@ -419,47 +418,17 @@ class PrivacyLedger:
 
     def _refuse_a_changed_record(self, session: Session, ds: DatasetRow, block: BlockRow) -> None:
         """Admission reads a block's stored composition; it must be what the block's committed charges compose
-        to (``privzo budget show --check``'s recomposition), else nothing is admitted on it. Under rdp and
-        zcdp, whose compositions add up, each distinct event is composed once with its count, so the check's
-        cost grows with the distinct events, not the history (bench/ledger_scale.py); under pld the charges
-        are folded in order, as commit folds them."""
+        to (``privzo budget show --check``'s recomposition, ``integrity.recomposed_epsilon``), else nothing is
+        admitted on it."""
         counted = "planned_event" if ds.accountant == "pld" else "executed_event"
         events = [getattr(r, counted) for r in sorted(self._linked(session, block),
                                                       key=lambda r: (r.updated_at, r.created_at))
                   if r.status == COMMITTED]
-        state = ComposedState(Accountant(ds.accountant, ds.neighboring))
-        if ds.accountant == "pld":  # copies of one planned event (admission's rule): one self-composition each,
-            counts: Dict[str, int] = {}  # not n convolutions (they agree to 1e-9 here; the check allows 1e-6)
-            for counted_json in events:
-                counts[counted_json] = counts.get(counted_json, 0) + 1
-            for counted_json, n in sorted(counts.items()):
-                state = state.plus(self._event_state(ds, counted_json, n))
-        else:
-            for counted_json in events:  # folded as commit folds them, each event's own composition computed once
-                state = state.plus(self._event_state(ds, counted_json))
-        recomposed = state.epsilon(block.delta) if events else 0.0
+        recomposed = integrity.recomposed_epsilon(ds.accountant, ds.neighboring, events, block.delta)
         stored = ComposedState.from_json(block.committed).epsilon(block.delta)
         for value in (stored, block.committed_epsilon):
             if not math.isclose(value, recomposed, rel_tol=1e-6, abs_tol=1e-9):
                 raise BlockRecordChanged(ds.dataset, block.block, value, recomposed, len(events))
-
-    def _event_state(self, ds: DatasetRow, event_json: str, count: int = 1) -> ComposedState:
-        """One event's composition (``count`` times) under the dataset's accountant, kept for the nightly runs
-        that repeat it (an RDP curve or a PLD takes milliseconds to compute, adding two RDP curves microseconds)."""
-        key = (ds.accountant, ds.neighboring, event_json, count)
-        with self._lock_states:
-            state = self._event_states.get(key)
-            if state is not None:
-                self._event_states.move_to_end(key)
-                return state
-        event = event_from_json(event_json)
-        state = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed(
-            [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)])
-        with self._lock_states:
-            self._event_states[key] = state
-            while len(self._event_states) > 64:
-                self._event_states.popitem(last=False)
-        return state
 
     def _block_epsilon(self, session: Session, block: BlockRow) -> float:
         """The block's epsilon with its open reservations; its stored committed one when it has none (a large

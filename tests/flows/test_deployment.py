@@ -1,6 +1,7 @@
 """End to end as a user runs it on a team's topology: the local stack on PostgreSQL, the compose file.
 The default stack's deployment runs and UIs: tests/flows/test_nightly.py."""
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -219,14 +220,16 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert registered.returncode == 0 and "sklearn-digits: registered in" in registered.stdout, registered.stderr
         env["PREFECT_API_AUTH_STRING"] = secrets["PRIVZO_PREFECT_AUTH_STRING"]
         deployment_run(env, spec_path)
-        # a Prefect user's spec that names a ledger of its own (its own lifetime) is refused on the team's
-        # worker before any row is read: the team's data is charged to the team's ledger only
+        # a Prefect user's spec that names a ledger of its own (its own lifetime), with the job variable that
+        # sets the run's $PRIVZO_LEDGER_URL to it, is refused on the team's worker before any row is read: the
+        # worker's configuration, not the run's environment, names the team's ledger
         (tmp_path / "own").mkdir()
-        own = one_epoch_retrain(tmp_path / "own", budget={"ledger": f"sqlite:///{tmp_path / 'own' / 'own.db'}",
-                                                          "lifetime_epsilon": 1000.0})
+        own_ledger = f"sqlite:///{tmp_path / 'own' / 'own.db'}"
+        own = one_epoch_retrain(tmp_path / "own", budget={"ledger": own_ledger, "lifetime_epsilon": 1000.0})
         refused = subprocess.run(
             [str(BIN / "prefect"), "deployment", "run", "private-train/digits-retrain-nightly",
-             "--param", f"spec_path={own}", "--watch", "--watch-timeout", "300"],
+             "--param", f"spec_path={own}", "--job-variable", f'env={{"PRIVZO_LEDGER_URL": "{own_ledger}"}}',
+             "--watch", "--watch-timeout", "300"],
             env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
         assert "Completed" not in refused.stdout and "Failed" in refused.stdout, refused.stdout[-2000:]
         assert not (tmp_path / "own" / "own.db").exists()
@@ -332,8 +335,10 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                 break
             time.sleep(0.5)
         held = dump.read_text()
-        assert "PREFECT__FLOW_RUN_ID=" in held and "PRIVZO_LEDGER_URL=postgresql+psycopg://privzo_worker:" in held
+        assert "PREFECT__FLOW_RUN_ID=" in held and "PRIVZO_LEDGER_URL" not in held  # in the worker's file
         assert not any(s in held for s in owners)
+        config = ROOT / ".privzo-stack" / "worker.json"
+        assert (config.stat().st_mode & 0o777) == 0o600 and "privzo_worker:" in config.read_text()
 
 
 COMPOSE = ROOT / "infra" / "compose"
@@ -351,7 +356,7 @@ def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
 
     services = _compose()["services"]
     worker = services["worker"]["environment"]
-    assert set(worker) == {"PREFECT_API_URL", TRACKING_URI_ENV, LEDGER_URL_ENV, KEY_ENV, "PREFECT_API_AUTH_STRING",
+    assert set(worker) == {"PREFECT_API_URL", TRACKING_URI_ENV, KEY_ENV, "PREFECT_API_AUTH_STRING",
                            "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}
     # every service authenticated, with secrets the stack refuses to start without; PostgreSQL and Ray's
     # dashboard (its job API runs code) are not published
@@ -370,9 +375,16 @@ def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
     assert services["mlflow"]["depends_on"]["mlflow-admin"] == {"condition": "service_completed_successfully"}
     assert "viewer" in services["mlflow"]["environment"]["PRIVZO_MLFLOW_READ_ONLY_USERS"]
     assert worker["PREFECT_API_URL"] == "http://prefect-server:4200/api" and worker[TRACKING_URI_ENV] == "http://mlflow:5000"
-    assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://") and worker[LEDGER_URL_ENV].endswith("@postgres:5432/privzo_ledger")
-    # the worker charges as the ledger's worker role, which the owner grants before the worker starts
-    assert worker[LEDGER_URL_ENV].startswith("postgresql+psycopg://privzo_worker:${PRIVZO_LEDGER_WORKER_PASSWORD:?")
+    # the worker charges as the ledger's worker role, which the owner grants before the worker starts; the
+    # ledger is named by the worker's configuration file, where flows/worker_config.py reads it (no job
+    # variable sets a file)
+    from flows.worker_config import SYSTEM_WORKER_CONFIG
+
+    (mounted,) = services["worker"]["configs"]
+    assert mounted["target"] == str(SYSTEM_WORKER_CONFIG)
+    ledger = json.loads(_compose()["configs"][mounted["source"]]["content"])["ledger"]
+    assert ledger.startswith("postgresql+psycopg://privzo_worker:${PRIVZO_LEDGER_WORKER_PASSWORD:?")
+    assert ledger.endswith("@postgres:5432/privzo_ledger")
     assert services["ledger-grants"]["command"] == ["privzo", "budget", "grant", "privzo_worker"]
     assert services["worker"]["depends_on"]["ledger-grants"] == {"condition": "service_completed_successfully"}
     # one role per service, each owning its database; the ledger's owner is the team's, not a server's

@@ -37,6 +37,12 @@ def test_budget_show_check_names_a_block_whose_stored_composition_is_not_its_cha
         ledger.commit(reserve(ledger, terms, block), run_event(), 20, run_id=f"run-{block}")
     assert main(["budget", "show", "clinic", "--check", "--ledger", url]) == 0
     assert "check: every committed charge of clinic executed its plan" in capsys.readouterr().out
+    # a charge committed with no step run and no MLflow run is named, and adds nothing
+    unrun = reserve(ledger, terms, "2026-11-27")
+    ledger.commit(unrun, dp_accounting.NoOpDpEvent(), 0)
+    assert main(["budget", "show", "clinic", "--check", "--ledger", url]) == 0
+    assert (f"check: note: charge {unrun} (run 'night') was committed with 0 of its 20 steps run and no MLflow run"
+            in capsys.readouterr().out)
     with ledger.engine.begin() as conn:
         conn.execute(sa.text("UPDATE privzo_blocks SET committed_epsilon = 0 WHERE block = '2026-11-27'"))
         conn.execute(sa.text("UPDATE privzo_charges SET executed_event = :e WHERE run_id = 'run-2026-11-26'"),
@@ -49,7 +55,7 @@ def test_budget_show_check_names_a_block_whose_stored_composition_is_not_its_cha
                              "composition: 1.22711), but its 1 committed charge compose to 0.")
     recomposed = ledger.recomposed("clinic")[1][3]
     assert err[2] == (f"check: block '2026-11-27' of dataset 'clinic' stores epsilon 0 (its stored composition: "
-                      f"{recomposed:.6g}), but its 1 committed charge compose to {recomposed:.6g}: the ledger's "
+                      f"{recomposed:.6g}), but its 2 committed charges compose to {recomposed:.6g}: the ledger's "
                       "record of this block was changed outside privzo")
 
 

@@ -747,6 +747,8 @@ def test_a_deployment_run_on_a_team_worker_is_charged_to_the_team_ledger_only(pr
     team = f"sqlite:///{tmp_path / 'team.db'}"
     monkeypatch.setenv("PRIVZO_LEDGER_URL", team)
     monkeypatch.setattr(pt, "_deployment_run", lambda: True)
+    for name in ("WORKER_CONFIG", "SYSTEM_WORKER_CONFIG"):  # a worker without a configuration
+        monkeypatch.setattr(f"flows.worker_config.{name}", tmp_path / "no-worker.json")
     own = copy.deepcopy(tiny_spec_dict)
     own["data"]["source"] = {"kind": "file", "path": str(tmp_path / "never-read.csv"), "label": "y", "classes": [0, 1]}
     own["budget"] = {"dataset": "team-data", "lifetime_epsilon": 1000.0, "ledger": f"sqlite:///{tmp_path / 'own.db'}"}
@@ -757,3 +759,32 @@ def test_a_deployment_run_on_a_team_worker_is_charged_to_the_team_ledger_only(pr
     with pytest.raises(ValueError, match=r"^budget: a deployment's run on this team's worker .* has no budget section"):
         pt.private_train(spec=own)
     assert not (tmp_path / "own.db").exists() and not (tmp_path / "team.db").exists()  # nothing read or charged
+
+
+def test_a_team_workers_configuration_pins_its_ledger_whatever_the_runs_environment(tiny_spec_dict, tmp_path,
+                                                                                   monkeypatch):
+    """The worker's configuration (the stack's .privzo-stack/worker.json) names the team's ledger; a run's
+    $PRIVZO_LEDGER_URL, which a Prefect user sets through job variables, moves nothing: a spec naming no ledger
+    is charged to the team's, one naming the environment's is refused."""
+    import flows.private_train as pt
+    import specs
+    from flows.worker_config import worker_ledger
+
+    team, own = f"sqlite:///{tmp_path / 'team.db'}", f"sqlite:///{tmp_path / 'own.db'}"
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({"ledger": team}))
+    monkeypatch.setattr("flows.worker_config.WORKER_CONFIG", config)
+    monkeypatch.setattr(pt, "_deployment_run", lambda: True)
+    monkeypatch.setenv("PRIVZO_LEDGER_URL", own)
+    d = copy.deepcopy(tiny_spec_dict)
+    d["budget"] = {"dataset": "team-data", "lifetime_epsilon": 1000.0}
+    assert pt._charged_to_the_team_ledger(specs.spec_from_dict(d)).budget.ledger == team
+    d["budget"]["ledger"] = own
+    with pytest.raises(ValueError, match=r"^budget.ledger: a deployment's run on this team's worker is charged to the "
+                                         r"team's ledger \(this worker's configuration, sqlite:///.*team.db\), not "):
+        pt._charged_to_the_team_ledger(specs.spec_from_dict(d))
+    monkeypatch.setattr(pt, "_deployment_run", lambda: False)  # the operator's own run is not the worker's
+    assert pt._charged_to_the_team_ledger(specs.spec_from_dict(d)).budget.ledger == own
+    config.write_text('{"ledger": "sqlite:///relative.db"}')
+    with pytest.raises(ValueError, match=r"^budget.ledger: this worker's configuration .* names no usable ledger"):
+        worker_ledger()
