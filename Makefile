@@ -22,15 +22,19 @@ run: install
 validate: install
 	$(VENV)/bin/privzo validate $(SPEC)
 
-# the suite in two parts: most of it on TEST_WORKERS processes (much of a test's time is waiting on a server
-# or a subprocess; the two local-stack modules, one stack per checkout, form one xdist group that a worker
-# runs in turn), then the `serial` tests alone, named one per line: the Ray cluster, whose 1 s health checks
-# must not compete with another test for the CPU; -rs: why each skipped test skipped
+# the suite in two parts at once: most of it on TEST_WORKERS processes (much of a test's time is waiting on a
+# server or a subprocess; the two local-stack modules, one stack per checkout, form one xdist group that a
+# worker runs in turn), and beside them the `serial` tests in a process of their own, one at a time: the Ray
+# cluster's tests, which mostly wait on nodes starting and dying (their output follows the rest's; they
+# tolerate a busy machine: a node is declared dead after 5 missed health checks). -rs: why each test skipped
 TEST_WORKERS ?= 2
+SERIAL_LOG ?= .serial-tests.log
 test: install
 	status=0; \
+	$(PY) -m pytest -v -rs -p no:cacheprovider -m serial >$(SERIAL_LOG) 2>&1 & serial=$$!; \
 	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "not serial" || status=$$?; \
-	$(PY) -m pytest -v -rs -p no:cacheprovider -m serial || status=$$?; \
+	wait $$serial || status=$$?; \
+	cat $(SERIAL_LOG); rm -f $(SERIAL_LOG); \
 	exit $$status
 
 bench: install

@@ -29,9 +29,10 @@ from flows.tracking_names import DP_EPSILON
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]
 # the failures these tests cause are noticed in seconds, not Ray's defaults: the same paths, sooner. A node
-# is declared dead after 3 missed 1 s health checks (Ray: 5 of 3 s); the driver of the head-loss test gives
-# up on the lost head after 5 s (Ray Client: 30 s)
-FAST_FAILURE = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+# is declared dead after 5 missed 1 s health checks (Ray: 5 of 3 s), which a node starved of the CPU for a
+# moment by the rest of the suite (`make test` runs it alongside) does not miss; the driver of the head-loss
+# test gives up on the lost head after 5 s (Ray Client: 30 s)
+FAST_FAILURE = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"}
 FAST_GIVE_UP = {"RAY_CLIENT_RECONNECT_GRACE_PERIOD": "5"}
 
 
