@@ -80,6 +80,8 @@ def cmd_validate(args) -> int:
             privacy += (f", delta {spec.privacy.delta} {'is' if known else 'may be'} above 1/N "
                         "(privacy.allow_large_delta): not a meaningful guarantee")
     print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, {privacy}")
+    if spec.tune is not None:
+        _print_tune_plan(spec)
     if spec.budget is not None and (spec.data.blocks is None or spec.data.blocks.person is None) \
             and getattr(spec.data.source, "row_id", None) is None:
         # what the ledger can and cannot tell without an identifier (docs/design.md, Blocks: Laundering)
@@ -88,6 +90,22 @@ def cmd_validate(args) -> int:
               "the same rows re-encoded (a column added, values rescaled or rounded, labels renamed) under another "
               "budget.dataset would get a second budget; where rows name a person or a record, declare that column")
     return 0
+
+
+def _print_tune_plan(spec: specs.RunSpec) -> None:
+    """The search's plan from the spec alone (N declared): K's law, each candidate's epsilon, the total."""
+    if spec.privacy is None or not spec.private_count_is_public and spec.data.declared_private_rows is None:
+        print("tune: the plan needs the private row count; privzo calibrate shows it")
+        return
+    if spec.private_count_is_public:  # replace-one: the count is read from the rows (privzo calibrate)
+        print("tune: the plan depends on the private row count (replace_one); privzo calibrate shows it")
+        return
+    from components import builders
+    from components.families import family_for
+
+    resolved, _, _ = builders.resolve_privacy(spec)
+    for line in family_for(resolved).describe_plan(resolved, None):
+        print(line)
 
 
 def cmd_calibrate(args) -> int:
@@ -184,6 +202,9 @@ def cmd_run(args) -> int:
     missing = missing_packages(spec)
     if missing:
         raise specs.SpecError("; ".join(missing))
+    if spec.tune is not None:  # as the private-train flow refuses it, before Prefect starts
+        raise specs.SpecError("tune: this spec searches its hyperparameters; run it with privzo tune (the "
+                              "private-tune flow), or remove its tune section to train it as written")
     # Prefect configures logging on import: before anything else logs (dp-accounting's absl would install
     # a plain root handler, and every Prefect line would print twice over in two formats)
     from flows.private_train import private_train
@@ -212,6 +233,33 @@ def cmd_run(args) -> int:
         print(f"MLflow run {result['run_name']} ({result['run_id']}) in {uri}")
         print(f"open the UI with: {ui_command(uri)}  (then http://127.0.0.1:5000/#/experiments/"
               f"{result['experiment_id']}{EXPERIMENT_VIEW})")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
+    missing = missing_packages(spec)
+    if missing:
+        raise specs.SpecError("; ".join(missing))
+    if spec.tune is None:
+        raise specs.SpecError("tune: this spec has no tune section; give tune.space and tune.candidates "
+                              "(docs/guide/tuning.md), or train it with privzo run")
+    from flows.tracking import run_url
+    from flows.tune import private_tune
+
+    result = private_tune(spec_path=str(args.spec))
+    print()
+    if result["winner"] is None:
+        print(f"{spec.name}: no candidate ran (K drew 0); nothing was released")
+        return 0
+    setting = ", ".join(f"{k} {v}" for k, v in result["winner"].items())
+    print(f"{spec.name} winner ({setting}): {spec.tune.score.metric} {result['score']:.4f} on the "
+          f"{spec.tune.score.split} rows")
+    print(_summary_line(spec.name, result))
+    print(f"privacy: {result['guarantee']}  (sigma {result['noise_multiplier']:.4g})")
+    link = run_url(result["tracking_uri"], result["experiment_id"], result["run_id"])
+    print(f"MLflow: the search's run {result['parent_run_id']}, the winner's child run {result['run_id']}"
+          + (f": {link}" if link else ""))
     return 0
 
 
@@ -384,6 +432,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--resume", metavar="KEY", default=None,
                    help="resume a killed run from its last checkpoint: its run key (printed at start) or 'latest'")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("tune", help="choose a spec's hyperparameters inside its guarantee (its tune section): "
+                       "a random number of candidates, only the best released")
+    p.add_argument("spec")
+    p.set_defaults(func=cmd_tune)
     p = sub.add_parser("validate", help="check a spec; creates nothing")
     p.add_argument("spec")
     p.set_defaults(func=cmd_validate)

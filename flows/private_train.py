@@ -221,7 +221,7 @@ def evaluation(built: builders.Built, data: SplitData) -> Dict[str, float]:
     return out
 
 
-def _load(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
+def load_run_spec(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
     if (spec_path is None) == (spec is None):
         raise ValueError("private_train: give exactly one of spec_path or spec")
     run_spec = specs.load_spec(spec_path) if spec_path is not None else specs.spec_from_dict(spec)
@@ -242,7 +242,7 @@ def _deployment_run() -> bool:
         return False
 
 
-def _charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
+def charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
     """On a team's worker (a deployment's flow run) every run is charged to the team's ledger: the one the
     worker's configuration names (flows/worker_config.py, which no job variable moves), else, on a worker
     without one, $PRIVZO_LEDGER_URL from its environment (against mistakes only). A spec naming no ledger is
@@ -292,8 +292,11 @@ def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]
 def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], progress: bool,
                    resume: Optional[str], as_of: Optional[str] = None) -> Dict[str, Any]:
     with checking_input():
-        run_spec = _load(spec_path, spec)
-        run_spec = _charged_to_the_team_ledger(run_spec)
+        run_spec = load_run_spec(spec_path, spec)
+        run_spec = charged_to_the_team_ledger(run_spec)
+        if run_spec.tune is not None:  # its sigma is calibrated for a search that only the tune flow runs
+            raise ValueError("tune: this spec searches its hyperparameters; run it with privzo tune (the private-tune "
+                             "flow), or remove its tune section to train it as written")
         from components.memory_plan import check_fits
         check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
         if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row

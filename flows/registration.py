@@ -4,6 +4,7 @@ guarantee, and the run's summary and budget table. Names from flows/tracking_nam
 flows/reporting.py. The flow (flows/private_train.py) calls these in order."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -38,12 +39,14 @@ from flows.tracking_names import (
 from flows.transcript import Transcript, log_transcript_model, replays_to, transcript_of, weights_bytes
 
 
-def privacy_summary(spec: specs.RunSpec, built: builders.Built) -> PrivacySummary:
-    """What the steps the loop executed spent, as the report and the tags state it."""
+def privacy_summary(spec: specs.RunSpec, built: builders.Built, selection: Optional[str] = None) -> PrivacySummary:
+    """What the steps the loop executed spent, as the report and the tags state it; ``selection``: a tune's
+    search, which the winner's guarantee includes (its loop's tracker then composes it)."""
     loop = built.loop
-    return summarize(spec, loop.tracker.epsilon(), loop.tracker.steps, loop.sampler,
-                     loop.estimator.queries_per_step, rho=loop.tracker.rho(),
-                     noise_source=loop.mechanism.noise_source)
+    summary = summarize(spec, loop.tracker.epsilon(), loop.tracker.steps, loop.sampler,
+                        loop.estimator.queries_per_step, rho=loop.tracker.rho(),
+                        noise_source=loop.mechanism.noise_source)
+    return summary if selection is None else dataclasses.replace(summary, selection=selection)
 
 
 @task(name="open-run", cache_policy=NO_CACHE, retries=2)
@@ -181,11 +184,11 @@ class Spent:
 
 
 def log_spent(resolved: specs.RunSpec, window: Tuple[str, ...], data: SplitData, built: builders.Built, run_id: str,
-              metrics: Dict[str, float]) -> Spent:
+              metrics: Dict[str, float], selection: Optional[str] = None) -> Spent:
     """Log the run's DP tags, DpEvent, privacy report and journal: what the steps executed so far spent.
-    ``window``: with data.blocks, the blocks the run read."""
+    ``window``: with data.blocks, the blocks the run read. ``selection``: a tune winner's search."""
     uri = resolved.tracking.uri
-    summary = privacy_summary(resolved, built)
+    summary = privacy_summary(resolved, built, selection)
     tags = {**dp_tags(summary, data.private.fingerprint), PRIVZO_DIRECTIONS_VERSION: str(GENERATOR_VERSION),
             PRIVZO_DIRECTIONS_STREAM: built.loop.backend.directions.stream}
     client = mlflow.MlflowClient(uri)

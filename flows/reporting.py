@@ -57,12 +57,20 @@ class PrivacySummary:
     event_sentence: Optional[str] = None  # a single pass: how its releases compose, in place of the per-step one
     large_delta_rows: Optional[int] = None  # N, where delta is above 1/N (privacy.allow_large_delta)
     person: Optional[str] = None  # person level: the column naming each row's person (data.blocks.person)
+    selection: Optional[str] = None  # privzo tune: the search the guarantee includes (the winner's run only)
 
     def guarantee(self) -> str:
         return self.guarantee_at(self.epsilon, self.rho)
 
     def guarantee_at(self, epsilon: float, rho: Optional[float] = None) -> str:
-        """The guarantee sentence at ``epsilon`` (a model's composed epsilon, or this run's)."""
+        """The guarantee sentence at ``epsilon`` (a model's composed epsilon, or this run's); a tune's winner
+        says the search it includes."""
+        sentence = self._guarantee_at(epsilon, rho)
+        if self.selection is None or not self.private:
+            return sentence
+        return f"{sentence} It includes the hyperparameter selection: {self.selection}."
+
+    def _guarantee_at(self, epsilon: float, rho: Optional[float] = None) -> str:
         if self.mechanism == "none":
             return (f"NOT private: mechanism none releases exact, unclipped values computed from {self.dataset} "
                     "(losses, or gradients for first_order); it has no (epsilon, delta) guarantee.")

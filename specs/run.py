@@ -23,6 +23,7 @@ from specs.sections import (
     BudgetSpec,
     CheckpointSpec,
     TrackingSpec,
+    TuneSpec,
     batch_size_of,
 )
 
@@ -44,6 +45,8 @@ class RunSpec(Strict):
     checkpoint: CheckpointSpec = CheckpointSpec()
     budget: Optional[BudgetSpec] = None
     assumptions: Optional[AssumptionsSpec] = Field(None, description="What a theory preset assumes of the loss.")
+    tune: Optional[TuneSpec] = Field(None, description="Hyperparameters chosen inside the guarantee (privzo tune): "
+                                     "a random number of candidates, only the best released.")
 
     @model_validator(mode="before")
     @classmethod

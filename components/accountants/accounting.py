@@ -421,6 +421,7 @@ _EVENT_TYPES: Dict[str, type] = {
         dp_accounting.ComposedDpEvent,
         dp_accounting.SingleEpochTreeAggregationDpEvent,
         dp_accounting.ZCDpEvent,
+        dp_accounting.dp_event.RepeatAndSelectDpEvent,  # privzo tune: the best of K candidates
     )
 }
 

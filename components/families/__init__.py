@@ -31,4 +31,7 @@ FAMILIES: Dict[str, Family] = {STANDARD: standard.FAMILY, NONSMOOTH: nonsmooth.F
 
 
 def family_for(spec) -> Family:
+    """The spec's family; a search (``tune``) plans as the best of K candidates."""
+    if getattr(spec, "tune", None) is not None and family_of(spec) == STANDARD:
+        return standard.TUNED
     return FAMILIES[family_of(spec)]

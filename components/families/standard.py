@@ -42,3 +42,36 @@ class StandardFamily:
 
 
 FAMILY = StandardFamily()
+
+
+class TunedFamily(StandardFamily):
+    """A private search (``tune``, on the private rows): each candidate planned as the standard family plans
+    it, at one sigma for all; the whole the best of K of them (components/tuning.py), calibrated so that the
+    released winner, the selection included, meets privacy.epsilon."""
+
+    def candidate_event(self, spec, n_private: Optional[int], sigma: float):
+        return StandardFamily.planned_event(self, spec, n_private, sigma)
+
+    def planned_event(self, spec, n_private: Optional[int], sigma: float):
+        from components.tuning import selection_event
+
+        return selection_event(spec.tune, self.candidate_event(spec, n_private, sigma))
+
+    def resolve(self, spec, n_private: Optional[int] = None, dimension: Optional[int] = None):
+        from components.tuning import same_event_problem
+
+        problem = same_event_problem(spec, self.candidate_event, n_private)
+        if problem:
+            raise ValueError(problem)
+        return super().resolve(spec, n_private, dimension)
+
+    def describe_plan(self, resolved, n: int, dimension=None) -> List[str]:
+        from components.tuning import plan_lines
+
+        sigma, delta = float(resolved.mechanism.noise_multiplier), float(resolved.privacy.delta)
+        one = accountant(resolved).epsilon(self.candidate_event(resolved, n, sigma), delta)
+        total = accountant(resolved).epsilon(self.planned_event(resolved, n, sigma), delta)
+        return plan_lines(resolved.tune, one, total, delta)
+
+
+TUNED = TunedFamily()

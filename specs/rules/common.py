@@ -40,6 +40,7 @@ def cross_field_problems(spec) -> List[str]:
     if spec.budget is not None and not (spec.privacy and not spec.privacy.insecure_deterministic):
         problems.append("budget: only private runs are charged to a dataset's budget; remove budget")
     problems += _block_problems(spec)
+    problems += _tune_problems(spec)
     problems += _transcript_problems(spec)
     if spec.budget is not None and spec.privacy is not None and spec.privacy.epsilon > spec.budget.lifetime_epsilon:
         problems.append("privacy.epsilon: larger than budget.lifetime_epsilon; lower it or raise the budget")
@@ -292,4 +293,26 @@ def _public_source_problems(source, public) -> List[str]:
                         "order), mode and size")
     if getattr(public, "scale", "auto") != "auto":
         problems.append("data.split.public_source.scale: the main source's scale applies to both; remove it")
+    return problems
+
+
+def _tune_problems(spec) -> List[str]:
+    """A search inside the guarantee: RDP (the only accountant dp-accounting composes repeat-and-select in),
+    the standard family (the others plan their settings from the theorem), a private run on fixed rows."""
+    tune = spec.tune
+    if tune is None:
+        return []
+    problems = []
+    if spec.privacy is None or spec.privacy.insecure_deterministic:
+        problems.append("tune: a search is a private run's (privacy, a mechanism, noise from the OS): its selection "
+                        "is what the guarantee covers")
+    elif spec.privacy.accountant != "rdp":
+        problems.append(f"privacy.accountant: a tune's selection is accounted in RDP (Papernot & Steinke), and "
+                        f"{spec.privacy.accountant} has no bound for it; use accountant: rdp")
+    if family_of(spec) != STANDARD:
+        problems.append(f"tune: {spec.optimizer.kind} plans its settings from its theorem; tune searches the "
+                        "standard family's estimators and optimizers (sgd, adam)")
+    if spec.data.blocks is not None:
+        problems.append("tune: a search reads fixed rows, not a window of blocks; remove data.blocks (or tune on a "
+                        "copy of one window's rows)")
     return problems

@@ -39,6 +39,7 @@ from specs.sections.checkpoint import CheckpointSpec
 from specs.sections.budget import (
     DATASET_PATTERN, LEDGER_URL_ENV, ledger_from_env, WindowSpec, BudgetSpec, default_ledger, sqlite_ledger_problem,
 )
+from specs.sections.tune import REPEAT_KINDS, RepeatSpec, ScoreSpec, TuneSpec
 
 __all__ = [
     "Probability", "SklearnSource", "TextSource", "FileSource", "CompletionsSource", "ImageFolderSource",
@@ -56,5 +57,5 @@ __all__ = [
     "O2ncOptimizer", "KL_CONSTANTS", "KlSpiderOptimizer", "ProximalPointOptimizer", "AdaptiveNoisyGdOptimizer",
     "OptimizerSpec", "KlSpec", "AssumptionsSpec", "ExecutionSpec", "TRACKING_URI_ENV", "tracking_uri_from_env",
     "TrackingSpec", "CheckpointSpec", "DATASET_PATTERN", "LEDGER_URL_ENV", "ledger_from_env", "WindowSpec", "BudgetSpec",
-    "default_ledger", "sqlite_ledger_problem",
+    "default_ledger", "sqlite_ledger_problem", "REPEAT_KINDS", "RepeatSpec", "ScoreSpec", "TuneSpec",
 ]

@@ -778,13 +778,13 @@ def test_a_team_workers_configuration_pins_its_ledger_whatever_the_runs_environm
     monkeypatch.setenv("PRIVZO_LEDGER_URL", own)
     d = copy.deepcopy(tiny_spec_dict)
     d["budget"] = {"dataset": "team-data", "lifetime_epsilon": 1000.0}
-    assert pt._charged_to_the_team_ledger(specs.spec_from_dict(d)).budget.ledger == team
+    assert pt.charged_to_the_team_ledger(specs.spec_from_dict(d)).budget.ledger == team
     d["budget"]["ledger"] = own
     with pytest.raises(ValueError, match=r"^budget.ledger: a deployment's run on this team's worker is charged to the "
                                          r"team's ledger \(this worker's configuration, sqlite:///.*team.db\), not "):
-        pt._charged_to_the_team_ledger(specs.spec_from_dict(d))
+        pt.charged_to_the_team_ledger(specs.spec_from_dict(d))
     monkeypatch.setattr(pt, "_deployment_run", lambda: False)  # the operator's own run is not the worker's
-    assert pt._charged_to_the_team_ledger(specs.spec_from_dict(d)).budget.ledger == own
+    assert pt.charged_to_the_team_ledger(specs.spec_from_dict(d)).budget.ledger == own
     config.write_text('{"ledger": "sqlite:///relative.db"}')
     with pytest.raises(ValueError, match=r"^budget.ledger: this worker's configuration .* names no usable ledger"):
         worker_ledger()

@@ -1,0 +1,212 @@
+"""``privzo tune``: hyperparameters chosen inside the guarantee (components/tuning.py says why it holds).
+
+The flow: the spec's rows are loaded and split once; sigma is calibrated so that the best of K candidates
+meets privacy.epsilon (RepeatAndSelectDpEvent, RDP); the ledger is charged once, with that event, before any
+candidate reads a row; K and each candidate's setting are drawn from the operating system's randomness; every
+candidate trains in memory and is scored on rows that are not private; only the winner is released: an MLflow
+parent run for the search (its space, K's law, the guarantee: never K, never a loser's setting or score) with
+one child run, the winner's (its setting, its curve, its model, registered like any run). A losing
+candidate's metrics, model and curve stay in this process's memory and are dropped with it; nothing of it is
+logged, printed or written. Who sees the flow run's duration or the worker's process table can estimate K:
+docs/guide/tuning.md says so.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import mlflow
+import torch
+from mlflow.entities import Param, RunTag
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
+
+import specs
+from components import builders, models
+from components.accountants import event_to_json
+from components.data import SplitData
+from components.protocols import Finalizing
+from components.families.common import accountant
+from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates, selection_event
+from flows.ledger import DatasetTerms, ledger_for_spending
+from flows.private_train import (calibrate, charged_to_the_team_ledger, commit_budget, evaluation,
+                                 load_and_split, load_run_spec, reserve_budget)
+from flows.refusals import checking_input, is_refusal, quiet_refusals, refusal_line
+from flows.registration import log_metrics, log_spent, open_run, register
+from flows.tracking import training_experiment
+from flows.tracking_names import DP_EPSILON, DP_GUARANTEE
+
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a child run under its parent
+TUNE_TAG = "privzo.tune"
+
+
+@dataclass
+class Candidate:
+    """One trained candidate, in memory only: a loser's is dropped with this object."""
+    setting: Dict[str, Any]
+    spec: specs.RunSpec
+    built: Any
+    score: float
+    curve: List[Tuple[int, Dict[str, float]]] = field(default_factory=list)
+
+
+class SelectionTracker:
+    """The winner's tracker as the search spent it: the best of K runs of what its loop executed."""
+
+    def __init__(self, inner, tune, accountant, delta: float):
+        self.inner, self.tune, self.accountant, self.delta = inner, tune, accountant, delta
+
+    def event(self):
+        return selection_event(self.tune, self.inner.event())
+
+    def epsilon(self) -> float:
+        return self.accountant.epsilon(self.event(), self.delta)
+
+    def rho(self) -> Optional[float]:
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def score_of(spec: specs.RunSpec, built, data: SplitData) -> float:
+    """The candidate's score on the tune's split (public or test rows: never a private one)."""
+    rows = data.public if spec.tune.score.split == "public" else data.test
+    if not len(rows):
+        raise ValueError(f"tune.score.split: the {spec.tune.score.split} split has no rows to score candidates on; "
+                         "give it rows (data.split) or score on the other")
+    dev = built.device
+    return float(models.evaluate(built.model, torch.as_tensor(rows.features, device=dev),
+                                 torch.as_tensor(rows.labels, device=dev))[spec.tune.score.metric])
+
+
+def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitData) -> Candidate:
+    """One candidate trained to its end in memory, its curve (the run's evaluation every log_every steps,
+    on test and public rows) kept for the winner's child run."""
+    spec = candidate_spec(search, setting)
+    built = builders.build_loop(spec, data)
+    warm = builders.public_warm_start(spec, built)
+    start = evaluation(built, data)
+    curve = [(0, {**({"public/warm_start_steps": warm} if warm else {}), **start})]
+    steps, every = spec.optimizer.steps, spec.tracking.log_every
+    try:
+        while built.loop.step < steps and not built.loop.finished:
+            built.loop.run(min(steps, built.loop.step + every))
+            curve.append((built.loop.step, evaluation(built, data)))
+        optimizer = built.loop.backend.optimizer
+        if isinstance(optimizer, Finalizing):
+            optimizer.finalize()
+            curve[-1] = (built.loop.step, evaluation(built, data))
+    finally:
+        built.loop.backend.close()
+    return Candidate(setting, spec, built, score_of(search, built, data), curve)
+
+
+@task(name="tune-candidates", cache_policy=NO_CACHE, retries=0)
+def run_candidates(search: specs.RunSpec, data: SplitData) -> Optional[Candidate]:
+    """Draw K and the settings, train each candidate, keep the best (None when K = 0). K is never returned,
+    logged or printed. A candidate that fails ends the search (its noise was drawn)."""
+    settings = draw_candidates(search.tune, secrets.SystemRandom())
+    best: Optional[Candidate] = None
+    for setting in settings:
+        candidate = train_candidate(search, setting, data)
+        if best is None or better(search.tune.score.metric, candidate.score, best.score):
+            best = candidate
+        del candidate  # a loser's model and curve go with it
+    return best
+
+
+def selection_sentence(search: specs.RunSpec) -> str:
+    tune = search.tune
+    law = RepeatLaw(tune.candidates)
+    return (f"the best of K candidates, K ~ {law.describe()} drawn from the operating system's randomness and "
+            f"never released, each a run of this spec with a setting drawn uniformly from {len(tune.settings())} "
+            f"settings of {', '.join(tune.space)} and scored by {tune.score.metric} on the {tune.score.split} rows; "
+            "only this one was released")
+
+
+def _parent_run(search: specs.RunSpec) -> str:
+    """The search's MLflow parent run: the space, K's law and the score, never K or a loser's anything."""
+    client = mlflow.MlflowClient(search.tracking.uri)
+    experiment_id = training_experiment(client, search.tracking.experiment or search.name)
+    tune = search.tune
+    run = client.create_run(experiment_id, run_name=f"{search.name}-tune", tags={TUNE_TAG: "search"})
+    client.log_batch(run.info.run_id, params=[
+        Param("tune.space", json.dumps(tune.space, sort_keys=True)),
+        Param("tune.candidates", RepeatLaw(tune.candidates).describe()),
+        Param("tune.score", f"{tune.score.metric} on {tune.score.split}"),
+        Param("privacy.epsilon", str(search.privacy.epsilon)), Param("privacy.delta", str(search.privacy.delta)),
+        Param("mechanism.noise_multiplier", repr(float(search.mechanism.noise_multiplier)))])
+    return run.info.run_id
+
+
+@flow(name="private-tune", log_prints=True, validate_parameters=True)
+def private_tune(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Choose a spec's hyperparameters under differential privacy (its ``tune`` section) and release only the
+    winner, registered like any run; privacy.epsilon is the winner's, the search included. A refusal ends
+    the flow run Failed with its line as the state's message; called in-process, the refusal is raised."""
+    quiet_refusals()
+    try:
+        return _private_tune(spec_path, spec)
+    except Exception as err:
+        if is_refusal(err):
+            return Failed(message=refusal_line(err), data=err)
+        raise
+
+
+def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    with checking_input():
+        run_spec = charged_to_the_team_ledger(load_run_spec(spec_path, spec))
+        if run_spec.tune is None:
+            raise ValueError("tune: this spec has no tune section; give tune.space and tune.candidates "
+                             "(docs/guide/tuning.md), or train it with privzo run")
+        if run_spec.budget is not None:
+            ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
+    data = load_and_split(run_spec)
+    plan = calibrate(run_spec, data)
+    search = plan.spec
+    charge_id = str(uuid.uuid4())
+    planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))
+    reserved = reserve_budget(plan, data, charge_id) if search.budget is not None else None
+    logger = get_run_logger()
+    logger.info("tune: sigma %.6g for the search (privacy.epsilon %s, the selection included); candidates run "
+                "in memory, only the winner is logged", float(search.mechanism.noise_multiplier), search.privacy.epsilon)
+    try:
+        best = run_candidates(search, data)
+    except BaseException:
+        if reserved is not None:  # noise was drawn: the search is charged whole
+            commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, None)
+        raise
+    parent = _parent_run(search)
+    client = mlflow.MlflowClient(search.tracking.uri)
+    if best is None:  # K = 0 (Poisson): nothing trained, nothing released
+        client.set_terminated(parent, "FINISHED")
+        if reserved is not None:
+            commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, parent)
+        logger.info("tune: no candidate ran (a Poisson K of 0); nothing is released")
+        return {"parent_run_id": parent, "winner": None, "epsilon": float(plan.epsilon)}
+    winner = best.spec
+    child = open_run(winner, plan.sampling_rate, data, best.built.loop.backend.directions.dim, str(best.built.device))
+    client.set_tag(child, PARENT_TAG, parent)
+    client.set_tag(child, TUNE_TAG, "winner")
+    for step, metrics in best.curve:
+        log_metrics(winner.tracking.uri, child, metrics, step)
+    best.built.loop.tracker = SelectionTracker(best.built.loop.tracker, search.tune,
+                                               accountant(search), float(search.privacy.delta))
+    final = dict(best.curve[-1][1])
+    spent = log_spent(winner, (), data, best.built, child, final, selection=selection_sentence(search))
+    version = register(winner, data, best.built, child, spent)
+    client.set_terminated(child, "FINISHED")
+    client.log_batch(parent, params=[Param(f"winner.{k}", str(v)) for k, v in best.setting.items()],
+                     tags=[RunTag(DP_EPSILON, spent.tags[DP_EPSILON]), RunTag(DP_GUARANTEE, spent.model_guarantee)])
+    client.set_terminated(parent, "FINISHED")
+    if reserved is not None:
+        commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, child)
+    return {"parent_run_id": parent, "run_id": child, "winner": best.setting, "score": best.score,
+            "tracking_uri": winner.tracking.uri, "experiment_id": client.get_run(child).info.experiment_id,
+            "epsilon": float(spent.summary.epsilon), "guarantee": spent.model_guarantee, "model_version": version,
+            "noise_multiplier": float(search.mechanism.noise_multiplier), **final}

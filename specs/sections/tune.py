@@ -1,0 +1,81 @@
+"""The ``tune`` section: hyperparameters chosen inside the guarantee (Papernot & Steinke, "Hyperparameter
+tuning with Renyi differential privacy", ICLR 2022). A random number K of candidates, each a run of this spec
+with one setting of the search space, and only the best is released; the whole is RDP at a small multiple of
+one candidate's cost (dp-accounting's RepeatAndSelectDpEvent)."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Literal, Optional, Union
+
+from pydantic import Field, PositiveFloat, model_validator
+
+from specs.base import Strict
+
+# K's distribution: dp-accounting's shape parameter of each (the truncated negative binomial takes its own)
+REPEAT_SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
+REPEAT_KINDS = (*REPEAT_SHAPES, "truncated_negative_binomial")
+
+Value = Union[bool, int, float, str]
+
+
+class RepeatSpec(Strict):
+    """How many candidates run: K drawn at random (from the operating system's randomness, never released)."""
+
+    distribution: Literal["poisson", "geometric", "logarithmic", "truncated_negative_binomial"] = Field(
+        "truncated_negative_binomial", description="K's distribution (Papernot & Steinke): poisson, geometric, "
+        "logarithmic, or truncated_negative_binomial with its shape.")
+    mean: PositiveFloat = Field(..., description="E[K], at least 1: the candidates run on average.")
+    shape: Optional[PositiveFloat] = Field(None, description="truncated_negative_binomial only: its shape "
+                                           "eta > 0 (eta = 1 is the geometric).")
+
+    @model_validator(mode="after")
+    def _shape_and_mean(self):
+        if self.mean < 1:
+            raise ValueError(f"mean: E[K] is at least 1, not {self.mean}")
+        if self.distribution == "truncated_negative_binomial" and self.shape is None:
+            raise ValueError("shape: truncated_negative_binomial needs its shape eta > 0 (e.g. 0.5)")
+        if self.distribution != "truncated_negative_binomial" and self.shape is not None:
+            raise ValueError(f"shape: only truncated_negative_binomial takes a shape; {self.distribution} has its own")
+        return self
+
+    @property
+    def accounting_shape(self) -> float:
+        """dp-accounting's shape parameter of RepeatAndSelectDpEvent for this distribution."""
+        return float(self.shape) if self.shape is not None else REPEAT_SHAPES[self.distribution]
+
+
+class ScoreSpec(Strict):
+    """What picks the winner: a metric of each trained candidate on rows that are not private."""
+
+    split: Literal["public", "test"] = Field("public", description="The rows it is computed on: public (the "
+                                             "winner's test score then stays unbiased) or test.")
+    metric: Literal["accuracy", "loss"] = Field("accuracy", description="accuracy (higher wins) or loss (lower wins).")
+
+
+class TuneSpec(Strict):
+    """A search over this spec's settings whose selection is inside the guarantee: privacy.epsilon is the
+    released winner's, the search included."""
+
+    space: Dict[str, List[Value]] = Field(..., min_length=1, description="Spec fields by dotted path (e.g. "
+                                          "optimizer.lr) and the values each candidate draws from; a candidate's "
+                                          "setting is one value of each, drawn uniformly.")
+    candidates: RepeatSpec = Field(..., description="K's distribution.")
+    score: ScoreSpec = ScoreSpec()
+
+    @model_validator(mode="after")
+    def _space(self):
+        for path, values in self.space.items():
+            if not values:
+                raise ValueError(f"space.{path}: give at least one value")
+            if path.split(".")[0] in ("tune", "privacy", "budget", "name", "seed", "tracking", "checkpoint", "data"):
+                raise ValueError(f"space.{path}: {path.split('.')[0]} is not searched (the guarantee, the ledger "
+                                 "and the rows are the search's own); search the model, estimator, mechanism, "
+                                 "sampling or optimizer fields")
+        return self
+
+    def settings(self) -> List[Dict[str, Value]]:
+        """Every setting of the space (its grid), in a fixed order."""
+        grid: List[Dict[str, Value]] = [{}]
+        for path, values in self.space.items():
+            grid = [{**g, path: v} for g in grid for v in values]
+        return grid

@@ -1,0 +1,164 @@
+"""privzo tune: hyperparameters chosen inside the guarantee (Papernot & Steinke's repeat-and-select). The
+search's epsilon computed here from dp-accounting alone equals what the ledger and the model version claim;
+a losing candidate leaves nothing in MLflow, the logs or the disk; the spec's search is refused where its
+bound does not hold."""
+import copy
+import math
+import random
+
+import dp_accounting
+import mlflow
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.rdp import RdpAccountant
+
+import specs
+from components.tuning import RepeatLaw
+from flows import tune as tune_flow
+from flows.cli import main
+from flows.ledger import PrivacyLedger
+from flows.tracking_names import DP_EPSILON
+
+SPACE = {"optimizer.lr": [0.005, 0.02, 0.08], "mechanism.clip": [1.0, 2.0]}
+
+
+def _tune_spec(tiny, tmp_path, **tune):
+    d = copy.deepcopy(tiny)
+    d["name"] = "tiny-tune"
+    d["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 30}
+    d["budget"] = {"dataset": "digits-tune", "lifetime_epsilon": 5.0, "ledger": f"sqlite:///{tmp_path / 'ledger.db'}"}
+    d["tune"] = {"space": SPACE, "candidates": {"distribution": "geometric", "mean": 3}, **tune}
+    return d
+
+
+@pytest.mark.parametrize("repeat", [{"distribution": "poisson", "mean": 6},
+                                    {"distribution": "geometric", "mean": 4},
+                                    {"distribution": "logarithmic", "mean": 4},
+                                    {"distribution": "truncated_negative_binomial", "mean": 8, "shape": 0.5}])
+def test_k_is_drawn_from_its_law(repeat):
+    """The draw's mean over many draws is the law's (within 4 standard errors); the law sums to one."""
+    law = RepeatLaw(specs.sections.RepeatSpec(**repeat))
+    assert sum(law.pmf(k) for k in range(5000)) == pytest.approx(1.0, abs=1e-9)
+    mean = sum(k * law.pmf(k) for k in range(5000))
+    assert mean == pytest.approx(repeat["mean"], rel=1e-6)
+    rng = random.Random(7)
+    draws = [law.draw(rng.random) for _ in range(20000)]
+    sd = math.sqrt(sum((k - mean) ** 2 * law.pmf(k) for k in range(5000)) / len(draws))
+    assert abs(sum(draws) / len(draws) - mean) < 4 * sd
+    assert min(draws) == (0 if repeat["distribution"] == "poisson" else 1)
+
+
+def _prefect_logs() -> str:
+    """Every log line the Prefect server holds (what the UI shows of flow and task runs)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return [log.message for log in await client.read_logs(limit=200)]
+
+    return "\n".join(asyncio.run(read()))
+
+
+def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_the_winner(
+        prefect_server, tiny_spec_dict, tmp_path, monkeypatch, capfd):
+    # three candidates of known settings (K and the draws are the OS's otherwise); each one's score recorded
+    settings = [{"optimizer.lr": 0.005, "mechanism.clip": 1.0}, {"optimizer.lr": 0.08, "mechanism.clip": 2.0},
+                {"optimizer.lr": 0.02, "mechanism.clip": 1.0}]
+    monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: list(settings))
+    trained = []
+    real = tune_flow.train_candidate
+
+    def spy(search, setting, data):
+        candidate = real(search, setting, data)
+        trained.append((setting, candidate.score, [dict(m) for _, m in candidate.curve]))
+        return candidate
+
+    monkeypatch.setattr(tune_flow, "train_candidate", spy)
+    d = _tune_spec(tiny_spec_dict, tmp_path)
+    result = tune_flow.private_tune(spec=d)
+    assert len(trained) == 3
+
+    # the epsilon from dp-accounting alone: the best of K ~ geometric(3) runs of 60 Poisson-subsampled steps
+    sigma = result["noise_multiplier"]
+    delta = 1 / 1385
+    one = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        64 / 1385, dp_accounting.GaussianDpEvent(sigma)), 60)  # a step's queries are released as one vector
+    independent = RdpAccountant().compose(dp_event.RepeatAndSelectDpEvent(one, 3.0, 1.0)).get_epsilon(delta)
+    assert independent == pytest.approx(2.0, rel=1e-6)
+    (charge,) = PrivacyLedger(d["budget"]["ledger"]).history("digits-tune")
+    assert charge.status == "committed" and charge.run_id == result["run_id"]
+    assert PrivacyLedger(d["budget"]["ledger"]).spent("digits-tune") == pytest.approx(independent, rel=1e-9)
+    client = mlflow.MlflowClient(d["tracking"]["uri"])
+    (version,) = client.search_model_versions("name='tiny-tune'")
+    assert float(version.tags[DP_EPSILON]) == pytest.approx(independent, rel=5e-6)
+    assert "It includes the hyperparameter selection: the best of K candidates, K ~ geometric (mean 3)" in \
+        version.description
+
+    # only the winner is released: two runs (the search and its winner), nothing of a loser anywhere
+    best = max(trained, key=lambda t: t[1])
+    assert result["winner"] == best[0]
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert sorted(r.data.tags.get("privzo.tune") for r in runs) == ["search", "winner"]
+    losers = [t for t in trained if t[0] != best[0]]
+    loser_values = {v for _, score, curve in losers for v in [score, *[x for m in curve for x in m.values()]]}
+    winner_values = {v for m in best[2] for v in m.values()} | {best[1]}
+    only_losers = loser_values - winner_values
+    assert only_losers
+    printed = capfd.readouterr()
+    logged = "\n".join([printed.out, printed.err, _prefect_logs()])
+    assert "tune: sigma" in logged  # the flow's own line is there to be read
+    for run in runs:
+        for key in run.data.metrics:
+            history = {m.value for m in client.get_metric_history(run.info.run_id, key)}
+            assert not history & only_losers, key
+        for key, value in run.data.params.items():
+            if key != "tune.space":  # the public grid, every setting of it
+                assert all(f"{k}: {v}" not in value for s, _, _ in losers for k, v in s.items()), key
+        for artifact in _artifact_texts(client, run.info.run_id, tmp_path):
+            assert not any(repr(v) in artifact or f"{v:.4f}" in artifact for v in only_losers)
+    assert not any(f"{v:.4f}" in logged for v in only_losers)
+    assert not (tmp_path / ".privzo").exists() and not list(tmp_path.glob("**/checkpoint.pt"))
+
+
+def _artifact_texts(client, run_id, tmp_path):
+    out = []
+    for item in client.list_artifacts(run_id):
+        if item.is_dir or not item.path.endswith((".json", ".md", ".yaml", ".txt")):
+            continue
+        path = client.download_artifacts(run_id, item.path, str(tmp_path / "downloaded"))
+        out.append(open(path).read())
+    return out
+
+
+def test_a_search_whose_bound_does_not_hold_is_refused_in_one_line(tiny_spec_dict, tmp_path, capsys):
+    """PLD has no repeat-and-select bound; a setting that changes a candidate's event (its steps) makes the
+    candidates more than one mechanism; sigma is the search's own; privzo run does not train a search."""
+    from components import builders
+
+    d = _tune_spec(tiny_spec_dict, tmp_path)
+    d["privacy"]["accountant"] = "pld"
+    with pytest.raises(ValueError, match=r"privacy.accountant: a tune's selection is accounted in RDP"):
+        specs.spec_from_dict(d)
+    d = _tune_spec(tiny_spec_dict, tmp_path)
+    d["tune"]["space"] = {"optimizer.steps": [30, 60]}
+    with pytest.raises(ValueError, match=r"^tune.space: the setting \{'optimizer.steps': 30\} changes a candidate's "
+                                         r"privacy event"):
+        builders.resolve_privacy(specs.spec_from_dict(d))
+    d["tune"]["space"] = {"mechanism.noise_multiplier": [1.0, 2.0]}
+    with pytest.raises(ValueError, match=r"^tune.space.mechanism.noise_multiplier: the search does not vary"):
+        builders.resolve_privacy(specs.spec_from_dict(d))
+    d["tune"]["space"] = {"optimizer.learning_rate": [1.0]}
+    with pytest.raises(ValueError, match=r"^tune.space.optimizer.learning_rate: optimizer has no field "
+                                         r"'learning_rate'"):
+        builders.resolve_privacy(specs.spec_from_dict(d))
+    path = tmp_path / "tune.yaml"
+    path.write_text(specs.dump_yaml(specs.spec_from_dict(_tune_spec(tiny_spec_dict, tmp_path))))
+    assert main(["run", str(path)]) == 2
+    assert "tune: this spec searches its hyperparameters; run it with privzo tune" in capsys.readouterr().err
+    assert not (tmp_path / "ledger.db").exists()
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "tune: the best of K candidates over 6 settings of optimizer.lr, mechanism.clip" in out
+    assert "the released winner, the selection included, (2, " in out
