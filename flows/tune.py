@@ -108,16 +108,69 @@ def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitD
 
 @task(name="tune-candidates", cache_policy=NO_CACHE, retries=0)
 def run_candidates(search: specs.RunSpec, data: SplitData) -> Optional[Candidate]:
-    """Draw K and the settings, train each candidate, keep the best (None when K = 0). K is never returned,
-    logged or printed. A candidate that fails ends the search (its noise was drawn)."""
+    """Draw K and the settings, train each candidate, keep the best (None when K = 0 or none finished). K is
+    never returned, logged or printed. With execution.backend ray the candidates are Ray tasks, each training
+    its candidate in-process; otherwise they run here one after another. A candidate that raises is a loser
+    (it never wins; its failure is not released), so K's law is unchanged; a task lost with its worker or node
+    is run again by Ray, which draws fresh noise for a run whose output never left it."""
     settings = draw_candidates(search.tune, secrets.SystemRandom())
+    if search.execution.backend == "ray":
+        return _on_ray(search, settings, data)
     best: Optional[Candidate] = None
     for setting in settings:
-        candidate = train_candidate(search, setting, data)
+        try:
+            candidate = train_candidate(search, setting, data)
+        except Exception:  # noqa: BLE001 - a loser; what it raised is not released
+            continue
         if best is None or better(search.tune.score.metric, candidate.score, best.score):
             best = candidate
         del candidate  # a loser's model and curve go with it
     return best
+
+
+def _in_process(search: specs.RunSpec) -> specs.RunSpec:
+    """The search as one Ray task trains a candidate: its steps in the task's own process."""
+    data = search.model_dump(mode="json")
+    data["execution"]["backend"] = "local"
+    return specs.RunSpec.model_validate(data)
+
+
+def _trained_in_task(search: specs.RunSpec, setting: Dict[str, Any], data: SplitData, threads: int):
+    """A Ray task's candidate: (score, curve, its loop's state) or None when it raised (a loser)."""
+    torch.set_num_threads(threads)
+    try:
+        candidate = train_candidate(search, setting, data)
+    except Exception:  # noqa: BLE001 - a loser; what it raised stays in the task
+        return None
+    return candidate.score, candidate.curve, candidate.built.loop.state_dict()
+
+
+def _on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData) -> Optional[Candidate]:
+    import ray
+
+    from components.runtime.ray_backend import connect
+
+    execution = search.execution
+    connect(execution.address, execution.workers * execution.cpus_per_worker)
+    local = _in_process(search)
+    shared = ray.put(data)
+    task = ray.remote(_trained_in_task).options(num_cpus=execution.cpus_per_worker, max_retries=3)
+    threads = max(1, int(execution.cpus_per_worker))
+    refs = [task.remote(local, setting, shared, threads) for setting in settings]
+    best = None
+    for setting, ref in zip(settings, refs):
+        result = ray.get(ref)
+        if result is not None and (best is None or better(search.tune.score.metric, result[0], best[1][0])):
+            best = (setting, result)
+        del result
+    del refs, shared
+    if best is None:
+        return None
+    setting, (score, curve, state) = best
+    spec = candidate_spec(local, setting)  # the winner rebuilt here from its state: the trajectory it ran
+    built = builders.build_loop(spec, data)
+    built.loop.load_state_dict(state, restore_privacy_steps=True)
+    return Candidate(setting, spec, built, score, curve)
 
 
 def selection_sentence(search: specs.RunSpec) -> str:
@@ -189,7 +242,9 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> D
             commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, parent)
         logger.info("tune: no candidate ran (a Poisson K of 0); nothing is released")
         return {"parent_run_id": parent, "winner": None, "epsilon": float(plan.epsilon)}
-    winner = best.spec
+    # the winner's spec as logged: its setting, and the search it won (its planned event is the search's, the
+    # ledger's; its lr and clip replay its journal), so privzo verify checks it as any run
+    winner = best.spec.model_copy(update={"tune": search.tune})
     child = open_run(winner, plan.sampling_rate, data, best.built.loop.backend.directions.dim, str(best.built.device))
     client.set_tag(child, PARENT_TAG, parent)
     client.set_tag(child, TUNE_TAG, "winner")

@@ -213,6 +213,21 @@ def _join(address: str, attempts: int = 3) -> None:
             time.sleep(2.0)
 
 
+def connect(address: str, cpus: float) -> None:
+    """This process's Ray, once: a new local cluster (``address`` local) with at least ``cpus`` logical CPUs,
+    else the running cluster at ``address``."""
+    if ray.is_initialized():
+        return
+    if address == "local":
+        # Ray's default for a new local cluster (token authentication) stays; only its notice that it chose
+        # it, printed on every run, is not shown. Logical CPUs: enough for every bundle.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)))
+    else:
+        _join(address)
+
+
 def _resources(bundle: Dict[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in bundle.items())
 
@@ -240,15 +255,7 @@ class RayBackend:
                  workers: int, gpus_per_worker: float, address: str, parallelism: str, checksum_every: int,
                  cpus_per_worker: float = 1.0, workers_per_node: Optional[int] = None,
                  persons: Optional[np.ndarray] = None):
-        if not ray.is_initialized():
-            if address == "local":
-                # Ray's default for a new local cluster (token authentication) stays; only its notice that
-                # it chose it, printed on every run, is not shown. Logical CPUs: enough for every bundle.
-                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                         num_cpus=max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)))
-            else:
-                _join(address)
+        connect(address, workers * cpus_per_worker)
         self.workers: list = []
         self._group = None  # the placement group, once reserved (close gives it back)
         self.local = local  # the driver's replica: source of truth, public gradients, evaluation

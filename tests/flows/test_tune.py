@@ -95,6 +95,10 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
     assert float(version.tags[DP_EPSILON]) == pytest.approx(independent, rel=5e-6)
     assert "It includes the hyperparameter selection: the best of K candidates, K ~ geometric (mean 3)" in \
         version.description
+    from flows.verify import verify
+
+    checked = verify("tiny-tune", version.version, tracking_uri=d["tracking"]["uri"], ledger_url=d["budget"]["ledger"])
+    assert checked.passed, checked.first_mismatch  # the winner's journal replays to its weights, its plan the search's
 
     # only the winner is released: two runs (the search and its winner), nothing of a loser anywhere
     best = max(trained, key=lambda t: t[1])
@@ -114,7 +118,7 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
             history = {m.value for m in client.get_metric_history(run.info.run_id, key)}
             assert not history & only_losers, key
         for key, value in run.data.params.items():
-            if key != "tune.space":  # the public grid, every setting of it
+            if not key.startswith("tune."):  # the search's public grid, every setting of it
                 assert all(f"{k}: {v}" not in value for s, _, _ in losers for k, v in s.items()), key
         for artifact in _artifact_texts(client, run.info.run_id, tmp_path):
             assert not any(repr(v) in artifact or f"{v:.4f}" in artifact for v in only_losers)
@@ -162,3 +166,27 @@ def test_a_search_whose_bound_does_not_hold_is_refused_in_one_line(tiny_spec_dic
     out = capsys.readouterr().out
     assert "tune: the best of K candidates over 6 settings of optimizer.lr, mechanism.clip" in out
     assert "the released winner, the selection included, (2, " in out
+
+
+def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(prefect_server, tiny_spec_dict,
+                                                                             tmp_path, monkeypatch):
+    """With execution.backend ray each candidate is a Ray task; the winner's model, rebuilt on the driver from
+    the state its task returned, scores what its task scored, and is registered with the search's epsilon."""
+    settings = [{"optimizer.lr": 0.005, "mechanism.clip": 1.0}, {"optimizer.lr": 0.08, "mechanism.clip": 2.0}]
+    monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: list(settings))
+    d = _tune_spec(tiny_spec_dict, tmp_path)
+    d["execution"] = {"backend": "ray", "workers": 2}
+    result = tune_flow.private_tune(spec=d)
+    assert result["winner"] in settings
+    client = mlflow.MlflowClient(d["tracking"]["uri"])
+    run = client.get_run(result["run_id"])
+    assert run.data.params["execution.backend"] == "local"  # each candidate ran inside its task
+    (version,) = client.search_model_versions("name='tiny-tune'")
+    assert float(version.tags[DP_EPSILON]) == pytest.approx(2.0, rel=5e-6)
+    model = mlflow.pytorch.load_model(f"models:/tiny-tune/{version.version}")
+    from components import builders, models as model_zoo
+    import torch
+
+    data = builders.load_data(specs.spec_from_dict(d))
+    score = model_zoo.evaluate(model, torch.as_tensor(data.public.features), torch.as_tensor(data.public.labels))
+    assert score["accuracy"] == pytest.approx(result["score"], abs=1e-6)
