@@ -25,7 +25,7 @@ def main() -> None:
 
     import specs
     from components import builders
-    from flows.tune import _on_ray, train_candidate
+    from flows.tune import candidates_on_ray, train_candidate
 
     with open(os.path.join(ROOT, "specs", "examples", "digits_tune.yaml")) as f:
         d = yaml.safe_load(f)
@@ -50,7 +50,7 @@ def main() -> None:
 
     connect("local", args.workers)  # started before the clock: a team's cluster is already running
     start = time.perf_counter()
-    best = _on_ray(on_ray, settings, data)
+    best = candidates_on_ray(on_ray, settings, data)
     parallel = time.perf_counter() - start
     ray.shutdown()
     print(f"{len(settings)} candidates of {search.optimizer.steps} steps ({search.estimator.kind}, "

@@ -115,7 +115,7 @@ def run_candidates(search: specs.RunSpec, data: SplitData) -> Optional[Candidate
     is run again by Ray, which draws fresh noise for a run whose output never left it."""
     settings = draw_candidates(search.tune, secrets.SystemRandom())
     if search.execution.backend == "ray":
-        return _on_ray(search, settings, data)
+        return candidates_on_ray(search, settings, data)
     best: Optional[Candidate] = None
     for setting in settings:
         try:
@@ -145,7 +145,8 @@ def _trained_in_task(search: specs.RunSpec, setting: Dict[str, Any], data: Split
     return candidate.score, candidate.curve, candidate.built.loop.state_dict()
 
 
-def _on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData) -> Optional[Candidate]:
+def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]],
+                      data: SplitData) -> Optional[Candidate]:
     import ray
 
     from components.runtime.ray_backend import connect

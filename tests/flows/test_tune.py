@@ -48,15 +48,17 @@ def test_k_is_drawn_from_its_law(repeat):
     assert min(draws) == (0 if repeat["distribution"] == "poisson" else 1)
 
 
-def _prefect_logs() -> str:
-    """Every log line the Prefect server holds (what the UI shows of flow and task runs)."""
+def _prefect_logs(flow_run_id) -> str:
+    """Every log line the Prefect server holds of a flow run and its task runs (what the UI shows of them)."""
     import asyncio
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     async def read():
         async with get_client() as client:
-            return [log.message for log in await client.read_logs(limit=200)]
+            return [log.message for log in await client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)]
 
     return "\n".join(asyncio.run(read()))
 
@@ -77,7 +79,8 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
 
     monkeypatch.setattr(tune_flow, "train_candidate", spy)
     d = _tune_spec(tiny_spec_dict, tmp_path)
-    result = tune_flow.private_tune(spec=d)
+    state = tune_flow.private_tune(spec=d, return_state=True)
+    result = state.result()
     assert len(trained) == 3
 
     # the epsilon from dp-accounting alone: the best of K ~ geometric(3) runs of 60 Poisson-subsampled steps
@@ -111,7 +114,7 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
     only_losers = loser_values - winner_values
     assert only_losers
     printed = capfd.readouterr()
-    logged = "\n".join([printed.out, printed.err, _prefect_logs()])
+    logged = "\n".join([printed.out, printed.err, _prefect_logs(state.state_details.flow_run_id)])
     assert "tune: sigma" in logged  # the flow's own line is there to be read
     for run in runs:
         for key in run.data.metrics:
