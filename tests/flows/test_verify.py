@@ -54,7 +54,12 @@ def trained(prefect_server, mlflow_schema, tmp_path_factory):
 def client(trained, monkeypatch):
     monkeypatch.chdir(trained[3])
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    return mlflow.MlflowClient(trained[1])
+    # MLflow's registry looks a version's logged model up through the process's tracking URI, not the
+    # client's: another test run in this worker since the module's run may have set it elsewhere
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(trained[1])
+    yield mlflow.MlflowClient(trained[1])
+    mlflow.set_tracking_uri(previous)
 
 
 def _copy_of_version_1(client) -> str:
