@@ -23,6 +23,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
+    import torch
+
     import specs
     from components import builders
     from flows.tune import candidates_on_ray, train_candidate
@@ -37,8 +39,13 @@ def main() -> None:
     grid = search.tune.settings()
     settings = [grid[i % len(grid)] for i in range(args.candidates)]
 
+    # one after another in this process, on the local backend with torch's threads (both cores): the flow's
+    # path with execution.backend local
+    local_dict = search.model_dump(mode="json")
+    local_dict["execution"] = {**local_dict["execution"], "backend": "local"}
+    local = specs.RunSpec.model_validate(local_dict)
     start = time.perf_counter()
-    one_by_one = [train_candidate(search, s, data).score for s in settings]
+    one_by_one = [train_candidate(local, s, data).score for s in settings]
     sequential = time.perf_counter() - start
 
     ray_spec = copy.deepcopy(search.model_dump(mode="json"))
@@ -54,7 +61,7 @@ def main() -> None:
     parallel = time.perf_counter() - start
     ray.shutdown()
     print(f"{len(settings)} candidates of {search.optimizer.steps} steps ({search.estimator.kind}, "
-          f"{search.model.kind}) on digits")
+          f"{search.model.kind}) on digits; torch threads here {torch.get_num_threads()}, 1 in each Ray task")
     print(f"one after another: {sequential:.1f} s; as Ray tasks on {args.workers} workers: {parallel:.1f} s; "
           f"ratio {sequential / parallel:.2f}x")
     print(f"best score one after another {max(one_by_one):.4f}, on Ray {best.score:.4f} (fresh noise: they differ)")
