@@ -49,6 +49,7 @@ STREAM_DIRECTION = 2
 STREAM_INIT = 3
 STREAM_EXAMPLE_DIRECTION = 4  # per-example sphere directions of the nonsmooth oracles
 STREAM_PASS = 5  # the order a single pass reads the private rows in
+STREAM_REHEARSAL = 6  # which public rows a tune rehearsal holds out to score its settings
 STREAM_INSECURE_PRIVATE = 99
 
 

@@ -187,3 +187,49 @@ def winner(scores: List[Tuple[int, float]], metric: str) -> Optional[int]:
         if best is None or better(metric, value, best[1]):
             best = (index, value)
     return None if best is None else best[0]
+
+
+# ---------------------------------------------------------------- the rehearsal on public rows (tune.rows: public)
+REHEARSAL_SCORED = 0.25  # the public rows held out to score each setting; the rest train it
+
+
+def rehearsal_rows(data, seed: int):
+    """The rehearsal's rows, all public: a public-seeded quarter of the public split held out (it scores the
+    settings when score.split is public, and guides a public-guided estimator), the rest trained on as the
+    private rows would be. The private rows are not in it."""
+    import numpy as np
+
+    from components.data.split import Part, SplitData
+    from components.randomness import STREAM_REHEARSAL, public_seed
+
+    public = data.public
+    if len(public) < 8:
+        raise ValueError(f"tune.rows: public needs public rows to train and score the settings on, and the split has "
+                         f"{len(public)}; give data.split a larger public fraction, or tune rows: private")
+    order = np.random.default_rng(public_seed(seed, STREAM_REHEARSAL)).permutation(len(public))
+    held = max(1, int(round(REHEARSAL_SCORED * len(public))))
+
+    def part(idx):
+        idx = np.sort(idx)
+        return Part(public.features[idx], public.labels[idx], [public.fingerprints[i] for i in idx],
+                    None if public.persons is None else public.persons[idx])
+
+    return SplitData(public=part(order[:held]), private=part(order[held:]), test=data.test,
+                     n_classes=data.n_classes, n_features=data.n_features, layout=data.layout)
+
+
+def rehearsal_spec(search, n_train: int):
+    """The calibrated search as the rehearsal runs it on ``n_train`` public rows: the private search's steps and
+    sigma, its batch capped at the rows there are, no budget (nothing private is read, nothing is charged)."""
+    from specs.run import RunSpec
+
+    data = search.model_dump(mode="json")
+    data["budget"] = None
+    data["optimizer"]["steps"], data["optimizer"]["epochs"] = int(search.optimizer.steps), None
+    sampling = data["sampling"]
+    for field in ("expected_batch_size", "batch_size"):
+        if field in sampling:
+            sampling[field] = min(int(sampling[field]), n_train)
+    if data["data"].get("declared_private_rows") is not None:
+        data["data"]["declared_private_rows"] = n_train
+    return RunSpec.model_validate(data)

@@ -236,6 +236,21 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _print_rehearsal(spec: specs.RunSpec, result) -> int:
+    from flows.tracking import run_url
+
+    print(f"{spec.name} rehearsal on {result['rows']}; nothing was charged (the private search would be "
+          f"epsilon {result['private_search_epsilon']:.4g}, sigma {result['noise_multiplier']:.4g})")
+    for row in result["settings"]:
+        score = "failed" if row["score"] is None else f"{row['score']:.4f}"
+        print(f"  {', '.join(f'{k} {v}' for k, v in row['setting'].items())}: {spec.tune.score.metric} {score}")
+    if result["best"] is not None:
+        print(f"best: {', '.join(f'{k} {v}' for k, v in result['best'].items())} ({result['score']:.4f})")
+    link = run_url(result["tracking_uri"], result["experiment_id"], result["parent_run_id"])
+    print(f"MLflow: the rehearsal's run {result['parent_run_id']}" + (f": {link}" if link else ""))
+    return 0
+
+
 def cmd_tune(args) -> int:
     spec = specs.load_spec(args.spec)  # fail fast, before Prefect or MLflow start
     missing = missing_packages(spec)
@@ -249,6 +264,8 @@ def cmd_tune(args) -> int:
 
     result = private_tune(spec_path=str(args.spec))
     print()
+    if result.get("rehearsal"):
+        return _print_rehearsal(spec, result)
     if result["winner"] is None:
         print(f"{spec.name}: no candidate ran (K drew 0); nothing was released")
         return 0

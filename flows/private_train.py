@@ -89,10 +89,12 @@ def calibrate(spec: specs.RunSpec, data: SplitData) -> Plan:
 
 
 @task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
-def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[BlockView] = None) -> Optional[str]:
+def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[BlockView] = None,
+                   planned=None) -> Optional[str]:
     """Reserve the planned DpEvent on the dataset's lifetime budget, in one transaction, before any
     private row is queried; refuses (writing nothing) if the composed total would exceed it, or if a
-    public or test row of this run was private in an earlier one."""
+    public or test row of this run was private in an earlier one. ``planned``: another event than the spec's
+    (a tune rehearsal records a NoOpDpEvent after the same row checks)."""
     spec = plan.spec
     if spec.budget is None:
         return None
@@ -102,7 +104,8 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
     keyed_private, keyed_exposed = keyed_rows(private), keyed_rows(exposed)
     return ledger.reserve(Reservation(
         dataset=spec.budget.dataset, fingerprint=released_fingerprint(data.private.fingerprint), run_name=spec.name,
-        planned=builders.planned_event(spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
+        planned=planned if planned is not None else builders.planned_event(
+            spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
         steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
         accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
         private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",

@@ -145,8 +145,8 @@ def _trained_in_task(search: specs.RunSpec, setting: Dict[str, Any], data: Split
     return candidate.score, candidate.curve, candidate.built.loop.state_dict()
 
 
-def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]],
-                      data: SplitData) -> Optional[Candidate]:
+def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData):
+    """Each setting trained as a Ray task: yields (setting, its task's result), one at a time."""
     import ray
 
     from components.runtime.ray_backend import connect
@@ -158,17 +158,27 @@ def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]],
     task = ray.remote(_trained_in_task).options(num_cpus=execution.cpus_per_worker, max_retries=3)
     threads = max(1, int(execution.cpus_per_worker))
     refs = [task.remote(local, setting, shared, threads) for setting in settings]
-    best = None
+    del shared
     for setting, ref in zip(settings, refs):
-        result = ray.get(ref)
+        yield setting, ray.get(ref)
+
+
+def trained_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData) -> List[Optional[tuple]]:
+    """Every setting's (score, curve), or None where it raised: a rehearsal's, whose rows are all public."""
+    return [None if result is None else result[:2] for _, result in _results_on_ray(search, settings, data)]
+
+
+def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]],
+                      data: SplitData) -> Optional[Candidate]:
+    best = None
+    for setting, result in _results_on_ray(search, settings, data):
         if result is not None and (best is None or better(search.tune.score.metric, result[0], best[1][0])):
             best = (setting, result)
-        del result
-    del refs, shared
+        del result  # a loser's curve and state go with it
     if best is None:
         return None
     setting, (score, curve, state) = best
-    spec = candidate_spec(local, setting)  # the winner rebuilt here from its state: the trajectory it ran
+    spec = candidate_spec(_in_process(search), setting)  # the winner rebuilt here from its state: its trajectory
     built = builders.build_loop(spec, data)
     built.loop.load_state_dict(state, restore_privacy_steps=True)
     return Candidate(setting, spec, built, score, curve)
@@ -223,6 +233,12 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> D
     data = load_and_split(run_spec)
     plan = calibrate(run_spec, data)
     search = plan.spec
+    if search.tune.rows == "public":
+        from flows.tune_rehearsal import rehearse
+
+        return rehearse(search, data, plan, lambda planned: reserve_budget(plan, data, str(uuid.uuid4()),
+                                                                        planned=planned),
+                        lambda charge, event, run: commit_budget(search, charge, event, 0, run))
     charge_id = str(uuid.uuid4())
     planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))
     reserved = reserve_budget(plan, data, charge_id) if search.budget is not None else None
@@ -242,7 +258,7 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> D
         if reserved is not None:
             commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, parent)
         logger.info("tune: no candidate ran (a Poisson K of 0); nothing is released")
-        return {"parent_run_id": parent, "winner": None, "epsilon": float(plan.epsilon)}
+        return {"parent_run_id": parent, "winner": None, "epsilon": float(plan.planned_epsilon)}
     # the winner's spec as logged: its setting, and the search it won (its planned event is the search's, the
     # ledger's; its lr and clip replay its journal), so privzo verify checks it as any run
     winner = best.spec.model_copy(update={"tune": search.tune})

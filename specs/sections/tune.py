@@ -61,6 +61,12 @@ class TuneSpec(Strict):
                                           "setting is one value of each, drawn uniformly.")
     candidates: RepeatSpec = Field(..., description="K's distribution.")
     score: ScoreSpec = ScoreSpec()
+    # not "on": YAML 1.1 (PyYAML) reads that key as the boolean true
+    rows: Literal["private", "public"] = Field(
+        "private", description="private: the search inside the guarantee, charged once. public: a rehearsal of "
+        "every setting on the public rows only (three quarters train, a quarter score it when score.split is "
+        "public), at the noise the private search would draw; it charges nothing and releases every setting's "
+        "score.")
 
     @model_validator(mode="after")
     def _space(self):

@@ -193,3 +193,40 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
     data = builders.load_data(specs.spec_from_dict(d))
     score = model_zoo.evaluate(model, torch.as_tensor(data.public.features), torch.as_tensor(data.public.labels))
     assert score["accuracy"] == pytest.approx(result["score"], abs=1e-6)
+
+
+def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothing(prefect_server, tiny_spec_dict,
+                                                                                   tmp_path, monkeypatch):
+    """tune.rows public: each setting of the grid trains on public rows (no private row reaches it) and is
+    scored on the held-out public ones; every score is logged, no model is registered, and the ledger records
+    the rehearsal as a NoOpDpEvent that spends nothing."""
+    from components import builders
+
+    seen = []
+    real = tune_flow.train_candidate
+
+    def spy(search, setting, data):
+        seen.append(set(data.private.fingerprints) | set(data.public.fingerprints))
+        return real(search, setting, data)
+
+    monkeypatch.setattr(tune_flow, "train_candidate", spy)
+    d = _tune_spec(tiny_spec_dict, tmp_path, rows="public")
+    d["tune"]["space"] = {"optimizer.lr": [0.005, 0.08]}
+    result = tune_flow.private_tune(spec=d)
+    data = builders.load_data(specs.spec_from_dict(d))
+    private, public = set(data.private.fingerprints), set(data.public.fingerprints)
+    assert len(seen) == 2 and all(rows <= public and not rows & private for rows in seen)
+    assert [row["setting"] for row in result["settings"]] == [{"optimizer.lr": 0.005}, {"optimizer.lr": 0.08}]
+    assert result["best"] in [{"optimizer.lr": 0.005}, {"optimizer.lr": 0.08}]
+    client = mlflow.MlflowClient(d["tracking"]["uri"])
+    runs = client.search_runs([result["experiment_id"]])
+    assert len(runs) == 3 and all(r.data.tags["privzo.tune"] == "rehearsal" for r in runs)
+    assert all("no private row" in r.data.tags["privzo.tune.rows"] for r in runs)
+    children = [r for r in runs if r.info.run_id != result["parent_run_id"]]
+    assert sorted(r.data.metrics["score/public_accuracy"] for r in children) == \
+        sorted(row["score"] for row in result["settings"])
+    assert client.search_model_versions("name='tiny-tune'") == []
+    ledger = PrivacyLedger.open(d["budget"]["ledger"])
+    (charge,) = ledger.history("digits-tune")
+    assert charge.status == "committed" and ledger.spent("digits-tune") == 0.0
+    assert isinstance(charge.event, dp_accounting.NoOpDpEvent) and charge.run_id == result["parent_run_id"]
