@@ -85,3 +85,5 @@ AUDIT_ARTIFACT = "audit.json"
 AUDIT_REPORT_ARTIFACT = "audit_report.md"
 AUDIT_CANARIES_ARTIFACT = "audit_canaries.csv"
 MODEL_ARTIFACT = "model"
+
+TUNE = "privzo.tune"  # a tune's runs: search (its parent), winner, rehearsal

@@ -38,10 +38,10 @@ from flows.private_train import (calibrate, charged_to_the_team_ledger, commit_b
 from flows.refusals import checking_input, is_refusal, quiet_refusals, refusal_line
 from flows.registration import log_metrics, log_spent, open_run, register
 from flows.tracking import training_experiment
-from flows.tracking_names import DP_EPSILON, DP_GUARANTEE
+from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, TUNE
+from flows.tune_rehearsal import PARENT_RUN, rehearse
 
-PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests a child run under its parent
-TUNE_TAG = "privzo.tune"
+PARENT_TAG, TUNE_TAG = PARENT_RUN, TUNE
 
 
 @dataclass
@@ -163,9 +163,20 @@ def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data:
         yield setting, ray.get(ref)
 
 
-def trained_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData) -> List[Optional[tuple]]:
-    """Every setting's (score, curve), or None where it raised: a rehearsal's, whose rows are all public."""
-    return [None if result is None else result[:2] for _, result in _results_on_ray(search, settings, data)]
+def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData) -> List[Optional[tuple]]:
+    """Every setting's (score, curve), or None where it raised: a rehearsal's, whose rows are all public (what
+    a failure raised is logged). Ray tasks with execution.backend ray, else one after another here."""
+    if search.execution.backend == "ray":
+        return [None if result is None else result[:2] for _, result in _results_on_ray(search, settings, data)]
+    trained = []
+    for setting in settings:
+        try:
+            candidate = train_candidate(search, setting, data)
+            trained.append((candidate.score, candidate.curve))
+        except Exception as err:  # noqa: BLE001 - public rows only: what it raised may be said
+            get_run_logger().warning("tune rehearsal: the setting %s failed: %s", setting, err)
+            trained.append(None)
+    return trained
 
 
 def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]],
@@ -234,10 +245,8 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> D
     plan = calibrate(run_spec, data)
     search = plan.spec
     if search.tune.rows == "public":
-        from flows.tune_rehearsal import rehearse
-
-        return rehearse(search, data, plan, lambda planned: reserve_budget(plan, data, str(uuid.uuid4()),
-                                                                        planned=planned),
+        return rehearse(search, data, plan, _every_setting,
+                        lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), planned=planned),
                         lambda charge, event, run: commit_budget(search, charge, event, 0, run))
     charge_id = str(uuid.uuid4())
     planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))

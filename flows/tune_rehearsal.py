@@ -24,16 +24,17 @@ from components.data import SplitData
 from components.tuning import RepeatLaw, rehearsal_rows, rehearsal_spec
 from flows.registration import log_metrics
 from flows.tracking import training_experiment
+from flows.tracking_names import TUNE
 
+PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: the UI nests a child run under its parent
 REHEARSAL = "rehearsal"
 ROWS_TAG = "privzo.tune.rows"
 
 
-def rehearse(search: specs.RunSpec, data: SplitData, plan, reserve, commit) -> Dict[str, Any]:
-    """Train and score every setting of ``search`` (calibrated) on public rows; ``reserve(planned)`` and
-    ``commit(charge_id, event_json, run_id)`` record it in the ledger (None without a budget)."""
-    from flows.tune import PARENT_TAG, TUNE_TAG, train_candidate, trained_on_ray
-
+def rehearse(search: specs.RunSpec, data: SplitData, plan, train, reserve, commit) -> Dict[str, Any]:
+    """Train and score every setting of ``search`` (calibrated) on public rows: ``train(spec, settings, rows)``
+    gives each setting's (score, curve) or None; ``reserve(planned)`` and ``commit(charge_id, event_json,
+    run_id)`` record the rehearsal in the ledger (called with a budget only)."""
     logger = get_run_logger()
     rows = rehearsal_rows(data, search.seed)
     spec = rehearsal_spec(search, len(rows.private))
@@ -44,21 +45,11 @@ def rehearse(search: specs.RunSpec, data: SplitData, plan, reserve, commit) -> D
                "rows score each setting") + "; no private row was read by any setting")
     logger.info("tune rehearsal: %d settings on %s", len(search.tune.settings()), seen)
     settings = search.tune.settings()
-    if spec.execution.backend == "ray":
-        trained = trained_on_ray(spec, settings, rows)
-    else:
-        trained = []
-        for setting in settings:
-            try:
-                candidate = train_candidate(spec, setting, rows)
-                trained.append((candidate.score, candidate.curve))
-            except Exception as err:  # noqa: BLE001 - public rows only: what it raised may be said
-                logger.warning("tune rehearsal: the setting %s failed: %s", setting, err)
-                trained.append(None)
+    trained = train(spec, settings, rows)
     client = mlflow.MlflowClient(search.tracking.uri)
     experiment_id = training_experiment(client, search.tracking.experiment or search.name)
     parent = client.create_run(experiment_id, run_name=f"{search.name}-rehearsal",
-                               tags={TUNE_TAG: REHEARSAL, ROWS_TAG: seen}).info.run_id
+                               tags={TUNE: REHEARSAL, ROWS_TAG: seen}).info.run_id
     tune = search.tune
     client.log_batch(parent, params=[
         Param("tune.space", json.dumps(tune.space, sort_keys=True)),
@@ -72,7 +63,7 @@ def rehearse(search: specs.RunSpec, data: SplitData, plan, reserve, commit) -> D
     for setting, result in zip(settings, trained):
         name = ", ".join(f"{k}={v}" for k, v in setting.items())
         child = client.create_run(experiment_id, run_name=name, tags={
-            PARENT_TAG: parent, TUNE_TAG: REHEARSAL, ROWS_TAG: seen}).info.run_id
+            PARENT_RUN: parent, TUNE: REHEARSAL, ROWS_TAG: seen}).info.run_id
         client.log_batch(child, params=[Param(k, str(v)) for k, v in setting.items()])
         score: Optional[float] = None
         if result is not None:

@@ -94,7 +94,7 @@ def browser_problem() -> Optional[str]:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -128,7 +128,7 @@ def local_stack(workdir: Path) -> Iterator[Dict[str, str]]:
     env = {**QUICK_STACK, **os.environ}
     for name in ("PREFECT_API_URL", "PREFECT_PROFILE"):
         env.pop(name, None)
-    env.update(PRIVZO_PREFECT_PORT=str(_free_port()), PRIVZO_MLFLOW_PORT=str(_free_port()),
+    env.update(PRIVZO_PREFECT_PORT=str(free_port()), PRIVZO_MLFLOW_PORT=str(free_port()),
                PREFECT_HOME=str(workdir / "prefect-home"), PRIVZO_STACK_MLFLOW_STORE=tracking,
                PRIVZO_STACK_MLFLOW_ARTIFACTS=str(workdir / "mlartifacts"),
                MLFLOW_TRACKING_URI=tracking, PRIVZO_LEDGER_URL=ledger, PRIVZO_STACK_AUTH="1",

@@ -17,7 +17,7 @@ from components.tuning import RepeatLaw
 from flows import tune as tune_flow
 from flows.cli import main
 from flows.ledger import PrivacyLedger
-from flows.tracking_names import DP_EPSILON
+from flows.tracking_names import DP_EPSILON, TUNE
 
 SPACE = {"optimizer.lr": [0.005, 0.02, 0.08], "mechanism.clip": [1.0, 2.0]}
 
@@ -107,7 +107,7 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
     best = max(trained, key=lambda t: t[1])
     assert result["winner"] == best[0]
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    assert sorted(r.data.tags.get("privzo.tune") for r in runs) == ["search", "winner"]
+    assert sorted(r.data.tags.get(TUNE) for r in runs) == ["search", "winner"]
     losers = [t for t in trained if t[0] != best[0]]
     loser_values = {v for _, score, curve in losers for v in [score, *[x for m in curve for x in m.values()]]}
     winner_values = {v for m in best[2] for v in m.values()} | {best[1]}
@@ -220,7 +220,7 @@ def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothin
     assert result["best"] in [{"optimizer.lr": 0.005}, {"optimizer.lr": 0.08}]
     client = mlflow.MlflowClient(d["tracking"]["uri"])
     runs = client.search_runs([result["experiment_id"]])
-    assert len(runs) == 3 and all(r.data.tags["privzo.tune"] == "rehearsal" for r in runs)
+    assert len(runs) == 3 and all(r.data.tags[TUNE] == "rehearsal" for r in runs)
     assert all("no private row" in r.data.tags["privzo.tune.rows"] for r in runs)
     children = [r for r in runs if r.info.run_id != result["parent_run_id"]]
     assert sorted(r.data.metrics["score/public_accuracy"] for r in children) == \
