@@ -32,15 +32,17 @@ from specs.traits import ESTIMATORS as ESTIMATOR_TRAITS, MODELS as MODEL_TRAITS,
 
 
 def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = None,
-              every_block: bool = False) -> SplitData:
+              every_block: bool = False, within=None) -> SplitData:
     """The spec's rows, split. ``select``: with data.blocks, the rows of the run's window (their indices),
     chosen before the split, so rows of other blocks are in no part at all. ``every_block``: every row,
     for checks that train nothing and release nothing (privzo validate and calibrate, a run's preflight:
-    N is declared, and the rows give only their shape and classes)."""
+    N is declared, and the rows give only their shape and classes). ``within``: the window's [start, end),
+    for a source that reads by window (a database's WHERE); ``select`` still chooses the rows exactly."""
     split = spec.data.split
     model_tokenizer, prompt = _reading(spec)
     table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None,
-                          spec.data.blocks, prompt)
+                          spec.data.blocks, prompt,
+                          within if getattr(spec.data.source, "reads_by_window", False) and not every_block else None)
     if spec.data.blocks is not None and not every_block:
         if select is None:
             raise ValueError("data.blocks: a run on blocks reads the rows of its window, which the private-train "
@@ -75,10 +77,11 @@ def _no_public_rows(spec: RunSpec) -> str:
     return "the split gave none; set data.split.public > 0"
 
 
-def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None, blocks=None, prompt=None):
+def _table(source, model_tokenizer: Optional[str], public_flag: Optional[str] = None, blocks=None, prompt=None,
+           within=None):
     """The source's rows and how to scale them; ``blocks`` (data.blocks, file sources only) adds their
     arrival and person columns; ``prompt`` (a language model's; text sources only) fills its template."""
-    extra = {k: v for k, v in (("blocks", blocks), ("prompt", prompt)) if v is not None}
+    extra = {k: v for k, v in (("blocks", blocks), ("prompt", prompt), ("within", within)) if v is not None}
     return SOURCES[source.kind](source, model_tokenizer, public_flag, **extra)
 
 

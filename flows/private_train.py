@@ -67,7 +67,12 @@ class Plan:
 @checks_input
 def load_and_split(spec: specs.RunSpec, view: Optional[BlockView] = None) -> SplitData:
     """``view``: with data.blocks, the run's window; only its rows are loaded into any part."""
-    data = builders.load_data(spec, view.select if view is not None else None)
+    within = None
+    if view is not None:
+        from components.data.sql import window_bounds
+
+        within = window_bounds(view.window.blocks, spec.data.blocks.period)
+    data = builders.load_data(spec, view.select if view is not None else None, within=within)
     if view is not None:
         get_run_logger().info("window of %d blocks as of %s: %s .. %s (the next block, %s, is still arriving)",
                               len(view.window.blocks), view.window.as_of, view.window.blocks[0],

@@ -7,8 +7,8 @@ every row arrived by then, the day in progress included, as a team's export woul
 
 ``grow_stream`` is that export as a Prefect flow (deployment digits-stream-grow in infra/prefect.yaml, an
 hour before the nightly retrain digits-stream-nightly). ``simulate`` plays N nights of a spec on blocks on
-a scratch ledger and MLflow store: each night the file grows and the private-train flow runs as of 02:00 UTC
-that night.
+a scratch ledger and MLflow store: each night the file grows (or, for a spec reading a table, the night's rows
+are inserted into a SQLite table: ``insert_stream``) and the private-train flow runs as of 02:00 UTC that night.
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ PER_DAY = 25
 RETURN_AFTER = 3  # days between a patient's two visits
 
 
-def stream_frame(as_of: dt.datetime, start: dt.date = STREAM_START, per_day: int = PER_DAY):
+def stream_frame(as_of: dt.datetime, start: dt.date = STREAM_START, per_day: int = PER_DAY, with_visits: bool = False):
     """The example stream's rows arrived by ``as_of`` (UTC): digits in a fixed order (seed 0, public), row i
     arriving on day i // per_day; patient k's first visit is row 2k, their second row 2k+1 arrives
-    RETURN_AFTER days later."""
+    RETURN_AFTER days later. ``with_visits``: a first column ``visit``, row i's number i (a table's key)."""
     import pandas as pd
 
     from components.data import load_sklearn
@@ -46,6 +46,8 @@ def stream_frame(as_of: dt.datetime, start: dt.date = STREAM_START, per_day: int
     day = index // per_day + np.where(index % 2 == 1, RETURN_AFTER, 0)
     frame["arrived"] = [(start + dt.timedelta(days=int(d))).isoformat() for d in day]
     frame["patient"] = [f"patient-{k:05d}" for k in index // 2]
+    if with_visits:
+        frame.insert(0, "visit", index)
     arrived = as_of.astimezone(dt.timezone.utc).date()
     return frame[[dt.date.fromisoformat(a) <= arrived for a in frame["arrived"]]].reset_index(drop=True)
 
@@ -58,6 +60,32 @@ def write_stream(path: Path, as_of: dt.datetime, **kwargs) -> int:
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)  # a run reading the file meanwhile sees the old one or the new one, whole
     return len(frame)
+
+
+def insert_stream(url: str, table: str, as_of: dt.datetime, start: dt.date = STREAM_START) -> int:
+    """The example stream as a database table (data.source.kind sql), as a team's ETL keeps one: the rows
+    arrived by ``as_of`` that are not in it yet are inserted (the table is made on the first call), each row
+    named by its ``visit`` number (its position in the stream: the primary key). Returns the rows inserted."""
+    import sqlalchemy as sa
+
+    frame = stream_frame(as_of, start=start, with_visits=True)
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            rows = sa.Table(table, sa.MetaData(), sa.Column("visit", sa.BigInteger, primary_key=True, autoincrement=False),
+                            *[sa.Column(f"px{i}", sa.Float, nullable=False) for i in range(64)],
+                            sa.Column("digit", sa.Integer, nullable=False), sa.Column("arrived", sa.Date, nullable=False),
+                            sa.Column("patient", sa.Text, nullable=False))
+            rows.create(conn, checkfirst=True)
+            there = set(conn.scalars(sa.select(rows.c.visit)))
+            new = frame[~frame["visit"].isin(there)]
+            if len(new):
+                records = new.assign(arrived=new["arrived"].map(dt.date.fromisoformat)).to_dict("records")
+                conn.execute(rows.insert(), [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+                                             for r in records])
+    finally:
+        engine.dispose()
+    return len(new)
 
 
 @flow(name="grow-stream", log_prints=True)
@@ -106,7 +134,11 @@ def simulate(spec_path: str, nights: int, first: Optional[dt.date] = None,
     folder = Path(folder or tempfile.mkdtemp(prefix="privzo-simulate-"))
     folder.mkdir(parents=True, exist_ok=True)
     d = spec.model_dump(mode="json")
-    d["data"]["source"]["path"] = str(folder / "stream.csv")
+    table = spec.data.source.kind == "sql"
+    if table:  # the stream as a SQLite table of its own, rows inserted night by night
+        d["data"]["source"]["url"] = f"sqlite:///{folder / 'stream.db'}"
+    else:
+        d["data"]["source"]["path"] = str(folder / "stream.csv")
     d["tracking"]["uri"] = f"sqlite:///{folder / 'mlflow.db'}"
     d["budget"]["ledger"] = f"sqlite:///{folder / 'ledger.db'}"
     d["checkpoint"]["dir"] = str(folder / "checkpoints")
@@ -114,7 +146,10 @@ def simulate(spec_path: str, nights: int, first: Optional[dt.date] = None,
     played: List[Night] = []
     for n in range(nights):
         moment = dt.datetime.combine(first + dt.timedelta(days=n), dt.time(2), tzinfo=dt.timezone.utc)
-        write_stream(folder / "stream.csv", moment)
+        if table:
+            insert_stream(d["data"]["source"]["url"], spec.data.source.table, moment)
+        else:
+            write_stream(folder / "stream.csv", moment)
         state = private_train(spec=copy.deepcopy(d), as_of=moment.isoformat(), return_state=True)
         if state.is_completed():
             result = state.result()

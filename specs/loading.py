@@ -161,6 +161,10 @@ def _anchor_paths(data: Dict[str, Any], folder: Path) -> Dict[str, Any]:
             continue
         if source.get("kind") in ("file", "completions", "images"):
             anchor(source, "path", f"{field}.path")
+        if source.get("kind") == "sql" and isinstance(source.get("url"), str) and \
+                source["url"].startswith("sqlite:///") and not source["url"].startswith("sqlite:////"):
+            # a SQLite file named relative to the spec, as a file source's path is
+            source["url"] = "sqlite:///" + os.path.abspath(folder / source["url"][len("sqlite:///"):])
         tokenizer = source.get("tokenizer")
         if written_model_path is not None and tokenizer == written_model_path:
             source["tokenizer"] = model["path"]  # the model's folder, written as model.path is
@@ -396,7 +400,9 @@ def problem_list(err: ValidationError) -> List[str]:
             elif kind == "string_pattern_mismatch":
                 msg = _PATTERNS.get(e["ctx"]["pattern"], msg)
             found = e.get("input")
-            found_text = "" if isinstance(found, (dict, list)) else f" (found {_shown(found)})"
+            # a URL refused for holding a password is never echoed: the message is logged and shown
+            secret = kind == "value_error" and "password" in msg and path.endswith(".url")
+            found_text = "" if isinstance(found, (dict, list)) or secret else f" (found {_shown(found)})"
             parts.append(f"{path or 'spec'}: {msg}{found_text}")
     worded = []
     for part in parts:

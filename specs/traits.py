@@ -144,6 +144,7 @@ SOURCES: Dict[str, SourceTraits] = {
     "images": SourceTraits("numbers", True, False),
     "packaged_images": SourceTraits("numbers", True, True),
     "synthetic": SourceTraits("objective", False, False),
+    "sql": SourceTraits("numbers", False, False),
 }
 
 # sklearn sources whose values have a known range (8x8 digits, pixel counts 0..16)

@@ -33,11 +33,11 @@ _LOADED = {}
 _load_data = builders.load_data
 
 
-def _shared_load(spec, select=None, every_block=False):
+def _shared_load(spec, select=None, every_block=False, within=None):
     """The specs of one comparison share their data (27 of them three datasets): each is loaded once."""
     key = json.dumps([spec.seed, spec.data.model_dump(mode="json"), spec.model.model_dump(mode="json")])
     if key not in _LOADED:
-        _LOADED[key] = _load_data(spec, select, every_block)
+        _LOADED[key] = _load_data(spec, select, every_block, within)
     return _LOADED[key]
 
 

@@ -295,3 +295,12 @@ def _file(source, model_tokenizer=None, public_flag=None, blocks=None, prompt=No
                       partitions=blocks.period if blocks and blocks.partitioned else None, prompt=prompt,
                       row_id=source.row_id)
     return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale
+
+
+@SOURCES.register("sql")
+def _sql(source, model_tokenizer=None, public_flag=None, blocks=None, within=None):
+    """A database table (components/data/sql.py); ``within``: a run's window, pushed to the database."""
+    from components.data.sql import load_sql
+
+    table = load_sql(source, public_flag=public_flag, blocks=blocks, within=within)
+    return table, "public" if source.scale == "auto" else source.scale

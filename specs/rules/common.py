@@ -108,13 +108,14 @@ def cross_field_problems(spec) -> List[str]:
         if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
             problems.append("data.split: public and test fractions leave no private rows")
     source = spec.data.source
-    if split.kind == "column" and source.kind != "file":
-        problems.append("data.split.kind: column reads a column of a file source; use data.source.kind: file")
-    if split.kind == "column" and source.kind == "file":
+    if split.kind == "column" and source.kind not in ("file", "sql"):
+        problems.append("data.split.kind: column reads a column of a file or sql source; use data.source.kind: "
+                        "file or sql")
+    if split.kind == "column" and source.kind in ("file", "sql"):
         if split.column == source.label or (source.features is not None and split.column in source.features):
             problems.append(f"data.split.column: {split.column!r} is the label or a feature; name the column "
                             "that flags public rows")
-        if split.column == source.text:
+        if split.column == getattr(source, "text", None):
             problems.append(f"data.split.column: {split.column!r} is the text column")
     if split.kind == "source":
         problems += _public_source_problems(source, split.public_source)
@@ -189,7 +190,7 @@ def _declared_classes(source) -> Optional[tuple]:
     """(field, names) where the spec itself names a source's classes in the model's order: a file's or an image
     folder's classes, a text corpus's selected topics; None where the source knows them (a packaged set, a
     whole corpus)."""
-    if source.kind in ("file", "images"):
+    if source.kind in ("file", "images", "sql"):
         return "classes", [str(c) for c in source.classes]
     if source.kind == "text" and source.topics is not None:
         return "topics", list(source.topics)
@@ -211,11 +212,12 @@ def _block_problems(spec) -> List[str]:
         problems.append(f"data.declared_private_rows: with data.blocks it is data.blocks.{per} x "
                         f"budget.window.blocks = {blocks.declared_units * window.blocks}; remove it")
     source = spec.data.source
-    if source.kind != "file":
-        problems.append(f"data.blocks: reads an arrival column of a file source, not data.source.kind {source.kind}")
+    if source.kind not in ("file", "sql"):
+        problems.append(f"data.blocks: reads an arrival column of a file or sql source, not data.source.kind "
+                        f"{source.kind}")
     else:
         taken = {source.label: "data.source.label", **{c: "data.source.features" for c in source.features or ()}}
-        if source.text is not None:
+        if getattr(source, "text", None) is not None:
             taken[source.text] = "data.source.text"
         if spec.data.split.kind == "column":
             taken[spec.data.split.column] = "data.split.column"
@@ -223,6 +225,9 @@ def _block_problems(spec) -> List[str]:
             if column in taken:
                 problems.append(f"data.blocks: column {column!r} is public metadata and cannot also be "
                                 f"{taken[column]}")
+    if blocks.partitioned and source.kind == "sql":
+        problems.append("data.blocks.partitioned: a table has no files per period; name its arrival column "
+                        "(data.blocks.arrival)")
     if blocks.partitioned and source.kind == "file" and source.format == "hf_disk":
         problems.append("data.source.format: a partitioned folder holds csv, parquet or jsonl files, one per period; "
                         "use auto or one of those")

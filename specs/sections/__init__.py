@@ -7,7 +7,7 @@ module defines X. The modules import only ``specs.base``, never one another.
 """
 from specs.base import Probability
 from specs.sections.data import (
-    SklearnSource, TextSource, FileSource, CompletionsSource, ImageFolderSource, PackagedImagesSource, SyntheticSource,
+    SklearnSource, TextSource, FileSource, CompletionsSource, ImageFolderSource, PackagedImagesSource, SyntheticSource, SqlSource,
     Source,
     FractionSplit, HashedSplit, ColumnSplit, SourceSplit, Split, BlocksSpec, DataSpec,
 )
@@ -42,7 +42,7 @@ from specs.sections.budget import (
 from specs.sections.tune import REPEAT_KINDS, RepeatSpec, ScoreSpec, TuneSpec
 
 __all__ = [
-    "Probability", "SklearnSource", "TextSource", "FileSource", "CompletionsSource", "ImageFolderSource",
+    "Probability", "SklearnSource", "TextSource", "FileSource", "SqlSource", "CompletionsSource", "ImageFolderSource",
     "PackagedImagesSource",
     "SyntheticSource", "Source", "FractionSplit", "HashedSplit", "ColumnSplit", "SourceSplit", "Split", "BlocksSpec",
     "DataSpec",

@@ -265,8 +265,59 @@ class SyntheticSource(Strict):
         return self.dimension ** 0.5 * min(abs(self.start - 1), abs(self.start + 1))
 
 
+class SqlSource(Strict):
+    """Rows of a database table (or view) through SQLAlchemy: PostgreSQL, or a SQLite file with nothing to
+    start. Column types come from the database: the numeric columns are the features unless named. With
+    data.blocks a run reads only its window's rows (a WHERE on the arrival column, in row_id order, through a
+    server-side cursor in chunks). The reading role needs SELECT only."""
+
+    kind: Literal["sql"]
+    url: str = Field(..., min_length=1, description="A SQLAlchemy URL without a password, e.g. "
+                     "postgresql+psycopg://reader@db:5432/privzo_data or sqlite:///rows.db (a relative SQLite path is "
+                     "taken from the spec's folder). The password comes from password_env or libpq's own files "
+                     "(~/.pgpass, PGPASSWORD).")
+    password_env: Optional[str] = Field(None, min_length=1, description="The environment variable holding the "
+                                        "role's password (read when the rows are, never logged).")
+    table: str = Field(..., min_length=1, description="The table or view, optionally schema.table.")
+    label: str = Field(..., min_length=1, description="The column holding each row's class.")
+    classes: List[Union[int, str]] = Field(
+        ..., min_length=2, description="Every class the label column may hold, in the order of the model's "
+        "outputs; declared, never read from the rows.")
+    features: Optional[List[str]] = Field(None, min_length=1, description="Numeric feature columns; default: "
+                                          "every numeric column but the label, row_id and the blocks' columns.")
+    row_id: Optional[str] = Field(None, min_length=1, description="The column naming each row for good (unique, "
+                                  "never NULL): the ledger's identity of a row, as a file's row_id; default: the "
+                                  "table's primary key (one column).")
+    scale: Literal["auto", "none", "public"] = Field("auto", description="As a file's: auto = public.")
+    chunk_rows: PositiveInt = Field(50_000, description="Rows fetched per round trip of the server-side cursor.")
+
+    # a run on blocks hands this source its window's bounds, so only the window's rows leave the database
+    reads_by_window: ClassVar[bool] = True
+
+    @property
+    def name(self) -> str:
+        """What reports and logs call the source: the table (never the URL, which names a host and a role)."""
+        return self.table
+
+    @field_validator("url")
+    @classmethod
+    def _no_password(cls, value: str) -> str:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError(f"{value!r} is not a SQLAlchemy URL (e.g. postgresql+psycopg://reader@host/db or "
+                             "sqlite:///rows.db)") from None
+        if url.password is not None:
+            raise ValueError("holds a password; a spec is logged and shared, so give the password in the "
+                             "environment variable named by data.source.password_env, or in libpq's ~/.pgpass")
+        return value
+
+
 Source = Annotated[Union[SklearnSource, TextSource, FileSource, CompletionsSource, ImageFolderSource,
-                         PackagedImagesSource, SyntheticSource],
+                         PackagedImagesSource, SyntheticSource, SqlSource],
                    Field(discriminator="kind")]
 
 
