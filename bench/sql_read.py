@@ -27,6 +27,7 @@ START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 CHILD = r"""
 import json, resource, sys, time, datetime as dt
+import pandas, psycopg  # imported before the read is measured: the read's memory, not the imports'
 import sqlalchemy as sa
 import specs
 from components.data.sql import load_sql, window_bounds

@@ -27,7 +27,12 @@ def arrival_moment(value: str, fmt: Optional[str] = None) -> dt.datetime:
 
 def arrival_periods(values: Sequence, period: str, column: str, fmt: Optional[str] = None) -> np.ndarray:
     """Each value's period (a UTC day, ISO week or month) as its block id; one line naming the first value
-    in neither ISO 8601 nor the declared ``fmt`` (data.blocks.arrival_format)."""
+    in neither ISO 8601 nor the declared ``fmt`` (data.blocks.arrival_format). Values already moments in UTC
+    (datetime64, from a database's date or time column) are grouped by day first."""
+    if isinstance(values, np.ndarray) and np.issubdtype(values.dtype, np.datetime64):
+        days, index = np.unique(values.astype("datetime64[D]"), return_inverse=True)
+        named = np.asarray([dt.date.fromisoformat(str(d)).strftime(FORMATS[period]) for d in days], dtype=object)
+        return named[index.reshape(-1)] if len(values) else np.empty(0, dtype=object)
     out = np.empty(len(values), dtype=object)
     seen: dict = {}
     for i, value in enumerate(values):

@@ -78,7 +78,7 @@ def test_a_nightly_run_reads_its_windows_rows_and_the_ledger_matches_the_files(p
 
     def counted(source, **kwargs):
         table = real(source, **kwargs)
-        read.append(set(table.row_ids))
+        read.append({str(i) for i in table.row_ids})
         return table
 
     monkeypatch.setattr(sql_module, "load_sql", counted)
@@ -100,7 +100,7 @@ def test_event_level_windows_are_pushed_down_exactly(tmp_path):
     source = specs.sections.SqlSource(kind="sql", url=url, table="visits", label="digit", classes=list(range(10)))
     blocks = specs.sections.BlocksSpec(arrival="arrived", period="day", declared_private_rows=10)
     table = load_sql(source, blocks=blocks, within=window_bounds(["2026-11-02", "2026-11-03"], "day"))
-    assert set(table.row_ids) == set(frame.loc[frame.arrived.isin(["2026-11-02", "2026-11-03"]), "visit"].astype(str))
+    assert {str(i) for i in table.row_ids} == set(frame.loc[frame.arrived.isin(["2026-11-02", "2026-11-03"]), "visit"].astype(str))
     assert list(table.row_ids) == sorted(table.row_ids, key=int)  # row_id order
     whole = load_sql(source)  # without blocks: every row, the features the numeric columns
     assert len(whole) == len(frame) and whole.columns == tuple(f"px{i}" for i in range(64))
@@ -197,7 +197,7 @@ def test_postgresql_reads_the_window_as_a_select_only_role_and_refuses_what_the_
         os.environ["PRIVZO_TEST_READER"] = "read-only"
         window = ["2026-11-03", "2026-11-04"]
         table = load_sql(specs.sections.SqlSource(**source), blocks=blocks, within=window_bounds(window, "day"))
-        assert set(table.row_ids) == _window_rows(frame, window)
+        assert {str(i) for i in table.row_ids} == _window_rows(frame, window)
         os.environ["PRIVZO_TEST_READER"] = "wrong"
         with pytest.raises(ValueError, match=r"^data.source.url: the database at .* refused: .*password authentication "
                                              r"failed"):
