@@ -122,20 +122,6 @@ def _arrival_text(values: np.ndarray, column: str) -> np.ndarray:
     return out
 
 
-def _class_positions(values: np.ndarray, classes: Sequence, column: str) -> np.ndarray:
-    position = {str(c): i for i, c in enumerate(classes)}
-    out = np.empty(len(values), dtype=np.int64)
-    for i, v in enumerate(values):
-        if v is None:
-            raise ValueError(f"data.source.label: column {column!r} is NULL in a row; every row needs its class")
-        key = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-        if key not in position:
-            raise ValueError(f"data.source.classes: column {column!r} holds labels not among classes "
-                             f"{[str(c) for c in classes]}; list every class")
-        out[i] = position[key]
-    return out
-
-
 def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
              within: Optional[Tuple[dt.datetime, dt.datetime]] = None) -> Table:
     """The rows of ``source`` (a SqlSource); ``within`` ([start, end) in UTC, with ``blocks``): only the rows
@@ -346,20 +332,49 @@ def _fetched(conn, statement, columns, chunk_rows: int):
 
 
 class _CopyStream(io.RawIOBase):
-    """A COPY's output as a file to read: pandas' C parser reads the rows as the server sends them."""
+    """A COPY's output as a file to read, filled by a thread of its own: the server formats the next rows while
+    pandas' C parser reads these (each side about half of a read's time). At most ``ahead`` blocks wait."""
 
-    def __init__(self, copy):
-        self.blocks, self.pending = iter(copy), b""
+    def __init__(self, copy, ahead: int = 256):
+        import queue
+        import threading
+
+        self.pending, self.queue, self.stopped = b"", queue.Queue(maxsize=ahead), threading.Event()
+        self.thread = threading.Thread(target=self._pump, args=(copy,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, copy) -> None:
+        try:
+            for block in copy:
+                if self.stopped.is_set():
+                    break
+                self.queue.put(bytes(block))
+            self.queue.put(None)
+        except BaseException as err:  # noqa: BLE001 - handed to the reader, which raises it
+            self.queue.put(err)
+
+    def close_reading(self) -> None:
+        """Stop the thread (a reader that failed part way): drain what it put so that it can end."""
+        self.stopped.set()
+        while self.thread.is_alive():
+            try:
+                self.queue.get(timeout=0.1)
+            except Exception:  # noqa: BLE001 - queue.Empty: the thread is between blocks
+                pass
+        self.thread.join()
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         while not self.pending:
-            try:
-                self.pending = bytes(next(self.blocks))
-            except StopIteration:
+            block = self.queue.get()
+            if block is None:
+                self.queue.put(None)  # EOF again for a later read
                 return 0
+            if isinstance(block, BaseException):
+                raise block
+            self.pending = block
         n = min(len(buffer), len(self.pending))
         buffer[:n], self.pending = self.pending[:n], self.pending[n:]
         return n
@@ -380,9 +395,12 @@ def _copied(conn, statement, columns, n_features: int, chunk_rows: int):
     dtypes = {c.name: np.float32 if i >= first_feature else "Int64" if i == 0 and isinstance(c.type, sa.Integer)
               else str for i, c in enumerate(columns)}
     with cursor.copy(f"COPY ({compiled.string}) TO STDOUT WITH (FORMAT csv)", compiled.params) as copy:
-        stream = io.BufferedReader(_CopyStream(copy), 1 << 20)
-        yield from pd.read_csv(stream, header=None, names=[c.name for c in columns], dtype=dtypes,
-                               chunksize=chunk_rows, keep_default_na=False, na_values=[""])
+        raw = _CopyStream(copy)
+        try:
+            yield from pd.read_csv(io.BufferedReader(raw, 1 << 20), header=None, names=[c.name for c in columns],
+                                   dtype=dtypes, chunksize=chunk_rows, keep_default_na=False, na_values=[""])
+        finally:
+            raw.close_reading()
 
 
 def window_bounds(blocks: Sequence[str], period: str) -> Tuple[dt.datetime, dt.datetime]:
