@@ -88,18 +88,57 @@ def insert_stream(url: str, table: str, as_of: dt.datetime, start: dt.date = STR
     return len(new)
 
 
+def grow_stream_table(url: str, table: str, moment: dt.datetime) -> int:
+    """The example's nightly ETL into a table: the rows arrived by ``moment`` inserted, the stream going on from
+    its first row while the table is current (its newest row arrived at most a day before); a table that is
+    empty or stale is emptied and the stream starts again 8 days back. Returns the rows the table holds."""
+    import sqlalchemy as sa
+
+    today = moment.astimezone(dt.timezone.utc).date()
+    start = today - dt.timedelta(days=8)
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            if sa.inspect(conn).has_table(table):
+                first, last = conn.execute(sa.text(f'SELECT MIN(arrived), MAX(arrived) FROM "{table}"')).one()
+                as_date = (lambda v: v if isinstance(v, dt.date) else dt.date.fromisoformat(str(v)[:10]))
+                if last is not None and as_date(last) >= today - dt.timedelta(days=1):
+                    start = as_date(first)
+                else:
+                    conn.execute(sa.text(f'DELETE FROM "{table}"'))
+    finally:
+        engine.dispose()
+    insert_stream(url, table, moment, start=start)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text(f'SELECT COUNT(*) FROM "{table}"')).scalar_one())
+    finally:
+        engine.dispose()
+
+
 @flow(name="grow-stream", log_prints=True)
-def grow_stream(spec_path: str, as_of: Optional[str] = None) -> int:
+def grow_stream(spec_path: str, as_of: Optional[str] = None, writer_url: Optional[str] = None) -> int:
     """The example's nightly export: writes the spec's source file as of the flow run's scheduled time. The
     stream goes on from where the file's rows start while they are current (its newest row arrived at most
     a day before); a file that is missing or stale (the shipped one, from 2026-09-08) starts the stream again
-    8 days back, so the nightly retrain has a full window of 7 sealed days from its first night."""
+    8 days back, so the nightly retrain has a full window of 7 sealed days from its first night. A spec that
+    reads a table (data.source.kind sql) has the night's rows inserted there, as ``writer_url`` (the ETL's
+    role: the spec's URL names the reading role, which may only SELECT)."""
     import pandas as pd
 
     from flows.window import as_of_moment
 
     spec = specs.load_spec(spec_path)
-    path, moment = Path(spec.data.source.path), as_of_moment(as_of)
+    moment = as_of_moment(as_of)
+    if spec.data.source.kind == "sql":
+        if not writer_url:
+            raise ValueError("writer_url: a table is written by its ETL's role, not the spec's reading one; give "
+                             "the URL of a role that may create and insert (its password from libpq's PGPASSFILE)")
+        rows = grow_stream_table(writer_url, spec.data.source.table, moment)
+        print(f"{spec.data.source.table}: {rows} rows")
+        return rows
+    path = Path(spec.data.source.path)
     today = moment.astimezone(dt.timezone.utc).date()
     start = today - dt.timedelta(days=8)
     if path.is_file():

@@ -11,8 +11,10 @@
 #                     folder); specs name their own stores.
 #   postgres          the topology of infra/compose on one machine: a local PostgreSQL (installed and
 #                     started by infra/postgres/test-db.sh, needs root) holds Prefect's database
-#                     (privzo_prefect), MLflow's tracking store and registry (privzo_mlflow) and the privacy
-#                     ledger (privzo_ledger), each owned by its own role, which only that server connects
+#                     (privzo_prefect), MLflow's tracking store and registry (privzo_mlflow), the privacy
+#                     ledger (privzo_ledger) and the team's rows (privzo_data: written by privzo_etl, read by
+#                     privzo_reader, SELECT only; their passwords in .privzo-stack/pgpass, the worker's
+#                     PGPASSFILE), each owned by its own role, which only that server connects
 #                     as (privzo_prefect and privzo_mlflow: passwords made for this stack and kept under
 #                     .privzo-stack/, mode 600); the ledger's owner is privzo_owner. MLflow serves the
 #                     artifacts (.privzo-stack/mlartifacts). The worker's flow runs get MLFLOW_TRACKING_URI
@@ -186,12 +188,25 @@ case "${1:-up}" in
       [ "$auth" = 1 ] || ledger_owner=$(kept ledger-owner-password)
       prefect_db=$(kept prefect-db-password)
       mlflow_db=$(kept mlflow-db-password)
-      roles=("privzo_owner:$(hex "$ledger_owner")" "privzo_prefect:$(hex "$prefect_db")" "privzo_mlflow:$(hex "$mlflow_db")")
+      # the team's rows: privzo_data, written by its ETL's role privzo_etl (the grow deployments), read by
+      # privzo_reader (the nightly runs), which may SELECT the tables privzo_etl makes and do nothing else
+      data_etl=$(kept etl-db-password)
+      data_reader=$(kept reader-db-password)
+      roles=("privzo_owner:$(hex "$ledger_owner")" "privzo_prefect:$(hex "$prefect_db")" "privzo_mlflow:$(hex "$mlflow_db")"
+             "privzo_etl:$(hex "$data_etl")" "privzo_reader:$(hex "$data_reader")")
       if [ "$auth" = 1 ]; then roles+=("privzo_worker:$(hex "$ledger_worker")"); fi
-      { pg_roles_sql "${roles[@]}" -- privzo_ledger:privzo_owner privzo_prefect:privzo_prefect privzo_mlflow:privzo_mlflow
+      { pg_roles_sql "${roles[@]}" -- privzo_ledger:privzo_owner privzo_prefect:privzo_prefect privzo_mlflow:privzo_mlflow \
+          privzo_data:privzo_etl
         if [ "$auth" = 1 ]; then echo "GRANT CONNECT ON DATABASE privzo_ledger TO privzo_worker;"; fi
+        echo "GRANT CONNECT ON DATABASE privzo_data TO privzo_reader;"
+        echo "\\connect privzo_data"
+        echo "ALTER DEFAULT PRIVILEGES FOR ROLE privzo_etl IN SCHEMA public GRANT SELECT ON TABLES TO privzo_reader;"
       } | su postgres -c "psql -q -v ON_ERROR_STOP=1 -d postgres" >"$state/postgres-roles.log" 2>&1 ||
         { echo "local-stack: the stack's database roles could not be made; see $state/postgres-roles.log" >&2; exit 1; }
+      # the data roles' passwords where libpq looks for them (PGPASSFILE): the specs' URLs name the roles only
+      (umask 077 && printf '%s\n' "${pg_host%%:*}:${pg_host##*:}:privzo_data:privzo_etl:$data_etl" \
+        "${pg_host%%:*}:${pg_host##*:}:privzo_data:privzo_reader:$data_reader" >"$state/pgpass")
+      worker_env+=("PGPASSFILE=$state/pgpass")
       prefect_server_env+=("PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://privzo_prefect:$prefect_db@$pg_host/privzo_prefect")
       mlflow_env+=("MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://privzo_mlflow:$mlflow_db@$pg_host/privzo_mlflow")
       store=""

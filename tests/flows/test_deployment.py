@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import mlflow
 import pytest
+import sqlalchemy as sa
 import yaml
 
 from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, PRIVACY_REPORT_ARTIFACT
@@ -25,8 +26,8 @@ STACK = ROOT / "infra" / "local-stack.sh"
 POSTGRES = ROOT / "infra" / "postgres" / "test-db.sh"
 PG_HOST = "127.0.0.1:5432"
 # the stack's own roles and databases (infra/local-stack.sh), made afresh for each test
-STACK_ROLES, STACK_DATABASES = ("privzo_owner", "privzo_worker", "privzo_prefect", "privzo_mlflow"), \
-    ("privzo_ledger", "privzo_prefect", "privzo_mlflow")
+STACK_ROLES, STACK_DATABASES = ("privzo_owner", "privzo_worker", "privzo_prefect", "privzo_mlflow", "privzo_etl",
+                                 "privzo_reader"), ("privzo_ledger", "privzo_prefect", "privzo_mlflow", "privzo_data")
 
 
 # the servers' startup, not what is asserted: one MLflow worker process instead of 4 (each imports MLflow,
@@ -183,7 +184,8 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert 'export PGPASSWORD="$PRIVZO_LEDGER_OWNER_PASSWORD"' in exports
         assert not any(value in exports for value in secrets.values())  # named, never printed
         owner = owner_env.replace("privzo_owner@", f"privzo_owner:{quote(secrets['PRIVZO_LEDGER_OWNER_PASSWORD'], safe='')}@")
-        kept = {n: (ROOT / ".privzo-stack" / f"{n}-db-password").read_text().strip() for n in ("prefect", "mlflow")}
+        kept = {n: (ROOT / ".privzo-stack" / f"{n}-db-password").read_text().strip()
+                for n in ("prefect", "mlflow", "etl", "reader")}
         # no secret on any process's command line (ps shows those to every user of the machine)
         every = [*secrets.values(), *kept.values(), quote(secrets["PRIVZO_LEDGER_OWNER_PASSWORD"], safe="")]
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -192,11 +194,13 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                 assert not any(s in shown for s in every), f"a secret on the command line of {cmdline.parent.name}"
         # each server reaches its own database only, the worker the ledger's; the tests' own role none of them
         logins = {"privzo_prefect": kept["prefect"], "privzo_mlflow": kept["mlflow"],
-                  "privzo_worker": secrets["PRIVZO_LEDGER_WORKER_PASSWORD"], "privzo": "privzo"}
+                  "privzo_worker": secrets["PRIVZO_LEDGER_WORKER_PASSWORD"], "privzo": "privzo",
+                  "privzo_etl": kept["etl"], "privzo_reader": kept["reader"]}
         reached = {(role, d) for role, password in logins.items() for d in STACK_DATABASES
                    if _connects(role, password, d)}
         assert reached == {("privzo_prefect", "privzo_prefect"), ("privzo_mlflow", "privzo_mlflow"),
-                           ("privzo_worker", "privzo_ledger")}
+                           ("privzo_worker", "privzo_ledger"), ("privzo_etl", "privzo_data"),
+                           ("privzo_reader", "privzo_data")}
         prefect_api, ray_jobs = env["PREFECT_API_URL"], f"http://127.0.0.1:{env['PRIVZO_RAY_DASHBOARD_PORT']}/api/jobs/"
         assert _status(f"{prefect_api}/deployments/filter", "POST", body={}) == 401
         assert _status(f"{prefect_api}/deployments/filter", "POST", auth="admin:wrong", body={}) == 401
@@ -220,6 +224,24 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert registered.returncode == 0 and "sklearn-digits: registered in" in registered.stdout, registered.stderr
         env["PREFECT_API_AUTH_STRING"] = secrets["PRIVZO_PREFECT_AUTH_STRING"]
         deployment_run(env, spec_path)
+        # the stream in the team's database: the owner registers it, the ETL deployment inserts the days' rows
+        # as privzo_etl, the nightly reads its window as privzo_reader (SELECT only) and registers a version
+        team_spec = ROOT / "infra" / "stack" / "digits_stream_team.yaml"
+        registered = subprocess.run([sys.executable, "-m", "flows.cli", "budget", "init", "digits-stream-team",
+                                     "--spec", str(team_spec)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                                    env=dict(os.environ, PRIVZO_LEDGER_URL=owner_env,
+                                             PGPASSWORD=secrets["PRIVZO_LEDGER_OWNER_PASSWORD"]))
+        assert registered.returncode == 0, registered.stderr
+        for name in ("grow-stream/digits-stream-team-grow", "private-train/digits-stream-team-nightly"):
+            run = subprocess.run([str(BIN / "prefect"), "deployment", "run", name, "--watch", "--watch-timeout", "300"],
+                                 env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+            assert run.returncode == 0 and "Completed" in run.stdout, name + run.stdout[-2000:] + run.stderr[-2000:]
+        reader = sa.create_engine(f"postgresql+psycopg://privzo_reader:{kept['reader']}@{PG_HOST}/privzo_data")
+        with reader.connect() as conn:
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM visits")).scalar_one() > 0
+            with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
+                conn.execute(sa.text("DELETE FROM visits"))
+        reader.dispose()
         # a Prefect user's spec that names a ledger of its own (its own lifetime), with the job variable that
         # sets the run's $PRIVZO_LEDGER_URL to it, is refused on the team's worker before any row is read: the
         # worker's configuration, not the run's environment, names the team's ledger
@@ -250,7 +272,6 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
 
         (charge,) = PrivacyLedger(owner).history("sklearn-digits")
         assert charge.status == "committed" and charge.run_id == finished.info.run_id
-        import sqlalchemy as sa
 
         # the worker's own SQL cannot rewrite the committed charge (fewer steps: a smaller epsilon)
         engine = sa.create_engine(worker_ledger.engine.url)
@@ -288,12 +309,16 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert not asked.passed and "without its password; give --ledger" in asked.first_mismatch
         checked = verify("digits-retrain", version.version, tracking_uri=server, ledger_url=owner)
         assert checked.passed, checked.first_mismatch
+        # its data source is read as a run reads it: the reading role, its password from libpq's PGPASSFILE
+        monkeypatch.setenv("PGPASSFILE", str(ROOT / ".privzo-stack" / "pgpass"))
+        team = verify("digits-stream-team", "1", tracking_uri=server, ledger_url=owner)
+        assert team.passed, team.first_mismatch
 
         engine = sa.create_engine(f"postgresql+psycopg://privzo_prefect:{kept['prefect']}@{PG_HOST}/privzo_prefect")
         with engine.connect() as conn:
             states = conn.execute(sa.text("SELECT state_name FROM flow_run")).scalars().all()
         engine.dispose()
-        assert sorted(states) == ["Completed", "Failed"]
+        assert sorted(states) == ["Completed", "Completed", "Completed", "Failed"]
 
         # the ledger owner promotes the nightly version: it passes against the team's ledger, so it gets the
         # alias consumers load; a version registered by hand from the same run (no tags) does not
