@@ -254,6 +254,10 @@ class _Rows:
             bad = next(c for c in self.feature_names if pd.to_numeric(frame[c], errors="coerce").isna().any())
             raise ValueError(f"data.source.features: column {bad!r} is NULL or not a number in a row; fill or drop "
                              "it, or leave it out of features") from None
+        bad = ~np.isfinite(self.values[at]).all(axis=0)  # a chunk at a time: no copy of all the rows
+        if bad.any():
+            raise ValueError(f"data.source.features: column {self.feature_names[int(np.flatnonzero(bad)[0])]!r} is "
+                             "NULL, not finite, or beyond float32's range (3.4e38) in a row; fill, drop or rescale it")
         ids = frame[self.id_column]
         if ids.isna().any():
             raise ValueError(f"data.source.row_id: column {self.id_column!r} is NULL in a row; every row needs its "
@@ -302,10 +306,6 @@ class _Rows:
             raise ValueError(f"data.source.row_id: column {self.id_column!r} repeats identifiers ({repeated} rows share "
                              "one); each row needs its own (a primary key)")
         values = self.values[:n]
-        bad = ~np.isfinite(values).all(axis=0)
-        if bad.any():
-            raise ValueError(f"data.source.features: column {self.feature_names[int(np.flatnonzero(bad)[0])]!r} is "
-                             "NULL, not finite, or beyond float32's range (3.4e38) in a row; fill, drop or rescale it")
         kept = {k: v[:n] for k, v in (("arrivals", self.arrivals), ("persons", self.persons)) if v is not None}
         source = self.source
         return Table(name, values, self.labels[:n], len(source.classes), None,
@@ -332,49 +332,21 @@ def _fetched(conn, statement, columns, chunk_rows: int):
 
 
 class _CopyStream(io.RawIOBase):
-    """A COPY's output as a file to read, filled by a thread of its own: the server formats the next rows while
-    pandas' C parser reads these (each side about half of a read's time). At most ``ahead`` blocks wait."""
+    """A COPY's output as a file to read: pandas' C parser reads the rows as the server sends them. (A thread
+    reading ahead was slower here: it contends with the parser for the interpreter.)"""
 
-    def __init__(self, copy, ahead: int = 256):
-        import queue
-        import threading
-
-        self.pending, self.queue, self.stopped = b"", queue.Queue(maxsize=ahead), threading.Event()
-        self.thread = threading.Thread(target=self._pump, args=(copy,), daemon=True)
-        self.thread.start()
-
-    def _pump(self, copy) -> None:
-        try:
-            for block in copy:
-                if self.stopped.is_set():
-                    break
-                self.queue.put(bytes(block))
-            self.queue.put(None)
-        except BaseException as err:  # noqa: BLE001 - handed to the reader, which raises it
-            self.queue.put(err)
-
-    def close_reading(self) -> None:
-        """Stop the thread (a reader that failed part way): drain what it put so that it can end."""
-        self.stopped.set()
-        while self.thread.is_alive():
-            try:
-                self.queue.get(timeout=0.1)
-            except Exception:  # noqa: BLE001 - queue.Empty: the thread is between blocks
-                pass
-        self.thread.join()
+    def __init__(self, copy):
+        self.blocks, self.pending = iter(copy), b""
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         while not self.pending:
-            block = self.queue.get()
-            if block is None:
-                self.queue.put(None)  # EOF again for a later read
+            try:
+                self.pending = bytes(next(self.blocks))
+            except StopIteration:
                 return 0
-            if isinstance(block, BaseException):
-                raise block
-            self.pending = block
         n = min(len(buffer), len(self.pending))
         buffer[:n], self.pending = self.pending[:n], self.pending[n:]
         return n
@@ -395,12 +367,9 @@ def _copied(conn, statement, columns, n_features: int, chunk_rows: int):
     dtypes = {c.name: np.float32 if i >= first_feature else "Int64" if i == 0 and isinstance(c.type, sa.Integer)
               else str for i, c in enumerate(columns)}
     with cursor.copy(f"COPY ({compiled.string}) TO STDOUT WITH (FORMAT csv)", compiled.params) as copy:
-        raw = _CopyStream(copy)
-        try:
-            yield from pd.read_csv(io.BufferedReader(raw, 1 << 20), header=None, names=[c.name for c in columns],
-                                   dtype=dtypes, chunksize=chunk_rows, keep_default_na=False, na_values=[""])
-        finally:
-            raw.close_reading()
+        yield from pd.read_csv(io.BufferedReader(_CopyStream(copy), 1 << 20), header=None,
+                               names=[c.name for c in columns], dtype=dtypes, chunksize=chunk_rows,
+                               keep_default_na=False, na_values=[""])
 
 
 def window_bounds(blocks: Sequence[str], period: str) -> Tuple[dt.datetime, dt.datetime]:
