@@ -59,8 +59,41 @@ def _reason(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+_PG_TYPES = {"int2": "Integer", "int4": "Integer", "int8": "Integer", "float4": "Float", "float8": "Float",
+             "numeric": "Numeric", "bool": "Boolean", "date": "Date", "timestamp": "DateTime"}
+
+
+def _queried(conn, source):
+    """A query as a selectable, its columns typed as the database answers them: PostgreSQL's type of each
+    result column; SQLite's storage class of each value of the first row (a column with no value there is
+    untyped, so a feature must then be named)."""
+    import sqlalchemy as sa
+
+    query = source.query.strip().rstrip(";")
+    probe = conn.exec_driver_sql(f"SELECT * FROM ({query}) AS privzo_query LIMIT 1")
+    names, first = list(probe.keys()), probe.fetchone()
+    types = []
+    if conn.dialect.name == "postgresql":
+        registry = conn.connection.dbapi_connection.adapters.types
+        for column in probe.cursor.description:
+            known = registry.get(column.type_code)
+            name = known.name if known is not None else ""
+            types.append(sa.DateTime(timezone=True) if name == "timestamptz" else
+                         getattr(sa, _PG_TYPES[name])() if name in _PG_TYPES else sa.String())
+    else:
+        for value in first if first is not None else [None] * len(names):
+            types.append(sa.Boolean() if isinstance(value, bool) else sa.Integer() if isinstance(value, int) else
+                         sa.Float() if isinstance(value, float) else sa.String() if isinstance(value, str) else
+                         sa.types.NullType())
+    probe.close()
+    return sa.text(query).columns(*[sa.column(n, t) for n, t in zip(names, types)]).subquery("privzo_query")
+
+
 def _reflected(conn, source):
     import sqlalchemy as sa
+
+    if source.query is not None:
+        return _queried(conn, source)
 
     schema, _, name = source.table.rpartition(".")
     try:
@@ -72,15 +105,31 @@ def _reflected(conn, source):
                          + (f"; there: {', '.join(tables[:12])}" if tables else "; it has none")) from None
 
 
-def _numeric(column) -> bool:
+def _numeric(column, named: bool = False) -> bool:
+    """A number by the database's type (a named column of a SQLite query whose first row had no value there is
+    taken as named: its values are checked as numbers when read)."""
     import sqlalchemy as sa
 
+    if named and isinstance(column.type, sa.types.NullType):
+        return True
     return isinstance(column.type, (sa.Integer, sa.Numeric, sa.Float)) and not isinstance(column.type, sa.Boolean)
+
+
+def _field(source) -> str:
+    return "data.source.query" if source.query is not None else "data.source.table"
+
+
+def _named(source) -> str:
+    return "the query" if source.query is not None else repr(source.table)
+
+
+def _what(table) -> str:
+    return "the query" if table.name == "privzo_query" else f"table {table.name!r}"
 
 
 def _column(table, field: str, name: str):
     if name not in table.c:
-        raise ValueError(f"{field}: table {table.name!r} has no column {name!r}; its columns: "
+        raise ValueError(f"{field}: {_what(table)} has no column {name!r}; its columns: "
                          f"{', '.join(c.name for c in table.columns)}")
     return table.c[name]
 
@@ -132,7 +181,9 @@ def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
     try:
         # one snapshot for the count and the rows (PostgreSQL's default reads each statement's own)
         isolation = {"isolation_level": "REPEATABLE READ"} if engine.dialect.name == "postgresql" else {}
+        connected = False
         with engine.connect().execution_options(**isolation) as conn:
+            connected = True  # an OperationalError from here on is the statement's (SQLite's are), not the server's
             table = _reflected(conn, source)
             arrival = blocks.arrival if blocks is not None else None
             person = blocks.person if blocks is not None else None
@@ -152,13 +203,13 @@ def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
                     if c.name in meta:
                         raise ValueError(f"data.source.features: {c.name!r} is the label, the row id or a block "
                                          "column, never a feature")
-                    if not _numeric(c):
+                    if not _numeric(c, named=True):
                         raise ValueError(f"data.source.features: column {c.name!r} is {c.type} in the database, not "
                                          "a number; encode it as numbers or leave it out of features")
             else:
                 features = [c for c in table.columns if c.name not in meta and _numeric(c)]
                 if not features:
-                    raise ValueError(f"data.source.features: table {table.name!r} has no numeric column besides "
+                    raise ValueError(f"data.source.features: {_what(table)} has no numeric column besides "
                                      f"the label and identity columns; its columns: "
                                      f"{', '.join(c.name for c in table.columns)}")
             extra = [_column(table, f"data.blocks.{f}", n) for f, n in (("arrival", arrival), ("person", person)) if n]
@@ -189,23 +240,25 @@ def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
             for frame in frames:
                 rows.add(frame)
     except sa.exc.OperationalError as err:
+        if connected:
+            raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
         raise ValueError(f"data.source.url: the database at {_shown(source)} refused: {_reason(err)}") from None
-    except sa.exc.ProgrammingError as err:  # e.g. permission denied for table
-        raise ValueError(f"data.source.table: {source.table!r} at {_shown(source)}: {_reason(err)}") from None
+    except sa.exc.ProgrammingError as err:  # e.g. permission denied for table, or the query's own mistake
+        raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
     except Exception as err:
         import psycopg
 
         if isinstance(err, psycopg.Error):  # raised by the COPY, outside SQLAlchemy's wrapping
-            raise ValueError(f"data.source.table: {source.table!r} at {_shown(source)}: {_reason(err)}") from None
+            raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
         raise
     finally:
         engine.dispose()
     if rows.n == 0 and within is None:
-        raise ValueError(f"data.source.table: {source.table!r} at {_shown(source)} has no rows")
+        raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)} has no rows")
     # a row's identity is its row id, computed as a file source with the same row_id column computes it: the
     # same rows moved from a file into a table are the same rows to the ledger
     layout = identity_layout(f"file:row_id={row_id.name}", person is not None, True)
-    return rows.table(source.table, layout)
+    return rows.table(source.name, layout)
 
 
 class _Rows:

@@ -278,7 +278,10 @@ class SqlSource(Strict):
                      "(~/.pgpass, PGPASSWORD).")
     password_env: Optional[str] = Field(None, min_length=1, description="The environment variable holding the "
                                         "role's password (read when the rows are, never logged).")
-    table: str = Field(..., min_length=1, description="The table or view, optionally schema.table.")
+    table: Optional[str] = Field(None, min_length=1, description="The table or view, optionally schema.table.")
+    query: Optional[str] = Field(None, min_length=1, description="Instead of table: a SELECT whose rows are the "
+                                 "source (its columns typed by the database's answer; row_id then names its "
+                                 "identifying column). A window's WHERE is applied around it.")
     label: str = Field(..., min_length=1, description="The column holding each row's class.")
     classes: List[Union[int, str]] = Field(
         ..., min_length=2, description="Every class the label column may hold, in the order of the model's "
@@ -297,7 +300,15 @@ class SqlSource(Strict):
     @property
     def name(self) -> str:
         """What reports and logs call the source: the table (never the URL, which names a host and a role)."""
-        return self.table
+        return self.table or "query"
+
+    @model_validator(mode="after")
+    def _table_or_query(self):
+        if (self.table is None) == (self.query is None):
+            raise ValueError("give one of table (a table or view) or query (a SELECT)")
+        if self.query is not None and self.row_id is None:
+            raise ValueError("row_id: a query has no primary key; name the column that identifies each row")
+        return self
 
     @field_validator("url")
     @classmethod

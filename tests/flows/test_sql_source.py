@@ -107,6 +107,24 @@ def test_event_level_windows_are_pushed_down_exactly(tmp_path):
     np.testing.assert_allclose(whole.features, frame[[f"px{i}" for i in range(64)]].to_numpy(np.float32))
 
 
+def test_a_query_is_a_source_typed_by_the_databases_answer(tmp_path):
+    frame = _frame(tmp_path)
+    url = _to_sqlite(frame, tmp_path / "rows.db")
+    source = specs.sections.SqlSource(kind="sql", url=url, label="digit", classes=list(range(10)), row_id="visit",
+                                      query="SELECT visit, digit, arrived, patient, px10, px20 FROM visits "
+                                            "WHERE digit < 5;")
+    table = load_sql(source)  # the text columns are no features; the numbers are
+    assert table.columns == ("px10", "px20") and len(table) == int((frame.digit < 5).sum())
+    blocks = specs.sections.BlocksSpec(arrival="arrived", period="day", declared_private_rows=10)
+    window = load_sql(source, blocks=blocks, within=window_bounds(["2026-11-02"], "day"))
+    assert {str(i) for i in window.row_ids} == set(
+        frame.loc[(frame.digit < 5) & (frame.arrived == "2026-11-02"), "visit"].astype(str))
+    with pytest.raises(ValueError, match=r"^data.source.query: the query at sqlite:///.*: no such table: visitz$"):
+        load_sql(source.model_copy(update={"query": "SELECT * FROM visitz"}))
+    with pytest.raises(specs.SpecError, match=r"data.source: .*give one of table .* or query"):
+        specs.spec_from_dict(_sql_spec(stream_spec(tmp_path), url, query="SELECT 1"))
+
+
 def _refused(tmp_path, match, frame=None, table_types=None, spec_source=None, blocks=None, env=None, monkeypatch=None):
     frame = frame if frame is not None else _frame(tmp_path)
     url = _to_sqlite(frame, tmp_path / f"r{np.random.randint(1e9)}.db", **(table_types or {}))
@@ -198,6 +216,10 @@ def test_postgresql_reads_the_window_as_a_select_only_role_and_refuses_what_the_
         window = ["2026-11-03", "2026-11-04"]
         table = load_sql(specs.sections.SqlSource(**source), blocks=blocks, within=window_bounds(window, "day"))
         assert {str(i) for i in table.row_ids} == _window_rows(frame, window)
+        queried = specs.sections.SqlSource(**{**source, "table": None, "row_id": "visit",
+                                              "query": f"SELECT * FROM {schema}.visits"})
+        assert {str(i) for i in load_sql(queried, blocks=blocks, within=window_bounds(window, "day")).row_ids} == \
+            _window_rows(frame, window)
         os.environ["PRIVZO_TEST_READER"] = "wrong"
         with pytest.raises(ValueError, match=r"^data.source.url: the database at .* refused: .*password authentication "
                                              r"failed"):
