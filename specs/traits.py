@@ -144,8 +144,13 @@ SOURCES: Dict[str, SourceTraits] = {
     "images": SourceTraits("numbers", True, False),
     "packaged_images": SourceTraits("numbers", True, True),
     "synthetic": SourceTraits("objective", False, False),
-    "sql": SourceTraits("numbers", False, False),
+    "sql": SourceTraits("numbers_or_tokens", False, False),
 }
+
+def reads_text(source) -> bool:
+    """A file or table source whose input is a text column (token ids), not numeric features."""
+    return source.kind in ("file", "sql") and getattr(source, "text", None) is not None
+
 
 # sklearn sources whose values have a known range (8x8 digits, pixel counts 0..16)
 KNOWN_RANGE_SKLEARN: FrozenSet[str] = frozenset({"digits"})

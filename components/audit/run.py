@@ -52,7 +52,7 @@ from components.audit.vectors import VectorProbe
 from components.data.split import Part, SplitData
 from components.randomness import private_generator, public_seed
 from components.registry import SOURCES
-from specs.traits import DENSE, ESTIMATORS, KL, MODELS, SAMPLERS, STANDARD, family_of, kinds
+from specs.traits import reads_text, DENSE, ESTIMATORS, KL, MODELS, SAMPLERS, STANDARD, family_of, kinds
 
 STREAM_AUDIT = 20  # public stream of the canaries (no other stream uses 20)
 
@@ -257,7 +257,7 @@ def audit_problem(spec) -> Optional[str]:
     if spec.mechanism.kind == "none":
         return "mechanism.kind: none claims no privacy; there is nothing to audit (use a private mechanism)"
     source = spec.data.source
-    file_text = source.kind == "file" and getattr(source, "text", None) is not None
+    file_text = reads_text(source)
     if source.kind in ("text", "completions") or file_text or MODELS[spec.model.kind].reads == "tokens":
         return (f"data.source: the audit writes its canaries as feature vectors; token-id rows (text sources, "
                 f"model.kind {', '.join(kinds(MODELS, reads='tokens'))}) are not supported yet")

@@ -298,9 +298,11 @@ def _file(source, model_tokenizer=None, public_flag=None, blocks=None, prompt=No
 
 
 @SOURCES.register("sql")
-def _sql(source, model_tokenizer=None, public_flag=None, blocks=None, within=None):
-    """A database table (components/data/sql.py); ``within``: a run's window, pushed to the database."""
+def _sql(source, model_tokenizer=None, public_flag=None, blocks=None, within=None, prompt=None):
+    """A database table (components/data/sql.py); ``within``: a run's window, pushed to the database. A text
+    column is tokenised as a file's is (the source's tokenizer, else the model's)."""
     from components.data.sql import load_sql
 
-    table = load_sql(source, public_flag=public_flag, blocks=blocks, within=within)
-    return table, "public" if source.scale == "auto" else source.scale
+    table = load_sql(source, public_flag=public_flag, blocks=blocks, within=within,
+                     tokenizer=source.tokenizer or model_tokenizer, prompt=prompt)
+    return table, "none" if source.text is not None else "public" if source.scale == "auto" else source.scale

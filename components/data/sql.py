@@ -172,9 +172,11 @@ def _arrival_text(values: np.ndarray, column: str) -> np.ndarray:
 
 
 def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
-             within: Optional[Tuple[dt.datetime, dt.datetime]] = None) -> Table:
+             within: Optional[Tuple[dt.datetime, dt.datetime]] = None, tokenizer: Optional[str] = None,
+             prompt=None) -> Table:
     """The rows of ``source`` (a SqlSource); ``within`` ([start, end) in UTC, with ``blocks``): only the rows
-    the window may hold (module docstring)."""
+    the window may hold (module docstring). With ``source.text``, that column as ``tokenizer``'s ids (filled
+    into a language model's ``prompt``, if any), as a file's text column is."""
     import sqlalchemy as sa
 
     engine = _engine(source)
@@ -196,8 +198,10 @@ def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
                                      "the column that identifies each row for good")
                 row_id = keys[0]
             label = _column(table, "data.source.label", source.label)
-            meta = {c for c in (source.label, row_id.name, arrival, person, public_flag) if c}
-            if source.features is not None:
+            meta = {c for c in (source.label, row_id.name, arrival, person, public_flag, source.text) if c}
+            if source.text is not None:
+                features = []
+            elif source.features is not None:
                 features = [_column(table, "data.source.features", name) for name in source.features]
                 for c in features:
                     if c.name in meta:
@@ -214,6 +218,8 @@ def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
                                      f"{', '.join(c.name for c in table.columns)}")
             extra = [_column(table, f"data.blocks.{f}", n) for f, n in (("arrival", arrival), ("person", person)) if n]
             flag = [_column(table, "data.split.column", public_flag)] if public_flag else []
+            text = [_column(table, "data.source.text", source.text)] if source.text else []
+            flag += text  # read as text, as the flag is
             statement = sa.select(row_id, label, *extra, *flag, *features).order_by(row_id)
             if within is not None and arrival is not None:
                 sqlite = engine.dialect.name == "sqlite"
@@ -258,7 +264,7 @@ def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
     # a row's identity is its row id, computed as a file source with the same row_id column computes it: the
     # same rows moved from a file into a table are the same rows to the ledger
     layout = identity_layout(f"file:row_id={row_id.name}", person is not None, True)
-    return rows.table(source.name, layout)
+    return rows.table(source.name, layout, tokenizer, prompt)
 
 
 class _Rows:
@@ -282,11 +288,13 @@ class _Rows:
         self.arrivals = None if arrival is None else np.empty(count, dtype="datetime64[s]" if self.temporal else object)
         self.persons = None if person is None else np.empty(count, dtype=object)
         self.flags = None if public_flag is None else np.empty(count, dtype=bool)
+        self.text = source.text
+        self.texts = None if source.text is None else np.empty(count, dtype=object)
         self.position = {str(c): i for i, c in enumerate(source.classes)}
 
     def _grow(self, need: int) -> None:
         size = max(need, 2 * len(self.labels))
-        for name in ("values", "labels", "ids", "arrivals", "persons", "flags"):
+        for name in ("values", "labels", "ids", "arrivals", "persons", "flags", "texts"):
             old = getattr(self, name)
             if old is not None:
                 new = np.empty((size, *old.shape[1:]), dtype=old.dtype)
@@ -330,6 +338,12 @@ class _Rows:
                                            "every row needs its person")
         if self.flag is not None:
             self.flags[at] = self._flags(frame[self.flag])
+        if self.text is not None:
+            lines = frame[self.text]
+            if lines.isna().any() or not lines.map(lambda v: isinstance(v, str) and bool(v.strip())).all():
+                raise ValueError(f"data.source.text: column {self.text!r} is NULL, empty or not text in a row; give "
+                                 "every row its text")
+            self.texts[at] = lines.to_numpy(dtype=object)
         self.n += m
 
     def _classes(self, raw):
@@ -351,7 +365,7 @@ class _Rows:
             raise ValueError(f"data.split.column: column {self.flag!r} must hold true/false or 1/0 in every row")
         return words.isin(("t", "true", "1")).to_numpy()
 
-    def table(self, name: str, layout: str) -> Table:
+    def table(self, name: str, layout: str, tokenizer: Optional[str] = None, prompt=None) -> Table:
         n = self.n
         ids = self.ids[:n]
         repeated = n - len(np.unique(ids) if self.integer_ids else set(ids))
@@ -361,8 +375,18 @@ class _Rows:
         values = self.values[:n]
         kept = {k: v[:n] for k, v in (("arrivals", self.arrivals), ("persons", self.persons)) if v is not None}
         source = self.source
+        columns = tuple(self.feature_names)
+        if self.text is not None:  # token ids, as a file's text column gives them
+            from components import pretrained
+            from components.data.prompts import encode_prompted
+            from components.data.text import encode
+
+            lines = list(self.texts[:n])
+            values = encode(lines, pretrained.tokenizer(tokenizer), source.max_length) if prompt is None else \
+                encode_prompted(lines, pretrained.tokenizer(tokenizer), source.max_length, prompt)
+            columns = None
         return Table(name, values, self.labels[:n], len(source.classes), None,
-                     None if self.flags is None else self.flags[:n], columns=tuple(self.feature_names), layout=layout,
+                     None if self.flags is None else self.flags[:n], columns=columns, layout=layout,
                      class_names=tuple(str(c) for c in source.classes), row_ids=ids, **kept)
 
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 from specs.rules.kl import kl_problems
 from specs.rules.nonsmooth import nonsmooth_problems
 from specs.rules.standard import standard_problems
-from specs.traits import (ESTIMATORS, JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS, KL_OPTIMIZERS, MODELS,
+from specs.traits import (reads_text, ESTIMATORS, JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS, KL_OPTIMIZERS, MODELS,
                           NONSMOOTH_ESTIMATORS, OPTIMIZERS, SOURCES, STANDARD, family_of, kinds, known_range)
 
 
@@ -119,13 +119,13 @@ def cross_field_problems(spec) -> List[str]:
             problems.append(f"data.split.column: {split.column!r} is the text column")
     if split.kind == "source":
         problems += _public_source_problems(source, split.public_source)
-    file_text = source.kind == "file" and source.text is not None
+    file_text = reads_text(source)
     # hf, causal_lm and masked_lm read token ids made by their own tokenizer
     text, hf = source.kind == "text" or file_text, MODELS[spec.model.kind].reads == "tokens"
     completions = SOURCES[source.kind].rows == "completions"
     if hf and not text and not completions:
-        problems.append(f"model.kind: {spec.model.kind} reads token ids; use data.source.kind: text, or a file source "
-                        "with a text column")
+        problems.append(f"model.kind: {spec.model.kind} reads token ids; use data.source.kind: text, or a file or "
+                        "sql source with a text column")
     if file_text and source.text == source.label:
         problems.append("data.source.text: the label column cannot also be the text")
     if text and hf and source.tokenizer not in (None, spec.model.weights):
@@ -270,7 +270,7 @@ def _person_problems(spec) -> List[str]:
 def _tokens(source) -> Optional[tuple]:
     """What a source's rows are made of: None for numbers, (tokenizer, length) for token ids, (completions,
     length) for a causal LM's prompts and completions."""
-    if source.kind == "text" or (source.kind == "file" and source.text is not None):
+    if source.kind == "text" or reads_text(source):
         return (source.tokenizer, source.max_length)
     if SOURCES[source.kind].rows == "completions":
         return ("completions", source.max_length)

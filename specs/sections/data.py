@@ -57,6 +57,19 @@ class TextSource(Strict):
         return value
 
 
+def text_defaults(data):
+    """A text column's settings, defaulted only with a text column, so a spec without one never carries (or
+    logs) them."""
+    if not isinstance(data, dict):
+        return data
+    if data.get("text") is None:
+        for key in ("max_length", "tokenizer"):
+            if data.get(key) is not None:
+                raise ValueError(f"{key} applies to a text column only; set text or remove {key}")
+        return data
+    return {**data, "max_length": data.get("max_length") or 32}
+
+
 class FileSource(Strict):
     """The team's own rows: a CSV, Parquet or JSON Lines file, or a Hugging Face dataset saved with
     ``save_to_disk``, with one example per row (add/remove neighbours are rows, so one person's data should
@@ -95,15 +108,7 @@ class FileSource(Strict):
     @model_validator(mode="before")
     @classmethod
     def _text_settings(cls, data):
-        # defaults only with a text column, so a spec without one never carries (or logs) them
-        if not isinstance(data, dict):
-            return data
-        if data.get("text") is None:
-            for key in ("max_length", "tokenizer"):
-                if data.get(key) is not None:
-                    raise ValueError(f"{key} applies to a text column only; set text or remove {key}")
-            return data
-        return {**data, "max_length": data.get("max_length") or 32}
+        return text_defaults(data)
 
     @model_validator(mode="after")
     def _text_is_the_whole_input(self):
@@ -291,7 +296,13 @@ class SqlSource(Strict):
     row_id: Optional[str] = Field(None, min_length=1, description="The column naming each row for good (unique, "
                                   "never NULL): the ledger's identity of a row, as a file's row_id; default: the "
                                   "table's primary key (one column).")
-    scale: Literal["auto", "none", "public"] = Field("auto", description="As a file's: auto = public.")
+    scale: Literal["auto", "none", "public"] = Field("auto", description="As a file's: auto = public (none "
+                                                     "with text).")
+    text: Optional[str] = Field(None, min_length=1, description="A text column instead of features: each row "
+                                "becomes the tokenizer's ids and attention mask, as a file's text column.")
+    max_length: Optional[int] = Field(None, ge=2, le=512, description="With text: tokens per row (default 32).")
+    tokenizer: Optional[str] = Field(None, min_length=1, description="With text: the model whose vocabulary "
+                                     "makes the ids; default: the model's own.")
     chunk_rows: PositiveInt = Field(50_000, description="Rows fetched per round trip of the server-side cursor.")
 
     # a run on blocks hands this source its window's bounds, so only the window's rows leave the database
@@ -302,8 +313,15 @@ class SqlSource(Strict):
         """What reports and logs call the source: the table (never the URL, which names a host and a role)."""
         return self.table or "query"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_settings(cls, data):
+        return text_defaults(data)
+
     @model_validator(mode="after")
     def _table_or_query(self):
+        if self.text is not None and (self.features is not None or self.scale == "public"):
+            raise ValueError("a text column is the whole input: remove features and scale")
         if (self.table is None) == (self.query is None):
             raise ValueError("give one of table (a table or view) or query (a SELECT)")
         if self.query is not None and self.row_id is None:

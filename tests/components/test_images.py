@@ -158,7 +158,7 @@ def test_images_cross_checks(tiny_spec_dict):
     with pytest.raises(specs.SpecError, match="public_source: images need public images of the same classes"):
         specs.spec_from_dict(tiny_spec_dict)
     tiny_spec_dict["data"]["split"] = {"kind": "column", "column": "consented"}
-    with pytest.raises(specs.SpecError, match="data.split.kind: column reads a column of a file source"):
+    with pytest.raises(specs.SpecError, match="data.split.kind: column reads a column of a file or sql source"):
         specs.spec_from_dict(tiny_spec_dict)
     tiny_spec_dict["data"]["split"] = {"kind": "hashed", "public": 0.0}
     tiny_spec_dict["data"]["source"]["scale"] = "fixed"  # the pixel range is known: no public rows needed

@@ -259,3 +259,23 @@ def test_simulate_plays_the_sql_stream_as_the_files(prefect_server, tmp_path, mo
 
 def night_at(*date):
     return dt.datetime(*date, 2, tzinfo=dt.timezone.utc)
+
+
+def test_a_text_column_is_tokenised_as_a_files_is(tmp_path):
+    """A table's text column gives the same token ids as the same texts in a file (MiniLM's tokenizer)."""
+    from components import pretrained
+
+    frame = pd.DataFrame({"ticket": range(40), "body": [f"ticket {i} about {'billing' if i % 2 else 'login'}"
+                                                         for i in range(40)],
+                          "queue": ["billing" if i % 2 else "login" for i in range(40)]})
+    with sqlite3.connect(tmp_path / "t.db") as con:
+        con.execute("CREATE TABLE tickets (ticket INTEGER PRIMARY KEY, body TEXT, queue TEXT)")
+        con.executemany("INSERT INTO tickets VALUES (?, ?, ?)", frame.astype(object).itertuples(index=False, name=None))
+    source = specs.sections.SqlSource(kind="sql", url=f"sqlite:///{tmp_path / 't.db'}", table="tickets", label="queue",
+                                      classes=["login", "billing"], text="body", max_length=12)
+    table = load_sql(source, tokenizer="minilm")
+    expected = pretrained.tokenizer("minilm")("ticket 3 about billing", padding="max_length", max_length=12)["input_ids"]
+    assert table.features.shape == (40, 2, 12) and table.features[3, 0].tolist() == expected
+    assert table.labels.tolist() == [i % 2 for i in range(40)]
+    with pytest.raises(specs.SpecError, match="a text column is the whole input"):
+        specs.spec_from_dict(_sql_spec(stream_spec(tmp_path), source.url, table="tickets", text="body", features=["x"]))

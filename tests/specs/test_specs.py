@@ -293,7 +293,7 @@ FILE = {"kind": "file", "path": "x.csv", "label": "y", "classes": [0, 1]}
 
 @pytest.mark.parametrize("source, split, message", [
     ({"kind": "sklearn", "name": "digits"}, {"kind": "column", "column": "ok"},
-     "data.split.kind: column reads a column of a file source"),
+     "data.split.kind: column reads a column of a file or sql source"),
     (FILE, {"kind": "column", "column": "y"}, "data.split.column: 'y' is the label or a feature"),
     (FILE, {"kind": "source", "public_source": {"kind": "text", "name": "chatterbot"}},
      "data.split.public_source: its rows must be read like the main source's"),
