@@ -165,7 +165,7 @@ def test_hf_runs_on_a_files_text_column(tmp_path, tiny_spec_dict):
     ({"text": "body", "scale": "public"}, "hf", "a text column is the whole input"),
     ({"max_length": 16}, "linear", "max_length applies to a text column only"),
     ({"text": "body"}, "linear", "data.source.text gives token ids, which model.kind linear cannot read"),
-    ({}, "hf", "model.kind: hf reads token ids; use data.source.kind: text, or a file source with a text column"),
+    ({}, "hf", "model.kind: hf reads token ids; use data.source.kind: text, or a file or sql source with a text column"),
 ])
 def test_text_column_spec_errors(tiny_spec_dict, source, model, message):
     tiny_spec_dict["data"]["source"] = {"kind": "file", "path": "t.csv", "label": "y", "classes": [0, 1], **source}
