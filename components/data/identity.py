@@ -12,6 +12,16 @@ import numbers
 import numpy as np
 
 
+def integral_text(value: str):
+    """A label written as a whole number in another form ('1.0') as its digits ('1'), else None: a float
+    column's class 1 is the class named 1."""
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return str(int(number)) if number.is_integer() else None
+
+
 def identity_text(values, field: str, file: str, need: str) -> np.ndarray:
     """``values`` (a pandas Series named by its column) as one string per row, exactly as stored; one line
     naming the column and the first value refused (missing, empty, a float, a boolean or not a scalar)."""

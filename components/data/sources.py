@@ -12,7 +12,7 @@ from components.data_check import (HF_DATASETS_MISSING, HF_INDEX, NOT_SAVED_TO_D
 
 
 from components.data.table import Table, unique_rows, content_fingerprint, identity_layout  # noqa: F401
-from components.data.identity import identity_text
+from components.data.identity import identity_text, integral_text
 from components.periods import partition_files
 from components.registry import SOURCES
 
@@ -240,14 +240,6 @@ def _flags(frame, column: str) -> np.ndarray:
     return words.isin(_TRUE).to_numpy()
 
 
-def _integral(value: str) -> Optional[str]:
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return str(int(number)) if number.is_integer() else None
-
-
 def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> np.ndarray:
     import pandas as pd
 
@@ -260,7 +252,7 @@ def _class_positions(frame, label: str, classes: Sequence[Union[int, str]]) -> n
     labels = raw.astype(str).map(position)
     if labels.isna().any():
         # a label written '1.0' in a file whose classes are numbers is the class 1
-        labels = labels.fillna(raw.astype(str).map(lambda v: position.get(_integral(v))))
+        labels = labels.fillna(raw.astype(str).map(lambda v: position.get(integral_text(v))))
     if labels.isna().any():
         raise ValueError(f"data.source.classes: column {label!r} has labels not among classes "
                          f"{[str(c) for c in classes]}; list every class")

@@ -22,6 +22,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from components.data.identity import integral_text
 from components.data.table import Table, identity_layout
 
 
@@ -353,7 +354,7 @@ class _Rows:
         text = raw.astype(str)
         positions = text.map(self.position)
         if positions.isna().any():  # 1.0 in a float column is the class 1
-            positions = positions.fillna(text.map(lambda v: self.position.get(_integral(v))))
+            positions = positions.fillna(text.map(lambda v: self.position.get(integral_text(v))))
         if positions.isna().any():
             raise ValueError(f"data.source.classes: column {self.label_column!r} holds labels not among classes "
                              f"{[str(c) for c in self.source.classes]}; list every class")
@@ -388,14 +389,6 @@ class _Rows:
         return Table(name, values, self.labels[:n], len(source.classes), None,
                      None if self.flags is None else self.flags[:n], columns=columns, layout=layout,
                      class_names=tuple(str(c) for c in source.classes), row_ids=ids, **kept)
-
-
-def _integral(value: str) -> Optional[str]:
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return str(int(number)) if number.is_integer() else None
 
 
 def _fetched(conn, statement, columns, chunk_rows: int):
