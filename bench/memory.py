@@ -59,7 +59,7 @@ def public_rows(method: str, batch: int) -> int:
 
 
 def estimated_extra(method: str, param_bytes: int, batch: int, chunk_bytes: int) -> int:
-    """Bytes a backprop step holds above inference, from how components/estimators/evaluate.py forms
+    """Bytes a backprop step holds above inference, from how components/queries/clipped_sums.py forms
     per-example gradients (chunks of about ``chunk_bytes``; GEP's private split in chunks of a third).
     Zeroth-order steps hold a few d-sized vectors at most: 0 here, they need no guard."""
     if method not in BACKPROP:
@@ -105,9 +105,9 @@ def measure(method: str, model_name: str, device: str, batch: int) -> dict:
     sc.DEVICE = torch.device(device)
     from components import models
     from components.accountants import Accountant, PrivacyTracker
-    from components.estimators import (Directions, FirstOrderEstimator, GepEstimator, PazoMEstimator,
-                                       TwoPointEstimator)
-    from components.estimators.evaluate import PER_EXAMPLE_GRADIENT_BYTES
+    from components.directions import Directions
+    from components.estimators import FirstOrderEstimator, GepEstimator, PazoMEstimator, TwoPointEstimator
+    from components.queries.clipped_sums import PER_EXAMPLE_GRADIENT_BYTES
     from components.estimators.public import PublicOracle
     from components.mechanisms import GaussianMechanism
     from components.optimizers import Sgd
@@ -221,8 +221,9 @@ def measure_decoder(case: str, config, precision: str, batch: int, length: int, 
     import bench.step_cost as sc
     from components import models
     from components.accountants import Accountant, PrivacyTracker
-    from components.estimators import (Directions, DopeSgdEstimator, FirstOrderEstimator, PazoMEstimator,
-                                       PazoPEstimator, PazoSEstimator, TwoPointEstimator)
+    from components.directions import Directions
+    from components.estimators import (DopeSgdEstimator, FirstOrderEstimator, PazoMEstimator, PazoPEstimator,
+                                       PazoSEstimator, TwoPointEstimator)
     from components.estimators.public import PublicOracle
     from components.mechanisms import GaussianMechanism
     from components.models.lm import CompletionScorer, LabelWordClassifier, freeze_lm_

@@ -29,8 +29,8 @@ from torch.nn import functional as F
 
 from components import models
 from components.accountants import Accountant, PrivacyTracker
+from components.directions import Directions
 from components.estimators import (
-    Directions,
     DpgdZerothEstimator,
     FirstOrderEstimator,
     GepEstimator,

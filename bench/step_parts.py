@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench.step_cost as sc  # noqa: E402
 from components import models  # noqa: E402
-from components.estimators import Directions, add_direction_, perturbed  # noqa: E402
+from components.directions import Directions, add_direction_, perturbed  # noqa: E402
 
 
 def parts(name: str, repeats: int) -> str:

@@ -13,7 +13,7 @@ from components.data import SplitData
 from components.devices import CACHE_LIMIT_BYTES, device_for  # noqa: F401 (the builders' API too)
 from components.data.prompts import prompt_of
 from components.data.table import Table
-from components.estimators import Directions
+from components.directions import Directions
 from components.estimators.public import PublicOracle, too_few_public_rows, warm_start
 from components.families import family_for
 from components.families.common import accountant, calibrate_sigma, spec_sampler  # noqa: F401 (planning API)

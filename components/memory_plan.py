@@ -21,7 +21,7 @@ step's peak is W plus the largest of its phases:
                                                     G(c), one tensor's clipped sum (t elements: the largest);
                                                     then the release: sums and noisy sums in float64, a
                                                     tensor's noise and its scaled copy
-                                                    (``evaluate.clipped_gradient_sum``,
+                                                    (``clipped_sums.clipped_gradient_sum``,
                                                     ``GaussianMechanism.release_vector``)
     pazo_*, public    zeroth-order phase + k T + T + G(b')   k public gradients (pazo_p/pazo_s: k; pazo_m,
     gradients                                       dope_sgd, pda_dpmd: 1) by a batched backward on b' rows;
@@ -182,7 +182,7 @@ def _saved(s: Sizes, rows: int, length: int, completion: bool) -> int:
 
 def chunk_rows(s: Sizes, batch: int, share: int = 1) -> int:
     """Rows per vectorised per-example-gradient pass (evaluate._per_example_gradients)."""
-    from components.estimators.evaluate import PER_EXAMPLE_GRADIENT_BYTES
+    from components.queries.clipped_sums import PER_EXAMPLE_GRADIENT_BYTES
 
     return min(batch, max(1, PER_EXAMPLE_GRADIENT_BYTES // max(1, s.trainable_bytes * share)))
 
@@ -265,7 +265,7 @@ def estimate(s: Sizes, st: Settings, batch_note: str = "") -> MemoryPlan:
 
 # ------------------------------------------------------------------------------------------- model sizes
 def _capacity_bytes(model: nn.Module, element: int) -> int:
-    from components.estimators.perturbation import perturbation_capacity
+    from components.directions import perturbation_capacity
 
     index = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
     return sum(perturbation_capacity(model, index).values()) * element
@@ -274,7 +274,7 @@ def _capacity_bytes(model: nn.Module, element: int) -> int:
 def _swapped_bytes(model: nn.Module, element: int) -> int:
     """Cache mode's perturbed copy: every trainable tensor but those only looked up by row (a table tied to an
     LM head is copied whole), as ``Directions.swapped`` decides on a CPU."""
-    from components.estimators.directions import row_lookup
+    from components.directions import row_lookup
 
     row_only = {}
     for m in model.modules():

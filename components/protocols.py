@@ -11,8 +11,8 @@ is needed.
 
 Kept free of privzo imports (typing and torch only) so that every module may import it without an import
 circle (docs/design.md, "Layers"). Values of privzo's own types are written ``Any`` with the type named in
-a comment: Query and Update are in components/estimators/queries.py, Directions in
-components/estimators/directions.py, StepContext in components/runtime/loop.py.
+a comment: Query and Update are in components/queries/query.py, Directions in
+components/directions/engine.py, StepContext in components/runtime/loop.py.
 """
 from __future__ import annotations
 

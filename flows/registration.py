@@ -22,7 +22,7 @@ import specs
 from components import builders
 from components.accountants import event_to_json
 from components.data import SplitData
-from components.estimators.directions import GENERATOR_VERSION
+from components.directions import GENERATOR_VERSION
 from flows import reporting
 from flows.ledger import PrivacyLedger
 from flows.lineage import model_block_events, model_epsilon, model_event, model_runs

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Iterable, List, Mapping, NamedTuple, Optional
 
-from components.estimators.evaluate import NON_FINITE_HANDLING
+from components.queries.clipped_sums import NON_FINITE_HANDLING
 from components.randomness import NOISE_SENTENCES
 
 

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 import specs
 from components import builders
 from components.data.blocks import open_period
-from components.estimators.directions import GENERATOR_VERSION
+from components.directions import GENERATOR_VERSION
 from flows.window import BlockView, Window, as_of_moment
 from flows.checkpoints import CheckpointStore, resume_store, spec_digest
 from flows.refusals import checks_input

@@ -121,7 +121,7 @@ def start_of(init_tag: Optional[str]) -> str:
 def transcript_of(spec: specs.RunSpec, model: torch.nn.Module, journal, stream: str, run_id: str,
                   init_tag: Optional[str], shapes: Tuple[int, int]) -> Transcript:
     """The transcript of a finished run: its resolved spec, journal (``JournalEntry`` rows) and public start."""
-    from components.estimators.directions import GENERATOR_VERSION
+    from components.directions import GENERATOR_VERSION
 
     return Transcript(specs.dump_yaml(spec), [[int(e.step), int(e.seed), float(e.coefficient)] for e in journal],
                       stream, str(GENERATOR_VERSION), start_of(init_tag), int(shapes[0]), int(shapes[1]),
@@ -148,7 +148,7 @@ def replay_weights(spec: specs.RunSpec, entries: List[dict], *, owner: str, stre
     (n_features, n_classes); without them the data source is read for them (rows give only their shape). Raises
     ReplayError (one line) where the weights cannot be rebuilt here."""
     from components import builders, models
-    from components.estimators.directions import GENERATOR_VERSION
+    from components.directions import GENERATOR_VERSION
     from components.estimators.public import warm_start
     from components.optimizers import replay
     from components.optimizers.sgd import master_weights

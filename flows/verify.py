@@ -407,7 +407,7 @@ class _Verifier:
     def _weights(self) -> Tuple[str, str]:
         import torch
 
-        from components.estimators.directions import GENERATOR_VERSION
+        from components.directions import GENERATOR_VERSION
         from flows.transcript import (GPU_ATOL, GPU_RTOL, ReplayError, journal_is_trajectory, replay_device,
                                       replay_weights, start_of, transcript_in)
 

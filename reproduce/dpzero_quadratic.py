@@ -538,7 +538,8 @@ def privzo_trajectory(point: MatchPoint, seed: int = 0, noise_seed: int = 7, thr
     step, seconds). Composed as builders.build_loop composes a full-batch Gaussian run."""
     from components.accountants import Accountant, PrivacyTracker
     from components.data.sampling import FullBatchSampler
-    from components.estimators import Directions, DpgdZerothEstimator, FirstOrderEstimator, TwoPointEstimator
+    from components.directions import Directions
+    from components.estimators import DpgdZerothEstimator, FirstOrderEstimator, TwoPointEstimator
     from components.mechanisms import GaussianMechanism
     from components.optimizers import Sgd
     from components.runtime import LocalBackend, PrivateLoop

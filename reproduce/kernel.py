@@ -123,7 +123,7 @@ class PrivzoStreams:
         return self._rows.mean(axis=0)[None]
 
     def directions(self, step: int, first: int, count: int, m: int) -> np.ndarray:
-        from components.estimators.evaluate import example_directions
+        from components.queries.clipped_sums import example_directions
         from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
 
         base = public_seed(self.plan.seed, STREAM_EXAMPLE_DIRECTION, step)
@@ -131,7 +131,7 @@ class PrivzoStreams:
                          for i in range(first, first + count)])[None]
 
     def ball_points(self, step: int, first: int, count: int, m: int) -> np.ndarray:
-        from components.estimators.evaluate import example_ball_points
+        from components.queries.clipped_sums import example_ball_points
         from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
 
         base = public_seed(self.plan.seed, STREAM_EXAMPLE_DIRECTION, step)

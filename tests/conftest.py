@@ -22,7 +22,7 @@ import torch  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not torch.cuda.is_available():
-    # without a GPU, the GPU's Triton kernels (components/estimators/philox.py) run on the CPU through
+    # without a GPU, the GPU's Triton kernels (components/directions/philox.py) run on the CPU through
     # Triton's interpreter in tests/components/test_philox.py; production never takes that path on a CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

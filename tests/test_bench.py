@@ -59,7 +59,7 @@ def test_memory_measures_the_planner_on_a_small_decoder():
 def test_memory_halves_a_batch_whose_estimate_is_over_the_budget():
     from bench.memory import batch_that_fits, estimated_extra
 
-    d, chunk = 91 * 2**20, 256 * 2**20  # MiniLM's 22.7M float32 parameters, evaluate.py's chunk
+    d, chunk = 91 * 2**20, 256 * 2**20  # MiniLM's 22.7M float32 parameters, clipped_sums.py's chunk
     assert estimated_extra("gep", d, 32, chunk) > 32 * d  # more than the 32 anchors' gradients
     assert batch_that_fits("gep", d, 32, chunk, base=2**29, budget=2**40) == 32
     # 32 anchor rows and the 16-row basis (48 d, 4.3 GB) do not fit 3 GiB; 16 rows and 16 (2.9 GB) neither

@@ -185,6 +185,29 @@ def test_the_reproduction_harness_stands_beside_the_product():
     assert not offenders, offenders
 
 
+# docs/design.md, "Layers": the direction engine stands below the queries, and both below the estimators, the
+# optimizers and the runtime; each of these rooms may import only the rooms of components listed here
+ROOMS_BELOW = {
+    "components.directions": {"components.randomness"},
+    "components.queries": {"components.directions", "components.randomness"},
+}
+
+
+def _room_of(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "components" and len(parts) > 1 else parts[0]
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS_BELOW))
+def test_the_direction_engine_and_the_queries_stand_below_the_estimators(room):
+    graph = _import_graph()
+    members = [m for m in graph if m == room or m.startswith(room + ".")]
+    assert members, f"no module in {room}"
+    offenders = sorted(f"{m} imports {name}" for m in members for name in graph[m]
+                       if _room_of(name) != room and _room_of(name) not in ROOMS_BELOW[room])
+    assert not offenders, offenders
+
+
 PRODUCT = ("components", "flows", "specs", "reproduce", "recipes", "infra", "bench", "docs")
 
 

@@ -23,8 +23,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from components.estimators.evaluate import gram, per_example_gradient_matrix, per_example_values
-from components.estimators.queries import (
+from components.queries.clipped_sums import gram, per_example_gradient_matrix, per_example_values
+from components.queries import (
     EmbeddedGradients,
     FiniteDifferences,
     LossValues,

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from components.audit.canaries import CanarySet
-from components.estimators.evaluate import per_example_vectors
-from components.estimators.queries import PerExampleSphere
+from components.queries.clipped_sums import per_example_vectors
+from components.queries import PerExampleSphere
 from components.mechanisms.tree import lowbit
 from components.protocols import ScheduledBatches
 

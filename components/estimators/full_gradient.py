@@ -2,7 +2,7 @@
 optimizer plans them (``ctx.request``); it only turns a request into releases through the door."""
 from __future__ import annotations
 
-from components.estimators.queries import Update
+from components.queries import Update
 from components.registry import ESTIMATORS
 
 

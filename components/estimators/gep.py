@@ -21,7 +21,7 @@ from typing import Tuple
 
 import torch
 
-from components.estimators.queries import EmbeddedGradients, Update
+from components.queries import EmbeddedGradients, Update
 from components.registry import ESTIMATORS
 
 

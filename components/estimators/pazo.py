@@ -11,8 +11,8 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from components.estimators.directions import Directions
-from components.estimators.queries import Dense, FiniteDifferences, LossValues, Seeded, Update
+from components.directions import Directions
+from components.queries import Dense, FiniteDifferences, LossValues, Seeded, Update
 from components.estimators.two_point import TwoPointEstimator
 from components.randomness import public_seed
 from components.registry import ESTIMATORS

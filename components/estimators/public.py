@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from components.estimators.evaluate import per_example_gradient_matrix
+from components.queries.clipped_sums import per_example_gradient_matrix
 from components.randomness import public_seed
 
 STREAM_PUBLIC_BATCH = 4

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-from components.estimators.queries import PerExampleGradients, Update
+from components.queries import PerExampleGradients, Update
 from components.registry import ESTIMATORS
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from components.estimators.queries import PerExampleBall, PerExampleSphere, Update
+from components.queries import PerExampleBall, PerExampleSphere, Update
 from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from components.estimators.queries import FiniteDifferences, Seeded, Update, VectorFiniteDifferences
+from components.queries import FiniteDifferences, Seeded, Update, VectorFiniteDifferences
 from components.randomness import STREAM_DIRECTION, public_seed
 from components.registry import ESTIMATORS
 

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import torch
 
-from components.estimators.directions import Directions
-from components.estimators.queries import Update
+from components.directions import Directions
+from components.queries import Update
 from components.optimizers.sgd import MasterWeights, add_direction_, master_weights
 from components.registry import OPTIMIZERS
 

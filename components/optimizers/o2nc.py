@@ -29,8 +29,8 @@ from typing import Callable, List, Optional
 import numpy as np
 import torch
 
-from components.estimators.directions import Directions
-from components.estimators.queries import Update
+from components.directions import Directions
+from components.queries import Update
 from components.optimizers.sgd import gradient_into
 from components.registry import OPTIMIZERS
 

@@ -10,8 +10,8 @@ from typing import List, Optional
 
 import torch
 
-from components.estimators.directions import Directions
-from components.estimators.queries import Update
+from components.directions import Directions
+from components.queries import Update
 from components.registry import OPTIMIZERS
 
 

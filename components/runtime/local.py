@@ -10,9 +10,9 @@ import contextlib
 import torch
 from torch import nn
 
-from components.estimators.directions import Directions
-from components.estimators.evaluate import evaluate_query
-from components.estimators.queries import Query, Update
+from components.directions import Directions
+from components.queries.clipped_sums import evaluate_query
+from components.queries import Query, Update
 from components.models import per_example_loss
 from components.protocols import Optimizer
 

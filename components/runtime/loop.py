@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Tuple, cast
 
 import torch
 
-from components.estimators.queries import (
+from components.queries import (
     DENSE_QUERIES,
     EmbeddedGradients,
     PerExampleGradients,

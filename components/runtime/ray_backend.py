@@ -21,7 +21,7 @@ import numpy as np
 import ray
 import torch
 
-from components.estimators.queries import (
+from components.queries import (
     DENSE_QUERIES,
     EmbeddedGradients,
     FiniteDifferences,

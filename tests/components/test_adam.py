@@ -7,7 +7,8 @@ import torch
 
 import specs
 from components import builders, models
-from components.estimators import Directions, Update
+from components.directions import Directions
+from components.queries import Update
 from components.optimizers import Adam
 from components.randomness import private_generator
 

@@ -14,7 +14,7 @@ import specs
 from components import builders
 from components.data.sources import Table
 from components.data.split import fraction_split
-from components.estimators.evaluate import NON_FINITE_HANDLING, clip_sum, vector_clip_coefficients
+from components.queries.clipped_sums import NON_FINITE_HANDLING, clip_sum, vector_clip_coefficients
 from components.randomness import private_generator
 from components.runtime.loop import NonFiniteError
 from tests.conftest import write_digits_file

@@ -22,7 +22,7 @@ import specs
 from components import builders
 from components.accountants import PrivacyTracker
 from components.data import PoissonSampler
-from components.estimators.evaluate import clip_sum
+from components.queries.clipped_sums import clip_sum
 from components.mechanisms import GaussianMechanism
 from components.randomness import private_generator
 from components.runtime import PrivateLoop

@@ -7,7 +7,7 @@ import torch
 from torch.func import functional_call
 
 from components import models
-from components.estimators import Directions, add_direction_, perturbed
+from components.directions import Directions, add_direction_, perturbed
 
 
 def _mlp():
@@ -163,7 +163,7 @@ def _ids():
 @pytest.mark.parametrize("cache", [False, True])
 def test_embedding_rows_are_perturbed_as_the_whole_table(kind, cache):
     """W[ids] + s V[ids] is the forward at W + s V: equal to a forward with the whole table perturbed."""
-    from components.estimators.directions import CHUNK
+    from components.directions import CHUNK
     model = _Bag()
     assert model.emb.weight.numel() > 3 * CHUNK
     d = Directions(list(model.parameters()), kind)
@@ -263,7 +263,7 @@ def test_regenerated_update_equals_cached_update(kind):
 def test_regenerate_mode_keeps_no_table_sized_scratch():
     """Regenerate mode's memory: a perturbed forward and an update leave scratch for the largest
     non-embedding module only (here the head), never the size of the table or of the direction."""
-    from components.estimators.directions import CHUNK
+    from components.directions import CHUNK
     model = _Bag()
     d = Directions(list(model.parameters()), "sphere")
     with torch.inference_mode(), perturbed(model, d, 1, 1e-3):
@@ -307,7 +307,7 @@ def test_a_large_linear_layer_is_perturbed_a_block_of_rows_at_a_time(kind, bias,
     """Regenerate mode's scratch for an LM head is one block of its rows, about the largest other module's
     parameters, and the forward is the one at W + s V: the values cache mode (whole swaps) gives, within
     the rounding another CPU's matrix products may add (on this one they are equal)."""
-    from components.estimators import perturbation as module
+    from components.directions import perturbation as module
 
     monkeypatch.setattr(module, "SPLIT_MIN", 1 << 14)
     model = _Head(bias)
@@ -344,7 +344,7 @@ def test_prefetched_directions_are_the_ones_cache_mode_draws(kind):
     norm and scaling too); the step that takes it over sees exactly the values of a plain draw."""
     import threading
 
-    from components.estimators import directions as directions_module
+    from components.directions import engine as directions_module
 
     plain = Directions(list(_Bag().parameters()), kind)
     ahead = Directions(list(_Bag().parameters()), kind)

@@ -10,7 +10,7 @@ import specs
 from specs import traits
 from specs.traits import ESTIMATORS as TRAITS
 from components import builders
-from components.estimators.queries import (
+from components.queries import (
     DENSE_QUERIES,
     EmbeddedGradients,
     PerExampleGradients,

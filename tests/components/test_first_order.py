@@ -8,8 +8,8 @@ import torch
 import specs
 from components import builders, models
 from components.data import PoissonSampler
-from components.estimators import evaluate as evaluate_module
-from components.estimators.evaluate import clipped_gradient_sum
+from components.queries import clipped_sums as evaluate_module
+from components.queries.clipped_sums import clipped_gradient_sum
 from components.models import per_example_loss
 from components.randomness import private_generator
 

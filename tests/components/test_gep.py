@@ -11,7 +11,7 @@ import specs
 from components import builders, models
 from components.data import PoissonSampler
 from components.estimators import anchor_basis
-from components.estimators.evaluate import clipped_gradient_sum, embedded_gradient_sums, per_example_gradient_matrix
+from components.queries.clipped_sums import clipped_gradient_sum, embedded_gradient_sums, per_example_gradient_matrix
 from components.mechanisms import GaussianMechanism
 from components.models import per_example_loss
 from components.randomness import private_generator

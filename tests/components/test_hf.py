@@ -221,7 +221,7 @@ def test_a_lora_run_moves_the_adapters_and_the_head_and_nothing_else(hf_spec_dic
 
 
 def test_dp_sgd_per_example_gradients_run_through_the_adapters(hf_spec_dict, text_data):
-    from components.estimators.evaluate import clipped_gradient_sum
+    from components.queries.clipped_sums import clipped_gradient_sum
 
     model = _model(hf_spec_dict, text_data, trainable="lora", lora={"rank": 2})
     params = models.trainable_parameters(model)

@@ -17,8 +17,8 @@ from components import builders
 from components.families.kl import plan as kl
 from components.accountants import Accountant, FilterTracker, PrivacyFilterError
 from components.accountants.accounting import event_rho, gaussian_equivalent
-from components.estimators.evaluate import exact_gradient_sums
-from components.estimators.queries import PerExampleGradientAt
+from components.queries.clipped_sums import exact_gradient_sums
+from components.queries import PerExampleGradientAt
 from components.mechanisms.full_batch import FullBatchGaussian
 from components.families.kl.problems import KlObjective, kl_rows
 

@@ -11,9 +11,8 @@ from torch.nn import functional as F
 import specs
 from components import builders, models, pretrained
 from components.data.prompts import Prompt, encode_prompted
-from components.estimators.directions import Directions
-from components.estimators.perturbation import perturbed
-from components.estimators.queries import Update
+from components.directions import Directions, perturbed
+from components.queries import Update
 from components.optimizers.sgd import Sgd
 from tests.components import tiny_lm
 

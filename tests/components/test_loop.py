@@ -6,10 +6,10 @@ from dp_accounting import rdp
 
 import specs
 from components import builders, models
-from components.estimators import Directions
+from components.directions import Directions
 from components.optimizers import Sgd, replay
 from components.randomness import private_generator
-from components.estimators.queries import Update
+from components.queries import Update
 
 
 def _built(tiny, noise_seed=None, sampling_seed=None, **privacy):

@@ -10,8 +10,8 @@ from torch import nn
 import specs
 from components import builders
 from components.families.nonsmooth import presets
-from components.estimators.evaluate import ball_sums, sphere_sums
-from components.estimators.queries import PerExampleBall, PerExampleSphere
+from components.queries.clipped_sums import ball_sums, sphere_sums
+from components.queries import PerExampleBall, PerExampleSphere
 from components.models import per_example_loss
 from components.families.nonsmooth.problems import WLinear, smoothed_gradient
 from components.runtime.loop import PrivacyBudgetError

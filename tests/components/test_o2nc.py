@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from components.estimators.directions import Directions
-from components.estimators.queries import Update
+from components.directions import Directions
+from components.queries import Update
 from components.optimizers.o2nc import O2nc
 
 

@@ -6,11 +6,12 @@ import torch
 
 from tests.components.quadratic import Quadratic, quad_loss
 
-from components.estimators import Directions, PazoMEstimator, PazoPEstimator, PazoSEstimator
-from components.estimators.evaluate import evaluate_query
+from components.directions import Directions
+from components.estimators import PazoMEstimator, PazoPEstimator, PazoSEstimator
+from components.queries.clipped_sums import evaluate_query
 from components.estimators.pazo import subspace_basis, _flatten
 from components.estimators.public import PublicOracle
-from components.estimators.queries import FiniteDifferences, Seeded
+from components.queries import FiniteDifferences, Seeded
 
 
 

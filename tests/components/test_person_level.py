@@ -9,7 +9,7 @@ import specs
 from components.data.sampling import PersonSampler
 from components.data.split import hashed_split
 from components.data.table import Table
-from components.estimators.queries import DENSE_QUERIES, VectorFiniteDifferences
+from components.queries import DENSE_QUERIES, VectorFiniteDifferences
 from specs.traits import ESTIMATORS as TRAITS
 from tests.components.test_estimator_contract import ESTIMATORS, _pre_noise, _release_vector, _same_query
 
@@ -127,7 +127,7 @@ def test_a_ray_backend_sends_all_of_a_persons_rows_to_one_worker():
     """Data parallelism splits a batch by person, so each worker clips whole persons' sums."""
     from types import SimpleNamespace
 
-    from components.estimators.queries import FiniteDifferences, Seeded
+    from components.queries import FiniteDifferences, Seeded
     from components.runtime.ray_backend import RayBackend
 
     backend = SimpleNamespace(workers=[0, 1, 2], parallelism="data", _persons=np.arange(40) // 4)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from components import models
-from components.estimators import Directions, add_direction_, perturbed, philox
+from components.directions import Directions, add_direction_, perturbed, philox
 
 GPU = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(philox.triton is None or not (GPU or os.environ.get("TRITON_INTERPRET") == "1"),

@@ -11,7 +11,7 @@ import torch
 import specs
 from components import builders, models
 from components.estimators import DopeSgdEstimator, PdaDpmdEstimator
-from components.estimators.evaluate import clipped_gradient_sum
+from components.queries.clipped_sums import clipped_gradient_sum
 from components.models import per_example_loss
 from components.randomness import private_generator
 from tests.components.test_gep import _digits, _flat_grads

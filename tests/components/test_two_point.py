@@ -7,8 +7,10 @@ from tests.components.quadratic import Quadratic, quad_loss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.estimators import Directions, FiniteDifferences, Seeded, TwoPointEstimator
-from components.estimators.evaluate import clip_sum, per_example_values, vector_clip_coefficients
+from components.directions import Directions
+from components.estimators import TwoPointEstimator
+from components.queries import FiniteDifferences, Seeded
+from components.queries.clipped_sums import clip_sum, per_example_values, vector_clip_coefficients
 
 
 

@@ -59,7 +59,7 @@ def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_d
 
     private_fingerprint = builders.load_data(specs.spec_from_dict(tiny_spec_dict)).private.fingerprint
     assert tags[DATA_FINGERPRINT] == released_fingerprint(private_fingerprint) != private_fingerprint
-    from components.estimators.directions import GENERATOR_VERSION
+    from components.directions import GENERATOR_VERSION
     assert tags[PRIVZO_DIRECTIONS_VERSION] == str(GENERATOR_VERSION)  # what its journal replays with
     assert tags[PRIVZO_DIRECTIONS_STREAM] == f"cpu-torch-v{GENERATOR_VERSION}"
     assert params["estimator.queries"] == "2" and params["optimizer.steps"] == "60"

@@ -149,7 +149,7 @@ def test_resume_refuses_a_changed_spec_and_a_missing_checkpoint(prefect_server, 
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "resume: no checkpoint of tiny-digits" in out
 
-    from components.estimators.directions import GENERATOR_VERSION
+    from components.directions import GENERATOR_VERSION
     from flows.checkpoints import CheckpointStore
 
     # the refusals below come from inside the flow, the same in this process as in the CLI's (whose exit

@@ -21,8 +21,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from components.estimators.directions import Directions
-from components.estimators.queries import PerExampleGradientAt, Update
+from components.directions import Directions
+from components.queries import PerExampleGradientAt, Update
 from components.registry import OPTIMIZERS
 
 

@@ -1,5 +1,5 @@
-"""Public random directions regenerated from integer seeds (forward passes at perturbed points:
-``perturbation.py``).
+"""The direction engine: public random directions regenerated from integer seeds (forward passes at
+perturbed points: ``perturbation.py``; the chunked CPU streams: ``chunks.py``).
 
 A direction u is never stored whole unless the run asks for cache mode: tensor i of direction ``seed``
 is regenerated whenever it is needed (MeZO's memory trick). Each tensor is cut into fixed chunks of
@@ -21,129 +21,26 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
-import os
-import threading
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-import components.estimators.philox as philox
-from components.randomness import public_seed, splitmix64
-
-# A chunk is at most torch's intra-op grain (32,768 elements), so its arithmetic runs serially on the
-# thread that drew it: an op above the grain on a pool thread starts an OpenMP team of its own there,
-# which slows every later forward pass of the process about 2x on a 2-core machine.
-CHUNK = 1 << 15
-# Below ~2M elements a step draws faster on one thread: a pool thread competes with torch's own
-# intra-op threads still spinning from the last forward (measured on the 301K-parameter bench MLP).
-PARALLEL_MIN = 1 << 21
-# Bump whenever the values drawn for a given seed change (chunk size, stream derivation, kernels):
-# checkpoints and trained models record it, and a resume across versions is refused, since a journal
-# of (seed, coefficient) only means something with the generator that wrote it. 2: 32,768-element chunks.
-GENERATOR_VERSION = 2
-_local = threading.local()
-_executor: Optional[ThreadPoolExecutor] = None
-_prefetcher: Optional[ThreadPoolExecutor] = None
-_executor_lock = threading.Lock()
-
-
-def _buffer(size, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A long-lived buffer: allocated as a normal tensor even inside inference mode, so it can be
-    written in place later outside it."""
-    with torch.inference_mode(False):
-        return torch.empty(size, device=device, dtype=dtype)
-
-
-def _chunk_norm(t: torch.Tensor) -> torch.Tensor:
-    """float64 norm of one chunk, left on its device (the same reduction wherever a direction's norm is
-    computed)."""
-    return torch.linalg.vector_norm(t, dtype=torch.float64)
-
-
-def _sum_squares(norms: List[torch.Tensor]) -> float:
-    """sum of the squared chunk norms, in the order given: one host transfer for all of them (a GPU would
-    otherwise wait for the host once per chunk)."""
-    if not norms:
-        return 0.0
-    return sum(v ** 2 for v in torch.stack([n.reshape(()) for n in norms]).cpu().tolist())
-
-
-def _generator(device: torch.device) -> torch.Generator:
-    gens = getattr(_local, "gens", None)
-    if gens is None:
-        gens = _local.gens = {}
-    gen = gens.get(device)
-    if gen is None:
-        gen = gens[device] = torch.Generator(device=device)
-    return gen
-
-
-def _chunk_buffer(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """One chunk of scratch per thread, for work that needs a chunk of a direction at a time."""
-    bufs = getattr(_local, "chunks", None)
-    if bufs is None:
-        bufs = _local.chunks = {}
-    buf = bufs.get((device, dtype))
-    if buf is None:
-        buf = bufs[(device, dtype)] = _buffer(CHUNK, device, dtype)
-    return buf
-
-
-def _threads() -> int:
-    """Threads that draw a large direction: the calling one plus up to three from the pool."""
-    return min(4, os.cpu_count() or 1)
-
-
-def _pool() -> Optional[ThreadPoolExecutor]:
-    """Pool threads for CPU generation (torch releases the GIL inside kernels)."""
-    global _executor
-    if _threads() < 2:
-        return None
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=_threads() - 1, thread_name_prefix="privzo-directions")
-    return _executor
-
-
-def _prefetch_thread() -> ThreadPoolExecutor:
-    """The one background thread that draws the next step's directions (``Directions.prefetch``)."""
-    global _prefetcher
-    with _executor_lock:
-        if _prefetcher is None:
-            _prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="privzo-prefetch")
-    return _prefetcher
-
-
-def _run(tasks: List[Tuple[int, Callable[[], None]]], device: torch.device) -> None:
-    """Run (elements, fn) tasks: inline when small, else in contiguous groups of about equal size, one
-    group on this thread and the others on the pool (one dispatch per group, not per chunk)."""
-    total = sum(n for n, _ in tasks)
-    executor = _pool() if device.type == "cpu" and len(tasks) > 1 and total >= PARALLEL_MIN else None
-    if executor is None:
-        for _, fn in tasks:
-            fn()
-        return
-    n_groups = min(len(tasks), _threads())
-    groups: List[List[Callable[[], None]]] = [[] for _ in range(n_groups)]
-    done = 0
-    for n, fn in tasks:
-        groups[min(n_groups - 1, done * n_groups // total)].append(fn)
-        done += n
-
-    def run_group(group):
-        for fn in group:
-            fn()
-
-    futures = [executor.submit(run_group, g) for g in groups[1:] if g]
-    try:
-        run_group(groups[0])
-    finally:
-        for f in futures:
-            f.result()
+import components.directions.philox as philox
+from components.directions.chunks import (
+    CHUNK,
+    chunk_norm,
+    chunk_scratch,
+    draw_chunk,
+    long_lived,
+    prefetch_thread,
+    run_tasks,
+    sum_squares,
+)
+from components.randomness import public_seed
 
 
 class Directions:
@@ -198,7 +95,7 @@ class Directions:
     def _new_slot(self) -> List[torch.Tensor]:
         """Buffers for one cached direction; on the philox path one flat buffer seen as the tensors."""
         if self._philox is None:
-            return [_buffer(p.shape, p.device, p.dtype) for p in self.params]
+            return [long_lived(p.shape, p.device, p.dtype) for p in self.params]
         flat = self._philox.new_flat()
         slot = _Slot(self._philox.views(flat, self.params))
         slot.flat = flat
@@ -272,14 +169,7 @@ class Directions:
 
     # ------------------------------------------------------------------ generation
     def _draw(self, base: int, c: int, out: torch.Tensor) -> None:
-        """Chunk ``c`` of the tensor whose stream base is ``base``, into the 1-D ``out`` of the chunk's
-        exact length (the values of a draw depend on its length)."""
-        gen = _generator(out.device)
-        gen.manual_seed(splitmix64(base, c))
-        if self.kind == "rademacher":
-            out.random_(0, 2, generator=gen).mul_(2).sub_(1)
-        else:
-            out.normal_(generator=gen)
+        draw_chunk(self.kind, base, c, out)
 
     def _chunks(self, i: int) -> List[Tuple[int, int]]:
         """(start, length) of each chunk of parameter i, flattened."""
@@ -304,7 +194,7 @@ class Directions:
             if not out.is_contiguous():
                 return out.copy_(self.tensor(seed, i))
             return philox.fill(out, self._keys(seed)[i], self.kind, self._scale(seed))
-        _run(self._fill_tasks(seed, i, out), out.device)
+        run_tasks(self._fill_tasks(seed, i, out), out.device)
         scale = self._scale(seed)
         if scale != 1.0:
             out.mul_(scale)
@@ -321,11 +211,11 @@ class Directions:
         def task(c: int) -> None:
             a, n = spans[c]
             with torch.no_grad():  # grad mode is per thread: pool threads would track writes to parameters
-                buf = _chunk_buffer(p.device, p.dtype)[:n]
+                buf = chunk_scratch(p.device, p.dtype)[:n]
                 self._draw(base, c, buf)
                 consume(c, a, buf)
 
-        _run([(spans[c][1], lambda c=c: task(c)) for c in (range(len(spans)) if chunks is None else chunks)],
+        run_tasks([(spans[c][1], lambda c=c: task(c)) for c in (range(len(spans)) if chunks is None else chunks)],
              p.device)
 
     def _sphere_norm(self, seed: int) -> float:
@@ -337,8 +227,8 @@ class Directions:
             # one extra generation pass, a chunk at a time, to get ||z|| over the whole direction
             parts: Dict[Tuple[int, int], torch.Tensor] = {}
             for i in range(len(self.params)):
-                self._chunkwise(seed, i, lambda c, _a, buf, i=i: parts.__setitem__((i, c), _chunk_norm(buf)))
-            norm = math.sqrt(_sum_squares([parts[key] for key in sorted(parts)]))
+                self._chunkwise(seed, i, lambda c, _a, buf, i=i: parts.__setitem__((i, c), chunk_norm(buf)))
+            norm = math.sqrt(sum_squares([parts[key] for key in sorted(parts)]))
             self._remember_norm(seed, norm)
         return norm
 
@@ -352,8 +242,8 @@ class Directions:
         norms = []
         for i, buf in enumerate(slot):
             flat = buf.view(-1)
-            norms.extend(_chunk_norm(flat[a:a + n]) for a, n in self._chunks(i))
-        return math.sqrt(_sum_squares(norms))
+            norms.extend(chunk_norm(flat[a:a + n]) for a, n in self._chunks(i))
+        return math.sqrt(sum_squares(norms))
 
     def tensor(self, seed: int, i: int) -> torch.Tensor:
         """Tensor ``i`` of direction ``seed`` (shared in cache mode: do not modify it)."""
@@ -424,7 +314,7 @@ class Directions:
         for i in indices:
             if self._swap[i] is None:
                 p = self.params[i]
-                self._swap[i] = _buffer(p.shape, p.device, p.dtype)
+                self._swap[i] = long_lived(p.shape, p.device, p.dtype)
         return self._swap
 
     def _owners(self, model: nn.Module) -> List[Tuple[nn.Module, str, int]]:
@@ -558,7 +448,7 @@ class Directions:
             for i, buf in enumerate(slot):
                 tasks.extend(self._fill_tasks(seed, i, buf))
         if tasks:
-            _run(tasks, self.params[0].device)
+            run_tasks(tasks, self.params[0].device)
         for seed, slot in zip(seeds, self._slots):
             if self.kind == "sphere" and seed not in self._norms:
                 # the raw direction is already here: its norm needs no second generation pass
@@ -587,7 +477,7 @@ class Directions:
         while len(self._spare) < len(seeds):
             self._spare.append(self._new_slot())
         slots, self._spare = self._spare[:len(seeds)], self._spare[len(seeds):]
-        future = _prefetch_thread().submit(lambda: [self._draw_slot(seed, slot) for seed, slot in zip(seeds, slots)])
+        future = prefetch_thread().submit(lambda: [self._draw_slot(seed, slot) for seed, slot in zip(seeds, slots)])
         self._pending = (seeds, future, slots)
 
     def _draw_slot(self, seed: int, slot: List[torch.Tensor]) -> Optional[float]:
@@ -647,7 +537,7 @@ class _Stack:
 
     def __init__(self, capacity: int, device: torch.device, dtype: torch.dtype):
         self.capacity = capacity
-        self.buffer = _buffer(capacity, device, dtype)
+        self.buffer = long_lived(capacity, device, dtype)
         self.offset = 0
 
     def take(self, like: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 module perturbed only while it runs (its own parameters into the directions' scratch stack, an embedding
 table's looked-up rows only, a large Linear layer's weight a block of output rows at a time), and the update
 x <- x + scale * u. The directions themselves (seeds to tensors, cache slots, the scratch) are
-``directions.py``'s.
+``engine.py``'s.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Dict, Iterator, List, Tuple
 import torch
 from torch import nn
 
-from components.estimators.directions import CHUNK, Directions, row_hook, row_lookup
+from components.directions.chunks import CHUNK
+from components.directions.engine import Directions, row_hook, row_lookup
 
 # A plain Linear layer whose weight has at least SPLIT_MIN elements, and more than twice what any other module
 # perturbs, is perturbed a block of output rows at a time in regenerate mode (``_split_rows``): a small

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from components.estimators.directions import Directions
-from components.estimators.perturbation import perturbed
-from components.estimators.queries import (
+from components.directions.engine import Directions
+from components.directions.perturbation import perturbed
+from components.queries.query import (
     EmbeddedGradients,
     FiniteDifferences,
     LossValues,
