@@ -100,11 +100,16 @@ def prefetch_thread() -> ThreadPoolExecutor:
     return _prefetcher
 
 
+def in_parallel(device: torch.device, tasks: int, elements: int) -> bool:
+    """Whether ``run_tasks`` would hand these tasks to the pool (else they run inline, in order)."""
+    return device.type == "cpu" and tasks > 1 and elements >= PARALLEL_MIN and threads() > 1
+
+
 def run_tasks(tasks: List[Tuple[int, Callable[[], None]]], device: torch.device) -> None:
     """Run (elements, fn) tasks: inline when small, else in contiguous groups of about equal size, one
     group on this thread and the others on the pool (one dispatch per group, not per chunk)."""
     total = sum(n for n, _ in tasks)
-    executor = pool() if device.type == "cpu" and len(tasks) > 1 and total >= PARALLEL_MIN else None
+    executor = pool() if in_parallel(device, len(tasks), total) else None
     if executor is None:
         for _, fn in tasks:
             fn()
@@ -131,8 +136,18 @@ def run_tasks(tasks: List[Tuple[int, Callable[[], None]]], device: torch.device)
 def draw_chunk(kind: str, base: int, c: int, out: torch.Tensor) -> None:
     """Chunk ``c`` of the tensor whose stream base is ``base``, into the 1-D ``out`` of the chunk's exact
     length (the values of a draw depend on its length)."""
+    draw_seeded(kind, splitmix64(base, c), out)
+
+
+def chunk_seed(base: int, c: int) -> int:
+    """The seed of chunk ``c``'s stream (``draw_chunk`` draws from it)."""
+    return splitmix64(base, c)
+
+
+def draw_seeded(kind: str, seed: int, out: torch.Tensor) -> None:
+    """A chunk whose stream seed (``chunk_seed``) is already known: ``draw_chunk``'s values."""
     gen = thread_generator(out.device)
-    gen.manual_seed(splitmix64(base, c))
+    gen.manual_seed(seed)
     if kind == "rademacher":
         out.random_(0, 2, generator=gen).mul_(2).sub_(1)
     else:

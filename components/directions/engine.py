@@ -34,7 +34,10 @@ from components.directions.chunks import (
     CHUNK,
     chunk_norm,
     chunk_scratch,
+    chunk_seed,
     draw_chunk,
+    draw_seeded,
+    in_parallel,
     long_lived,
     prefetch_thread,
     run_tasks,
@@ -70,8 +73,17 @@ class Directions:
         self._philox: Optional[philox.Layout] = philox.Layout(self.params) if philox.supports(self.params) else None
         self._swap: Optional[List[Optional[torch.Tensor]]] = None  # cache mode's perturbed point
         self._detached_params: Optional[List[torch.Tensor]] = None
+        self._index: Optional[Dict[int, int]] = None
+        # the last chunk a span cut at its end, and whose it was: (seed, tensor, chunk)
+        self._cut: Optional[torch.Tensor] = None
+        self._cut_at: Optional[Tuple[int, int, int]] = None
         self._owner_lists: Dict[int, Tuple["weakref.ref", List[Tuple[nn.Module, str, int]]]] = {}
         self._key_lists: "OrderedDict[int, List[int]]" = OrderedDict()
+        # (start, length) of each chunk of each tensor, flattened; and the chunks' stream seeds of the last few
+        # directions (a regenerate step draws each chunk three times: both points and the update)
+        self._spans = [[(c * CHUNK, min(CHUNK, p.numel() - c * CHUNK)) for c in range(max(1, math.ceil(p.numel() / CHUNK)))]
+                       for p in self.params]
+        self._seed_lists: "OrderedDict[int, List[Optional[List[int]]]]" = OrderedDict()
         self._all_contiguous: Optional[bool] = None
 
     @property
@@ -150,11 +162,25 @@ class Directions:
         """Elements [start, stop) of tensor i of direction ``seed`` into the 1-D ``out``: only the chunks
         holding them are drawn, and scaled after as ``fill_`` scales the whole tensor."""
 
-        def consume(_c: int, a: int, buf: torch.Tensor) -> None:
+        wanted = list(range(start // CHUNK, (stop - 1) // CHUNK + 1))
+
+        def consume(c: int, a: int, buf: torch.Tensor) -> None:
             lo, hi = max(a, start), min(a + buf.numel(), stop)
             out[lo - start:hi - start].copy_(buf[lo - a:hi - a])
+            if hi < a + buf.numel():
+                # the next block (a large Linear layer's rows, in order) starts inside this chunk: kept, so
+                # that no chunk is drawn twice
+                if self._cut is None:
+                    self._cut = long_lived(CHUNK, buf.device, buf.dtype)
+                self._cut[:buf.numel()].copy_(buf)
+                self._cut_at = (seed, i, c)
 
-        self._chunkwise(seed, i, consume, list(range(start // CHUNK, (stop - 1) // CHUNK + 1)))
+        if self._cut_at == (seed, i, wanted[0]):
+            a, n = self._spans[i][wanted[0]]
+            consume(wanted[0], a, self._cut[:n])
+            wanted = wanted[1:]
+        if wanted:
+            self._chunkwise(seed, i, consume, wanted)
         scale = self._scale(seed)
         if scale != 1.0:
             out.mul_(scale)
@@ -173,14 +199,26 @@ class Directions:
 
     def _chunks(self, i: int) -> List[Tuple[int, int]]:
         """(start, length) of each chunk of parameter i, flattened."""
-        n = self.params[i].numel()
-        return [(c * CHUNK, min(CHUNK, n - c * CHUNK)) for c in range(max(1, math.ceil(n / CHUNK)))]
+        return self._spans[i]
+
+    def _chunk_seeds(self, seed: int, i: int) -> List[int]:
+        """The stream seed of each chunk of tensor i of direction ``seed``, kept for the last few seeds. Only
+        the calling thread's: the prefetch thread derives its own."""
+        per_tensor = self._seed_lists.get(seed)
+        if per_tensor is None:
+            per_tensor = self._seed_lists[seed] = [None] * len(self.params)
+            if len(self._seed_lists) > 8:
+                self._seed_lists.popitem(last=False)
+        seeds = per_tensor[i]
+        if seeds is None:
+            base = public_seed(seed, i)
+            seeds = per_tensor[i] = [chunk_seed(base, c) for c in range(len(self._spans[i]))]
+        return seeds
 
     def _fill_tasks(self, seed: int, i: int, out: torch.Tensor) -> List[Tuple[int, Callable[[], None]]]:
-        base = public_seed(seed, i)
-        flat = out.view(-1)
-        return [(n, lambda c=c, a=a, n=n: self._draw(base, c, flat[a:a + n]))
-                for c, (a, n) in enumerate(self._chunks(i))]
+        kind, flat = self.kind, out.view(-1)
+        return [(n, lambda s=s, a=a, n=n: draw_seeded(kind, s, flat[a:a + n]))
+                for s, (a, n) in zip(self._chunk_seeds(seed, i), self._spans[i])]
 
     def _scale(self, seed: int) -> float:
         return self.radius / self._sphere_norm(seed) if self.kind == "sphere" else 1.0
@@ -194,7 +232,10 @@ class Directions:
             if not out.is_contiguous():
                 return out.copy_(self.tensor(seed, i))
             return philox.fill(out, self._keys(seed)[i], self.kind, self._scale(seed))
-        run_tasks(self._fill_tasks(seed, i, out), out.device)
+        if len(self._spans[i]) == 1:  # most tensors: one chunk, drawn here without task bookkeeping
+            draw_seeded(self.kind, self._chunk_seeds(seed, i)[0], out.view(-1))
+        else:
+            run_tasks(self._fill_tasks(seed, i, out), out.device)
         scale = self._scale(seed)
         if scale != 1.0:
             out.mul_(scale)
@@ -205,18 +246,26 @@ class Directions:
         """Draw the raw chunks of tensor i of ``seed`` (all, or those listed) one at a time into a
         per-thread buffer and hand each to ``consume(index, start, values)``: nothing d-sized is allocated."""
         p = self.params[i]
-        base = public_seed(seed, i)
-        spans = self._chunks(i)
+        seeds, spans, kind = self._chunk_seeds(seed, i), self._spans[i], self.kind
+        wanted = range(len(spans)) if chunks is None else chunks
+        if not in_parallel(p.device, len(wanted), sum(spans[c][1] for c in wanted)):
+            with torch.no_grad():  # writes to parameters are never tracked
+                scratch = chunk_scratch(p.device, p.dtype)
+                for c in wanted:
+                    a, n = spans[c]
+                    buf = scratch if n == CHUNK else scratch[:n]
+                    draw_seeded(kind, seeds[c], buf)
+                    consume(c, a, buf)
+            return
 
         def task(c: int) -> None:
             a, n = spans[c]
             with torch.no_grad():  # grad mode is per thread: pool threads would track writes to parameters
                 buf = chunk_scratch(p.device, p.dtype)[:n]
-                self._draw(base, c, buf)
+                draw_seeded(kind, seeds[c], buf)
                 consume(c, a, buf)
 
-        run_tasks([(spans[c][1], lambda c=c: task(c)) for c in (range(len(spans)) if chunks is None else chunks)],
-             p.device)
+        run_tasks([(spans[c][1], lambda c=c: task(c)) for c in wanted], p.device)
 
     def _sphere_norm(self, seed: int) -> float:
         norm = self._norms.get(seed)
@@ -285,7 +334,7 @@ class Directions:
         cached = self._cache.get(seed)
         if self._philox is not None and self._contiguous():
             # every tensor in one launch, u read from the cache or drawn in the kernel
-            params = self._detached()
+            params = self.detached()
             if cached is not None:
                 self._philox.axpy_all_(params, params, alpha, u=cached)
             else:
@@ -295,11 +344,18 @@ class Directions:
         for i, p in enumerate(self.params):
             self.add_to_(seed, i, p.detach(), alpha)
 
-    def _detached(self) -> List[torch.Tensor]:
+    def detached(self) -> List[torch.Tensor]:
         """The parameters as plain tensors sharing their storage (kept: 105 detaches cost 75 us a step)."""
         if self._detached_params is None:
             self._detached_params = [p.detach() for p in self.params]
         return self._detached_params
+
+    @property
+    def index_of(self) -> Dict[int, int]:
+        """id(parameter) -> its index among the directions' tensors."""
+        if self._index is None:
+            self._index = {id(p): i for i, p in enumerate(self.params)}
+        return self._index
 
     def _contiguous(self) -> bool:
         if self._all_contiguous is None:
@@ -346,7 +402,7 @@ class Directions:
         tables: set = set()
         if self._philox is not None:
             views = self._swap_views([])
-            self._philox.axpy_all_(views, self._detached(), scale, u=self._cache[seed])
+            self._philox.axpy_all_(views, self.detached(), scale, u=self._cache[seed])
         else:
             # a table tied to another module's weight (an LM head) is swapped whole for both
             row_only: Dict[int, bool] = {}
@@ -355,7 +411,7 @@ class Directions:
             tables = {i for i, only in row_only.items() if only}
             copied = [i for i in row_only if i not in tables]
             views = self._swap_views(copied)
-            detached, cached = self._detached(), self._cache[seed]
+            detached, cached = self.detached(), self._cache[seed]
             for i in copied:
                 torch.add(detached[i], cached[i], alpha=scale, out=views[i])
         swap = [o for o in owners if o[2] not in tables]

@@ -66,9 +66,15 @@ def _split_rows(model: nn.Module, index: Dict[int, int]) -> Dict[int, int]:
     rows = {}
     for m in large:
         out_features, in_features = m.weight.shape
-        # rows whose elements are a multiple of SPLIT_ALIGN, so that every block starts on one
-        step = SPLIT_ALIGN // math.gcd(SPLIT_ALIGN, in_features)
-        r = max(step, block // in_features // step * step)
+        # blocks of whole chunks where a block that size fits: a block cutting a chunk would draw it twice,
+        # once for each block (on a CPU, an LM head's draws were half a direction more a step)
+        whole = math.lcm(in_features, CHUNK)
+        if whole <= block:
+            r = block // whole * whole // in_features
+        else:
+            # rows whose elements are a multiple of SPLIT_ALIGN, so that every block starts on one
+            step = SPLIT_ALIGN // math.gcd(SPLIT_ALIGN, in_features)
+            r = max(step, block // in_features // step * step)
         if m.weight.numel() > 2 * block and r < out_features:
             rows[id(m)] = r
     return rows
@@ -104,8 +110,12 @@ def perturbation_capacity(model: nn.Module, index: Dict[int, int]) -> Dict[Tuple
     return need(model)
 
 
-def _aliases(value, storage_ptrs) -> bool:
-    return isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in storage_ptrs
+def _aliases(value, spans) -> bool:
+    """Whether ``value`` is a tensor whose data lies in one of the scratch buffers' byte ``spans``."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    ptr = value.data_ptr()
+    return any(lo <= ptr < hi for lo, hi in spans)
 
 
 @contextlib.contextmanager
@@ -129,7 +139,7 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         with directions.swapped(model, seed, scale):  # no per-module hooks and no per-module scratch
             yield
         return
-    index = {id(p): i for i, p in enumerate(directions.params)}
+    index = directions.index_of
     capacity = directions._capacities.get(id(model))
     if capacity is None:
         capacity = directions._capacities[id(model)] = perturbation_capacity(model, index)
@@ -138,7 +148,8 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         same = [p for p in directions.params if (p.device, p.dtype) == key]
         if n and same:
             stacks[key] = directions.stack(same[0], n)
-    storage_ptrs = {s.buffer.untyped_storage().data_ptr() for s in stacks.values()}
+    storage_ptrs = [(s.buffer.data_ptr(), s.buffer.data_ptr() + s.buffer.numel() * s.buffer.element_size())
+                    for s in stacks.values()]
     if seed is not None:
         directions._scale(seed)  # a sphere's norm pass: once, before any module runs
     handles = []
@@ -151,20 +162,24 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         else:
             directions.perturb_into(seed, i, p, out, scale)
 
+    detached = directions.detached()
+
     def make_hooks(owned):
+        # what each hook call needs, looked up once: a module runs once a forward, a step runs two
+        entries = [(name, p, index[id(p)], stacks[(p.device, p.dtype)]) for name, p in owned]
+
         def pre(module, _args):
-            for name, p in owned:
-                stack = stacks[(p.device, p.dtype)]
-                view = stack.take(p)
-                write(p.detach(), index[id(p)], view)
+            for name, p, i, stack in entries:
+                view = stack.take_shape(p.shape)
+                write(detached[i], i, view)
                 module._parameters[name] = view
                 swapped.append((module, name, p, stack))
                 seen.add(id(p))
 
         def post(module, _args, out):
-            for name, p in reversed(owned):
+            for name, p, _i, stack in reversed(entries):
                 module._parameters[name] = p
-                stacks[(p.device, p.dtype)].give_back(p)
+                stack.give_back(p)
             # a module returning a view of its own (perturbed) parameter must not keep scratch memory
             if _aliases(out, storage_ptrs):
                 return out.clone()
