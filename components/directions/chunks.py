@@ -76,8 +76,9 @@ def chunk_scratch(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 
 def threads() -> int:
-    """Threads that draw a large direction: the calling one plus up to three from the pool."""
-    return min(4, os.cpu_count() or 1)
+    """Threads that draw a large direction: the calling one plus up to three from the pool, within torch's
+    own thread count (``execution.threads``: a run given one thread draws on one)."""
+    return min(4, os.cpu_count() or 1, torch.get_num_threads())
 
 
 def pool() -> Optional[ThreadPoolExecutor]:

@@ -74,6 +74,7 @@ class Directions:
         self._swap: Optional[List[Optional[torch.Tensor]]] = None  # cache mode's perturbed point
         self._detached_params: Optional[List[torch.Tensor]] = None
         self._index: Optional[Dict[int, int]] = None
+        self._owned_lists: Dict[int, Tuple["weakref.ref", list]] = {}
         # the last chunk a span cut at its end, and whose it was: (seed, tensor, chunk)
         self._cut: Optional[torch.Tensor] = None
         self._cut_at: Optional[Tuple[int, int, int]] = None
@@ -341,8 +342,25 @@ class Directions:
                 self._philox.axpy_all_(params, params, alpha, keys=self._keys(seed), kind=self.kind,
                                        u_scale=self._scale(seed))
             return
-        for i, p in enumerate(self.params):
-            self.add_to_(seed, i, p.detach(), alpha)
+        if cached is not None or self._philox is not None:
+            for i, target in enumerate(self.detached()):
+                self.add_to_(seed, i, target, alpha)
+            return
+        # regenerate mode on a CPU: ``add_to_``'s chunks and ops, in one loop over every tensor
+        scale, kind = self._scale(seed), self.kind
+        with torch.no_grad():
+            for i, target in enumerate(self.detached()):
+                spans = self._spans[i]
+                if not target.is_contiguous() or in_parallel(target.device, len(spans), target.numel()):
+                    self.add_to_(seed, i, target, alpha)
+                    continue
+                flat, scratch = target.view(-1), chunk_scratch(target.device, target.dtype)
+                for chunk, (a, n) in zip(self._chunk_seeds(seed, i), spans):
+                    buf = scratch if n == CHUNK else scratch[:n]
+                    draw_seeded(kind, chunk, buf)
+                    if scale != 1.0:
+                        buf.mul_(scale)
+                    (flat if n == flat.numel() else flat[a:a + n]).add_(buf, alpha=alpha)
 
     def detached(self) -> List[torch.Tensor]:
         """The parameters as plain tensors sharing their storage (kept: 105 detaches cost 75 us a step)."""
@@ -372,6 +390,19 @@ class Directions:
                 p = self.params[i]
                 self._swap[i] = long_lived(p.shape, p.device, p.dtype)
         return self._swap
+
+    def owned_by_module(self, model: nn.Module) -> List[Tuple[nn.Module, List[Tuple[str, torch.Tensor]]]]:
+        """(module, [(name, parameter)]) of every module of ``model`` owning direction tensors, in
+        ``model.modules()`` order; kept per model (a perturbed forward asks twice a step)."""
+        known = self._owned_lists.get(id(model))
+        if known is not None and known[0]() is model:  # an id is only reused by another model once freed
+            return known[1]
+        index = self.index_of
+        owned = [(m, [(n, p) for n, p in m._parameters.items() if p is not None and id(p) in index])
+                 for m in model.modules()]
+        owned = [(m, o) for m, o in owned if o]
+        self._owned_lists[id(model)] = (weakref.ref(model), owned)
+        return owned
 
     def _owners(self, model: nn.Module) -> List[Tuple[nn.Module, str, int]]:
         """(module, name, index) of every direction tensor in ``model``; each must be a module's own."""
