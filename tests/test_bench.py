@@ -131,3 +131,12 @@ def test_ledger_scale_times_reserve_and_commit_on_a_few_nights(tmp_path):
     rows = json.loads(out.read_text())
     assert [(r["accountant"], r["layout"]) for r in rows] == [("rdp", "one block"), ("rdp", "daily blocks")]
     assert all(set(r["ms"]) == {"1", "3"} and r["run_epsilon"] <= 2.0 for r in rows)
+
+
+def test_decoder_step_times_its_cases_on_the_smallest_decoder():
+    out = subprocess.run([sys.executable, "bench/decoder_step.py", "--shapes", "w128-l2", "--cases", "inference",
+                          "regenerate", "mezo", "--steps", "1", "--warmup", "0", "--no-peak"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| w128-l2 |"))
+    assert "failed" not in row and row.count("(×") == 2, row  # regenerate and mezo, each over the floor

@@ -32,6 +32,7 @@ from torch import nn
 import components.directions.philox as philox
 from components.directions.chunks import (
     CHUNK,
+    GENERATOR_VERSION,
     chunk_norm,
     chunk_scratch,
     chunk_seed,

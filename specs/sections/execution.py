@@ -26,7 +26,8 @@ class ExecutionSpec(Strict):
         "auto", description="auto: cuda when torch sees a GPU (with backend ray only if gpus_per_worker > 0), "
         "else cpu. A GPU draws other directions than the CPU for the same seeds: a run resumes only on the "
         "kind of device that started it.")
-    threads: Optional[PositiveInt] = Field(None, description="torch intra-op threads; default: torch's choice.")
+    threads: Optional[PositiveInt] = Field(None, description="torch intra-op threads, which also bound the threads "
+                                           "drawing a direction; default: torch's choice.")
     prefetch_directions: bool = Field(
         False, description="Cache mode: draw the next step's directions on a background thread while this "
         "step's forward passes run (+q*d memory). Pays off on CPU when drawing costs as much as the "
