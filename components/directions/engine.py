@@ -76,6 +76,8 @@ class Directions:
         self._detached_params: Optional[List[torch.Tensor]] = None
         self._index: Optional[Dict[int, int]] = None
         self._owned_lists: Dict[int, Tuple["weakref.ref", list]] = {}
+        # tensor -> (seed, ids, their index among the distinct rows, the rows of u drawn for them) of its last draw
+        self._last_rows: Dict[int, Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         # the last chunk a span cut at its end, and whose it was: (seed, tensor, chunk)
         self._cut: Optional[torch.Tensor] = None
         self._cut_at: Optional[Tuple[int, int, int]] = None
@@ -466,6 +468,10 @@ class Directions:
         cached = self._cache.get(seed)
         if cached is not None:
             return nn.functional.embedding(ids, cached[i])
+        last = self._last_rows.get(i)
+        if last is not None and last[0] == seed and last[1].shape == ids.shape and torch.equal(last[1], ids):
+            # the other point of the same query: its forward looks up the same ids (one draw of them a step)
+            return nn.functional.embedding(last[2], last[3])
         p = self.params[i]
         dim = p.shape[1]
         unique, inverse = torch.unique(ids.reshape(-1), sorted=True, return_inverse=True)
@@ -473,7 +479,7 @@ class Directions:
             out = torch.empty(len(unique), dim, device=p.device, dtype=p.dtype)
         if self._philox is not None:  # counter-based: any row is drawn on its own, no chunk bookkeeping
             philox.rows(out, unique, dim, self._keys(seed)[i], self.kind, self._scale(seed))
-            return nn.functional.embedding(inverse.view(ids.shape), out)
+            return self._kept_rows(seed, i, ids, inverse, out)
         # each drawn chunk hands over the wanted rows it holds: those wholly inside it by one index_select
         # over the chunk seen as rows (an index a row, not an element: int64 positions of every element were
         # four times the rows' own bytes at bf16), the at most two it cuts by a copy of their part
@@ -498,7 +504,14 @@ class Directions:
         scale = self._scale(seed)
         if scale != 1.0:
             out.mul_(scale)
-        return nn.functional.embedding(inverse.view(ids.shape), out)
+        return self._kept_rows(seed, i, ids, inverse, out)
+
+    def _kept_rows(self, seed: int, i: int, ids: torch.Tensor, inverse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The drawn rows looked up by ``ids``; kept (the distinct rows only, and which id is which) until this
+        table's next draw."""
+        inverse = inverse.view(ids.shape)
+        self._last_rows[i] = (seed, ids.clone(), inverse, out)
+        return nn.functional.embedding(inverse, out)
 
     def iter_tensors(self, seed: int) -> Iterator[torch.Tensor]:
         for i in range(len(self.params)):
