@@ -171,6 +171,16 @@ def test_budget_show_with_the_spec_marks_the_next_window_and_the_retired_blocks(
     assert capsys.readouterr().out == ""  # a bad flag prints nothing but its one line (on stderr)
 
 
+def test_a_spec_on_blocks_is_refused_on_ray_workers(tmp_path):
+    """A Ray worker loads its rows from the spec alone, with no window to choose them by: refused when the spec
+    is read (privzo validate), not when the workers start after the budget was reserved."""
+    raw = stream_spec(tmp_path)
+    raw["execution"] = {"backend": "ray", "workers": 2}
+    with pytest.raises(specs.SpecError, match=r"execution.backend: ray workers load the source themselves, not a "
+                                              r"run's window of data.blocks; use backend local with data.blocks"):
+        specs.spec_from_dict(raw)
+
+
 def test_a_partitioned_folder_gives_each_row_its_files_period(tmp_path):
     """A folder of files named by period (visits/2026-11-03.csv ...) falls into the same blocks as one file
     with an arrival column; a file not named by a period is refused in one line."""
