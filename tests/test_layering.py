@@ -1,5 +1,6 @@
 """docs/design.md, "Layers": specs <- components <- flows, and no import circles, checked on the import graph."""
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=1)
 def _import_graph():
     """Every project module's imports of other project modules, function-local imports included (a circle
     hidden inside a function is still a circle). ``from a import b`` is an edge to a (its __init__ runs)
