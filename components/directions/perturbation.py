@@ -118,6 +118,16 @@ def _aliases(value, spans) -> bool:
     return any(lo <= ptr < hi for lo, hi in spans)
 
 
+def _off_scratch(out, spans):
+    """A module's output with copies of what in it lies in the scratch buffers (a module returning a view of
+    its own perturbed parameter must not keep scratch memory), or None when nothing does."""
+    if _aliases(out, spans):
+        return out.clone()
+    if isinstance(out, (tuple, list)) and any(_aliases(o, spans) for o in out):
+        return type(out)(o.clone() if _aliases(o, spans) else o for o in out)
+    return None
+
+
 @contextlib.contextmanager
 def perturbed(model: nn.Module, directions: Directions, direction, scale: float) -> Iterator[None]:
     """Run the model's forward passes at x + scale * v without writing x (v: a seed, ``Seeded`` or ``Dense``).
@@ -180,12 +190,7 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
             for name, p, _i, stack in reversed(entries):
                 module._parameters[name] = p
                 stack.give_back(p)
-            # a module returning a view of its own (perturbed) parameter must not keep scratch memory
-            if _aliases(out, storage_ptrs):
-                return out.clone()
-            if isinstance(out, (tuple, list)) and any(_aliases(o, storage_ptrs) for o in out):
-                return type(out)(o.clone() if _aliases(o, storage_ptrs) else o for o in out)
-            return None
+            return _off_scratch(out, storage_ptrs)
 
         return pre, post
 
@@ -213,12 +218,8 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
                 for name, p, _i, stack in reversed(entries[:taken]):
                     params[name] = p
                     stack.give_back(p)
-            # a module returning a view of its own (perturbed) parameter must not keep scratch memory
-            if _aliases(out, storage_ptrs):
-                return out.clone()
-            if isinstance(out, (tuple, list)) and any(_aliases(o, storage_ptrs) for o in out):
-                return type(out)(o.clone() if _aliases(o, storage_ptrs) else o for o in out)
-            return out
+            copied = _off_scratch(out, storage_ptrs)
+            return out if copied is None else copied
 
         return perturbed_forward
 

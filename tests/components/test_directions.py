@@ -404,3 +404,40 @@ def test_prefetched_run_follows_the_same_trajectory(tiny_spec_dict):
         built.loop.run(15)
         finals.append(_snapshot(built.model))
     assert _bitwise_equal(*finals)
+
+
+class _Returns(torch.nn.Module):
+    """Returns its own parameter (a view of the perturbed one while perturbed), alone or in a tuple."""
+
+    def __init__(self, as_tuple):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(5))
+        self.as_tuple = as_tuple
+
+    def forward(self, x):
+        return (self.w, x) if self.as_tuple else self.w
+
+
+class _Pair(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _Returns(False), _Returns(True)
+
+    def forward(self, x):
+        return self.a(x), self.b(x)[0]
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["own forward", "forward set on the instance"])
+def test_an_output_that_is_a_perturbed_parameter_keeps_its_values(hooked):
+    """b's perturbation reuses the scratch a gave back: a's output, its own perturbed parameter, is a copy
+    (through the hooks too, for a module whose forward was already replaced on the instance)."""
+    torch.manual_seed(0)
+    model = _Pair()
+    if hooked:
+        model.a.forward = model.a.forward  # a forward on the instance: privzo leaves it and hooks around it
+    d = Directions(list(model.parameters()), "gaussian")
+    with torch.no_grad(), perturbed(model, d, 3, 0.5):
+        a_out, b_out = model(torch.zeros(1))
+    ua, ub = d.dense(3)
+    assert torch.equal(a_out, torch.add(model.a.w.detach(), ua, alpha=0.5))
+    assert torch.equal(b_out, torch.add(model.b.w.detach(), ub, alpha=0.5))
