@@ -49,8 +49,9 @@ def budget_parsers(p) -> None:
                    help="(default add_remove)")
     a = action("grant", "an existing PostgreSQL role", "ROLE", "the ledger owner's: a worker's or a viewer's rights")
     a.add_argument("--read-only", action="store_true", help="a viewer's rights (read), not a worker's")
-    a = action("migrate-ids", "the dataset to re-key", "DATASET", "the ledger owner's: re-key a dataset an earlier "
-               "privzo recorded with ids read by type inference to its ids as written, once")
+    a = action("migrate-ids", "the dataset to re-key", "DATASET", "the ledger owner's: re-key a dataset whose rows "
+               "keep their people but not their identity (ids an earlier privzo read by type inference, an id column "
+               "moved between integers and text, rows read by content moving to a source with a key), once")
     a.add_argument("--spec", required=True, help="the spec of the runs on it; its source must hold every person and "
                    "row earlier runs recorded")
 
@@ -252,7 +253,7 @@ def cmd_budget_owner(args) -> int:
 
 
 def cmd_migrate_ids(args) -> int:
-    """The owner's once-only re-keying of a dataset's person and row ids to their text as written."""
+    """The owner's once-only re-keying of a dataset's persons and rows to the identity its source has now."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from flows.id_migration import migrate
@@ -268,9 +269,10 @@ def cmd_migrate_ids(args) -> int:
     except SQLAlchemyError as err:
         return fail(f"--ledger: {where}: {driver_reason(err)}")
     if not counts:
-        print(f"{args.dataset}: nothing to migrate in {where} (its ids are recorded as written, or no run recorded any)")
+        print(f"{args.dataset}: nothing to migrate in {where} (its rows are recorded with this identity, or no run "
+              "recorded any)")
         return 0
-    print(f"{args.dataset}: re-keyed in {where} to ids as written: {counts.get('person', 0)} persons, "
+    print(f"{args.dataset}: re-keyed in {where} to the identity of {args.spec}: {counts.get('person', 0)} persons, "
           f"{counts.get('row', 0)} row blocks, {counts.get('private', 0)} private rows; its runs match them from now on")
     return 0
 

@@ -66,6 +66,7 @@ def cmd_validate(args) -> int:
     problems += missing_packages(spec)
     if problems:
         raise specs.SpecError("; ".join(problems))
+    connected = _sql_checked(spec)
     from components import memory_plan  # a model sized by its config is planned here; torch only for such a model
     memory_plan.check_fits(spec)
     if spec.privacy is None:
@@ -80,6 +81,8 @@ def cmd_validate(args) -> int:
             privacy += (f", delta {spec.privacy.delta} {'is' if known else 'may be'} above 1/N "
                         "(privacy.allow_large_delta): not a meaningful guarantee")
     print(f"ok: {spec.name}: {spec.estimator.kind} on {spec.data.source.kind}:{spec.data.source.name}, {privacy}")
+    for line in connected:
+        print(line)
     if spec.tune is not None:
         _print_tune_plan(spec)
     if spec.budget is not None and (spec.data.blocks is None or spec.data.blocks.person is None) \
@@ -90,6 +93,24 @@ def cmd_validate(args) -> int:
               "the same rows re-encoded (a column added, values rescaled or rounded, labels renamed) under another "
               "budget.dataset would get a second budget; where rows name a person or a record, declare that column")
     return 0
+
+
+def _sql_checked(spec: specs.RunSpec) -> List[str]:
+    """A table source checked where it lives (read-only: the catalogue and the public arrival column, never a
+    feature or an id): the table, the columns, the identity types and how a window is read; a refusal, or
+    the line that it could not connect and why (validate still checks the rest)."""
+    if spec.data.source.kind != "sql":
+        return []
+    from components.data.sql import describe
+
+    split = spec.data.split
+    try:
+        return describe(spec.data.source, blocks=spec.data.blocks,
+                        public_flag=split.column if split.kind == "column" else None)
+    except ValueError as err:
+        if str(err).startswith("data.source.url:"):
+            return [f"note: did not connect: {err}"]
+        raise specs.SpecError(str(err)) from None
 
 
 def _print_tune_plan(spec: specs.RunSpec) -> None:
@@ -211,7 +232,8 @@ def cmd_run(args) -> int:
     from flows.tracking import EXPERIMENT_VIEW, run_url, ui_command
 
     _preflight(spec, args.resume)
-    result = private_train(spec_path=str(args.spec), progress=not args.no_progress, resume=args.resume)
+    result = private_train(spec_path=str(args.spec), progress=not args.no_progress, resume=args.resume,
+                           as_of=args.as_of)
     print()
     if result["before"]:  # a language model's zero-shot score through its prompt; any other's at its start
         start = "zero-shot" if getattr(spec.model, "prompt", None) is not None else "before training"
@@ -448,6 +470,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", metavar="KEY", default=None,
                    help="resume a killed run from its last checkpoint: its run key (printed at start) or 'latest'")
+    p.add_argument("--as-of", metavar="TIME", default=None,
+                   help="with data.blocks: the night whose window the run reads (ISO 8601, e.g. "
+                   "2026-09-08T02:00:00+00:00; default now), as a deployment's scheduled time gives it")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("tune", help="choose a spec's hyperparameters inside its guarantee (its tune section): "
                        "a random number of candidates, only the best released")

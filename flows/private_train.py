@@ -72,7 +72,7 @@ def load_and_split(spec: specs.RunSpec, view: Optional[BlockView] = None) -> Spl
         from components.data.sql import window_bounds
 
         within = window_bounds(view.window.blocks, spec.data.blocks.period)
-    data = builders.load_data(spec, view.select if view is not None else None, within=within)
+    data = builders.load_data(spec, view.select_some if view is not None else None, within=within)
     if view is not None:
         get_run_logger().info("window of %d blocks as of %s: %s .. %s (the next block, %s, is still arriving)",
                               len(view.window.blocks), view.window.as_of, view.window.blocks[0],
@@ -119,6 +119,22 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
         charge_id=charge_id, terms=DatasetTerms.of(spec), **({} if view is None else dict(
             blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
             person_blocks=view.seen_persons, when=view.when))))
+
+
+def identity_unchanged(spec: specs.RunSpec) -> None:
+    """A table's identity columns, as the database's catalogue types them, against the identity the dataset's
+    runs recorded: a change is refused before any row is read (flows/ledger/rows.py). A file's is known only
+    once read, and is checked in the reservation."""
+    if spec.data.source.kind != "sql":
+        return
+    from components.data.sql import identity_layout_of
+    from flows.ledger.rows import refuse_changed_identity
+
+    split = spec.data.split
+    layout = identity_layout_of(spec.data.source, blocks=spec.data.blocks,
+                                public_flag=split.column if split.kind == "column" else None)
+    refuse_changed_identity(spec.budget.dataset, PrivacyLedger.open(spec.budget.ledger).row_layout(spec.budget.dataset),
+                            f"{layout};{KEYED_ROWS}")
 
 
 def legacy_ids_layout(layout: str) -> Optional[str]:
@@ -309,6 +325,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
         if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row
             ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
+            identity_unchanged(run_spec)
         # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
         view = None if run_spec.data.blocks is None else BlockView(run_spec, run_window(run_spec, as_of, resume))
     if run_spec.execution.threads:

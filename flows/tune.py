@@ -33,7 +33,7 @@ from components.protocols import Finalizing
 from components.families.common import accountant
 from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates, selection_event
 from flows.ledger import DatasetTerms, ledger_for_spending
-from flows.private_train import (calibrate, charged_to_the_team_ledger, commit_budget, evaluation,
+from flows.private_train import (calibrate, charged_to_the_team_ledger, commit_budget, evaluation, identity_unchanged,
                                  load_and_split, load_run_spec, reserve_budget)
 from flows.refusals import checking_input, is_refusal, quiet_refusals, refusal_line
 from flows.registration import log_metrics, log_spent, open_run, register
@@ -241,6 +241,7 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> D
                              "(docs/guide/tuning.md), or train it with privzo run")
         if run_spec.budget is not None:
             ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
+            identity_unchanged(run_spec)
     data = load_and_split(run_spec)
     plan = calibrate(run_spec, data)
     search = plan.spec

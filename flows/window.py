@@ -124,6 +124,18 @@ class BlockView:
         chosen = set(self.window.blocks)
         return np.flatnonzero([b in chosen for b in blocks])
 
+    def select_some(self, table: Table) -> np.ndarray:
+        """``select``, refusing a window that holds no row as what it is (not as a split that left no private
+        row), naming its blocks; the run has reserved nothing yet."""
+        kept = self.select(table)
+        if not len(kept):
+            window = self.window
+            raise ValueError(f"data.blocks: the window of {len(window.blocks)} blocks as of {window.as_of}, "
+                             f"{window.blocks[0]} .. {window.blocks[-1]}, holds no row of "
+                             f"{self.spec.data.source.name}; nothing is charged. A night reads the last sealed periods "
+                             "before its scheduled time: run a night whose window has rows (privzo run --as-of TIME)")
+        return kept
+
     def when(self, full: List[str]) -> str:
         """When this spec's window leaves the newest of the ``full`` blocks behind: from that moment its runs
         read only blocks after it."""

@@ -17,13 +17,15 @@ from __future__ import annotations
 import datetime as dt
 import io
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from components.data.identity import integral_text
-from components.data.table import Table, identity_layout
+from components.data.table import Table, identity_layout, typed_identity
 
 
 def _engine(source):
@@ -135,13 +137,13 @@ def _column(table, field: str, name: str):
     return table.c[name]
 
 
-def _bound(column, moment: dt.datetime, sqlite: bool):
+def _bound(column, moment: dt.datetime, text: bool):
     """A window bound as the arrival column compares it: a date, a timestamp (UTC; naive where the column is),
-    or ISO text (whose order is the calendar's for UTC values; SQLite keeps dates and times as such text, and
+    or ISO text (whose order is the calendar's for ISO dates and UTC times, which alone are compared as text:
     '2026-11-05 00:00:00' sorts after the bound '2026-11-05', not before it)."""
     import sqlalchemy as sa
 
-    if sqlite:
+    if text:
         return moment.date().isoformat()
     if isinstance(column.type, sa.DateTime):
         return moment if getattr(column.type, "timezone", False) else moment.replace(tzinfo=None)
@@ -172,6 +174,246 @@ def _arrival_text(values: np.ndarray, column: str) -> np.ndarray:
     return out
 
 
+def identity_key(column, dialect: str):
+    """A column's values as privzo keys them (components/data/identity.py): as text, compared byte for byte,
+    whatever collation the database would otherwise compare them under (SQLite keeps a column's collation
+    through a CAST, so it is named; PostgreSQL's "C" is byte order)."""
+    import sqlalchemy as sa
+
+    return sa.cast(column, sa.Text).collate("C" if dialect == "postgresql" else "BINARY")
+
+
+def _identity_kind(column, field: str, name: str) -> str:
+    """How privzo reads an identity column, by its type in the database: "integer" (its digits) or "text" (as
+    written); anything else refused, as a file's floats and booleans are."""
+    import sqlalchemy as sa
+
+    kind = column.type
+    if isinstance(kind, sa.Integer) and not isinstance(kind, sa.Boolean):
+        return "integer"
+    if isinstance(kind, (sa.String, sa.types.NullType, sa.Uuid)):
+        return "text"
+    raise ValueError(f"{field}: column {name!r} is {kind} in the database; an identifier is stored as integers or "
+                     "text (a float loses what 0065 was, and 65.0 and 65 would be two keys)")
+
+
+def _declared(conn, source, table, name: str):
+    """The column named ``name`` of what the rows come from, typed as declared: a table's own column; for a
+    query, the column of its table it selects as ``name`` (an expression keeps the type the database answers)."""
+    import sqlalchemy as sa
+
+    if source.query is None:
+        return table.c[name]
+    from specs.sql_query import per_row_query
+
+    parsed = per_row_query(source.query, conn.dialect.name)
+    base = parsed.source_column(name)
+    if base is None:
+        return table.c[name]
+    schema, _, bare = parsed.table.rpartition(".")
+    try:
+        reflected = sa.Table(bare, sa.MetaData(), schema=schema or None, autoload_with=conn)
+    except sa.exc.NoSuchTableError:
+        raise ValueError(f"data.source.query: no table or view {parsed.table!r} at {_shown(source)}") from None
+    return reflected.c[base] if base in reflected.c else table.c[name]
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What a source's rows are, read from the database's catalogue and answers, before any row: the columns,
+    how each identity column is keyed ("integer" or "text", a term of the dataset's row layout), and how a
+    window is read: ``pushed`` (the database compares the arrival as time, or as ISO text that sorts as time)
+    or the whole table read and the window chosen in privzo exactly as for a file."""
+
+    table: object
+    row_id: object
+    label: object
+    features: list
+    extra: list
+    flag: list
+    kinds: Dict[str, str]
+    arrival_mode: Optional[str]  # "time", "text", "whole", or None without an arrival
+
+    @property
+    def layout(self) -> str:
+        person = "person" in self.kinds
+        return typed_identity(identity_layout(f"file:row_id={self.row_id.name}", person, True),
+                              [role for role, kind in sorted(self.kinds.items()) if kind == "integer"])
+
+
+# an arrival whose text order is its time order: an ISO date, or an ISO time in UTC (its date its UTC day)
+_SORTABLE = re.compile(r"\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]00:?00)?)?")
+
+
+def _arrival_mode(conn, source, table, arrival: str, fmt: Optional[str]) -> str:
+    """How a window's bounds reach the arrival column (Schema): PostgreSQL's date and time types compare
+    instants; text (SQLite's dates are text) only once every arrival in the table is one ``_SORTABLE`` form,
+    which reads the arrival column alone (public metadata); otherwise the whole table."""
+    import sqlalchemy as sa
+
+    column = table.c[arrival]
+    temporal = conn.dialect.name == "postgresql" and isinstance(_declared(conn, source, table, arrival).type,
+                                                                (sa.Date, sa.DateTime))
+    if fmt is not None:
+        if temporal:
+            raise ValueError(f"data.blocks.arrival_format: column {arrival!r} is {column.type} in the database, which "
+                             "gives each arrival as a time; remove arrival_format (the form of text arrivals)")
+        return "whole"
+    if temporal:
+        return "time"
+    values = conn.execute(sa.select(identity_key(column, conn.dialect.name)).distinct()).scalars()
+    for value in values:
+        if value is None:
+            continue
+        if not _SORTABLE.fullmatch(value):
+            return "whole"
+        try:
+            dt.datetime.fromisoformat(value)
+        except ValueError:
+            return "whole"
+    return "text"
+
+
+def schema(conn, source, *, blocks=None, public_flag: Optional[str] = None) -> Schema:
+    """The source's Schema on an open connection (one line naming the field for a missing table or column)."""
+    table = _reflected(conn, source)
+    arrival = blocks.arrival if blocks is not None else None
+    person = blocks.person if blocks is not None else None
+    if source.row_id is not None:
+        row_id = _column(table, "data.source.row_id", source.row_id)
+    else:
+        keys = list(table.primary_key.columns)
+        if len(keys) != 1:
+            raise ValueError(f"data.source.row_id: table {table.name!r} has no one-column primary key; name "
+                             "the column that identifies each row for good")
+        row_id = keys[0]
+    label = _column(table, "data.source.label", source.label)
+    meta = {c for c in (source.label, row_id.name, arrival, person, public_flag, source.text) if c}
+    if source.text is not None:
+        features = []
+    elif source.features is not None:
+        if len(set(source.features)) != len(source.features):
+            raise ValueError("data.source.features: a column is named twice; name each feature once")
+        features = [_column(table, "data.source.features", name) for name in source.features]
+        for c in features:
+            if c.name in meta:
+                raise ValueError(f"data.source.features: {c.name!r} is the label, the row id or a block "
+                                 "column, never a feature")
+            if not _numeric(c, named=True):
+                raise ValueError(f"data.source.features: column {c.name!r} is {c.type} in the database, not "
+                                 "a number; encode it as numbers or leave it out of features")
+    else:
+        features = [c for c in table.columns if c.name not in meta and _numeric(c)]
+        if not features:
+            raise ValueError(f"data.source.features: {_what(table)} has no numeric column besides "
+                             f"the label and identity columns; its columns: "
+                             f"{', '.join(c.name for c in table.columns)}")
+    if row_id.name == source.label:
+        raise ValueError("data.source.row_id: the label column names each row's class, not the row; name the column "
+                         "that identifies each row")
+    extra = [_column(table, f"data.blocks.{f}", n) for f, n in (("arrival", arrival), ("person", person)) if n]
+    flag = [_column(table, "data.split.column", public_flag)] if public_flag else []
+    flag += [_column(table, "data.source.text", source.text)] if source.text else []  # read as text, as the flag is
+    kinds = {"row_id": _identity_kind(_declared(conn, source, table, row_id.name), "data.source.row_id", row_id.name)}
+    if person is not None:
+        kinds["person"] = _identity_kind(_declared(conn, source, table, person), "data.blocks.person", person)
+    mode = _arrival_mode(conn, source, table, arrival, blocks.arrival_format) if arrival is not None else None
+    return Schema(table, row_id, label, features, extra, flag, kinds, mode)
+
+
+def _check_identity(conn, source, sch: Schema, person: Optional[str]) -> None:
+    """Identity over every row of the source, not the window's, as privzo keys it: row ids unique by their text
+    byte for byte (a database's collation may call two of them equal, or an id restarting each day repeat
+    outside the window), and no floating-point id (SQLite keeps 1000.5 in an INTEGER column)."""
+    import sqlalchemy as sa
+
+    dialect = conn.dialect.name
+    table = sch.table
+    key = identity_key(sch.row_id, dialect).label("k")
+    keys = sa.select(key).select_from(table).where(sch.row_id.is_not(None)).group_by(key)
+    repeated = conn.execute(sa.select(sa.func.count()).select_from(
+        keys.having(sa.func.count() > 1).subquery())).scalar_one()
+    if repeated:
+        raise ValueError(f"data.source.row_id: column {sch.row_id.name!r} repeats identifiers over {_what(table)} "
+                         f"({repeated} ids are each held by several rows, compared as text byte for byte); each row "
+                         "needs its own for good, across the whole table (a primary key)")
+    if dialect != "sqlite":
+        return  # PostgreSQL's column types are what _identity_kind checked
+    for field, name in (("data.source.row_id", sch.row_id.name), ("data.blocks.person", person)):
+        if name is None:
+            continue
+        stored = sa.func.typeof(table.c[name])
+        found = set(conn.execute(sa.select(stored).select_from(table).distinct()).scalars())
+        odd = sorted(found - {"integer", "text", "null"})
+        if odd:
+            raise ValueError(f"{field}: column {name!r} holds {'floating-point numbers' if 'real' in odd else odd[0]} "
+                             "in a row; an identifier is stored as integers or text (a float loses what 0065 was, and "
+                             "65.0 and 65 would be two keys)")
+
+
+def identity_layout_of(source, *, blocks=None, public_flag: Optional[str] = None) -> str:
+    """The row layout ``source``'s rows would have (its identity columns' kinds among its terms), from the
+    database's catalogue alone: no row is read. A run compares it with the ledger's before it reads any."""
+    engine = _engine(source)
+    try:
+        with engine.connect() as conn:
+            return schema(conn, source, blocks=blocks, public_flag=public_flag).layout
+    except Exception as err:
+        _refused(err, source, connected=True)
+        raise
+    finally:
+        engine.dispose()
+
+
+def describe(source, *, blocks=None, public_flag: Optional[str] = None) -> List[str]:
+    """What ``privzo validate`` says of a table source after connecting read-only: what it reads, and how a
+    window is read. Reads the catalogue and the public arrival column, never a feature or an id."""
+    engine = _engine(source)
+    try:
+        with engine.connect() as conn:
+            sch = schema(conn, source, blocks=blocks, public_flag=public_flag)
+    except Exception as err:
+        _refused(err, source, connected=True)
+        raise
+    finally:
+        engine.dispose()
+    what = ("the query (a per-row filter of one table)" if source.query is not None else f"table {source.table!r}")
+    lines = [f"connected read-only to {_shown(source)}: {what}, row id {sch.row_id.name!r} "
+             f"({sch.kinds['row_id']}), label {sch.label.name!r}, "
+             + (f"text {source.text!r}" if source.text else f"{len(sch.features)} feature columns")]
+    if sch.arrival_mode == "time":
+        lines.append("a window is read by the database: the arrival column is a date or time type")
+    elif sch.arrival_mode == "text":
+        lines.append("a window is read by the database: every arrival is an ISO date or a UTC time, whose text "
+                     "order is time order")
+    elif sch.arrival_mode == "whole":
+        lines.append("a window reads the whole table and chooses its rows in privzo, as for a file: the arrivals are "
+                     "not all ISO dates or UTC times (store them as a date or timestamp to read only the window)")
+    return lines
+
+
+def _refused(err: Exception, source, connected: bool) -> None:
+    """Raise the one line for what the database said no to (module docstring); other errors pass."""
+    import sqlalchemy as sa
+
+    if isinstance(err, sa.exc.OperationalError):
+        if connected and not _unreachable(err):
+            raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
+        raise ValueError(f"data.source.url: the database at {_shown(source)} refused: {_reason(err)}") from None
+    if isinstance(err, sa.exc.ProgrammingError):  # e.g. permission denied for table, or the query's own mistake
+        raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
+    import psycopg
+
+    if isinstance(err, psycopg.Error):  # raised by the COPY, outside SQLAlchemy's wrapping
+        raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
+
+
+def _unreachable(err) -> bool:
+    """An OperationalError raised by connecting (a server's), not by a statement (SQLite's are)."""
+    return getattr(err, "connection_invalidated", False) or "connection" in _reason(err).lower() and \
+        "no such" not in _reason(err).lower()
+
+
 def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
              within: Optional[Tuple[dt.datetime, dt.datetime]] = None, tokenizer: Optional[str] = None,
              prompt=None) -> Table:
@@ -181,91 +423,59 @@ def load_sql(source, *, public_flag: Optional[str] = None, blocks=None,
     import sqlalchemy as sa
 
     engine = _engine(source)
+    connected = False
     try:
-        # one snapshot for the count and the rows (PostgreSQL's default reads each statement's own)
+        # one snapshot for the checks, the count and the rows (PostgreSQL's default reads each statement's own)
         isolation = {"isolation_level": "REPEATABLE READ"} if engine.dialect.name == "postgresql" else {}
-        connected = False
         with engine.connect().execution_options(**isolation) as conn:
-            connected = True  # an OperationalError from here on is the statement's (SQLite's are), not the server's
-            table = _reflected(conn, source)
+            connected = True
+            sch = schema(conn, source, blocks=blocks, public_flag=public_flag)
+            table, row_id = sch.table, sch.row_id
             arrival = blocks.arrival if blocks is not None else None
             person = blocks.person if blocks is not None else None
-            if source.row_id is not None:
-                row_id = _column(table, "data.source.row_id", source.row_id)
-            else:
-                keys = list(table.primary_key.columns)
-                if len(keys) != 1:
-                    raise ValueError(f"data.source.row_id: table {table.name!r} has no one-column primary key; name "
-                                     "the column that identifies each row for good")
-                row_id = keys[0]
-            label = _column(table, "data.source.label", source.label)
-            meta = {c for c in (source.label, row_id.name, arrival, person, public_flag, source.text) if c}
-            if source.text is not None:
-                features = []
-            elif source.features is not None:
-                features = [_column(table, "data.source.features", name) for name in source.features]
-                for c in features:
-                    if c.name in meta:
-                        raise ValueError(f"data.source.features: {c.name!r} is the label, the row id or a block "
-                                         "column, never a feature")
-                    if not _numeric(c, named=True):
-                        raise ValueError(f"data.source.features: column {c.name!r} is {c.type} in the database, not "
-                                         "a number; encode it as numbers or leave it out of features")
-            else:
-                features = [c for c in table.columns if c.name not in meta and _numeric(c)]
-                if not features:
-                    raise ValueError(f"data.source.features: {_what(table)} has no numeric column besides "
-                                     f"the label and identity columns; its columns: "
-                                     f"{', '.join(c.name for c in table.columns)}")
-            extra = [_column(table, f"data.blocks.{f}", n) for f, n in (("arrival", arrival), ("person", person)) if n]
-            flag = [_column(table, "data.split.column", public_flag)] if public_flag else []
-            text = [_column(table, "data.source.text", source.text)] if source.text else []
-            flag += text  # read as text, as the flag is
-            statement = sa.select(row_id, label, *extra, *flag, *features).order_by(row_id)
-            if within is not None and arrival is not None:
-                sqlite = engine.dialect.name == "sqlite"
-                at = sa.type_coerce(table.c[arrival], sa.String) if sqlite else table.c[arrival]
-                start, end = _bound(table.c[arrival], within[0], sqlite), _bound(table.c[arrival], within[1], sqlite)
+            _check_identity(conn, source, sch, person)
+            dialect = conn.dialect.name
+            # SQLite's date types parse text on the way out; privzo parses every text arrival itself, as a file's
+            extra = [sa.type_coerce(c, sa.String).label(c.name) if c.name == arrival and sch.arrival_mode != "time"
+                     else c for c in sch.extra]
+            statement = sa.select(row_id, sch.label, *extra, *sch.flag, *sch.features).order_by(row_id)
+            if within is not None and arrival is not None and sch.arrival_mode in ("time", "text"):
+                text = sch.arrival_mode == "text"
+                at = identity_key(table.c[arrival], dialect) if text else table.c[arrival]
+                start, end = (_bound(table.c[arrival], moment, text) for moment in within)
                 # a row without an arrival (or, in the window, without a person) is read to be refused, never
                 # left out unseen
                 in_window = sa.and_(at >= start, at < end)
                 if person is None:
                     statement = statement.where(sa.or_(in_window, table.c[arrival].is_(None)))
                 else:  # a person's rows are in their first arrival's block: choose persons, then all their rows
-                    who = table.c[person]
+                    who = identity_key(table.c[person], dialect)  # persons as privzo tells them apart
                     first = sa.func.min(at, type_=at.type)
-                    firsts = sa.select(who).where(who.is_not(None)).group_by(who).having(first >= start, first < end)
+                    firsts = sa.select(who).where(table.c[person].is_not(None)).group_by(who).having(
+                        first >= start, first < end)
                     statement = statement.where(sa.or_(who.in_(firsts), table.c[arrival].is_(None),
-                                                       sa.and_(who.is_(None), in_window)))
-            columns = [row_id, label, *extra, *flag]
+                                                       sa.and_(table.c[person].is_(None), in_window)))
+            columns = [row_id, sch.label, *extra, *sch.flag]
             count = conn.execute(sa.select(sa.func.count()).select_from(statement.order_by(None).subquery())).scalar_one()
-            rows = _Rows(count, columns, features, source, arrival, person, public_flag)
-            if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":
-                frames = _copied(conn, statement, columns + features, len(features), source.chunk_rows)
+            rows = _Rows(count, columns, sch.features, source, arrival, person, public_flag,
+                         temporal=sch.arrival_mode == "time")
+            if dialect == "postgresql" and conn.dialect.driver == "psycopg":
+                frames = _copied(conn, statement, columns + sch.features, len(sch.features), source.chunk_rows)
             else:
-                frames = _fetched(conn, statement, columns + features, source.chunk_rows)
+                frames = _fetched(conn, statement, columns + sch.features, source.chunk_rows)
             for frame in frames:
                 rows.add(frame)
-    except sa.exc.OperationalError as err:
-        if connected:
-            raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
-        raise ValueError(f"data.source.url: the database at {_shown(source)} refused: {_reason(err)}") from None
-    except sa.exc.ProgrammingError as err:  # e.g. permission denied for table, or the query's own mistake
-        raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
     except Exception as err:
-        import psycopg
-
-        if isinstance(err, psycopg.Error):  # raised by the COPY, outside SQLAlchemy's wrapping
-            raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)}: {_reason(err)}") from None
+        _refused(err, source, connected)
         raise
     finally:
         engine.dispose()
     if rows.n == 0 and within is None:
         raise ValueError(f"{_field(source)}: {_named(source)} at {_shown(source)} has no rows")
     # a row's identity is its row id, computed as a file source with the same row_id column computes it: the
-    # same rows moved from a file into a table are the same rows to the ledger
-    layout = identity_layout(f"file:row_id={row_id.name}", person is not None, True)
-    return rows.table(source.name, layout, tokenizer, prompt)
+    # same rows moved from a file into a table are the same rows to the ledger; an integer column's kind is
+    # a term of the layout, so a migration to text (65 then '0065') is refused, not charged as new persons
+    return rows.table(source.name, sch.layout, tokenizer, prompt)
 
 
 class _Rows:
@@ -273,15 +483,14 @@ class _Rows:
     count and the read): float32 features, class positions, row ids (int64 for an integer key), arrivals
     (datetime64 in UTC for a date or time column, the text as written otherwise), persons and public flags."""
 
-    def __init__(self, count: int, columns, features, source, arrival, person, public_flag):
+    def __init__(self, count: int, columns, features, source, arrival, person, public_flag, temporal: bool):
         import sqlalchemy as sa
 
         self.source, self.arrival, self.person, self.flag = source, arrival, person, public_flag
         self.id_column, self.label_column = columns[0].name, columns[1].name
         self.feature_names = [c.name for c in features]
         self.integer_ids = isinstance(columns[0].type, sa.Integer)
-        self.temporal = arrival is not None and isinstance(
-            next(c for c in columns if c.name == arrival).type, (sa.Date, sa.DateTime))
+        self.temporal = arrival is not None and temporal
         self.n = 0
         self.values = np.empty((count, len(features)), dtype=np.float32)
         self.labels = np.empty(count, dtype=np.int64)
@@ -292,6 +501,11 @@ class _Rows:
         self.text = source.text
         self.texts = None if source.text is None else np.empty(count, dtype=object)
         self.position = {str(c): i for i, c in enumerate(source.classes)}
+
+    def _ids_as_text(self) -> None:
+        self.integer_ids = False
+        self.ids = np.asarray([str(int(v)) for v in self.ids[:self.n]] + [None] * (len(self.ids) - self.n),
+                              dtype=object)
 
     def _grow(self, need: int) -> None:
         size = max(need, 2 * len(self.labels))
@@ -324,8 +538,13 @@ class _Rows:
         if ids.isna().any():
             raise ValueError(f"data.source.row_id: column {self.id_column!r} is NULL in a row; every row needs its "
                              "identifier")
-        self.ids[at] = ids.to_numpy(dtype=np.int64) if self.integer_ids else _as_written(
-            ids.to_numpy(dtype=object), "data.source.row_id", self.id_column, "every row needs its identifier")
+        if self.integer_ids and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in ids):
+            self.ids[at] = ids.to_numpy(dtype=np.int64)
+        else:  # an INTEGER column of SQLite may hold text: every id as written, integers as their digits
+            if self.integer_ids:
+                self._ids_as_text()
+            self.ids[at] = _as_written(ids.to_numpy(dtype=object), "data.source.row_id", self.id_column,
+                                       "every row needs its identifier")
         self.labels[at] = self._classes(frame[self.label_column])
         if self.arrival is not None:
             arrived = frame[self.arrival]

@@ -21,10 +21,25 @@ def identity_layout(layout: str, persons: bool, row_ids: bool) -> str:
     return layout + (f";{ROWS_PER_PERSON}" if persons else "")
 
 
+# what a row layout says of identity columns a database keeps as integers: read as their digits, so a
+# migration of the column to text (65 recorded, '0065' written now) changes the layout, not the persons
+INTEGER_IDS = "integer-ids"
+
+
+def typed_identity(layout: str, integer_roles) -> str:
+    """``layout`` with the identity roles (``person``, ``row_id``) a database keeps as integers."""
+    return layout + (f";{INTEGER_IDS}={','.join(integer_roles)}" if integer_roles else "")
+
+
+def untyped_identity_layout(layout: str) -> str:
+    """The layout a privzo that kept no identity types recorded for the same source."""
+    return ";".join(p for p in layout.split(";") if not p.startswith(f"{INTEGER_IDS}="))
+
+
 def legacy_identity_layout(layout: str) -> str:
     """The layout an earlier privzo recorded for the same source: its identity columns read with pandas' type
     inference, and a person-level row's identity its content alone."""
-    return ";".join(p for p in layout.split(";") if p not in (IDS_AS_WRITTEN, ROWS_PER_PERSON))
+    return ";".join(p for p in untyped_identity_layout(layout).split(";") if p not in (IDS_AS_WRITTEN, ROWS_PER_PERSON))
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,15 @@ from sqlalchemy.pool import NullPool
 
 from components.accountants import Accountant, event_from_json, event_to_json
 from components.accountants.composed import ComposedState
+from components.data.table import untyped_identity_layout
 import flows.ledger.admission as admission
 import flows.ledger.integrity as integrity
 import flows.ledger.migrations as migrations
 import flows.ledger.roles as roles
 import flows.ledger.rows as ledger_rows
 from flows.ledger.errors import (FIXED, BlockRecordChanged, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable,
-                                 RowsExposed, RowsUnmatched, driver_reason, ids_not_migrated, shown_url)
+                                 RowsExposed, RowsUnmatched, driver_reason, identity_types_not_recorded,
+                                 ids_not_migrated, shown_url)
 from flows.ledger.reservation import Reservation
 from flows.ledger.schema import (ABORTED, COMMITTED, NO_BLOCKS, RESERVED, WHOLE, BlockRow, ChargeBlockRow, ChargeRow,
                                  DatasetRow, PrivateRowRow, RowBlockRow, RowLayoutRow, utc_now)
@@ -549,6 +551,10 @@ class PrivacyLedger:
             elif recorded.layout != row_layout and r.ids_legacy_layout is not None and \
                     recorded.layout == r.ids_legacy_layout:
                 raise ids_not_migrated(dataset)
+            elif recorded.layout != row_layout and recorded.layout == untyped_identity_layout(row_layout):
+                if not self.may_register():  # recorded before identity types were: the owner records them
+                    raise identity_types_not_recorded(dataset)
+                recorded.layout = row_layout
             elif recorded.layout != row_layout and r.legacy_layout is not None and recorded.layout == r.legacy_layout:
                 ledger_rows.rekey(session, dataset, r.legacy_rows or {})
                 recorded.layout = row_layout
@@ -694,6 +700,12 @@ class PrivacyLedger:
                 block = session.get(BlockRow, (row.dataset, link.block))
                 state = ComposedState.from_json(block.committed).plus(increment)
                 block.committed, block.committed_epsilon = state.to_json(), state.epsilon(block.delta)
+
+    def row_layout(self, dataset: str) -> Optional[str]:
+        """What ``dataset``'s row fingerprints are computed from, as its first run recorded it (None before)."""
+        with Session(self.engine) as session:
+            recorded = session.get(RowLayoutRow, dataset)
+            return None if recorded is None else recorded.layout
 
     def migrate_ids(self, dataset: str, layout: str, legacy_layout: str, persons: Mapping[str, Iterable[str]],
                     rows: Mapping[str, Iterable[str]]) -> Dict[str, int]:

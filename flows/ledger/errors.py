@@ -66,10 +66,14 @@ class RowsUnmatched(RuntimeRefusal):
 
     def __init__(self, dataset: str, recorded: str, now: str, reason: Optional[str] = None):
         self.dataset, self.recorded, self.now = dataset, recorded, now
+        if reason is None and identity_of(recorded) != identity_of(now):
+            reason = identity_changed(dataset, recorded, now)
+        # never "charge a new dataset": the same rows under a second name would be the same people's second lifetime
         super().__init__(reason or (
             f"data.source: this run identifies rows differently from earlier runs on dataset {dataset!r} "
             f"({_layout_change(recorded, now)}), so the ledger cannot tell which rows they kept private; keep "
-            "the source's columns and text settings of those runs, or charge a new dataset"))
+            "the source's columns and text settings of those runs (rows named by data.source.row_id keep their "
+            "identity whatever their columns)"))
 
 
 class BlockRecordChanged(RuntimeRefusal):
@@ -82,6 +86,30 @@ class BlockRecordChanged(RuntimeRefusal):
             f"ledger: block {block!r} of dataset {dataset!r} stores epsilon {stored:.6g}, but its {n} committed "
             f"charge{'s' if n != 1 else ''} compose to {recomposed:.6g}: its record was changed outside privzo, so "
             f"no run is admitted on it; its owner checks it with `privzo budget show {dataset} --check`")
+
+
+def identity_of(layout: str, types: bool = True) -> str:
+    """What a row layout identifies rows and persons by, in words (``types``: with the identity columns a
+    database keeps as integers)."""
+    parts = dict(p.partition("=")[::2] for p in layout.partition(":")[2].split(";") if p)
+    what = f"row id column {parts['row_id']!r}" if "row_id" in parts else "their content (features and label)"
+    typed = parts.get("integer-ids") if types else None
+    return what + (f", {typed.replace(',', ' and ')} read as integers" if typed else "")
+
+
+def identity_changed(dataset: str, recorded: str, now: str) -> str:
+    return (f"data.source: dataset {dataset!r}'s runs identified its rows by {identity_of(recorded)}; this run "
+            f"identifies them by {identity_of(now)}, under which the same people would be new to the ledger; if they "
+            f"are the same people, the ledger's owner re-keys the dataset once with `privzo budget migrate-ids "
+            f"{dataset} --spec SPEC` (their records and blocks carry over), else keep the identity of those runs")
+
+
+def identity_types_not_recorded(dataset: str) -> "RowsUnmatched":
+    """A dataset recorded before the types of its identity columns were terms of its row layout."""
+    return RowsUnmatched(dataset, "", "", reason=(
+        f"data.source: dataset {dataset!r}'s ledger was written before privzo recorded the types of its identity "
+        f"columns; its owner records them once with `privzo budget migrate-ids {dataset} --spec SPEC` (nothing is "
+        "re-keyed), after which a change of type is refused"))
 
 
 def ids_not_migrated(dataset: str) -> "RowsUnmatched":

@@ -9,8 +9,25 @@ from typing import Iterable, Mapping, Optional, Sequence
 from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.orm import Session
 
-from flows.ledger.errors import RowsExposed, RowsLaundered, RowsUnmatched
+from flows.ledger.errors import RowsExposed, RowsLaundered, RowsUnmatched, identity_changed, identity_of
 from flows.ledger.schema import PrivateRowRow, RowBlockRow
+
+
+def refuse_changed_identity(dataset: str, recorded: Optional[str], now: str) -> None:
+    """Before any row is read: a run whose rows would be identified otherwise than its dataset's runs recorded
+    (a row_id added or dropped, an identity column now text where it was integers) is refused naming the
+    identity and the owner's re-keying (``RowsUnmatched``). Layouts of an earlier privzo's are left to the
+    reservation, which knows how to take them."""
+    from components.data.table import IDS_AS_WRITTEN, INTEGER_IDS
+
+    parts = recorded.split(";") if recorded is not None else []  # flows/tracking.py KEYED_ROWS marks keyed rows
+    earlier = "rows=hmac-sha256" not in parts or (recorded.partition(":")[2].startswith("row_id=") and
+                                            IDS_AS_WRITTEN not in parts)
+    if recorded is None or recorded == now or earlier:
+        return
+    if identity_of(recorded) != identity_of(now) and (f";{INTEGER_IDS}=" in recorded or
+                                                      identity_of(recorded, types=False) != identity_of(now, types=False)):
+        raise RowsUnmatched(dataset, recorded, now, reason=identity_changed(dataset, recorded, now))
 
 
 def lock_rows(session: Session) -> None:

@@ -284,9 +284,11 @@ class SqlSource(Strict):
     password_env: Optional[str] = Field(None, min_length=1, description="The environment variable holding the "
                                         "role's password (read when the rows are, never logged).")
     table: Optional[str] = Field(None, min_length=1, description="The table or view, optionally schema.table.")
-    query: Optional[str] = Field(None, min_length=1, description="Instead of table: a SELECT whose rows are the "
-                                 "source (its columns typed by the database's answer; row_id then names its "
-                                 "identifying column). A window's WHERE is applied around it.")
+    query: Optional[str] = Field(None, min_length=1, description="Instead of table: a per-row filter of one table "
+                                 "or view (columns and per-row expressions, a WHERE on each row's own columns; no "
+                                 "aggregate, GROUP BY, DISTINCT, window function, ORDER BY, LIMIT, subquery, join or "
+                                 "set operation), whose rows are the source; row_id then names its identifying "
+                                 "column.")
     label: str = Field(..., min_length=1, description="The column holding each row's class.")
     classes: List[Union[int, str]] = Field(
         ..., min_length=2, description="Every class the label column may hold, in the order of the model's "
@@ -327,6 +329,19 @@ class SqlSource(Strict):
         if self.query is not None and self.row_id is None:
             raise ValueError("row_id: a query has no primary key; name the column that identifies each row")
         return self
+
+    @field_validator("query")
+    @classmethod
+    def _per_row(cls, value: Optional[str], info):
+        """The query rule (specs/sql_query.py), in the dialect of the url's database."""
+        if value is None or "url" not in info.data:
+            return value
+        from sqlalchemy.engine import make_url
+
+        from specs.sql_query import per_row_query
+
+        per_row_query(value, make_url(info.data["url"]).get_backend_name())
+        return value
 
     @field_validator("url")
     @classmethod

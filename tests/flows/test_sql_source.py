@@ -122,7 +122,7 @@ def test_a_query_is_a_source_typed_by_the_databases_answer(tmp_path):
     with pytest.raises(ValueError, match=r"^data.source.query: the query at sqlite:///.*: no such table: visitz$"):
         load_sql(source.model_copy(update={"query": "SELECT * FROM visitz"}))
     with pytest.raises(specs.SpecError, match=r"data.source: .*give one of table .* or query"):
-        specs.spec_from_dict(_sql_spec(stream_spec(tmp_path), url, query="SELECT 1"))
+        specs.spec_from_dict(_sql_spec(stream_spec(tmp_path), url, query="SELECT visit FROM visits"))
 
 
 def _refused(tmp_path, match, frame=None, table_types=None, spec_source=None, blocks=None, env=None, monkeypatch=None):
