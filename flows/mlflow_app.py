@@ -9,13 +9,20 @@ of reads only: GET and HEAD requests, the POST searches the UI and the client re
 only operations are reads). Anything else, including an endpoint a later MLflow adds, is refused: a
 deny-list of writes would let every new write through. The allow-list holds at the ASGI door
 (``ReadOnlyUsersAtTheDoor``), for the routes MLflow serves on FastAPI as well as the Flask app's.
+
+The door decides by the user a request names, so it must read the same user MLflow will: MLflow's parsers are
+lenient and not one (werkzeug's splits on whitespace and decodes base64 leniently; its FastAPI side reads
+``X-MLflow-Authorization`` first on gateway routes). So the door admits only what it can parse exactly: every
+``Authorization`` and ``X-MLflow-Authorization`` header a request carries must be the one canonical credential
+``Basic <base64 of user:password>`` (strict base64 that re-encodes to itself, ASCII, no control character), the
+same in each, naming a known user; anything else is refused (401) before MLflow sees the request.
 """
 from __future__ import annotations
 
 import base64
 import os
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 READ_ONLY_ENV = "PRIVZO_MLFLOW_READ_ONLY_USERS"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -54,18 +61,41 @@ def _read_only_users_write_nothing():
     return None
 
 
+CREDENTIAL_HEADERS = (b"authorization", b"x-mlflow-authorization")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+
+
+class NotCanonical(ValueError):
+    """A credential header the door cannot parse exactly as MLflow would (module docstring)."""
+
+
 def basic_auth_user(headers) -> Optional[str]:
-    """The user an HTTP Basic ``Authorization`` header names (its password is basic-auth's to check), or None."""
-    for name, value in headers:
-        if name.lower() == b"authorization":
-            kind, _, token = value.decode("latin-1").partition(" ")
-            if kind.lower() != "basic":
-                return None
-            try:
-                return base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")[0]
-            except (ValueError, UnicodeDecodeError):
-                return None
-    return None
+    """The user the request's credential headers name (the password is basic-auth's to check), None with no
+    credential; ``NotCanonical`` for any header that is not the one canonical Basic credential, or two that
+    differ."""
+    values = [value for name, value in headers if name.lower() in CREDENTIAL_HEADERS]
+    if not values:
+        return None
+    if len(set(values)) != 1:
+        raise NotCanonical("two credential headers that differ")
+    try:
+        text = values[0].decode("ascii")
+    except UnicodeDecodeError:
+        raise NotCanonical("a credential that is not ASCII") from None
+    scheme, _, token = text.partition(" ")
+    if scheme != "Basic" or not token or not _BASE64.fullmatch(token) or len(token) % 4:
+        raise NotCanonical("a credential that is not 'Basic <base64>'")
+    decoded = base64.b64decode(token, validate=True)
+    if base64.b64encode(decoded).decode("ascii") != token:
+        raise NotCanonical("base64 that does not re-encode to itself")
+    try:
+        pair = decoded.decode("ascii")  # MLflow's FastAPI side decodes ASCII, werkzeug UTF-8: ASCII reads alike
+    except UnicodeDecodeError:
+        raise NotCanonical("a user or password that is not ASCII") from None
+    user, colon, _ = pair.partition(":")
+    if not colon or not user or any(ord(c) < 32 or ord(c) == 127 for c in pair):
+        raise NotCanonical("no user:password pair")
+    return user
 
 
 class ReadOnlyUsersAtTheDoor:
@@ -75,17 +105,28 @@ class ReadOnlyUsersAtTheDoor:
     request naming a read-only user is refused by its name alone, before basic-auth checks the password:
     refusing a write to whoever claims that name costs nothing."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, known: Optional[Callable[[str], bool]] = None):
+        self.app, self.known = app, known  # known: whether a user exists (basic-auth's store)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and basic_auth_user(scope.get("headers", ())) in read_only_users() \
-                and not is_read(scope["method"], scope["path"]):
-            await send({"type": "http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-            await send({"type": "http.response.body", "body": b"Permission denied"})
-            return
+        if scope["type"] == "http":
+            try:
+                user = basic_auth_user(scope.get("headers", ()))
+            except NotCanonical:
+                return await _refuse(send, 401, b"Credentials refused: give one canonical Basic credential")
+            if user is not None and self.known is not None and not self.known(user):
+                return await _refuse(send, 401, b"Credentials refused: unknown user")
+            if user in read_only_users() and not is_read(scope["method"], scope["path"]):
+                return await _refuse(send, 403, b"Permission denied")
         await self.app(scope, receive, send)
+
+
+async def _refuse(send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"text/plain; charset=utf-8")]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Basic realm="mlflow"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def create_app():
@@ -99,5 +140,7 @@ def create_app():
     hooks.remove(_read_only_users_write_nothing)
     hooks.append(_read_only_users_write_nothing)
     if served is not flask_app:  # under uvicorn: a FastAPI app whose own routers come before Flask's
-        served.add_middleware(ReadOnlyUsersAtTheDoor)
+        from mlflow.server.auth import store
+
+        served.add_middleware(ReadOnlyUsersAtTheDoor, known=store.has_user)
     return served

@@ -39,7 +39,7 @@ from components.data import SplitData
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
 from flows.window import BlockView
-from flows.worker_config import worker_ledger
+from flows.worker_config import deployment_run as _deployment_run, worker_ledger
 from flows.checkpoints import Checkpointer
 from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, shown_url
 from flows.lineage import registered_source
@@ -254,16 +254,6 @@ def load_run_spec(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> s
         raise ValueError("budget.ledger: ./privacy-ledger.db is a ledger earlier privzo kept here by default; name the "
                          "ledger this dataset's runs use (budget.ledger or PRIVZO_LEDGER_URL, with an absolute path)")
     return run_spec
-
-
-def _deployment_run() -> bool:
-    """Whether this flow run was started from a deployment (by a team's worker), not in-process."""
-    try:
-        from prefect.runtime import deployment
-
-        return deployment.id is not None
-    except Exception:  # noqa: BLE001 - outside a flow run there is no deployment
-        return False
 
 
 def charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:

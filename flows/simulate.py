@@ -90,8 +90,9 @@ def insert_stream(url: str, table: str, as_of: dt.datetime, start: dt.date = STR
 
 def grow_stream_table(url: str, table: str, moment: dt.datetime) -> int:
     """The example's nightly ETL into a table: the rows arrived by ``moment`` inserted, the stream going on from
-    its first row while the table is current (its newest row arrived at most a day before); a table that is
-    empty or stale is emptied and the stream starts again 8 days back. Returns the rows the table holds."""
+    its first row; an empty table starts the stream 8 days back. It never deletes a row: a team's table holds
+    people the ledger has charged, and a row removed and written again would come back as new. Returns the rows
+    the table holds."""
     import sqlalchemy as sa
 
     today = moment.astimezone(dt.timezone.utc).date()
@@ -100,12 +101,9 @@ def grow_stream_table(url: str, table: str, moment: dt.datetime) -> int:
     try:
         with engine.begin() as conn:
             if sa.inspect(conn).has_table(table):
-                first, last = conn.execute(sa.text(f'SELECT MIN(arrived), MAX(arrived) FROM "{table}"')).one()
-                as_date = (lambda v: v if isinstance(v, dt.date) else dt.date.fromisoformat(str(v)[:10]))
-                if last is not None and as_date(last) >= today - dt.timedelta(days=1):
-                    start = as_date(first)
-                else:
-                    conn.execute(sa.text(f'DELETE FROM "{table}"'))
+                first = conn.execute(sa.text(f'SELECT MIN(arrived) FROM "{table}"')).scalar()
+                if first is not None:
+                    start = first if isinstance(first, dt.date) else dt.date.fromisoformat(str(first)[:10])
     finally:
         engine.dispose()
     insert_stream(url, table, moment, start=start)
@@ -115,6 +113,21 @@ def grow_stream_table(url: str, table: str, moment: dt.datetime) -> int:
             return int(conn.execute(sa.text(f'SELECT COUNT(*) FROM "{table}"')).scalar_one())
     finally:
         engine.dispose()
+
+
+def _written_as_of(as_of: Optional[str]) -> dt.datetime:
+    """When the export writes as of: the flow run's scheduled time. A deployment's run takes no other (a Prefect
+    user's parameter would have the ETL write rows that have not arrived), and no moment is in the future."""
+    from flows.window import as_of_moment
+    from flows.worker_config import deployment_run
+
+    if as_of is not None and deployment_run():
+        raise ValueError("as_of: a deployment's export writes the rows arrived by its scheduled time; remove as_of "
+                         "(schedule the run instead)")
+    moment = as_of_moment(as_of)
+    if moment > dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5):
+        raise ValueError(f"as_of: {moment.isoformat()} is in the future; an export writes only what has arrived")
+    return moment
 
 
 @flow(name="grow-stream", log_prints=True)
@@ -127,10 +140,8 @@ def grow_stream(spec_path: str, as_of: Optional[str] = None, writer_url: Optiona
     role: the spec's URL names the reading role, which may only SELECT)."""
     import pandas as pd
 
-    from flows.window import as_of_moment
-
     spec = specs.load_spec(spec_path)
-    moment = as_of_moment(as_of)
+    moment = _written_as_of(as_of)
     if spec.data.source.kind == "sql":
         if not writer_url:
             raise ValueError("writer_url: a table is written by its ETL's role, not the spec's reading one; give "

@@ -97,9 +97,17 @@ def _promoted(report: VerifyReport, tracking_uri: Optional[str]) -> str:
     """Set or remove the ``verified`` alias as ``report`` says; the line that tells which."""
     client = mlflow.MlflowClient(tracking_uri or tracking_uri_from_env())
     name, number = report.model_name, report.version
-    if report.passed:
+    if report.passed and report.complete:
         client.set_registered_model_alias(name, VERIFIED_ALIAS, number)
         return f"promoted: models:/{name}@{VERIFIED_ALIAS} is version {number}"
+    if report.passed:  # a check that could not run for this spec is not a pass to promote on
+        skipped = next(c for c in report.checks if c.status == NOT_APPLICABLE)
+        held = client.get_registered_model(name).aliases.get(VERIFIED_ALIAS)
+        if held is not None and str(held) == str(number):
+            client.delete_registered_model_alias(name, VERIFIED_ALIAS)
+        return (f"not promoted: version {number} passed what could be checked, but its {skipped.name} check could "
+                f"not run ({skipped.detail}); {VERIFIED_ALIAS!r} means every check ran and passed, so a spec without "
+                "a journal of its whole trajectory (two_point with sgd) is never promoted")
     held = client.get_registered_model(name).aliases.get(VERIFIED_ALIAS)
     if held is not None and str(held) == str(number):
         client.delete_registered_model_alias(name, VERIFIED_ALIAS)
@@ -289,6 +297,7 @@ class _Verifier:
 
         run, spec, charge = self.run, self.spec, self.charge
         run_id, tags, vtags = run.info.run_id, run.data.tags, self.version.tags or {}
+        self._start_agrees(run, spec, charge)
         composed, runs = self._model_event(run, spec, charge.executed)
         logged = self._artifact_event(run_id, MODEL_EVENT_ARTIFACT)
         if logged is None and composed is not None and runs > 1 and tags.get(DP_MODEL_EPSILON) == "inf":
@@ -516,6 +525,43 @@ class _Verifier:
                     f"{python_model.started}, {how}")
 
     # ------------------------------------------------------------ lineage
+    def _start_agrees(self, run, spec: specs.RunSpec, charge, seen: Optional[set] = None) -> None:
+        """The start a run names twice agrees, back to a seed start: the weights are replayed from the version
+        ``privzo.init`` names and the history composed from the run ``privzo.init_run_id`` names, so both must
+        be that one version of this model, whose run was charged on the same ledger and dataset, and so on
+        recursively (a start trained outside the ledger, then continued honestly, is caught here)."""
+        seen = set() if seen is None else seen
+        run_id, tags = run.info.run_id, run.data.tags
+        if run_id in seen:
+            raise _Mismatch(f"run {run_id}'s lineage returns to itself")
+        seen.add(run_id)
+        init, source_id = tags.get(PRIVZO_INIT, "seed"), tags.get(PRIVZO_INIT_RUN_ID)
+        if not init.startswith("models:/"):
+            if source_id is not None:
+                raise _Mismatch(f"run {run_id} says it started from the {init!r} but names start run {source_id}")
+            return
+        name, _, number = init[len("models:/"):].rpartition("/")
+        if name != self.name:
+            raise _Mismatch(f"run {run_id} started from {init}, a version of another model than {self.name}")
+        try:
+            start = self.client.get_model_version(name, number)
+        except Exception:  # noqa: BLE001 - a start that is gone cannot be checked
+            raise _Mismatch(f"run {run_id} started from {init}, which does not exist in {self.uri}") from None
+        if source_id is None or start.run_id != source_id:
+            raise _Mismatch(f"run {run_id} started from {init} (the weights replayed), whose run is {start.run_id}, but "
+                            f"composes its privacy history from run {source_id} (privzo.init_run_id)")
+        source, source_spec = self._get_run(source_id), self._spec_of(source_id)
+        if source is None or source_spec is None or source_spec.budget is None or source_spec.privacy is None:
+            raise _Mismatch(f"run {run_id} started from {init}, whose run {source_id} has no ledger charge")
+        if source_spec.budget.dataset != spec.budget.dataset:
+            raise _Mismatch(f"run {run_id} started from {init}, charged to dataset {source_spec.budget.dataset!r}, "
+                            f"not {spec.budget.dataset!r}")
+        source_charge = self._charge_of(source_id, source_spec)
+        if source_charge.ledger != charge.ledger:
+            raise _Mismatch(f"run {run_id} started from {init}, charged to {shown_url(source_charge.ledger)}, not "
+                            f"{shown_url(charge.ledger)}")
+        self._start_agrees(source, source_spec, source_charge, seen)
+
     def _model_event(self, run, spec: specs.RunSpec, event) -> Tuple[Optional[dp_accounting.DpEvent], int]:
         """The model's composed event as ``flows.lineage.model_event`` builds it, every run's event taken
         from the ledger's committed charge; and the number of runs that trained it."""

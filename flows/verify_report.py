@@ -33,6 +33,11 @@ class VerifyReport:
         return all(c.status in (OK, NOT_APPLICABLE) for c in self.checks) and len(self.checks) == len(CHECKS)
 
     @property
+    def complete(self) -> bool:
+        """Every check ran and passed: what promotion to ``verified`` asks (not applicable is not checked)."""
+        return self.passed and all(c.status == OK for c in self.checks)
+
+    @property
     def first_mismatch(self) -> Optional[str]:
         """The first failed check's line, None if none failed."""
         return next((c.detail for c in self.checks if c.status == FAILED), None)

@@ -42,3 +42,13 @@ def worker_ledger(path: Optional[Path] = None) -> Optional[str]:
                          "whose \"ledger\" is a SQLAlchemy URL); the stack writes it at `up`; nothing was read or "
                          "charged")
     return ledger.strip()
+
+
+def deployment_run() -> bool:
+    """Whether this flow run was started from a deployment (by a team's worker), not in-process."""
+    try:
+        from prefect.runtime import deployment
+
+        return deployment.id is not None
+    except Exception:  # noqa: BLE001 - outside a flow run there is no deployment
+        return False

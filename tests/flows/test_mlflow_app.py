@@ -1,5 +1,6 @@
 """The MLflow app's read-only users: an allow-list of reads, checked against every endpoint MLflow serves, so
 a write a later MLflow adds is refused until someone lists it as a read."""
+import base64
 import pytest
 
 from flows.mlflow_app import READ_POSTS, is_read
@@ -62,3 +63,109 @@ def test_a_read_only_user_is_refused_at_the_asgi_door_on_every_route(monkeypatch
     assert call("viewer", "GET", "/ajax-api/3.0/mlflow/assistant/config") is None
     assert call("viewer", "POST", "/api/2.0/mlflow/runs/search") is None
     assert reached.count(("PUT", "/ajax-api/3.0/mlflow/assistant/config")) == 1  # the worker's only
+
+
+MALFORMED = {
+    "a dot inside the base64": lambda t: b"Basic " + t[:4] + b"." + t[4:],
+    "a tab after Basic": lambda t: b"Basic\t" + t,
+    "two spaces": lambda t: b"Basic  " + t,
+    "lowercase scheme": lambda t: b"basic " + t,
+    "padding dropped": lambda t: b"Basic " + t.rstrip(b"="),
+    "trailing space": lambda t: b"Basic " + t + b" ",
+    "a newline inside": lambda t: b"Basic " + t[:4] + b"\n" + t[4:],
+    "base64url alphabet": lambda t: b"Basic " + t.replace(b"+", b"-").replace(b"/", b"_"),
+    "not ASCII": lambda t: b"Basic " + t + "\u00e9".encode("latin-1"),
+    "no colon": lambda t: b"Basic " + base64.b64encode(b"viewer"),
+    "a control character": lambda t: b"Basic " + base64.b64encode(b"viewer\x00:pw"),
+    "utf-8 user": lambda t: b"Basic " + base64.b64encode("vi\u00e9wer:pw".encode()),
+    "empty": lambda t: b"",
+    "Bearer": lambda t: b"Bearer " + t,
+}
+
+
+def _mlflow_users(value: bytes, path: str):
+    """The users MLflow's own two parsers read from an ``Authorization`` header (werkzeug's for Flask, and its
+    FastAPI routes', with authentication stubbed to accept the name): a set, None where one reads no user."""
+    from types import SimpleNamespace
+
+    from werkzeug.datastructures import Authorization
+
+    import mlflow.server.auth as auth
+
+    flask = Authorization.from_header(value.decode("latin-1"))
+    fastapi = []
+    request = SimpleNamespace(headers={"Authorization": value.decode("latin-1")}, scope={"path": path})
+    original = auth._authenticate_cached
+    auth._authenticate_cached = lambda user, password: fastapi.append(user) or SimpleNamespace(username=user)
+    try:
+        from unittest import mock
+
+        with mock.patch.object(auth, "get_routed_asgi_path", lambda r: path):
+            auth._authenticate_fastapi_request(request)
+    finally:
+        auth._authenticate_cached = original
+    return {flask.username if flask is not None else None, fastapi[0] if fastapi else None}
+
+
+@pytest.mark.parametrize("form", sorted(MALFORMED))
+def test_the_door_refuses_a_credential_mlflow_would_parse_otherwise(form, monkeypatch):
+    """Differential: each malformed form the door lets through names the user MLflow's own parsers read; the
+    door refuses (401) every form that is not one canonical Basic credential, before any route sees it."""
+    import asyncio
+
+    from flows.mlflow_app import NotCanonical, ReadOnlyUsersAtTheDoor, basic_auth_user
+
+    token = base64.b64encode(b"viewer:pw>>?~")  # "+", "/" and padding in the base64
+    value = MALFORMED[form](token)
+    with pytest.raises(NotCanonical):
+        basic_auth_user([(b"authorization", value)])
+    reached, sent = [], []
+
+    async def inner(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def send(message):
+        sent.append(message)
+
+    monkeypatch.setenv("PRIVZO_MLFLOW_READ_ONLY_USERS", "viewer")
+    for path in ("/ajax-api/3.0/mlflow/mcp-servers", "/gateway/secrets/create"):
+        sent.clear()
+        asyncio.run(ReadOnlyUsersAtTheDoor(inner, known=lambda u: True)(
+            {"type": "http", "method": "POST", "path": path, "headers": [(b"authorization", value)]}, None, send))
+        assert sent[0]["status"] == 401 and not reached
+    assert _mlflow_users(b"Basic " + token, "/x") == {"viewer"}  # the canonical form: both read it as the door does
+    if form in ("a dot inside the base64", "a tab after Basic", "two spaces", "lowercase scheme"):
+        assert "viewer" in _mlflow_users(value, "/x")  # forms MLflow reads as the viewer: a door reading none let
+        # the viewer through to write before
+
+
+def test_the_door_reads_one_user_whichever_header_a_route_reads(monkeypatch):
+    """X-MLflow-Authorization (read first on gateway routes) must be the Authorization credential itself; an
+    unknown user is refused at the door; a canonical credential of a known user passes as it did."""
+    import asyncio
+
+    from flows.mlflow_app import ReadOnlyUsersAtTheDoor
+
+    viewer, worker = (b"Basic " + base64.b64encode(f"{u}:pw".encode()) for u in ("viewer", "worker"))
+    sent, reached = [], []
+
+    async def inner(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def send(message):
+        sent.append(message)
+
+    def status(headers, known=lambda u: u in ("viewer", "worker")):
+        sent.clear()
+        asyncio.run(ReadOnlyUsersAtTheDoor(inner, known=known)(
+            {"type": "http", "method": "POST", "path": "/gateway/secrets/create", "headers": headers}, None, send))
+        return sent[0]["status"] if sent else None
+
+    monkeypatch.setenv("PRIVZO_MLFLOW_READ_ONLY_USERS", "viewer")
+    assert status([(b"authorization", viewer), (b"x-mlflow-authorization", worker)]) == 401
+    assert status([(b"x-mlflow-authorization", worker), (b"authorization", viewer)]) == 401
+    assert status([(b"authorization", worker), (b"authorization", viewer)]) == 401
+    assert status([(b"authorization", viewer), (b"x-mlflow-authorization", viewer)]) == 403
+    assert status([(b"authorization", b"Basic " + base64.b64encode(b"mallory:pw"))]) == 401
+    assert status([(b"authorization", worker), (b"x-mlflow-authorization", worker)]) is None
+    assert status([]) is None and reached  # no credential: basic-auth asks for one

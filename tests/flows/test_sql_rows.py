@@ -350,3 +350,28 @@ def test_postgresql_compares_instants_for_time_types_and_reads_text_arrivals_as_
     with pytest.raises(ValueError, match=r"^data.blocks.arrival_format: column 'at' is TIMESTAMP"):
         load_sql(source, blocks=specs.sections.BlocksSpec(arrival="at", arrival_format="%Y", period="day",
                                                           declared_private_rows=10), within=window_bounds(WINDOW, "day"))
+
+
+def test_the_export_never_deletes_a_row_nor_writes_the_future(tmp_path, monkeypatch):
+    """The grow deployment's table is the team's: a stale table is continued, never emptied (a person deleted
+    and written again would be charged as new); a deployment's run writes as of its scheduled time only, and no
+    export writes a moment that has not come."""
+    import datetime as dt
+
+    from flows import simulate as sim
+    from flows import worker_config
+
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    old = dt.datetime(2026, 9, 8, 2, tzinfo=dt.timezone.utc)
+    first = sim.grow_stream_table(url, "visits", old)
+    with sqlite3.connect(tmp_path / "team.db") as con:
+        before = set(con.execute("SELECT visit, arrived FROM visits").fetchall())
+    later = sim.grow_stream_table(url, "visits", old + dt.timedelta(days=20))  # stale by 20 days: continued
+    with sqlite3.connect(tmp_path / "team.db") as con:
+        after = set(con.execute("SELECT visit, arrived FROM visits").fetchall())
+    assert before <= after and later > first
+    with pytest.raises(ValueError, match=r"^as_of: 2099-03-01T00:00:00\+00:00 is in the future"):
+        sim._written_as_of("2099-03-01")
+    monkeypatch.setattr(worker_config, "deployment_run", lambda: True)
+    with pytest.raises(ValueError, match=r"^as_of: a deployment's export writes the rows arrived by its scheduled"):
+        sim._written_as_of("2026-09-08")

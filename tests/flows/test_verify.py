@@ -363,3 +363,60 @@ def test_promote_sets_the_verified_alias_only_on_a_version_that_passes_against_t
     assert capsys.readouterr().out.endswith("not promoted: version 1 lost the 'verified' alias "
                                             f"(models:/{NAME}@verified is unset)\n")
     assert "verified" not in client.get_registered_model(NAME).aliases
+
+
+def test_a_start_named_twice_must_agree_back_to_a_seed_start(trained, client):
+    """The weights replay from the version ``privzo.init`` names, the history composes from the run
+    ``privzo.init_run_id`` names: a continued run whose two disagree (weights from a version trained outside
+    the ledger, history from an honest run) fails the model guarantee check naming both."""
+    from flows.private_train import private_train
+    from flows.verify import verify
+    from flows.tracking_names import PRIVZO_INIT_RUN_ID
+    from tests.conftest import TINY
+
+    result, uri, ledger, _ = trained
+    _copy_of_version_1(client)
+    again = copy.deepcopy(TINY)
+    again["tracking"]["uri"] = uri
+    again["optimizer"].update(steps=20, init="latest_registered")
+    again["privacy"]["epsilon"] = 1.0
+    again["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    second = private_train(spec=again)
+    assert verify(NAME, second["model_version"], tracking_uri=uri).passed
+    experiment = client.get_run(result["run_id"]).info.experiment_id
+    outside = client.create_run(experiment).info.run_id  # a run no ledger charged
+    first = client.get_model_version(NAME, "1")
+    rogue = client.create_model_version(NAME, first.source, run_id=outside,
+                                        **({"model_id": first.model_id} if getattr(first, "model_id", None) else {}))
+    client.set_tag(second["run_id"], PRIVZO_INIT, f"models:/{NAME}/{rogue.version}")
+    report = verify(NAME, second["model_version"], tracking_uri=uri)
+    assert _statuses(report)["model guarantee"] == "failed", str(report)
+    assert f"started from models:/{NAME}/{rogue.version} (the weights replayed), whose run is {outside}, but composes " \
+           f"its privacy history from run {result['run_id']}" in report.checks[3].detail
+    client.set_tag(second["run_id"], PRIVZO_INIT, "seed")
+    report = verify(NAME, second["model_version"], tracking_uri=uri)
+    assert "says it started from the 'seed' but names start run" in report.checks[3].detail
+    client.set_tag(second["run_id"], PRIVZO_INIT, f"models:/{NAME}/{second['model_version']}")
+    client.set_tag(second["run_id"], PRIVZO_INIT_RUN_ID, second["run_id"])
+    assert "lineage returns to itself" in verify(NAME, second["model_version"], tracking_uri=uri).checks[3].detail
+
+
+def test_promote_needs_every_check_to_have_run(prefect_server, mlflow_schema, tmp_path, monkeypatch, capsys):
+    """adam keeps no journal of its trajectory, so the weights check cannot run: verify reports it (rc 0), but
+    --promote gives no ``verified`` alias, saying why."""
+    from flows.private_train import private_train
+    from flows.verify import verify_command
+
+    spec, ledger = _charged_spec(mlflow_schema, tmp_path, steps=10)
+    spec["name"] = "tiny-adam"
+    spec["optimizer"] = {"kind": "adam", "lr": 0.01, "steps": 10}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    result = private_train(spec=spec)
+    uri = spec["tracking"]["uri"]
+    assert verify_command("tiny-adam", result["model_version"], tracking_uri=uri, ledger_url=ledger, promote=True) == 0
+    out = capsys.readouterr().out
+    assert "weights: not applicable" in out or "not applicable" in out
+    assert out.rstrip().splitlines()[-1].startswith(f"not promoted: version {result['model_version']} passed what "
+                                                    "could be checked, but its weights check could not run")
+    assert "verified" not in mlflow.MlflowClient(uri).get_registered_model("tiny-adam").aliases
