@@ -25,6 +25,10 @@ import re
 from typing import Callable, Optional
 
 READ_ONLY_ENV = "PRIVZO_MLFLOW_READ_ONLY_USERS"
+# who may move a registered model's aliases (the stack names admin, whose `privzo verify --promote` records what
+# it promoted in the ledger, flows/promotion.py): basic-auth gives it to whoever may register a version
+PROMOTERS_ENV = "PRIVZO_MLFLOW_PROMOTERS"
+ALIAS_WRITES = frozenset({"registered-models/alias"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # the reads MLflow serves as POST (a search's filter is a body), named after /api/<version>/mlflow/ or
 # /ajax-api/<version>/mlflow/
@@ -50,13 +54,31 @@ def is_read(method: str, path: str) -> bool:
     return method.upper() == "POST" and api is not None and api.group("what") in READ_POSTS
 
 
+def promoters() -> frozenset:
+    return frozenset(u.strip() for u in os.environ.get(PROMOTERS_ENV, "").split(",") if u.strip())
+
+
+def moves_an_alias(method: str, path: str) -> bool:
+    """Whether a request sets or deletes a registered model's alias."""
+    api = _API.match(path)
+    return method.upper() not in READ_METHODS and api is not None and api.group("what").rstrip("/") in ALIAS_WRITES
+
+
+def refused_to(user: Optional[str], method: str, path: str) -> bool:
+    """A read-only user's write, or anyone but a promoter moving an alias (where promoters are named)."""
+    if user in read_only_users() and not is_read(method, path):
+        return True
+    named = promoters()
+    return bool(named) and user not in named and moves_an_alias(method, path)
+
+
 def _read_only_users_write_nothing():
     from flask import g, request
     from mlflow.server.auth import make_forbidden_response
 
     # runs after basic-auth's own check, which has signed the user in (or refused the request)
     user = getattr(g, "mlflow_authenticated_user", None)
-    if user in read_only_users() and not is_read(request.method, request.path):
+    if refused_to(user, request.method, request.path):
         return make_forbidden_response()
     return None
 
@@ -116,7 +138,7 @@ class ReadOnlyUsersAtTheDoor:
                 return await _refuse(send, 401, b"Credentials refused: give one canonical Basic credential")
             if user is not None and self.known is not None and not self.known(user):
                 return await _refuse(send, 401, b"Credentials refused: unknown user")
-            if user in read_only_users() and not is_read(scope["method"], scope["path"]):
+            if refused_to(user, scope["method"], scope["path"]):
                 return await _refuse(send, 403, b"Permission denied")
         await self.app(scope, receive, send)
 

@@ -89,26 +89,33 @@ def verify_command(model_name: str, version: Optional[str] = None, tracking_uri:
     report = verify(model_name, version, tracking_uri, ledger_url)
     print(str(report), file=out or sys.stdout)
     if promote:
-        print(_promoted(report, tracking_uri), file=out or sys.stdout)
+        print(_promoted(report, tracking_uri, ledger_url), file=out or sys.stdout)
     return 0 if report.passed else 1
 
 
-def _promoted(report: VerifyReport, tracking_uri: Optional[str]) -> str:
+def _promoted(report: VerifyReport, tracking_uri: Optional[str], ledger_url: str) -> str:
     """Set or remove the ``verified`` alias as ``report`` says; the line that tells which."""
     client = mlflow.MlflowClient(tracking_uri or tracking_uri_from_env())
     name, number = report.model_name, report.version
+    from flows import promotion
+
     if report.passed and report.complete:
+        # the bytes checked, recorded where only the owner writes, before the alias names them
+        digests = promotion.version_digests(tracking_uri or tracking_uri_from_env(), name, number)
+        promotion.record(ledger_url, name, number, report.run_id or "", digests)
         client.set_registered_model_alias(name, VERIFIED_ALIAS, number)
-        return f"promoted: models:/{name}@{VERIFIED_ALIAS} is version {number}"
+        return (f"promoted: models:/{name}@{VERIFIED_ALIAS} is version {number} ({len(digests)} files recorded; "
+                "flows.promotion.load_verified loads only these bytes)")
+    held = client.get_registered_model(name).aliases.get(VERIFIED_ALIAS)
+    if held is not None and str(held) == str(number):
+        promotion.withdraw(ledger_url, name)
     if report.passed:  # a check that could not run for this spec is not a pass to promote on
         skipped = next(c for c in report.checks if c.status == NOT_APPLICABLE)
-        held = client.get_registered_model(name).aliases.get(VERIFIED_ALIAS)
         if held is not None and str(held) == str(number):
             client.delete_registered_model_alias(name, VERIFIED_ALIAS)
         return (f"not promoted: version {number} passed what could be checked, but its {skipped.name} check could "
                 f"not run ({skipped.detail}); {VERIFIED_ALIAS!r} means every check ran and passed, so a spec without "
                 "a journal of its whole trajectory (two_point with sgd) is never promoted")
-    held = client.get_registered_model(name).aliases.get(VERIFIED_ALIAS)
     if held is not None and str(held) == str(number):
         client.delete_registered_model_alias(name, VERIFIED_ALIAS)
         return f"not promoted: version {number} lost the {VERIFIED_ALIAS!r} alias (models:/{name}@{VERIFIED_ALIAS} is unset)"

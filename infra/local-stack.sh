@@ -247,7 +247,8 @@ case "${1:-up}" in
       # the key of the UI's CSRF tokens: this stack's own, kept with its state
       [ -s "$state/mlflow-secret-key" ] || (umask 077 && openssl rand -hex 32 >"$state/mlflow-secret-key")
       mlflow_env+=("MLFLOW_AUTH_CONFIG_PATH=$state/mlflow-auth.ini"
-                   "MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$state/mlflow-secret-key")" PRIVZO_MLFLOW_READ_ONLY_USERS=viewer)
+                   "MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$state/mlflow-secret-key")" PRIVZO_MLFLOW_READ_ONLY_USERS=viewer
+                   PRIVZO_MLFLOW_PROMOTERS=admin)
       # the admin is made here, by a command that ends: the server, which runs for weeks, never holds its password
       MLFLOW_AUTH_CONFIG_PATH="$state/mlflow-auth.ini" MLFLOW_AUTH_ADMIN_PASSWORD="$mlflow_admin" "$bin/python" -c \
         'from mlflow.server.auth import bootstrap_admin_user; bootstrap_admin_user()' >"$state/mlflow-admin.log" 2>&1 ||

@@ -11,7 +11,8 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 
 from flows.ledger.integrity import install_rules
-from flows.ledger.schema import TERM_COLUMNS, BlockRow, DatasetRow, PrivateRowRow, RowBlockRow, LedgerBase
+from flows.ledger.schema import (TERM_COLUMNS, BlockRow, DatasetRow, LedgerBase, PrivateRowRow, PromotionBase,
+                                 RowBlockRow)
 
 
 def prepare(engine: Engine) -> bool:
@@ -55,6 +56,7 @@ def migrate(engine: Engine, conn) -> bool:  # noqa: ANN001 - a SQLAlchemy connec
     for table in (PrivateRowRow.__table__, RowBlockRow.__table__):
         for index in table.indexes:
             index.create(conn, checkfirst=True)
+    PromotionBase.metadata.create_all(conn)  # the owner's alone: a worker's connection never makes them
     if engine.dialect.name == "postgresql":  # what no role may write, whatever SQL it sends
         install_rules(conn)
     return True

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from flows.ledger.migrations import grant_constraints, owns_tables
-from flows.ledger.schema import WORKER_GRANTS, DatasetRow, LedgerBase
+from flows.ledger.schema import WORKER_GRANTS, DatasetRow, LedgerBase, PromotionBase
 
 
 def missing_write_grants(engine: Engine) -> List[str]:
@@ -55,7 +55,8 @@ def grant(engine: Engine, role: str, read_only: bool = False) -> List[str]:
         raise ValueError(f"budget grant: {role!r} is not a role name (lower-case letters, digits and _, "
                          "starting with a letter or _)")
     statements = ["GRANT USAGE ON SCHEMA {schema} TO {role}"]
-    statements += [f"GRANT SELECT ON {t} TO {{role}}" for t in sorted(LedgerBase.metadata.tables)]
+    statements += [f"GRANT SELECT ON {t} TO {{role}}" for t in sorted(LedgerBase.metadata.tables)
+                   + sorted(PromotionBase.metadata.tables)]
     if not read_only:
         for table, columns in sorted(WORKER_GRANTS.items()):
             statements.append(f"GRANT INSERT ON {table} TO {{role}}")

@@ -128,3 +128,21 @@ class ChargeRow(LedgerBase):
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class PromotionBase(DeclarativeBase):
+    """Tables only the ledger's owner makes and writes (created by its connection, never a worker's)."""
+
+
+class PromotionRow(PromotionBase):
+    """What ``privzo verify --promote`` checked and promoted: a registered model's alias, the version it was set
+    on and the SHA-256 of every file of that version's model, so a consumer's load refuses other bytes or an
+    alias moved by anyone else. A worker may read it, never write it (it is in no grant of WORKER_GRANTS)."""
+
+    __tablename__ = "privzo_promotions"
+    model = Column(String(200), primary_key=True)
+    alias = Column(String(100), primary_key=True)
+    version = Column(String(20), nullable=False)
+    run_id = Column(String(64), nullable=False)
+    digests = Column(Text, nullable=False)  # JSON: {relative path: sha256}
+    promoted_at = Column(DateTime, nullable=False)

@@ -336,6 +336,36 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert verify_command("digits-retrain", by_hand.version, tracking_uri=server, ledger_url=owner,
                               promote=True, out=open(os.devnull, "w")) == 1
         assert str(admin.get_model_version_by_alias("digits-retrain", "verified").version) == str(version.version)
+        # @verified is the bytes the owner checked: the worker may not move the alias, a consumer loads the
+        # promoted version, and once the worker overwrites its weights in place the load refuses
+        from flows.promotion import NotVerified, load_verified
+
+        worker = f"worker:{secrets['PRIVZO_MLFLOW_WORKER_PASSWORD']}"
+        assert _status(f"{server}/api/2.0/mlflow/registered-models/alias", "POST", auth=worker,
+                       body={"name": "digits-retrain", "alias": "verified", "version": by_hand.version}) == 403
+        assert load_verified("digits-retrain", ledger_url=owner, tracking_uri=server, flavor="pytorch") is not None
+        logged = admin.get_logged_model(version.source.removeprefix("models:/")).artifact_location
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=logged, tracking_uri=server,
+                                                         dst_path=str(tmp_path / "promoted")))
+        weights = next(p for p in sorted(local.rglob("*")) if p.suffix in (".pt2", ".pth", ".pt"))
+        target = (f"{server}/api/2.0/mlflow-artifacts/artifacts/{logged.removeprefix('mlflow-artifacts:/')}/"
+                  f"{weights.relative_to(local).as_posix()}")
+
+        def put(data: bytes) -> int:
+            import base64
+            import urllib.request
+
+            request = urllib.request.Request(target, method="PUT", data=data)
+            request.add_header("Authorization", "Basic " + base64.b64encode(worker.encode()).decode())
+            return urllib.request.urlopen(request, timeout=30).status
+
+        assert put(b"other weights") == 200  # MLflow lets the worker overwrite them in place; the alias stays
+        try:
+            with pytest.raises(NotVerified, match=r"^models:/digits-retrain@verified \(version \d+\): .* is not the "
+                                                  r"bytes its owner verified and promoted"):
+                load_verified("digits-retrain", ledger_url=owner, tracking_uri=server)
+        finally:
+            put(weights.read_bytes())  # the later nights continue from this model
 
         # no long-running process of the stack, nor a flow run, holds the owner's or MLflow's admin's secret
         owners = [secrets["PRIVZO_LEDGER_OWNER_PASSWORD"], quote(secrets["PRIVZO_LEDGER_OWNER_PASSWORD"], safe=""),

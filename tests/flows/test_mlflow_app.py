@@ -169,3 +169,38 @@ def test_the_door_reads_one_user_whichever_header_a_route_reads(monkeypatch):
     assert status([(b"authorization", b"Basic " + base64.b64encode(b"mallory:pw"))]) == 401
     assert status([(b"authorization", worker), (b"x-mlflow-authorization", worker)]) is None
     assert status([]) is None and reached  # no credential: basic-auth asks for one
+
+
+def test_only_a_promoter_moves_an_alias(monkeypatch):
+    """Where the stack names its promoters, setting or deleting a registered model's alias is theirs: the worker
+    (who may register versions, and to MLflow may therefore move aliases) is refused at the door."""
+    import asyncio
+
+    from flows.mlflow_app import ReadOnlyUsersAtTheDoor, moves_an_alias
+
+    sent = []
+
+    async def inner(scope, receive, send):
+        pass
+
+    async def send(message):
+        sent.append(message)
+
+    def status(user, method, path):
+        sent.clear()
+        headers = [(b"authorization", b"Basic " + base64.b64encode(f"{user}:pw".encode()))]
+        asyncio.run(ReadOnlyUsersAtTheDoor(inner)({"type": "http", "method": method, "path": path,
+                                                   "headers": headers}, None, send))
+        return sent[0]["status"] if sent else None
+
+    monkeypatch.setenv("PRIVZO_MLFLOW_PROMOTERS", "admin")
+    for method, path in (("POST", "/api/2.0/mlflow/registered-models/alias"),
+                         ("DELETE", "/ajax-api/2.0/mlflow/registered-models/alias"),
+                         ("POST", "/api/2.0/mlflow/registered-models/alias/")):
+        assert moves_an_alias(method, path)
+        assert status("worker", method, path) == 403
+        assert status("admin", method, path) is None
+    assert status("worker", "GET", "/api/2.0/mlflow/registered-models/alias") is None  # reading an alias
+    assert status("worker", "POST", "/api/2.0/mlflow/model-versions/create") is None  # registering a candidate
+    monkeypatch.delenv("PRIVZO_MLFLOW_PROMOTERS")
+    assert status("worker", "POST", "/api/2.0/mlflow/registered-models/alias") is None  # no stack: MLflow's rules

@@ -349,7 +349,7 @@ def test_promote_sets_the_verified_alias_only_on_a_version_that_passes_against_t
     with pytest.raises(ValueError, match=r"^--promote: .* give that ledger with --ledger or \$PRIVZO_LEDGER_URL$"):
         verify_command(NAME, "1", tracking_uri=uri, promote=True)
     assert verify_command(NAME, "1", tracking_uri=uri, ledger_url=ledger, promote=True) == 0
-    assert capsys.readouterr().out.endswith(f"promoted: models:/{NAME}@verified is version 1\n")
+    assert f"\npromoted: models:/{NAME}@verified is version 1 (" in capsys.readouterr().out
     assert str(client.get_model_version_by_alias(NAME, "verified").version) == "1"
     assert "@verified`" in client.get_model_version(NAME, "1").description
     forged = _copy_of_version_1(client)
@@ -420,3 +420,40 @@ def test_promote_needs_every_check_to_have_run(prefect_server, mlflow_schema, tm
     assert out.rstrip().splitlines()[-1].startswith(f"not promoted: version {result['model_version']} passed what "
                                                     "could be checked, but its weights check could not run")
     assert "verified" not in mlflow.MlflowClient(uri).get_registered_model("tiny-adam").aliases
+
+
+def test_verified_loads_only_the_bytes_and_the_version_its_owner_promoted(trained, client, capsys):
+    """--promote records the version and every file's SHA-256 in the ledger (the owner's table); the consumer's
+    loader loads them, and refuses in one line an alias moved outside the promotion or a file overwritten."""
+    from flows.promotion import NotVerified, load_verified
+    from flows.verify import verify_command
+
+    result, uri, ledger, _ = trained
+    assert verify_command(NAME, "1", tracking_uri=uri, ledger_url=ledger, promote=True) == 0
+    capsys.readouterr()
+    model = load_verified(NAME, ledger_url=ledger, tracking_uri=uri, flavor="pytorch")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    moved = _copy_of_version_1(client)
+    client.set_registered_model_alias(NAME, "verified", moved)  # as the worker's MLflow rights allow it
+    with pytest.raises(NotVerified, match=rf"^models:/{NAME}@verified names version {moved}, but its owner promoted "
+                                          r"version 1: the alias was moved outside"):
+        load_verified(NAME, ledger_url=ledger, tracking_uri=uri)
+    client.set_registered_model_alias(NAME, "verified", "1")
+    from mlflow.artifacts import download_artifacts
+    from pathlib import Path
+
+    source = client.get_model_version(NAME, "1").source
+    local = Path(download_artifacts(artifact_uri=source, tracking_uri=uri))
+    stored = Path(mlflow.MlflowClient(uri).get_logged_model(source.removeprefix("models:/")).artifact_location
+                  .removeprefix("file://"))
+    victim = next(p for p in sorted(stored.rglob("*")) if p.is_file() and p.suffix in (".pt2", ".pth", ".pt"))
+    original = victim.read_bytes()
+    try:
+        victim.write_bytes(original[:-8] + b"\0" * 8)  # other weights in place: the alias stays
+        with pytest.raises(NotVerified, match=rf"^models:/{NAME}@verified \(version 1\): .* is not the bytes its owner "
+                                              r"verified and promoted \(1 file differ\); not loaded$"):
+            load_verified(NAME, ledger_url=ledger, tracking_uri=uri)
+    finally:
+        victim.write_bytes(original)
+        client.delete_registered_model_alias(NAME, "verified")
+    assert local.exists()
