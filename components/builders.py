@@ -2,6 +2,8 @@
 where each kind's module registered its builder, and the run's family (components/families/) for its plan."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -10,6 +12,7 @@ import torch
 
 from components import models
 from components.data import SplitData
+from components.data.split import WindowRows
 from components.devices import CACHE_LIMIT_BYTES, device_for  # noqa: F401 (the builders' API too)
 from components.data.prompts import prompt_of
 from components.data.table import Table
@@ -43,13 +46,17 @@ def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = N
     table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None,
                           spec.data.blocks, prompt,
                           within if getattr(spec.data.source, "reads_by_window", False) and not every_block else None)
+    window_rows = None
     if spec.data.blocks is not None and not every_block:
         if select is None:
             raise ValueError("data.blocks: a run on blocks reads the rows of its window, which the private-train "
                              "flow chooses and charges; run it with privzo run or a deployment (sweeps and audits "
                              "do not read blocks)")
-        table = table.take(np.asarray(select(table), dtype=np.int64))
-    return SPLITS[split.kind](spec, table, scale, lambda source: _table(source, model_tokenizer, prompt=prompt))
+        positions = np.asarray(select(table), dtype=np.int64)
+        window_rows = WindowRows(within if getattr(spec.data.source, "reads_by_window", False) else None, positions)
+        table = table.take(positions)
+    data = SPLITS[split.kind](spec, table, scale, lambda source: _table(source, model_tokenizer, prompt=prompt))
+    return data if window_rows is None else dataclasses.replace(data, window_rows=window_rows)
 
 
 def source_table(spec: RunSpec) -> Table:
@@ -238,11 +245,16 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     return LocalParts(model, params, directions, estimator, optimizer, backend, device)
 
 
-def build_replica(spec_dict: dict) -> tuple:
+def build_replica(spec_dict: dict, window_rows: Optional[WindowRows] = None) -> tuple:
     """A Ray worker's replica, assembled on its own node: (the ordered digest of the rows it loaded, a local
-    backend over them). The runtime is handed this function, so it never imports the builders."""
+    backend over them). The runtime is handed this function, so it never imports the builders. With data.blocks
+    (``window_rows``): the window's rows as the driver chose them from the ledger, read again here (the same
+    bounds pushed to a table, the same positions), never the ledger itself."""
     spec = RunSpec.model_validate(spec_dict)
-    data = load_data(spec)
+    if window_rows is None:
+        data = load_data(spec)
+    else:
+        data = load_data(spec, window_rows.select, within=window_rows.within)
     return data.ordered_digest, build_local(spec, data).backend
 
 
@@ -271,7 +283,9 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
         ex = spec.execution
         worker_spec = spec.model_dump(mode="json")
         worker_spec["execution"]["device"] = device.type  # never a different "auto" on the workers
-        backend = RayBackend(parts.backend, worker_spec, build_replica, n_private=len(data.private),
+        assemble = build_replica if data.window_rows is None else functools.partial(build_replica,
+                                                                                   window_rows=data.window_rows)
+        backend = RayBackend(parts.backend, worker_spec, assemble, n_private=len(data.private),
                              private_digest=data.ordered_digest, workers=ex.workers,
                              gpus_per_worker=ex.gpus_per_worker, cpus_per_worker=ex.cpus_per_worker,
                              workers_per_node=ex.workers_per_node, address=ex.address,

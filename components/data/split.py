@@ -51,6 +51,18 @@ class Part:
             digest.update(bytes.fromhex(fp))
 
 
+class WindowRows:
+    """A run's window as a worker reads it without the ledger: the ``within`` bounds the driver handed its source
+    and the positions (in the source's order) of the rows the driver chose from the ledger's records; a worker
+    reading other rows there fails the ordered digest before any private step."""
+
+    def __init__(self, within, positions: np.ndarray):
+        self.within, self.positions = within, np.asarray(positions, dtype=np.int64)
+
+    def select(self, table) -> np.ndarray:
+        return self.positions
+
+
 @dataclass(frozen=True)
 class SplitData:
     public: Part
@@ -59,6 +71,9 @@ class SplitData:
     n_classes: int
     n_features: int
     layout: str = ""  # what the rows' fingerprints are computed from (Table.layout)
+    # with data.blocks: how the window's rows were read, for a Ray worker to read exactly them again: the bounds
+    # handed to the source and the positions of the window's rows among the rows read (WindowRows)
+    window_rows: Optional["WindowRows"] = None
 
     @property
     def fingerprints(self) -> Dict[str, str]:

@@ -235,10 +235,6 @@ def _block_problems(spec) -> List[str]:
         problems.append(f"data.split.kind: {spec.data.split.kind} moves rows between parts as blocks arrive; use "
                         "hashed or column with data.blocks")
     problems += _person_problems(spec)
-    if spec.execution.backend == "ray":
-        # a worker loads its replica's rows itself, from the spec alone: it has no window to choose them by
-        problems.append("execution.backend: ray workers load the source themselves, not a run's window of "
-                        "data.blocks; use backend local with data.blocks")
     if window is not None and window.kind == "with_budget" and spec.privacy is not None \
             and spec.privacy.neighboring != "add_remove":
         problems.append("budget.window.kind: with_budget chooses blocks with room for the planned run before any "

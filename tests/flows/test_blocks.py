@@ -171,14 +171,44 @@ def test_budget_show_with_the_spec_marks_the_next_window_and_the_retired_blocks(
     assert capsys.readouterr().out == ""  # a bad flag prints nothing but its one line (on stderr)
 
 
-def test_a_spec_on_blocks_is_refused_on_ray_workers(tmp_path):
-    """A Ray worker loads its rows from the spec alone, with no window to choose them by: refused when the spec
-    is read (privzo validate), not when the workers start after the budget was reserved."""
-    raw = stream_spec(tmp_path)
-    raw["execution"] = {"backend": "ray", "workers": 2}
-    with pytest.raises(specs.SpecError, match=r"execution.backend: ray workers load the source themselves, not a "
-                                              r"run's window of data.blocks; use backend local with data.blocks"):
-        specs.spec_from_dict(raw)
+def test_a_night_on_blocks_runs_on_ray_workers_as_it_runs_locally(prefect_server, tmp_path, mlflow_db, monkeypatch):
+    """With execution.backend ray, a person-level night on blocks: the driver chooses the window's rows from the
+    ledger, each worker reads them again (the window's positions, no ledger) and must match their ordered digest;
+    the run commits, and the ledger's blocks and charges equal the same night run locally. A worker that reads
+    other rows (the file changed between the driver's read and its own) fails the digest."""
+    import ray
+
+    from components.builders import build_replica, load_data
+    from flows.private_train import private_train
+    from flows.window import BlockView, Window
+
+    monkeypatch.chdir(tmp_path)
+    write_stream(tmp_path / "visits.csv", days=4, persons=True)
+    spec = stream_spec(tmp_path, window=2, persons=True)
+    spec["tracking"]["uri"] = mlflow_db
+    local = copy.deepcopy(spec)
+    local["budget"]["ledger"] = f"sqlite:///{tmp_path / 'ledger-local.db'}"
+    on_ray = copy.deepcopy(spec)
+    on_ray["execution"] = {"backend": "ray", "workers": 2}
+    try:
+        ran = private_train(spec=copy.deepcopy(on_ray), as_of=night(2).isoformat())
+        here = private_train(spec=copy.deepcopy(local), as_of=night(2).isoformat())
+    finally:
+        ray.shutdown()
+    assert ran["steps"] == here["steps"] and ran["epsilon"] == pytest.approx(here["epsilon"], rel=1e-12)
+    ledgers = [PrivacyLedger.open(d["budget"]["ledger"]) for d in (on_ray, local)]
+    assert [[(b.block, b.charges, round(b.committed_epsilon, 12)) for b in g.blocks("visits")] for g in ledgers] == \
+        [[(b.block, b.charges, round(b.committed_epsilon, 12)) for b in ledgers[1].blocks("visits")]] * 2
+
+    resolved = specs.spec_from_dict(copy.deepcopy(on_ray))
+    view = BlockView(resolved, Window.for_spec(resolved, night(2)))
+    driver = load_data(resolved, view.select)
+    digest, _ = build_replica(resolved.model_dump(mode="json"), driver.window_rows)
+    assert digest == driver.ordered_digest  # the worker's read of the window
+    frame = pd.read_csv(tmp_path / "visits.csv")
+    frame.loc[driver.window_rows.positions[0], "px10"] += 1.0  # the source changed under the run
+    frame.to_csv(tmp_path / "visits.csv", index=False)
+    assert build_replica(resolved.model_dump(mode="json"), driver.window_rows)[0] != driver.ordered_digest
 
 
 def test_a_partitioned_folder_gives_each_row_its_files_period(tmp_path):
