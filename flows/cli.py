@@ -284,7 +284,7 @@ def cmd_tune(args) -> int:
     from flows.tracking import run_url
     from flows.tune import private_tune
 
-    result = private_tune(spec_path=str(args.spec))
+    result = private_tune(spec_path=str(args.spec), as_of=args.as_of)
     print()
     if result.get("rehearsal"):
         return _print_rehearsal(spec, result)
@@ -477,6 +477,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("tune", help="choose a spec's hyperparameters inside its guarantee (its tune section): "
                        "a random number of candidates, only the best released")
     p.add_argument("spec")
+    p.add_argument("--as-of", metavar="TIME", default=None,
+                   help="with data.blocks: the night whose window the search reads (ISO 8601; default now)")
     p.set_defaults(func=cmd_tune)
     p = sub.add_parser("validate", help="check a spec; creates nothing")
     p.add_argument("spec")

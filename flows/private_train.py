@@ -39,7 +39,8 @@ from components.data import SplitData
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
 from flows.window import BlockView
-from flows.worker_config import deployment_run as _deployment_run, worker_ledger
+from flows.worker_config import (SYSTEM_WORKER_CONFIG, WORKER_CONFIG, deployment_run as _deployment_run,
+                                  worker_ledger)
 from flows.checkpoints import Checkpointer
 from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, shown_url
 from flows.lineage import registered_source
@@ -258,22 +259,24 @@ def load_run_spec(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> s
 
 def charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
     """On a team's worker (a deployment's flow run) every run is charged to the team's ledger: the one the
-    worker's configuration names (flows/worker_config.py, which no job variable moves), else, on a worker
-    without one, $PRIVZO_LEDGER_URL from its environment (against mistakes only). A spec naming no ledger is
-    given the team's; one naming another, or with no budget, would train on the team's data outside the
-    lifetimes its owner registered. Refused in one line before any row is read."""
+    worker's configuration names (flows/worker_config.py, which no job variable moves). A spec naming no ledger
+    is given the team's; one naming another, or with no budget, would train on the team's data outside the
+    lifetimes its owner registered. A deployment's run never takes a team's ledger from the environment, which
+    job variables set: on a worker without a configuration, $PRIVZO_LEDGER_URL is refused rather than trusted
+    (a personal worker sets neither). Refused in one line before any row is read."""
     if not _deployment_run():
         return spec
     team = worker_ledger()
-    if team is not None:
-        source = f"this worker's configuration, {shown_url(team)}"
-        if spec.budget is not None and "ledger" not in spec.budget.model_fields_set:
-            spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"ledger": team})})
-    else:
-        team = os.environ.get(LEDGER_URL_ENV, "").strip()
-        if not team:
-            return spec
-        source = f"${LEDGER_URL_ENV}, {shown_url(team)}"
+    if team is None:
+        if os.environ.get(LEDGER_URL_ENV, "").strip():
+            raise ValueError(f"budget.ledger: this deployment's run has ${LEDGER_URL_ENV} but its worker has no "
+                             f"configuration ({WORKER_CONFIG} or {SYSTEM_WORKER_CONFIG}) naming its ledger; a worker's "
+                             "ledger is named by that file, never by the environment a job variable sets: start the "
+                             f"worker with the stack, which writes it, or unset ${LEDGER_URL_ENV} for a personal worker")
+        return spec
+    source = f"this worker's configuration, {shown_url(team)}"
+    if spec.budget is not None and "ledger" not in spec.budget.model_fields_set:
+        spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"ledger": team})})
     if spec.budget is None:
         raise ValueError(f"budget: a deployment's run on this team's worker is charged to the team's ledger "
                          f"({source}); this spec has no budget section: give budget with the dataset its rows are "

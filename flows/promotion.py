@@ -41,9 +41,15 @@ def folder_digests(folder: Path) -> Dict[str, str]:
 
 
 def _downloaded(uri: str, name: str, version: str, into: Path) -> Path:
+    """The version's model files from the tracking server at ``uri``, its registry named explicitly (a models:/
+    URI would resolve against the process's registry URI, which need not be ``uri``)."""
     from mlflow.artifacts import download_artifacts
 
-    return Path(download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=str(into), tracking_uri=uri))
+    client = mlflow.MlflowClient(uri, registry_uri=uri)
+    source = client.get_model_version_download_uri(name, version)
+    if source.startswith("models:/"):  # a logged model (models:/m-...): its own artifact location
+        source = client.get_logged_model(source.removeprefix("models:/").split("/")[0]).artifact_location
+    return Path(download_artifacts(artifact_uri=source, dst_path=str(into), tracking_uri=uri))
 
 
 def version_digests(uri: str, name: str, version: str) -> Dict[str, str]:
@@ -96,7 +102,7 @@ def load_verified(name: str, *, ledger_url: str, tracking_uri: Optional[str] = N
     from specs.sections.tracking import tracking_uri_from_env
 
     uri = tracking_uri or tracking_uri_from_env()
-    client = mlflow.MlflowClient(uri)
+    client = mlflow.MlflowClient(uri, registry_uri=uri)
     try:
         current = client.get_model_version_by_alias(name, alias)
     except Exception:  # noqa: BLE001 - no such model or alias

@@ -12,6 +12,7 @@ docs/guide/tuning.md says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import uuid
@@ -36,6 +37,8 @@ from flows.ledger import DatasetTerms, ledger_for_spending
 from flows.private_train import (calibrate, charged_to_the_team_ledger, commit_budget, evaluation, identity_unchanged,
                                  load_and_split, load_run_spec, reserve_budget)
 from flows.refusals import checking_input, is_refusal, quiet_refusals, refusal_line
+from flows.resume import run_window
+from flows.window import BlockView
 from flows.registration import log_metrics, log_spent, open_run, register
 from flows.tracking import training_experiment
 from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, TUNE
@@ -220,20 +223,23 @@ def _parent_run(search: specs.RunSpec) -> str:
 
 
 @flow(name="private-tune", log_prints=True, validate_parameters=True)
-def private_tune(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def private_tune(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None,
+                 as_of: Optional[str] = None) -> Dict[str, Any]:
     """Choose a spec's hyperparameters under differential privacy (its ``tune`` section) and release only the
-    winner, registered like any run; privacy.epsilon is the winner's, the search included. A refusal ends
-    the flow run Failed with its line as the state's message; called in-process, the refusal is raised."""
+    winner, registered like any run; privacy.epsilon is the winner's, the search included. With data.blocks
+    the search reads one night's window (``as_of``, default the flow run's scheduled time) and its event is
+    charged to every block of it, admitted as any run's. A refusal ends the flow run Failed with its line as
+    the state's message; called in-process, the refusal is raised."""
     quiet_refusals()
     try:
-        return _private_tune(spec_path, spec)
+        return _private_tune(spec_path, spec, as_of)
     except Exception as err:
         if is_refusal(err):
             return Failed(message=refusal_line(err), data=err)
         raise
 
 
-def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_of: Optional[str]) -> Dict[str, Any]:
     with checking_input():
         run_spec = charged_to_the_team_ledger(load_run_spec(spec_path, spec))
         if run_spec.tune is None:
@@ -242,16 +248,20 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> D
         if run_spec.budget is not None:
             ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
             identity_unchanged(run_spec)
-    data = load_and_split(run_spec)
+        # a night's search reads its window, chosen before any row is read as a training run's is
+        view = None if run_spec.data.blocks is None else BlockView(run_spec, run_window(run_spec, as_of, None))
+    data = load_and_split(run_spec, view)
     plan = calibrate(run_spec, data)
+    if view is not None:
+        plan = dataclasses.replace(plan, window=view.window.blocks)
     search = plan.spec
     if search.tune.rows == "public":
         return rehearse(search, data, plan, _every_setting,
-                        lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), planned=planned),
+                        lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), view, planned=planned),
                         lambda charge, event, run: commit_budget(search, charge, event, 0, run))
     charge_id = str(uuid.uuid4())
     planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))
-    reserved = reserve_budget(plan, data, charge_id) if search.budget is not None else None
+    reserved = reserve_budget(plan, data, charge_id, view) if search.budget is not None else None
     logger = get_run_logger()
     logger.info("tune: sigma %.6g for the search (privacy.epsilon %s, the selection included); candidates run "
                 "in memory, only the winner is logged", float(search.mechanism.noise_multiplier), search.privacy.epsilon)
@@ -280,7 +290,7 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> D
     best.built.loop.tracker = SelectionTracker(best.built.loop.tracker, search.tune,
                                                accountant(search), float(search.privacy.delta))
     final = dict(best.curve[-1][1])
-    spent = log_spent(winner, (), data, best.built, child, final, selection=selection_sentence(search))
+    spent = log_spent(winner, plan.window, data, best.built, child, final, selection=selection_sentence(search))
     version = register(winner, data, best.built, child, spent)
     client.set_terminated(child, "FINISHED")
     client.log_batch(parent, params=[Param(f"winner.{k}", str(v)) for k, v in best.setting.items()],

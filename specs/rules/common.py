@@ -317,7 +317,4 @@ def _tune_problems(spec) -> List[str]:
     if family_of(spec) != STANDARD:
         problems.append(f"tune: {spec.optimizer.kind} plans its settings from its theorem; tune searches the "
                         "standard family's estimators and optimizers (sgd, adam)")
-    if spec.data.blocks is not None:
-        problems.append("tune: a search reads fixed rows, not a window of blocks; remove data.blocks (or tune on a "
-                        "copy of one window's rows)")
     return problems

@@ -752,8 +752,15 @@ def test_a_deployment_run_on_a_team_worker_is_charged_to_the_team_ledger_only(pr
     own = copy.deepcopy(tiny_spec_dict)
     own["data"]["source"] = {"kind": "file", "path": str(tmp_path / "never-read.csv"), "label": "y", "classes": [0, 1]}
     own["budget"] = {"dataset": "team-data", "lifetime_epsilon": 1000.0, "ledger": f"sqlite:///{tmp_path / 'own.db'}"}
+    # the environment a job variable sets names no team ledger: without the worker's file, it is refused
+    with pytest.raises(ValueError, match=r"^budget.ledger: this deployment's run has \$PRIVZO_LEDGER_URL but its "
+                                         r"worker has no configuration .* never by the environment a job variable"):
+        pt.private_train(spec=own)
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({"ledger": team}))
+    monkeypatch.setattr("flows.worker_config.WORKER_CONFIG", config)
     with pytest.raises(ValueError, match=r"^budget.ledger: a deployment's run on this team's worker is charged to "
-                                         r"the team's ledger \(\$PRIVZO_LEDGER_URL, sqlite:///"):
+                                         r"the team's ledger \(this worker's configuration, sqlite:///"):
         pt.private_train(spec=own)
     del own["budget"]
     with pytest.raises(ValueError, match=r"^budget: a deployment's run on this team's worker .* has no budget section"):

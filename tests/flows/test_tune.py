@@ -17,7 +17,7 @@ from components.tuning import RepeatLaw
 from flows import tune as tune_flow
 from flows.cli import main
 from flows.ledger import PrivacyLedger
-from flows.tracking_names import DP_EPSILON, TUNE
+from flows.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, TUNE
 
 SPACE = {"optimizer.lr": [0.005, 0.02, 0.08], "mechanism.clip": [1.0, 2.0]}
 
@@ -230,3 +230,33 @@ def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothin
     (charge,) = ledger.history("digits-tune")
     assert charge.status == "committed" and ledger.spent("digits-tune") == 0.0
     assert isinstance(charge.event, dp_accounting.NoOpDpEvent) and charge.run_id == result["parent_run_id"]
+
+
+def test_a_tuned_night_on_blocks_charges_the_search_to_every_block_of_its_window(prefect_server, tmp_path,
+                                                                               monkeypatch):
+    """tune on data.blocks: the search reads one night's window, its RepeatAndSelect event (from dp-accounting
+    alone) is charged to every block of the window, admitted as any run's, and the winner is a nightly version
+    naming its blocks."""
+    from tests.flows.test_blocks import night, stream_spec, write_stream
+
+    monkeypatch.chdir(tmp_path)
+    settings = [{"optimizer.lr": 0.005, "mechanism.clip": 1.0}, {"optimizer.lr": 0.02, "mechanism.clip": 2.0}]
+    monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: list(settings))
+    write_stream(tmp_path / "visits.csv", days=4, persons=True)
+    d = stream_spec(tmp_path, window=2, persons=True)
+    d["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    d["budget"]["lifetime_epsilon"] = 5.0
+    d["tune"] = {"space": SPACE, "candidates": {"distribution": "geometric", "mean": 2}}
+    result = tune_flow.private_tune(spec=d, as_of=night(2).isoformat())
+    sigma, spec = result["noise_multiplier"], specs.spec_from_dict(d)
+    n = spec.data.blocks.declared_persons * 2  # N: declared persons a block times the window's blocks
+    one = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        spec.sampling.expected_batch_size / n, dp_accounting.GaussianDpEvent(sigma)), spec.optimizer.steps)
+    search = RdpAccountant().compose(dp_event.RepeatAndSelectDpEvent(one, 2.0, 1.0)).get_epsilon(1e-5)
+    ledger = PrivacyLedger(d["budget"]["ledger"])
+    blocks = {b.block: b for b in ledger.blocks("visits")}
+    assert sorted(blocks) == ["2026-11-01", "2026-11-02"]
+    for block in blocks.values():
+        assert block.charges == 1 and block.committed_epsilon == pytest.approx(search, rel=1e-9)
+    run = mlflow.MlflowClient(d["tracking"]["uri"]).get_run(result["run_id"])
+    assert run.data.tags[PRIVZO_BLOCKS] == "2026-11-01,2026-11-02"

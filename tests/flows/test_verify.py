@@ -451,7 +451,7 @@ def test_verified_loads_only_the_bytes_and_the_version_its_owner_promoted(traine
     try:
         victim.write_bytes(original[:-8] + b"\0" * 8)  # other weights in place: the alias stays
         with pytest.raises(NotVerified, match=rf"^models:/{NAME}@verified \(version 1\): .* is not the bytes its owner "
-                                              r"verified and promoted \(1 file differ\); not loaded$"):
+                                              r"verified and promoted \(\d+ files? differ\); not loaded$"):
             load_verified(NAME, ledger_url=ledger, tracking_uri=uri)
     finally:
         victim.write_bytes(original)
