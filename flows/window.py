@@ -207,5 +207,6 @@ def over_declared(spec: specs.RunSpec, table: Table) -> List[str]:
     return [f"note: data.blocks.{field}: block {block} of the file holds {n} {unit}, more than the {declared} declared: "
             f"a step samples each at the declared rate, so its batches there are about {n / declared:.2g}x "
             f"sampling.expected_batch_size, and so is the memory a step needs beyond the model's; the guarantee is "
-            f"unchanged. Declare an upper bound (a new budget.dataset: it is a fixed term)"
+            f"unchanged. The declared bound is a fixed term of the dataset (the same people under another "
+            f"budget.dataset are refused); new people's rows belong under a dataset declared for them"
             for block, n in sorted(counts.items()) if n > declared]

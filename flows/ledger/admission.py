@@ -86,7 +86,7 @@ def check_supported(ds: "DatasetRow", planned: dp_accounting.DpEvent) -> None:
         raise ValueError(
             f"privacy.accountant: dataset {ds.dataset!r} is accounted with {ds.accountant} (set by its first "
             f"run), which has no accounting for this run's {describe_event(planned)}; use a sampling it "
-            "accounts for, or a new budget.dataset")
+            "accounts for")
 
 
 def check_block_terms(dataset: str, registered: "BlockRow | DatasetRow", terms: BlockTerms) -> None:
@@ -169,8 +169,8 @@ def another_event(dataset: str, block: str, others: int) -> ValueError:
         f"privacy.accountant: {where} is accounted with pld, exact only for runs whose parameters were "
         f"fixed in advance, and this run plans another event than {others} run"
         f"{'s' if others != 1 else ''} charged to it (its noise, steps or sampling differ); keep "
-        "them as they were, or account a new budget.dataset with rdp or zcdp, whose admission is a "
-        "privacy filter for parameters chosen as runs go")
+        "them as they were (a dataset's accountant is fixed; a dataset of other people's rows may be "
+        "accounted with rdp or zcdp, whose admission is a privacy filter for parameters chosen as runs go)")
 
 
 # ---------------------------------------------------------------- recognised rows

@@ -204,7 +204,8 @@ class PrivacyLedger:
                     raise ValueError(
                         f"budget init: dataset {terms.dataset!r} is registered with lifetime epsilon "
                         f"{ds.lifetime_epsilon:g} at delta {ds.delta:g}, {ds.accountant}, {ds.neighboring}; a "
-                        "registered lifetime is never changed (register the people under a new dataset name)")
+                        "registered lifetime is never changed: the same people keep it (a new dataset name is for other "
+                        "people's rows)")
                 unset = ds.blocks is None
                 self._settle_terms(session, ds, terms, terms.period is not None, adopt=True)
                 return unset

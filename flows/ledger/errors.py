@@ -8,7 +8,8 @@ from flows.ledger.schema import WHOLE
 from flows.refusals import RuntimeRefusal
 
 # the end of every refusal for terms other than the registered ones
-FIXED = "a dataset's terms are fixed when it is registered: keep them, or charge a new budget.dataset"
+FIXED = ("a dataset's terms are fixed when it is registered: keep them (its rows under another budget.dataset "
+         "are refused: a new dataset is for other people's rows)")
 
 
 class BudgetExceeded(RuntimeRefusal):

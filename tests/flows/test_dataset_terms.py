@@ -21,7 +21,8 @@ from tests.conftest import EXAMPLES
 from tests.flows.conftest import as_postgres
 
 DELTA = 1e-5
-FIXED = "a dataset's terms are fixed when it is registered: keep them, or charge a new budget.dataset$"
+FIXED = (r"a dataset's terms are fixed when it is registered: keep them \(its rows under another "
+         r"budget.dataset are refused: a new dataset is for other people's rows\)$")
 WEEK = [f"2026-09-0{d}" for d in range(1, 8)]  # the first window of the shipped stream example
 
 
