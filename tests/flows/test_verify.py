@@ -71,6 +71,19 @@ def _copy_of_version_1(client) -> str:
     return str(copied.version)
 
 
+def _continuing(uri: str, ledger: str) -> dict:
+    """The tiny spec at epsilon 1 for 20 steps, continuing the latest registered version, on the module's store
+    and ledger."""
+    from tests.conftest import TINY
+
+    again = copy.deepcopy(TINY)
+    again["tracking"]["uri"] = uri
+    again["optimizer"].update(steps=20, init="latest_registered")
+    again["privacy"]["epsilon"] = 1.0
+    again["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
+    return again
+
+
 def _statuses(report):
     return {c.name: c.status for c in report.checks}
 
@@ -173,14 +186,7 @@ def test_a_continued_model_is_checked_against_its_whole_lineage(trained, client)
 
     result, uri, ledger, _ = trained
     start = _copy_of_version_1(client)
-    from tests.conftest import TINY
-
-    again = copy.deepcopy(TINY)
-    again["tracking"]["uri"] = uri
-    again["optimizer"].update(steps=20, init="latest_registered")
-    again["privacy"]["epsilon"] = 1.0
-    again["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
-    second = private_train(spec=again)
+    second = private_train(spec=_continuing(uri, ledger))
     report = verify(NAME, second["model_version"], tracking_uri=uri)
     assert report.passed, str(report)
     assert client.get_run(second["run_id"]).data.tags[PRIVZO_INIT] == f"models:/{NAME}/{start}"
@@ -372,16 +378,10 @@ def test_a_start_named_twice_must_agree_back_to_a_seed_start(trained, client):
     from flows.private_train import private_train
     from flows.verify import verify
     from flows.tracking_names import PRIVZO_INIT_RUN_ID
-    from tests.conftest import TINY
 
     result, uri, ledger, _ = trained
     _copy_of_version_1(client)
-    again = copy.deepcopy(TINY)
-    again["tracking"]["uri"] = uri
-    again["optimizer"].update(steps=20, init="latest_registered")
-    again["privacy"]["epsilon"] = 1.0
-    again["budget"] = {"dataset": "digits-patients", "lifetime_epsilon": 5.0, "ledger": ledger}
-    second = private_train(spec=again)
+    second = private_train(spec=_continuing(uri, ledger))
     assert verify(NAME, second["model_version"], tracking_uri=uri).passed
     experiment = client.get_run(result["run_id"]).info.experiment_id
     outside = client.create_run(experiment).info.run_id  # a run no ledger charged
