@@ -28,6 +28,16 @@ INTENT = "intent.json"  # written before a chunk's first private query: what a k
 # written before the ledger reservation of a new run; the step-0 checkpoint, which precedes every private
 # query, supersedes it. A folder holding it and no checkpoint is a run killed before any private query.
 RESERVATION = "reservation.json"
+# where a relative checkpoint.dir is taken from on a worker that sets it (the team stack's training user's own
+# folder: the working directory is the code's, which no role writes), as infra/compose mounts a volume
+ROOT_ENV = "PRIVZO_CHECKPOINT_ROOT"
+
+
+def anchored(root) -> Path:
+    """``checkpoint.dir`` as this process keeps it: from $PRIVZO_CHECKPOINT_ROOT when relative and set, else as
+    written (from the working directory)."""
+    path, base = Path(root), os.environ.get(ROOT_ENV, "").strip()
+    return path if path.is_absolute() or not base else Path(base) / path
 
 
 def spec_digest(spec) -> str:
@@ -45,6 +55,7 @@ def spec_digest(spec) -> str:
 def resume_store(root: str, name: str, resume: Optional[str]) -> Optional["CheckpointStore"]:
     """The checkpoint store ``resume`` names (a run key or ``latest``), None when not resuming. Refuses in
     one line a ``checkpoint.dir`` that is a file, and a resume with nothing to resume."""
+    root = str(anchored(root))
     if Path(root).exists() and not Path(root).is_dir():
         raise ValueError(f"checkpoint.dir: {root} is a file; give a folder")
     if resume is None:
@@ -66,7 +77,7 @@ class CheckpointStore:
     def __init__(self, root: str, name: str, key: str):
         if not key or any(c in key for c in "/\\") or key in (".", ".."):
             raise ValueError(f"resume: {key!r} is not a run key (the folder name under {root}/{name})")
-        self.root = Path(root)
+        self.root = anchored(root)
         self.dir = self.root / name / key
         self.key = key
         self._lock_fd: Optional[int] = None
@@ -182,7 +193,7 @@ class CheckpointStore:
     @staticmethod
     def latest_key(root: str, name: str) -> Optional[str]:
         """The run key of the most recently written checkpoint of an unfinished run of ``name``, if any."""
-        written = [p for pattern in (FILE, RESERVATION) for p in (Path(root) / name).glob(f"*/{pattern}")]
+        written = [p for pattern in (FILE, RESERVATION) for p in (anchored(root) / name).glob(f"*/{pattern}")]
         runs = [p for p in written if not (p.parent / "finished").exists()]
         if not runs:
             return None

@@ -16,12 +16,22 @@ lenient and not one (werkzeug's splits on whitespace and decodes base64 lenientl
 ``Authorization`` and ``X-MLflow-Authorization`` header a request carries must be the one canonical credential
 ``Basic <base64 of user:password>`` (strict base64 that re-encodes to itself, ASCII, no control character), the
 same in each, naming a known user; anything else is refused (401) before MLflow sees the request.
+
+A logged byte never changes: MLflow's artifact proxy lets whoever may write a run overwrite or delete its
+files in place, so a registered (even a promoted) version's weights could become other weights under the same
+version and alias. At the door, for every user: an artifact that exists is never written again with other
+bytes (a PUT of the same bytes, a client's retry, is answered as done), no multipart upload is opened or
+completed over one, and no artifact is deleted.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
+import posixpath
 import re
+import tempfile
+from pathlib import Path
 from typing import Callable, Optional
 
 READ_ONLY_ENV = "PRIVZO_MLFLOW_READ_ONLY_USERS"
@@ -127,8 +137,10 @@ class ReadOnlyUsersAtTheDoor:
     request naming a read-only user is refused by its name alone, before basic-auth checks the password:
     refusing a write to whoever claims that name costs nothing."""
 
-    def __init__(self, app, known: Optional[Callable[[str], bool]] = None):
-        self.app, self.known = app, known  # known: whether a user exists (basic-auth's store)
+    def __init__(self, app, known: Optional[Callable[[str], bool]] = None,
+                 artifacts: Optional[ServedArtifacts] = None):
+        # known: whether a user exists (basic-auth's store); artifacts: what the server serves, None if nothing
+        self.app, self.known, self.artifacts = app, known, artifacts
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -140,7 +152,89 @@ class ReadOnlyUsersAtTheDoor:
                 return await _refuse(send, 401, b"Credentials refused: unknown user")
             if refused_to(user, scope["method"], scope["path"]):
                 return await _refuse(send, 403, b"Permission denied")
+            written = artifact_written(scope["method"], scope["path"])
+            # with a credential: MLflow refuses the others (401) before anything is written
+            if written is not None and user is not None and self.artifacts is not None and \
+                    await _artifact_refused(self.artifacts, scope["method"], written, receive, send):
+                return
         await self.app(scope, receive, send)
+
+
+_ARTIFACT = re.compile(r"^/(?:ajax-)?api/2\.0/mlflow-artifacts/(?P<route>artifacts|mpu/create|mpu/complete)/"
+                       r"(?P<path>.+)$")
+
+
+def artifact_written(method: str, path: str) -> Optional[str]:
+    """The served artifact a request would write or delete (its path under the artifact root), else None."""
+    match = _ARTIFACT.match(path)
+    if match is None:
+        return None
+    wanted = ("PUT", "DELETE") if match.group("route") == "artifacts" else ("POST",)
+    return match.group("path") if method.upper() in wanted else None
+
+
+class ServedArtifacts:
+    """The artifacts the server serves (``--artifacts-destination``), through MLflow's own repository for it."""
+
+    def __init__(self, destination: Optional[str] = None):
+        self.destination, self._repo = destination, None
+
+    def repo(self):
+        if self._repo is None:
+            from mlflow.server import ARTIFACTS_DESTINATION_ENV_VAR
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+            self._repo = get_artifact_repository(self.destination or os.environ[ARTIFACTS_DESTINATION_ENV_VAR])
+        return self._repo
+
+    def exists(self, path: str) -> bool:
+        parent = posixpath.dirname(path) or None
+        try:
+            return any(f.path == path and not f.is_dir for f in self.repo().list_artifacts(parent))
+        except Exception:  # noqa: BLE001 - a folder that does not exist yet
+            return False
+
+    def digest(self, path: str) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _sha256(Path(self.repo().download_artifacts(path, dst_path=tmp)))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+async def _body_digest(receive) -> str:
+    h = hashlib.sha256()
+    while True:
+        message = await receive()
+        h.update(message.get("body", b""))
+        if not message.get("more_body"):
+            return h.hexdigest()
+
+
+async def _artifact_refused(artifacts: ServedArtifacts, method: str, path: str, receive, send) -> bool:
+    """Whether the door answered a write to a served artifact itself (refused, or a same-bytes PUT done)."""
+    from anyio import to_thread
+
+    if method.upper() == "DELETE":
+        await _refuse(send, 403, b"Permission denied: a logged artifact is never deleted")
+        return True
+    if not await to_thread.run_sync(artifacts.exists, path):
+        return False
+    if method.upper() == "PUT" and await _body_digest(receive) == await to_thread.run_sync(artifacts.digest, path):
+        await _answer(send, 200, b"{}", b"application/json")  # what MLflow answers an upload
+        return True
+    await _refuse(send, 403, b"Permission denied: a logged artifact never changes")
+    return True
+
+
+async def _answer(send, status: int, body: bytes, kind: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _refuse(send, status: int, body: bytes) -> None:
@@ -164,5 +258,8 @@ def create_app():
     if served is not flask_app:  # under uvicorn: a FastAPI app whose own routers come before Flask's
         from mlflow.server.auth import store
 
-        served.add_middleware(ReadOnlyUsersAtTheDoor, known=store.has_user)
+        from mlflow.server import ARTIFACTS_DESTINATION_ENV_VAR
+
+        served_artifacts = ServedArtifacts() if os.environ.get(ARTIFACTS_DESTINATION_ENV_VAR) else None
+        served.add_middleware(ReadOnlyUsersAtTheDoor, known=store.has_user, artifacts=served_artifacts)
     return served

@@ -39,8 +39,7 @@ from components.data import SplitData
 from components.protocols import Certifying, Finalizing, Periodic
 from flows import reporting
 from flows.window import BlockView
-from flows.worker_config import (SYSTEM_WORKER_CONFIG, WORKER_CONFIG, deployment_run as _deployment_run,
-                                  worker_ledger)
+from flows.worker_config import deployment_run as _deployment_run, worker_ledger
 from flows.checkpoints import Checkpointer
 from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, shown_url
 from flows.lineage import registered_source
@@ -261,18 +260,19 @@ def charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
     """On a team's worker (a deployment's flow run) every run is charged to the team's ledger: the one the
     worker's configuration names (flows/worker_config.py, which no job variable moves). A spec naming no ledger
     is given the team's; one naming another, or with no budget, would train on the team's data outside the
-    lifetimes its owner registered. A deployment's run never takes a team's ledger from the environment, which
-    job variables set: on a worker without a configuration, $PRIVZO_LEDGER_URL is refused rather than trusted
-    (a personal worker sets neither). Refused in one line before any row is read."""
+    lifetimes its owner registered. A deployment's run never takes a ledger from the environment, which job
+    variables set: on a worker no stack configured it is refused, and a personal worker's configuration
+    (``"ledger": null``) refuses $PRIVZO_LEDGER_URL rather than trusting it. Refused in one line before any row
+    is read."""
     if not _deployment_run():
         return spec
     team = worker_ledger()
     if team is None:
         if os.environ.get(LEDGER_URL_ENV, "").strip():
-            raise ValueError(f"budget.ledger: this deployment's run has ${LEDGER_URL_ENV} but its worker has no "
-                             f"configuration ({WORKER_CONFIG} or {SYSTEM_WORKER_CONFIG}) naming its ledger; a worker's "
-                             "ledger is named by that file, never by the environment a job variable sets: start the "
-                             f"worker with the stack, which writes it, or unset ${LEDGER_URL_ENV} for a personal worker")
+            raise ValueError(f"budget.ledger: this deployment's run has ${LEDGER_URL_ENV} but its worker's "
+                             "configuration names no ledger (a personal worker); a worker's ledger is named by "
+                             "that file, never by the environment a job variable sets: unset "
+                             f"${LEDGER_URL_ENV}, or name the ledger in the spec")
         return spec
     source = f"this worker's configuration, {shown_url(team)}"
     if spec.budget is not None and "ledger" not in spec.budget.model_fields_set:

@@ -1,10 +1,13 @@
-"""A team worker's own configuration: the ledger its deployment runs are charged to.
+"""A worker's own configuration: the ledger its deployment runs are charged to.
 
-The local team stack (infra/local-stack.sh) writes it to ``.privzo-stack/worker.json`` beside the code the
-worker runs (mode 600), infra/compose mounts it at ``/etc/privzo/worker.json``, and a deployment's flow run
-reads it from there: never from the environment, which a Prefect user sets for any run through the pool's
-job variables (``-jv env=...``). A run whose job variables replace its command runs other code and is not
-held by this file; docs/design.md says what such a user can do.
+A deployment's flow run reads it from the system's path ``/etc/privzo/worker.json`` (the team stack writes it
+there, readable by its training user, writable by root only; infra/compose mounts it there), else from
+``.privzo-stack/worker.json`` beside the code (a personal stack's): never from the environment, which a
+Prefect user sets for any run through the pool's job variables (``-jv env=...``). The system's comes first,
+so a deployment of the same code from another checkout (which may hold a file of its own beside it) on the
+team's worker is pinned by the team's. ``{"ledger": null}`` is a personal worker, whose runs are charged where
+their specs say. A deployment's run on a worker without either file is refused. A run whose job variables
+replace its command runs other code and is not held by this file; docs/design.md says what such a user can do.
 """
 from __future__ import annotations
 
@@ -14,18 +17,32 @@ from typing import Optional
 
 from specs.sections import sqlite_ledger_problem
 
-# named by no variable: beside the code, where the local stack that started this worker keeps its state;
-# else the system's, where a container's is mounted
-WORKER_CONFIG = Path(__file__).resolve().parents[1] / ".privzo-stack" / "worker.json"
+# named by no variable: the system's, where the team stack and a container keep it; else beside the code,
+# where a personal local stack keeps its state
 SYSTEM_WORKER_CONFIG = Path("/etc/privzo/worker.json")
+WORKER_CONFIG = Path(__file__).resolve().parents[1] / ".privzo-stack" / "worker.json"
+
+
+class NoWorkerConfig(ValueError):
+    """A deployment's run on a worker that no stack configured."""
+
+
+def worker_config() -> Optional[Path]:
+    """The configuration this worker's runs read: the system's first, then the one beside the code."""
+    return next((p for p in (SYSTEM_WORKER_CONFIG, WORKER_CONFIG) if p.exists()), None)
 
 
 def worker_ledger(path: Optional[Path] = None) -> Optional[str]:
-    """The ledger URL the worker's configuration names, or None where this checkout runs no team worker."""
+    """The ledger URL the worker's configuration names; None for a personal worker's (``"ledger": null``);
+    ``NoWorkerConfig`` where there is none."""
     if path is None:
-        path = next((p for p in (WORKER_CONFIG, SYSTEM_WORKER_CONFIG) if p.exists()), None)
+        path = worker_config()
         if path is None:
-            return None
+            raise NoWorkerConfig(
+                f"budget.ledger: this deployment's run found no worker configuration ({SYSTEM_WORKER_CONFIG} or "
+                f"{WORKER_CONFIG}); a worker's ledger is named by that file, never by the environment a job "
+                "variable sets: start the worker with the stack (make up), which writes it; nothing was read or "
+                "charged")
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -36,11 +53,13 @@ def worker_ledger(path: Optional[Path] = None) -> Optional[str]:
     try:
         ledger = json.loads(text)["ledger"]
     except (ValueError, KeyError, TypeError):
-        ledger = None
+        ledger = ""
+    if ledger is None:  # a personal worker's
+        return None
     if not isinstance(ledger, str) or not ledger.strip() or sqlite_ledger_problem(ledger):
         raise ValueError(f"budget.ledger: this worker's configuration {path} names no usable ledger (a JSON object "
-                         "whose \"ledger\" is a SQLAlchemy URL); the stack writes it at `up`; nothing was read or "
-                         "charged")
+                         "whose \"ledger\" is a SQLAlchemy URL, or null for a personal worker); the stack writes it "
+                         "at `up`; nothing was read or charged")
     return ledger.strip()
 
 

@@ -18,9 +18,11 @@
 #                     as (privzo_prefect and privzo_mlflow: passwords made for this stack and kept under
 #                     .privzo-stack/, mode 600); the ledger's owner is privzo_owner. MLflow serves the
 #                     artifacts (.privzo-stack/mlartifacts). The worker's flow runs get MLFLOW_TRACKING_URI
-#                     (the MLflow server), and the worker's configuration, .privzo-stack/worker.json (mode
-#                     600), names the shared ledger, so a spec that names no tracking.uri or budget.ledger is
+#                     (the MLflow server), and the worker's configuration (flows/worker_config.py:
+#                     /etc/privzo/worker.json on the team stack, else .privzo-stack/worker.json, mode 600)
+#                     names the shared ledger, so a spec that names no tracking.uri or budget.ledger is
 #                     logged to the server and charged to the shared ledger (a run naming another is refused).
+#                     The ETL's worker (pool etl) runs the deployments that write the team's rows.
 #
 # PRIVZO_STACK_AUTH=1 puts every service behind its own authentication (the team stack's switches, on one
 # machine), with secrets from the environment or from files (NAME_FILE: a file holding NAME), never from
@@ -37,6 +39,15 @@
 #                                   Prefect worker charges as; it may charge registered datasets only
 # No secret is ever on a command line (ps shows those to every user): servers and psql get them in their
 # environment or on their standard input.
+# The team stack (PRIVZO_STACK_AUTH=1 with PRIVZO_STACK_DB=postgres) runs each role as an OS user of its own,
+# never root, as trusted servers do (PostgreSQL itself runs as postgres): privzo-prefect (the Prefect server),
+# privzo-mlflow (the MLflow server), privzo-train (the training worker, so every flow run it starts, and the
+# Ray head its steps run on) and privzo-etl (the ETL's worker, pool etl, whose flow runs write the team's
+# rows). `up` makes them (system users, no login) and drops to them before any flow runs; each has a home of
+# its own under .privzo-stack/home/ (mode 700), and the files of a role (its pgpass, the worker's configuration
+# /etc/privzo/worker.json, MLflow's users and artifacts) are readable by that role alone, so no flow run can
+# read another role's files or /proc/PID/environ, or become PostgreSQL's superuser. It must start as root to
+# drop to them; started as anyone else it refuses, and says so.
 # PRIVZO_STACK_RAY=1 also starts a Ray head on 127.0.0.1 (PRIVZO_RAY_PORT, its dashboard and job API on
 # PRIVZO_RAY_DASHBOARD_PORT, 127.0.0.1 only).
 set -euo pipefail
@@ -57,6 +68,11 @@ db=${PRIVZO_STACK_DB:-sqlite}
 pg_host=127.0.0.1:5432
 case "$db" in sqlite|postgres) ;; *) echo "local-stack: PRIVZO_STACK_DB is sqlite or postgres, not $db" >&2; exit 2;; esac
 case "$auth" in 0|1) ;; *) echo "local-stack: PRIVZO_STACK_AUTH is 0 or 1, not $auth" >&2; exit 2;; esac
+team=0  # the team stack: every role its own OS user (the header)
+if [ "$auth" = 1 ] && [ "$db" = postgres ]; then team=1; fi
+# the configuration of the team's training worker, at a path no checkout holds and no flow run can write
+# (flows/worker_config.py reads it before any beside the code)
+system_config=/etc/privzo/worker.json
 
 secret() {  # NAME: $NAME, else the first line of the file $NAME_FILE; refuses to go on without either
   local name=$1 file_var="${1}_FILE" value
@@ -86,16 +102,41 @@ clean_environment() {  # in a subshell about to start a long-running process: ev
   done
 }
 
-start() {  # name, [NAME=value ...] --, command...: in its own process group in the background, from a clean
-  # environment with those variables (exported in a subshell: an `env NAME=value` argument list is visible to ps)
-  local name=$1; shift
+start() {  # name, [--as USER], [NAME=value ...] --, command...: in its own process group in the background,
+  # from a clean environment with those variables (exported in a subshell: an `env NAME=value` argument list is
+  # visible to ps); with --as, as that OS user (its own home, its own groups), never root
+  local name=$1 user=""; shift
+  if [ "$1" = --as ]; then user=$2; shift 2; fi
   (
     clean_environment
+    umask 077  # its log and what it writes: its own
+    # a role's home and temporary files its own (Prefect's runner keeps its storage under the temporary folder)
+    if [ -n "$user" ]; then export HOME="$state/home/$user" TMPDIR="$state/home/$user/tmp" USER="$user" LOGNAME="$user"; fi
     while [ "$1" != -- ]; do export "${1?}"; shift; done; shift
     cd "$root"
+    if [ -n "$user" ]; then
+      exec setsid bash "$root/infra/stack/as-role.sh" "$user" "$@" >"$state/$name.log" 2>&1 < /dev/null
+    fi
     exec setsid "$@" >"$state/$name.log" 2>&1 < /dev/null
   ) &
   echo $! >"$state/$name.pid"
+}
+
+role() {  # ROLE: the team stack's OS user for it (made if missing: a system user without login or home of its
+  # own), with its home under the stack's state; prints its name
+  local user="privzo-$1"
+  if ! id -u "$user" >/dev/null 2>&1; then
+    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$user" ||
+      { echo "local-stack: the OS user $user could not be made" >&2; return 1; }
+  fi
+  install -d -m 711 "$state/home"
+  install -d -m 700 -o "$user" -g "$user" "$state/home/$user" "$state/home/$user/tmp"
+  echo "$user"
+}
+
+owned() {  # USER PATH...: the role's alone (mode 600 files, 700 folders)
+  local user=$1; shift
+  chown -R "$user:$user" "$@" && chmod -R go-rwx "$@"
 }
 
 wait_http() {  # url [curl config line]: until it answers 2xx; a credential goes in curl's config, on its stdin
@@ -133,7 +174,7 @@ hex() { printf '%s' "$1" | od -An -tx1 | tr -d ' \n'; }
 
 stop_all() {  # every group is signalled at once and waited for together: stopping one by one summed their waits
   groups=()
-  for name in prefect-worker ray-head mlflow prefect-server; do
+  for name in prefect-worker prefect-etl-worker ray-head mlflow prefect-server; do
     if [ -f "$state/$name.pid" ]; then
       pid=$(cat "$state/$name.pid")
       kill -TERM -- "-$pid" 2>/dev/null && groups+=("$pid")   # the whole group: servers fork workers
@@ -152,6 +193,7 @@ stop_all() {  # every group is signalled at once and waited for together: stoppi
     rm -rf "$(cat "$state/ray-temp-dir")" "$state/ray-temp-dir"
   fi
   rm -f "$state/worker.json"  # no worker: a hand-started one is pinned by nothing stale
+  if [ -f "$state/system-config" ]; then rm -f "$system_config" "$state/system-config"; fi
 }
 
 case "${1:-up}" in
@@ -172,8 +214,28 @@ case "${1:-up}" in
         ledger_worker=$(secret PRIVZO_LEDGER_WORKER_PASSWORD)
       fi
     fi
+    if [ "$team" = 1 ]; then
+      if [ "$(id -u)" != 0 ]; then
+        echo "local-stack: a team stack (PRIVZO_STACK_AUTH=1 with PRIVZO_STACK_DB=postgres) runs each server, each worker and so every flow run as an OS user of its own, never the operator's: start it as root, which drops to those users before any flow runs" >&2
+        exit 2
+      fi
+      for tool in setpriv useradd; do
+        command -v "$tool" >/dev/null ||
+          { echo "local-stack: a team stack needs $tool to run each role as an OS user of its own" >&2; exit 2; }
+      done
+    fi
+    umask 077  # what the stack writes is its own (each role's files are then given to that role alone)
     mkdir -p "$state" "$PREFECT_HOME"
     chmod 700 "$state"
+    as_prefect=() as_mlflow=() as_train=() as_etl=()
+    if [ "$team" = 1 ]; then
+      chmod 711 "$state"  # each role reaches its own files in it, by name, and lists nothing
+      u_prefect=$(role prefect) && u_mlflow=$(role mlflow) && u_train=$(role train) && u_etl=$(role etl) || exit 1
+      bash "$root/infra/stack/as-role.sh" check "$u_train" || exit 2  # it runs the checkout's code and interpreter
+      as_prefect=(--as "$u_prefect") as_mlflow=(--as "$u_mlflow") as_train=(--as "$u_train") as_etl=(--as "$u_etl")
+      prefect_server_env+=("PREFECT_HOME=$state/home/$u_prefect/prefect")
+    fi
+    etl_env=()
     trap 'stop_all' EXIT  # a stack that did not come up whole is stopped, not left half running
     # flow runs name the UI their MLflow runs are browsed in (links in Prefect's logs and artifacts)
     worker_env=("PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
@@ -203,13 +265,17 @@ case "${1:-up}" in
         echo "ALTER DEFAULT PRIVILEGES FOR ROLE privzo_etl IN SCHEMA public GRANT SELECT ON TABLES TO privzo_reader;"
       } | su postgres -c "psql -q -v ON_ERROR_STOP=1 -d postgres" >"$state/postgres-roles.log" 2>&1 ||
         { echo "local-stack: the stack's database roles could not be made; see $state/postgres-roles.log" >&2; exit 1; }
-      # the data roles' passwords where libpq looks for them (PGPASSFILE): the specs' URLs name the roles only
-      (umask 077 && printf '%s\n' "${pg_host%%:*}:${pg_host##*:}:privzo_data:privzo_etl:$data_etl" \
-        "${pg_host%%:*}:${pg_host##*:}:privzo_data:privzo_reader:$data_reader" >"$state/pgpass")
+      # the data roles' passwords where libpq looks for them (PGPASSFILE; the specs' URLs name the roles only),
+      # each worker its own: the training worker reads (privzo_reader), the ETL's worker writes (privzo_etl)
+      printf '%s\n' "${pg_host%%:*}:${pg_host##*:}:privzo_data:privzo_reader:$data_reader" >"$state/pgpass"
+      printf '%s\n' "${pg_host%%:*}:${pg_host##*:}:privzo_data:privzo_etl:$data_etl" >"$state/pgpass-etl"
       worker_env+=("PGPASSFILE=$state/pgpass")
+      etl_env+=("PGPASSFILE=$state/pgpass-etl")
+      if [ "$team" = 1 ]; then owned "$u_train" "$state/pgpass"; owned "$u_etl" "$state/pgpass-etl"; fi
       prefect_server_env+=("PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://privzo_prefect:$prefect_db@$pg_host/privzo_prefect")
       mlflow_env+=("MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://privzo_mlflow:$mlflow_db@$pg_host/privzo_mlflow")
       store=""
+      mkdir -p "$state/mlartifacts"
       artifacts=(--artifacts-destination "$state/mlartifacts")
       owner_url="postgresql+psycopg://privzo_owner:$(url_quoted "$ledger_owner")@$pg_host/privzo_ledger"
       ledger_url=$owner_url  # without auth the stack is one person's: its worker charges as the owner
@@ -237,8 +303,10 @@ case "${1:-up}" in
       export PREFECT_API_AUTH_STRING="$prefect_auth"
       prefect_curl="user = \"$prefect_auth\""
       # MLflow: basic-auth, users in their own store; anyone signed in may read, only owners write
+      # its users in a folder of the server's own (SQLite writes its journal beside the database)
+      mkdir -p "$state/mlflow-auth"
       printf '[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///%s\nadmin_username = admin\n' \
-        "$state/mlflow-auth.db" >"$state/mlflow-auth.ini"
+        "$state/mlflow-auth/users.db" >"$state/mlflow-auth.ini"
       printf 'authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n' >>"$state/mlflow-auth.ini"
       # a password checked once a minute, not on every request: MLflow checks it with scrypt (about 0.1 s of
       # CPU), and a run's logging and registration send a hundred requests; a removed user or changed
@@ -254,18 +322,28 @@ case "${1:-up}" in
         'from mlflow.server.auth import bootstrap_admin_user; bootstrap_admin_user()' >"$state/mlflow-admin.log" 2>&1 ||
         { echo "local-stack: MLflow's admin could not be made; see $state/mlflow-admin.log" >&2; exit 1; }
       mlflow_app=(--app-name privzo-auth)  # basic-auth, and a viewer creates nothing (flows/mlflow_app.py)
+      if [ "$team" = 1 ]; then owned "$u_mlflow" "$state/mlflow-auth" "$state/mlflow-auth.ini" "$state/mlartifacts"; fi
       # the worker's flow runs log to the server as user worker, whatever store the stack keeps
       worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "MLFLOW_TRACKING_USERNAME=worker"
                    "MLFLOW_TRACKING_PASSWORD=$mlflow_worker" "PREFECT_API_AUTH_STRING=$prefect_auth")
+      etl_env+=("PREFECT_API_AUTH_STRING=$prefect_auth")  # the ETL's worker: Prefect, and its own rows; no more
     fi
-    start prefect-server "${prefect_server_env[@]}" -- "$bin/prefect" server start --host 127.0.0.1 --port "$prefect_port"
+    if [ "$team" = 1 ]; then
+      # a flow run's checkpoints (a relative checkpoint.dir) in the training user's own folder, as infra/compose
+      # mounts its checkpoints volume: the working directory is the code's, which no role may write
+      worker_env+=("PREFECT_HOME=$state/home/$u_train/prefect" "PRIVZO_CHECKPOINT_ROOT=$state/home/$u_train")
+      etl_env+=("PREFECT_HOME=$state/home/$u_etl/prefect")
+    fi
+    start prefect-server "${as_prefect[@]}" "${prefect_server_env[@]}" -- "$bin/prefect" server start --host 127.0.0.1 \
+      --port "$prefect_port"
     # the store (with its password, on PostgreSQL) from MLflow's environment: MLFLOW_BACKEND_STORE_URI
-    start mlflow "${mlflow_env[@]}" -- "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" \
+    start mlflow "${as_mlflow[@]}" "${mlflow_env[@]}" -- "$bin/mlflow" server --host 127.0.0.1 --port "$mlflow_port" \
       "${artifacts[@]}" "${mlflow_app[@]}"
     if [ "$with_ray" = 1 ]; then
       ray_env=(RAY_USAGE_STATS_ENABLED=0)
       if [ "$auth" = 1 ]; then
-        (umask 077 && printf '%s' "$ray_token" >"$state/ray-token")
+        printf '%s' "$ray_token" >"$state/ray-token"
+        if [ "$team" = 1 ]; then owned "$u_train" "$state/ray-token"; fi
         ray_env+=(RAY_AUTH_MODE=token "RAY_AUTH_TOKEN_PATH=$state/ray-token")
         worker_env+=(RAY_AUTH_MODE=token "RAY_AUTH_TOKEN_PATH=$state/ray-token")
       fi
@@ -273,22 +351,39 @@ case "${1:-up}" in
       # file is not /tmp/ray's, which every later ray.init() on this machine would try to join after `down`
       ray_temp=$(mktemp -d /tmp/privzo-ray-XXXXXX)
       echo "$ray_temp" >"$state/ray-temp-dir"
-      start ray-head "${ray_env[@]}" -- "$bin/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
+      # the training user's: its flow runs drive the steps the head's workers run
+      if [ "$team" = 1 ]; then owned "$u_train" "$ray_temp"; fi
+      start ray-head "${as_train[@]}" "${ray_env[@]}" -- "$bin/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
         --dashboard-host 127.0.0.1 --dashboard-port "$ray_dashboard_port" --num-cpus 1 --disable-usage-stats \
         --temp-dir "$ray_temp"
       worker_env+=("RAY_ADDRESS=127.0.0.1:$ray_port")
     fi
     wait_http "http://127.0.0.1:$prefect_port/api/health" "$prefect_curl"
-    "$bin/prefect" work-pool inspect local >/dev/null 2>&1 || "$bin/prefect" work-pool create local --type process >/dev/null
+    # pool local: the training worker's; pool etl: the ETL's worker's (the deployments that write the team's rows)
+    for pool in local etl; do
+      "$bin/prefect" work-pool inspect "$pool" >/dev/null 2>&1 || "$bin/prefect" work-pool create "$pool" --type process >/dev/null
+    done
     (cd "$root" && PRIVZO_ROOT="$root" "$bin/prefect" --no-prompt deploy --all --prefect-file infra/prefect.yaml >"$state/deploy.log" 2>&1)
     # the ledger the worker's deployment runs are charged to, in its configuration (flows/worker_config.py),
     # not in its environment: a run's job variables set that environment, never this file
+    # (none naming a ledger: a personal worker, whose runs are charged where their specs say). The team's is at
+    # the system's path, which no checkout holds and the training user reads but cannot write: a deployment
+    # from any checkout on this worker is pinned by it
     rm -f "$state/worker.json"
-    if [ -n "$worker_ledger" ]; then
-      (umask 077 && PRIVZO_WORKER_LEDGER="$worker_ledger" "$bin/python" -c \
-        'import json, os, sys; json.dump({"ledger": os.environ["PRIVZO_WORKER_LEDGER"]}, sys.stdout)' >"$state/worker.json")
+    config="$state/worker.json"
+    if [ "$team" = 1 ]; then
+      install -d -m 755 "$(dirname "$system_config")"
+      config=$system_config
+      touch "$state/system-config"  # `down` removes it
     fi
-    start prefect-worker "${worker_env[@]}" -- "$bin/prefect" worker start --pool local
+    PRIVZO_WORKER_LEDGER="$worker_ledger" "$bin/python" -c 'import json, os, sys
+json.dump({"ledger": os.environ["PRIVZO_WORKER_LEDGER"] or None}, sys.stdout)' >"$config.tmp"
+    if [ "$team" = 1 ]; then chown "root:$u_train" "$config.tmp" && chmod 640 "$config.tmp"; fi
+    mv "$config.tmp" "$config"
+    start prefect-worker "${as_train[@]}" "${worker_env[@]}" -- "$bin/prefect" worker start --pool local
+    if [ "$db" = postgres ]; then
+      start prefect-etl-worker "${as_etl[@]}" "${etl_env[@]}" -- "$bin/prefect" worker start --pool etl
+    fi
     wait_http "http://127.0.0.1:$mlflow_port/health"
     if [ "$auth" = 1 ]; then  # users worker and viewer, made (or their passwords set) by the admin
       MLFLOW_TRACKING_URI="http://127.0.0.1:$mlflow_port" PRIVZO_MLFLOW_ADMIN_PASSWORD="$mlflow_admin" \

@@ -57,7 +57,10 @@ def local_stack(tmp_path, **env_extra):
         env.pop(name, None)
     up = subprocess.run(["bash", str(STACK), "up"], env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
     try:
-        assert up.returncode == 0, up.stderr[-2000:]
+        if up.returncode != 0:  # the logs go with the state folder: say what they said
+            logs = "".join(f"\n== {log.name}\n" + log.read_text(errors="replace")[-1500:]
+                           for log in sorted((ROOT / ".privzo-stack").glob("*.log")))
+            pytest.fail(f"local-stack.sh up failed: {up.stderr[-2000:]}{logs}")
         env["PREFECT_API_URL"] = f"http://127.0.0.1:{env['PRIVZO_PREFECT_PORT']}/api"
         yield env, up.stdout
     finally:
@@ -106,6 +109,25 @@ def stack_databases():
         subprocess.run(["bash", str(POSTGRES), "stop"], capture_output=True, timeout=120)
 
 
+@pytest.fixture
+def shared(tmp_path):
+    """A folder the stack's roles can read (a flow run on the team stack runs as privzo-train, which cannot
+    enter this test's own tmp_path), with ``drop/`` they can write."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="privzo-team-"))
+    folder.chmod(0o755)
+    (folder / "drop").mkdir(mode=0o1777)
+    (folder / "drop").chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _uid_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
 def _secrets():
     import secrets
 
@@ -134,6 +156,14 @@ def test_the_authenticated_stack_refuses_to_start_without_a_secret_naming_it(tmp
     up = subprocess.run(["bash", str(STACK), "up"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert up.returncode == 2 and up.stderr == ("local-stack: PRIVZO_STACK_AUTH=1 needs PRIVZO_LEDGER_OWNER_PASSWORD "
                                                 "(or PRIVZO_LEDGER_OWNER_PASSWORD_FILE, a file holding it)\n")
+    # a team stack runs each role as an OS user of its own: started by anyone but root, it cannot drop to them
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        env = dict(os.environ, PRIVZO_STACK_AUTH="1", PRIVZO_STACK_DB="postgres", **_secrets())
+        up = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "bash", str(STACK),
+                             "up"], env=env, capture_output=True, text=True, timeout=60, cwd="/")
+        assert up.returncode == 2 and up.stderr.startswith("local-stack: a team stack (PRIVZO_STACK_AUTH=1 with "
+                                                           "PRIVZO_STACK_DB=postgres) runs each server"), up.stderr
+        assert "start it as root, which drops to those users before any flow runs" in up.stderr
 
 
 def _connects(role: str, password: str, database: str) -> bool:
@@ -165,15 +195,18 @@ def _status(url, method="GET", auth=None, bearer=None, body=None) -> int:
         return err.code
 
 
-def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tmp_path, stack_databases,
+def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tmp_path, stack_databases, shared,
                                                                               monkeypatch):
     """The team topology of infra/compose on one machine, every service behind its own authentication: a
     deployment run (with the Prefect auth string) of a spec that names no store is tracked by the MLflow
     server as user worker (runs and registry in PostgreSQL, artifacts served by it) and charged to the
     PostgreSQL ledger, and Prefect keeps its flow runs in PostgreSQL. Without credentials the Prefect API,
     MLflow (read and write) and Ray's job API refuse; a viewer reads but registers, tags and creates
-    nothing."""
-    spec_path = one_epoch_retrain(tmp_path)
+    nothing. Each role runs as an OS user of its own, never root; a flow run reads no other role's files or
+    processes."""
+    import pwd
+
+    spec_path = one_epoch_retrain(shared)
     secrets = _secrets()
     with local_stack(tmp_path, PRIVZO_STACK_DB="postgres", PRIVZO_STACK_AUTH="1", PRIVZO_STACK_RAY="1",
                      PRIVZO_RAY_PORT=str(_free_port()), PRIVZO_RAY_DASHBOARD_PORT=str(_free_port()),
@@ -183,6 +216,18 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         assert f"MLFLOW_TRACKING_URI={server} PRIVZO_LEDGER_URL={owner_env}" in exports
         assert 'export PGPASSWORD="$PRIVZO_LEDGER_OWNER_PASSWORD"' in exports
         assert not any(value in exports for value in secrets.values())  # named, never printed
+        # every role its own OS user, none root: the servers, both workers (so every flow run) and the Ray head
+        state = ROOT / ".privzo-stack"
+        runs_as = {p.stem: pwd.getpwuid(_uid_of(int(p.read_text()))).pw_name for p in state.glob("*.pid")}
+        assert runs_as == {"prefect-server": "privzo-prefect", "mlflow": "privzo-mlflow",
+                           "prefect-worker": "privzo-train", "prefect-etl-worker": "privzo-etl",
+                           "ray-head": "privzo-train"}
+        # the training worker reads the team's rows only; the ETL's worker alone holds the writer's password
+        assert (state / "pgpass").read_text().split(":")[3] == "privzo_reader" and \
+            len((state / "pgpass").read_text().splitlines()) == 1
+        assert (state / "pgpass-etl").read_text().split(":")[3] == "privzo_etl"
+        for path, user in ((state / "pgpass", "privzo-train"), (state / "pgpass-etl", "privzo-etl")):
+            assert pwd.getpwuid(path.stat().st_uid).pw_name == user and path.stat().st_mode & 0o077 == 0
         owner = owner_env.replace("privzo_owner@", f"privzo_owner:{quote(secrets['PRIVZO_LEDGER_OWNER_PASSWORD'], safe='')}@")
         kept = {n: (ROOT / ".privzo-stack" / f"{n}-db-password").read_text().strip()
                 for n in ("prefect", "mlflow", "etl", "reader")}
@@ -245,16 +290,17 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         # a Prefect user's spec that names a ledger of its own (its own lifetime), with the job variable that
         # sets the run's $PRIVZO_LEDGER_URL to it, is refused on the team's worker before any row is read: the
         # worker's configuration, not the run's environment, names the team's ledger
-        (tmp_path / "own").mkdir()
-        own_ledger = f"sqlite:///{tmp_path / 'own' / 'own.db'}"
-        own = one_epoch_retrain(tmp_path / "own", budget={"ledger": own_ledger, "lifetime_epsilon": 1000.0})
+        (shared / "own").mkdir(mode=0o777)
+        (shared / "own").chmod(0o777)  # the flow run could write its ledger here: it is refused first
+        own_ledger = f"sqlite:///{shared / 'own' / 'own.db'}"
+        own = one_epoch_retrain(shared / "own", budget={"ledger": own_ledger, "lifetime_epsilon": 1000.0})
         refused = subprocess.run(
             [str(BIN / "prefect"), "deployment", "run", "private-train/digits-retrain-nightly",
              "--param", f"spec_path={own}", "--job-variable", f'env={{"PRIVZO_LEDGER_URL": "{own_ledger}"}}',
              "--watch", "--watch-timeout", "300"],
             env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
         assert "Completed" not in refused.stdout and "Failed" in refused.stdout, refused.stdout[-2000:]
-        assert not (tmp_path / "own" / "own.db").exists()
+        assert not (shared / "own" / "own.db").exists()
 
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "viewer")
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secrets["PRIVZO_MLFLOW_VIEWER_PASSWORD"])
@@ -337,7 +383,8 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                               promote=True, out=open(os.devnull, "w")) == 1
         assert str(admin.get_model_version_by_alias("digits-retrain", "verified").version) == str(version.version)
         # @verified is the bytes the owner checked: the worker may not move the alias, a consumer loads the
-        # promoted version, and once the worker overwrites its weights in place the load refuses
+        # promoted version; the server keeps every logged byte (no user overwrites or deletes an artifact), and
+        # bytes changed where it keeps them (by whoever holds its disk) make the load refuse
         from flows.promotion import NotVerified, load_verified
 
         worker = f"worker:{secrets['PRIVZO_MLFLOW_WORKER_PASSWORD']}"
@@ -351,21 +398,29 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         target = (f"{server}/api/2.0/mlflow-artifacts/artifacts/{logged.removeprefix('mlflow-artifacts:/')}/"
                   f"{weights.relative_to(local).as_posix()}")
 
-        def put(data: bytes) -> int:
+        def put(data: bytes, method: str = "PUT") -> int:
             import base64
+            import urllib.error
             import urllib.request
 
-            request = urllib.request.Request(target, method="PUT", data=data)
+            request = urllib.request.Request(target, method=method, data=data)
             request.add_header("Authorization", "Basic " + base64.b64encode(worker.encode()).decode())
-            return urllib.request.urlopen(request, timeout=30).status
+            try:
+                return urllib.request.urlopen(request, timeout=30).status
+            except urllib.error.HTTPError as err:
+                return err.code
 
-        assert put(b"other weights") == 200  # MLflow lets the worker overwrite them in place; the alias stays
+        assert put(b"other weights") == 403 and put(None, "DELETE") == 403
+        assert put(weights.read_bytes()) == 200  # the same bytes again: a client's retry
+        stored = state / "mlartifacts" / logged.removeprefix("mlflow-artifacts:/") / weights.relative_to(local)
+        assert stored.read_bytes() == weights.read_bytes()
+        stored.write_bytes(b"other weights")
         try:
             with pytest.raises(NotVerified, match=r"^models:/digits-retrain@verified \(version \d+\): .* is not the "
                                                   r"bytes its owner verified and promoted"):
                 load_verified("digits-retrain", ledger_url=owner, tracking_uri=server)
         finally:
-            put(weights.read_bytes())  # the later nights continue from this model
+            stored.write_bytes(weights.read_bytes())
 
         # no long-running process of the stack, nor a flow run, holds the owner's or MLflow's admin's secret
         owners = [secrets["PRIVZO_LEDGER_OWNER_PASSWORD"], quote(secrets["PRIVZO_LEDGER_OWNER_PASSWORD"], safe=""),
@@ -379,21 +434,68 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                     seen += 1
                     assert not any(s in held for s in owners), f"a stack process ({environ.parent.name}) holds one"
         assert seen >= 4  # the Prefect server and worker, MLflow, the Ray head (and their children)
-        # a flow run's environment, as any Prefect user can read it: the job variable `command` runs what they
-        # like as the worker (docs/design.md, insiders); here `env`, into a file
-        dump = tmp_path / "flow-run.env"
-        subprocess.run([str(BIN / "prefect"), "deployment", "run", "private-train/digits-retrain-nightly",
-                        "--job-variable", f"command=sh -c 'env > {dump}'"],
-                       env=env, capture_output=True, text=True, timeout=120, cwd=ROOT, check=True)
-        for _ in range(120):
-            if dump.exists() and "PREFECT__FLOW_RUN_ID" in dump.read_text():
-                break
-            time.sleep(0.5)
-        held = dump.read_text()
-        assert "PREFECT__FLOW_RUN_ID=" in held and "PRIVZO_LEDGER_URL" not in held  # in the worker's file
-        assert not any(s in held for s in owners)
-        config = ROOT / ".privzo-stack" / "worker.json"
-        assert (config.stat().st_mode & 0o777) == 0o600 and "privzo_worker:" in config.read_text()
+        # a flow run, as any Prefect user can start one: the job variable `command` runs what they like as the
+        # worker's OS user (docs/design.md, insiders). Here a probe, while the owner's own command runs beside
+        # it with the owner's password in its environment (as `privzo budget show` has it)
+        owner_command = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                         env=dict(os.environ, PRIVZO_LEDGER_URL=owner_env,
+                                                  PGPASSWORD=secrets["PRIVZO_LEDGER_OWNER_PASSWORD"]))
+        others = ["pgpass-etl", "mlflow-auth/users.db", "mlflow-auth.ini", "mlflow-secret-key", "prefect-db-password",
+                  "mlflow-db-password", "etl-db-password", "reader-db-password", "postgres.log",
+                  "home/privzo-etl", "home/privzo-mlflow", "home/privzo-prefect"]
+        probe = shared / "probe.sh"
+        probe.write_text("\n".join([
+            "out=$1",
+            "{ echo uid:$(id -u) user:$(id -un)",
+            f"  cat /proc/{owner_command.pid}/environ >/dev/null 2>&1 && echo owner-environ:read || echo owner-environ:refused",
+            "  su postgres -c true </dev/null >/dev/null 2>&1 && echo su-postgres:yes || echo su-postgres:no",
+            "  for host in /var/run/postgresql 127.0.0.1; do",
+            "    psql -w -h $host -U postgres -d postgres -tAc 'select 1' >/dev/null 2>&1 && echo superuser:$host || "
+            "echo no-superuser:$host",
+            "  done",
+            *[f"  [ -r {state / o} ] && echo read:{o} || echo refused:{o}" for o in [*others, "pgpass"]],
+            "  [ -r /etc/privzo/worker.json ] && echo read:worker.json || echo refused:worker.json",
+            "  env | sed 's/^/env:/'",
+            "} > $out.tmp 2>&1; mv $out.tmp $out", ""]))
+        probe.chmod(0o755)
+
+        def probed(deployment: str, name: str) -> str:
+            out = shared / "drop" / name
+            subprocess.run([str(BIN / "prefect"), "deployment", "run", deployment,
+                            "--job-variable", f"command=sh {probe} {out}"],
+                           env=env, capture_output=True, text=True, timeout=120, cwd=ROOT, check=True)
+            for _ in range(240):
+                if out.exists():
+                    return out.read_text()
+                time.sleep(0.5)
+            raise AssertionError(f"the probe on {deployment} wrote nothing")
+
+        try:
+            trainer = probed("private-train/digits-retrain-nightly", "train")
+            etl = probed("grow-stream/digits-stream-team-grow", "etl")
+        finally:
+            owner_command.kill()
+        assert "user:privzo-train" in trainer and "uid:0" not in trainer, trainer
+        assert "user:privzo-etl" in etl and "uid:0" not in etl, etl
+        # each reads its own files only: the trainer the reading role's pgpass and the team's configuration, the
+        # ETL's worker its writer's pgpass (and its home); neither the other's, the servers', nor the owner's
+        for seen_by, own in ((trainer, {"pgpass", "worker.json"}), (etl, {"pgpass-etl", "home/privzo-etl"})):
+            assert "owner-environ:refused" in seen_by and "su-postgres:no" in seen_by
+            assert "no-superuser:/var/run/postgresql" in seen_by and "no-superuser:127.0.0.1" in seen_by
+            assert {line[5:] for line in seen_by.splitlines() if line.startswith("read:")} == own, seen_by
+        held = trainer
+        assert "env:PREFECT__FLOW_RUN_ID=" in held and "PRIVZO_LEDGER_URL" not in held  # in the worker's file
+        assert not any(s in held for s in owners) and not any(s in etl for s in owners)
+        assert kept["etl"] not in held and secrets["PRIVZO_MLFLOW_WORKER_PASSWORD"] not in etl
+        # the team's configuration at the system's path (a deployment from any checkout on this worker reads
+        # it first): the trainer reads it, nobody but root writes it
+        from flows.worker_config import SYSTEM_WORKER_CONFIG
+
+        config = SYSTEM_WORKER_CONFIG
+        assert (config.stat().st_mode & 0o777) == 0o640 and config.stat().st_uid == 0
+        assert config.stat().st_gid == pwd.getpwnam("privzo-train").pw_gid and "privzo_worker:" in config.read_text()
+        assert not (state / "worker.json").exists()
+    assert not SYSTEM_WORKER_CONFIG.exists()  # `down` removes it
 
 
 COMPOSE = ROOT / "infra" / "compose"
@@ -460,14 +562,24 @@ def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
     # the worker deploys infra/prefect.yaml and serves the pool its deployments name
     deployments = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())["deployments"]
     pools = {d["work_pool"]["name"] for d in deployments}
-    assert pools == {"local"} and "--prefect-file infra/prefect.yaml" in services["worker"]["command"][-1]
+    assert pools == {"local", "etl"} and "--prefect-file infra/prefect.yaml" in services["worker"]["command"][-1]
     assert "prefect worker start --pool local" in services["worker"]["command"][-1]
+    assert "for pool in local etl" in services["worker"]["command"][-1]
+    # the team's rows are written from the ETL's pool only: the training worker's runs hold no writer's password
+    assert {d["name"] for d in deployments if d["work_pool"]["name"] == "etl"} == {"digits-stream-team-grow"}
+    # no service of privzo's runs as root (so no flow run does): each its own user, made in the image
+    users = {name: service.get("user") for name, service in services.items() if name != "postgres"}
+    assert users == {"prefect-server": "privzo-prefect", "mlflow": "privzo-mlflow", "mlflow-admin": "privzo-mlflow",
+                     "mlflow-users": "privzo-mlflow", "ledger-grants": "privzo-owner", "worker": "privzo-train",
+                     "ray-head": "privzo-train"}
     # the image holds every package pyproject installs and the working folder the deployments pull to
     dockerfile = (COMPOSE / "Dockerfile").read_text()
     for package in ("specs", "components", "flows", "infra"):
         assert f"COPY {package} {package}" in dockerfile
     assert "PRIVZO_ROOT=/opt/privzo" in dockerfile and "WORKDIR /opt/privzo" in dockerfile
     assert 'torch==2.13.0' in dockerfile  # pinned, before the project (ENVIRONMENT.md)
+    assert "for role in prefect mlflow train etl owner" in dockerfile
+    assert "install -d -o privzo-train -g privzo-train -m 700 /opt/privzo/.privzo" in dockerfile
 
 
 def _compose_cli():

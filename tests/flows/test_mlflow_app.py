@@ -204,3 +204,55 @@ def test_only_a_promoter_moves_an_alias(monkeypatch):
     assert status("worker", "POST", "/api/2.0/mlflow/model-versions/create") is None  # registering a candidate
     monkeypatch.delenv("PRIVZO_MLFLOW_PROMOTERS")
     assert status("worker", "POST", "/api/2.0/mlflow/registered-models/alias") is None  # no stack: MLflow's rules
+
+
+def test_a_logged_artifact_is_never_written_again_or_deleted(tmp_path):
+    """MLflow's artifact proxy lets whoever may write a run overwrite its files in place (a promoted version's
+    weights among them): at the door, for every user, an existing artifact takes no other bytes (the same bytes,
+    a retry, are answered as done), no multipart upload opens or completes over one, and nothing is deleted. A
+    new artifact, and every read, reach MLflow."""
+    import asyncio
+
+    from flows.mlflow_app import ReadOnlyUsersAtTheDoor, ServedArtifacts, artifact_written
+
+    root = tmp_path / "artifacts"
+    (root / "1" / "models" / "m-1" / "artifacts").mkdir(parents=True)
+    weights = root / "1" / "models" / "m-1" / "artifacts" / "model.pt2"
+    weights.write_bytes(b"the weights the owner verified")
+    reached, sent = [], []
+
+    async def inner(scope, receive, send):
+        reached.append((scope["method"], scope["path"]))
+
+    async def send(message):
+        sent.append(message)
+
+    def status(method, path, body=b"", user="admin"):
+        sent.clear()
+        chunks = [body[:7], body[7:]]
+
+        async def receive():
+            return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+
+        headers = [(b"authorization", b"Basic " + base64.b64encode(f"{user}:pw".encode()))]
+        door = ReadOnlyUsersAtTheDoor(inner, artifacts=ServedArtifacts(str(root)))
+        asyncio.run(door({"type": "http", "method": method, "path": path, "headers": headers}, receive, send))
+        return sent[0]["status"] if sent else None
+
+    existing = "1/models/m-1/artifacts/model.pt2"
+    for prefix in ("/api/2.0/mlflow-artifacts", "/ajax-api/2.0/mlflow-artifacts"):
+        for user in ("admin", "worker"):
+            assert status("PUT", f"{prefix}/artifacts/{existing}", b"other weights", user) == 403
+            assert status("DELETE", f"{prefix}/artifacts/{existing}", user=user) == 403
+            assert status("DELETE", f"{prefix}/artifacts/1/models/m-1", user=user) == 403
+            for route in ("mpu/create", "mpu/complete"):
+                assert status("POST", f"{prefix}/{route}/{existing}", user=user) == 403
+        assert status("PUT", f"{prefix}/artifacts/{existing}", b"the weights the owner verified") == 200
+        assert status("PUT", f"{prefix}/artifacts/1/models/m-2/artifacts/model.pt2", b"new") is None
+        assert status("POST", f"{prefix}/mpu/abort/{existing}") is None
+        assert status("GET", f"{prefix}/artifacts/{existing}") is None
+    assert weights.read_bytes() == b"the weights the owner verified"
+    assert all(path.endswith(("m-2/artifacts/model.pt2", "/mpu/abort/" + existing, "artifacts/" + existing))
+               for _, path in reached)
+    assert artifact_written("GET", f"/api/2.0/mlflow-artifacts/artifacts/{existing}") is None
+    assert artifact_written("PUT", "/api/2.0/mlflow/runs/log-batch") is None

@@ -741,7 +741,8 @@ def test_each_kl_example_runs_end_to_end(prefect_server, tmp_path, mlflow_db, mo
 def test_a_deployment_run_on_a_team_worker_is_charged_to_the_team_ledger_only(prefect_server, tiny_spec_dict,
                                                                             tmp_path, monkeypatch):
     """A Prefect user's inline spec naming its own ledger (its own lifetime), or no budget at all, is refused
-    on a team's worker before any row is read: the team's rows are charged to the team's ledger."""
+    on a team's worker before any row is read: the team's rows are charged to the team's ledger. On a worker
+    no stack configured, every deployment run is refused; on a personal worker's, the environment's ledger."""
     import flows.private_train as pt
 
     team = f"sqlite:///{tmp_path / 'team.db'}"
@@ -752,13 +753,25 @@ def test_a_deployment_run_on_a_team_worker_is_charged_to_the_team_ledger_only(pr
     own = copy.deepcopy(tiny_spec_dict)
     own["data"]["source"] = {"kind": "file", "path": str(tmp_path / "never-read.csv"), "label": "y", "classes": [0, 1]}
     own["budget"] = {"dataset": "team-data", "lifetime_epsilon": 1000.0, "ledger": f"sqlite:///{tmp_path / 'own.db'}"}
-    # the environment a job variable sets names no team ledger: without the worker's file, it is refused
+    # another checkout of the same code (no file beside it, none at the system's path): refused, whatever the
+    # spec or the environment a job variable sets names
+    for environment in (team, None):
+        if environment is None:
+            monkeypatch.delenv("PRIVZO_LEDGER_URL")
+        with pytest.raises(ValueError, match=r"^budget.ledger: this deployment's run found no worker configuration "
+                                             r"\(.*\); a worker's ledger is named by that file, never by the "
+                                             r"environment a job variable sets"):
+            pt.private_train(spec=own)
+    monkeypatch.setenv("PRIVZO_LEDGER_URL", team)
+    personal = tmp_path / "personal.json"
+    personal.write_text(json.dumps({"ledger": None}))
+    monkeypatch.setattr("flows.worker_config.WORKER_CONFIG", personal)
     with pytest.raises(ValueError, match=r"^budget.ledger: this deployment's run has \$PRIVZO_LEDGER_URL but its "
-                                         r"worker has no configuration .* never by the environment a job variable"):
+                                         r"worker's configuration names no ledger \(a personal worker\)"):
         pt.private_train(spec=own)
     config = tmp_path / "worker.json"
     config.write_text(json.dumps({"ledger": team}))
-    monkeypatch.setattr("flows.worker_config.WORKER_CONFIG", config)
+    monkeypatch.setattr("flows.worker_config.SYSTEM_WORKER_CONFIG", config)  # the system's comes first
     with pytest.raises(ValueError, match=r"^budget.ledger: a deployment's run on this team's worker is charged to "
                                          r"the team's ledger \(this worker's configuration, sqlite:///"):
         pt.private_train(spec=own)
@@ -780,7 +793,8 @@ def test_a_team_workers_configuration_pins_its_ledger_whatever_the_runs_environm
     team, own = f"sqlite:///{tmp_path / 'team.db'}", f"sqlite:///{tmp_path / 'own.db'}"
     config = tmp_path / "worker.json"
     config.write_text(json.dumps({"ledger": team}))
-    monkeypatch.setattr("flows.worker_config.WORKER_CONFIG", config)
+    monkeypatch.setattr("flows.worker_config.SYSTEM_WORKER_CONFIG", config)
+    monkeypatch.setattr("flows.worker_config.WORKER_CONFIG", tmp_path / "beside-the-code.json")
     monkeypatch.setattr(pt, "_deployment_run", lambda: True)
     monkeypatch.setenv("PRIVZO_LEDGER_URL", own)
     d = copy.deepcopy(tiny_spec_dict)
