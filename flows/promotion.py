@@ -10,7 +10,6 @@ anything is loaded. On the team's stack the MLflow door also keeps aliases to th
 (flows/mlflow_app.py)."""
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import tempfile
@@ -18,10 +17,9 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import mlflow
-from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
 
-VERIFIED = "verified"
+from flows.ledger.promotions import VERIFIED, promoted, record, withdraw
+from flows.verify_report import NOT_APPLICABLE, VerifyReport
 
 
 class NotVerified(ValueError):
@@ -58,42 +56,6 @@ def version_digests(uri: str, name: str, version: str) -> Dict[str, str]:
         return folder_digests(_downloaded(uri, name, version, Path(folder)))
 
 
-def record(ledger_url: str, name: str, version: str, run_id: str, digests: Dict[str, str],
-           alias: str = VERIFIED) -> None:
-    """The owner's record of a promotion (replacing the alias's earlier one)."""
-    from flows.ledger import PrivacyLedger
-    from flows.ledger.schema import PromotionRow
-
-    with Session(PrivacyLedger.open(ledger_url).engine) as session, session.begin():
-        session.execute(delete(PromotionRow).where(PromotionRow.model == name, PromotionRow.alias == alias))
-        session.add(PromotionRow(model=name, alias=alias, version=str(version), run_id=run_id,
-                                 digests=json.dumps(digests, sort_keys=True),
-                                 promoted_at=dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)))
-
-
-def withdraw(ledger_url: str, name: str, alias: str = VERIFIED) -> None:
-    from flows.ledger import PrivacyLedger
-    from flows.ledger.schema import PromotionRow
-
-    with Session(PrivacyLedger.open(ledger_url).engine) as session, session.begin():
-        session.execute(delete(PromotionRow).where(PromotionRow.model == name, PromotionRow.alias == alias))
-
-
-def promoted(ledger_url: str, name: str, alias: str = VERIFIED):
-    """The owner's record of ``alias`` on model ``name``, or None."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from flows.ledger import PrivacyLedger
-    from flows.ledger.schema import PromotionRow
-
-    try:
-        with Session(PrivacyLedger.open(ledger_url).engine) as session:
-            return session.scalars(select(PromotionRow).where(PromotionRow.model == name,
-                                                              PromotionRow.alias == alias)).first()
-    except SQLAlchemyError:  # a ledger made before promotions were recorded holds none
-        return None
-
-
 def load_verified(name: str, *, ledger_url: str, tracking_uri: Optional[str] = None, alias: str = VERIFIED,
                   flavor: str = "pyfunc"):
     """``models:/NAME@verified`` loaded only if it is the version and the bytes the ledger's owner promoted
@@ -126,3 +88,36 @@ def load_verified(name: str, *, ledger_url: str, tracking_uri: Optional[str] = N
         if flavor == "pytorch":
             return mlflow.pytorch.load_model(str(local))
         return mlflow.pyfunc.load_model(str(local))
+
+
+def promote(report: VerifyReport, tracking_uri: Optional[str], ledger_url: str) -> str:
+    """``privzo verify --promote``: set or remove the ``verified`` alias as ``report`` says, recording the
+    promotion (or its withdrawal) in the ledger first; the line that tells which."""
+    from specs.sections.tracking import tracking_uri_from_env
+
+    uri = tracking_uri or tracking_uri_from_env()
+    client = mlflow.MlflowClient(uri)
+    name, number = report.model_name, report.version
+    if report.passed and report.complete:
+        # the bytes checked, recorded where only the owner writes, before the alias names them
+        digests = version_digests(uri, name, number)
+        record(ledger_url, name, number, report.run_id or "", digests)
+        client.set_registered_model_alias(name, VERIFIED, number)
+        return (f"promoted: models:/{name}@{VERIFIED} is version {number} ({len(digests)} files recorded; "
+                "flows.promotion.load_verified loads only these bytes)")
+    held = client.get_registered_model(name).aliases.get(VERIFIED)
+    holds_it = held is not None and str(held) == str(number)
+    if holds_it:
+        withdraw(ledger_url, name)
+    if report.passed:  # a check that could not run for this spec is not a pass to promote on
+        skipped = next(c for c in report.checks if c.status == NOT_APPLICABLE)
+        if holds_it:
+            client.delete_registered_model_alias(name, VERIFIED)
+        return (f"not promoted: version {number} passed what could be checked, but its {skipped.name} check could "
+                f"not run ({skipped.detail}); {VERIFIED!r} means every check ran and passed, so a spec without "
+                "a journal of its whole trajectory (two_point with sgd) is never promoted")
+    if holds_it:
+        client.delete_registered_model_alias(name, VERIFIED)
+        return f"not promoted: version {number} lost the {VERIFIED!r} alias (models:/{name}@{VERIFIED} is unset)"
+    return (f"not promoted: version {number} does not get the {VERIFIED!r} alias"
+            + (f" (it stays on version {held})" if held is not None else ""))

@@ -2,40 +2,22 @@
 
 A version's dp.* tags and description are text anyone with write access to the registry can change, and its
 weights are an artifact anyone can log again under the same run. ``verify`` recomputes what they should say
-from what privzo recorded elsewhere and names the first disagreement in one line:
+from what privzo recorded elsewhere and names the first disagreement in one line. The six checks, in order
+(``flows.verify_report.CHECKS``; docs/guide/stack.md, "Checking a registered model", says each in full): the
+**source run** logged a privzo spec with a ``budget``; the **ledger charge** of that run is committed and is
+its reservation's plan cut to the steps it ran (``components.accountants.beyond_plan``); its **epsilon**
+(the executed DpEvent is the run's ``dp_event.json`` and composes to its tags, at the precision they are
+written with, ``flows.reporting.shown``); the **model guarantee** recomposed from the ledger over the
+model's lineage (``flows.lineage``, per block with data.blocks); the run's params are its **spec**, reserved
+for the rows of its keyed **fingerprint**; and, where the journal of ``(seed, coefficient)`` steps is the
+whole trajectory (two_point with sgd), the **weights** are its replay (``components.optimizers.replay``)
+from the public initial weights, bit for bit on CPU (within ``flows.transcript.GPU_RTOL`` / ``GPU_ATOL``
+for a GPU stream); a transcript version is that replay, loaded as ``mlflow.pyfunc.load_model`` loads it.
 
-1. **source run**: the version has a source run, and the run logged a privzo spec (``spec.yaml``) with a
-   ``budget`` (a version registered by hand has neither);
-2. **ledger charge**: the ledger (the one given, else the team's ``$PRIVZO_LEDGER_URL``, else the spec's
-   ``budget.ledger``) holds a charge of the spec's ``budget.dataset`` for that run id, it is committed, and
-   what it committed is the event it reserved cut to the steps it ran (``components.accountants.beyond_plan``:
-   a worker that rewrites the executed event, with more noise say, is named here);
-3. **epsilon**: the charge's executed DpEvent is the run's ``dp_event.json``, and composed by the run's
-   accountant at its delta it gives the run's ``dp.epsilon`` (and the version's ``dp.run_epsilon``) at the
-   precision the tags are written with (``flows.reporting.shown``, 6 significant digits; the guarantee
-   sentences 4); ``dp.delta``, ``dp.accountant`` and ``dp.neighboring`` agree with the spec and the ledger;
-4. **model guarantee**: the model's events, recomposed from the ledger's committed charges of every run
-   of its lineage (``privzo.init_run_id`` back to a seed initialisation, per block with data.blocks, as
-   ``flows.lineage.model_event`` / ``model_block_events`` compose them), are the run's
-   ``model_dp_event*.json``, and give the version's ``dp.epsilon`` / ``dp.model_epsilon``, its
-   ``dp.guarantee`` and the guarantee lines of its description (docs/design.md, "MLflow conventions");
-5. **spec and fingerprint**: the run's params are its flattened spec, and the charge was reserved for that
-   spec (dataset, spec name, planned steps and planned DpEvent) and for the rows of the ``data.fingerprint``
-   tag (keyed; the ledger holds the same keyed fingerprint);
-6. **weights**: for estimators whose updates are purely seeded (the journal of ``(seed, coefficient)``
-   steps is the whole trajectory: two_point with sgd), the registered weights are the replay
-   (``components.optimizers.replay``) of the run's journal from its public initial weights: the seeded
-   initialisation (or the version it continued), after any public warm start. On CPU they must be equal bit
-   for bit; a run whose directions were drawn on a GPU is replayed on a GPU and must agree within
-   ``flows.transcript.GPU_RTOL`` / ``GPU_ATOL``. Loading the public initial weights reads the spec's data
-   source for its shapes and public rows (as ``privzo calibrate`` does); nothing is trained on private rows or
-   released. A **transcript** version (``tracking.register_as: transcript``, flows/transcript.py) holds no
-   weights: the replay is what it is. It must hold the run's spec, journal, directions stream and start, be
-   privzo's pyfunc, and load as ``mlflow.pyfunc.load_model`` loads it, which replays the journal (the one
-   replay both share) and, on a CPU stream, refuses weights whose SHA-256 is not the trained weights'.
-
-Nothing is charged, tagged or registered: the ledger and the MLflow store are only read (a SQLite ledger that
-does not exist is reported, never created). ``verify_command`` is what ``privzo verify`` runs.
+The ledger is the one given, else the team's ``$PRIVZO_LEDGER_URL``, else the spec's; verify asks it for the
+run's charges (``PrivacyLedger.run_charges``) and reads none of its tables. Nothing is charged, tagged or
+registered: the ledger and the MLflow store are only read (a SQLite ledger that does not exist is reported,
+never created). ``verify_command`` is what ``privzo verify`` runs; its ``--promote`` is flows/promotion.py's.
 """
 from __future__ import annotations
 
@@ -44,7 +26,6 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -56,16 +37,14 @@ from mlflow.exceptions import MlflowException
 import specs
 from specs.sections.tracking import tracking_uri_from_env
 from components.accountants import Accountant, beyond_plan, event_from_json
-from flows.ledger import recomposition_problems, shown_url
+from flows import promotion
+from flows.ledger import ABORTED, COMMITTED, Charge, recomposition_problems, shown_url
 from flows.verify_report import CHECKS, FAILED, NOT_APPLICABLE, NOT_RUN, OK, Check, VerifyReport
 from flows.tracking_names import (
     DATA_FINGERPRINT, DERIVED_N_PRIVATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_EVENT_ARTIFACT, DP_GUARANTEE,
     DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_RUN_EPSILON, DP_RUN_GUARANTEE, DP_STEPS, JOURNAL_ARTIFACT,
     MODEL_BLOCK_EVENTS_ARTIFACT, MODEL_EVENT_ARTIFACT, PRIVZO_BLOCKS, PRIVZO_DIRECTIONS_STREAM, PRIVZO_DIRECTIONS_VERSION,
     PRIVZO_INIT, PRIVZO_INIT_RUN_ID, SPEC_ARTIFACT)
-
-VERIFIED_ALIAS = "verified"
-
 
 def verify_command(model_name: str, version: Optional[str] = None, tracking_uri: Optional[str] = None,
                    ledger_url: Optional[str] = None, out=None, promote: bool = False) -> int:
@@ -84,43 +63,13 @@ def verify_command(model_name: str, version: Optional[str] = None, tracking_uri:
     if promote:
         ledger_url = ledger_url or os.environ.get(LEDGER_URL_ENV, "").strip() or None
         if ledger_url is None:
-            raise ValueError(f"--promote: the {VERIFIED_ALIAS!r} alias says a version passed against the team's ledger; "
+            raise ValueError(f"--promote: the {promotion.VERIFIED!r} alias says a version passed against the team's ledger; "
                              f"give that ledger with --ledger or ${LEDGER_URL_ENV}")
     report = verify(model_name, version, tracking_uri, ledger_url)
     print(str(report), file=out or sys.stdout)
     if promote:
-        print(_promoted(report, tracking_uri, ledger_url), file=out or sys.stdout)
+        print(promotion.promote(report, tracking_uri, ledger_url), file=out or sys.stdout)
     return 0 if report.passed else 1
-
-
-def _promoted(report: VerifyReport, tracking_uri: Optional[str], ledger_url: str) -> str:
-    """Set or remove the ``verified`` alias as ``report`` says; the line that tells which."""
-    client = mlflow.MlflowClient(tracking_uri or tracking_uri_from_env())
-    name, number = report.model_name, report.version
-    from flows import promotion
-
-    if report.passed and report.complete:
-        # the bytes checked, recorded where only the owner writes, before the alias names them
-        digests = promotion.version_digests(tracking_uri or tracking_uri_from_env(), name, number)
-        promotion.record(ledger_url, name, number, report.run_id or "", digests)
-        client.set_registered_model_alias(name, VERIFIED_ALIAS, number)
-        return (f"promoted: models:/{name}@{VERIFIED_ALIAS} is version {number} ({len(digests)} files recorded; "
-                "flows.promotion.load_verified loads only these bytes)")
-    held = client.get_registered_model(name).aliases.get(VERIFIED_ALIAS)
-    if held is not None and str(held) == str(number):
-        promotion.withdraw(ledger_url, name)
-    if report.passed:  # a check that could not run for this spec is not a pass to promote on
-        skipped = next(c for c in report.checks if c.status == NOT_APPLICABLE)
-        if held is not None and str(held) == str(number):
-            client.delete_registered_model_alias(name, VERIFIED_ALIAS)
-        return (f"not promoted: version {number} passed what could be checked, but its {skipped.name} check could "
-                f"not run ({skipped.detail}); {VERIFIED_ALIAS!r} means every check ran and passed, so a spec without "
-                "a journal of its whole trajectory (two_point with sgd) is never promoted")
-    if held is not None and str(held) == str(number):
-        client.delete_registered_model_alias(name, VERIFIED_ALIAS)
-        return f"not promoted: version {number} lost the {VERIFIED_ALIAS!r} alias (models:/{name}@{VERIFIED_ALIAS} is unset)"
-    return (f"not promoted: version {number} does not get the {VERIFIED_ALIAS!r} alias"
-            + (f" (it stays on version {held})" if held is not None else ""))
 
 
 class _Mismatch(Exception):
@@ -176,21 +125,6 @@ def _paragraph_after(text: str, head: str) -> Optional[str]:
     return text[at + len(head):].split("\n\n", 1)[0].strip()
 
 
-@dataclass
-class _Charge:
-    id: str
-    dataset: str
-    fingerprint: str
-    run_name: str
-    status: str
-    steps_planned: int
-    steps_run: int
-    planned: dp_accounting.DpEvent
-    executed: Optional[dp_accounting.DpEvent]
-    blocks: List[str]
-    ledger: str
-
-
 class _Verifier:
     def __init__(self, client: mlflow.MlflowClient, uri: str, version, ledger_url: Optional[str], folder: Path):
         self.client, self.uri, self.version, self.override, self.folder = client, uri, version, ledger_url, folder
@@ -198,7 +132,7 @@ class _Verifier:
         self.where = f"version {self.number}"
         self._runs: Dict[str, Any] = {}
         self._specs: Dict[str, specs.RunSpec] = {}
-        self._charges: Dict[str, _Charge] = {}
+        self._charges: Dict[str, Charge] = {}
         self._ledgers: Dict[str, Any] = {}
         self.run = self.spec = self.charge = None
         self.run_epsilon: Optional[float] = None
@@ -676,23 +610,13 @@ class _Verifier:
             self._ledgers[url] = PrivacyLedger.open(url)
         return self._ledgers[url], url
 
-    def _charge_of(self, run_id: str, spec: specs.RunSpec) -> _Charge:
+    def _charge_of(self, run_id: str, spec: specs.RunSpec) -> Charge:
         """The committed charge of ``run_id`` on the spec's dataset; a mismatch if there is none."""
         if run_id in self._charges:
             return self._charges[run_id]
-        from sqlalchemy import select
-        from sqlalchemy.orm import Session
-
-        from flows.ledger import ABORTED, COMMITTED, ChargeBlockRow, ChargeRow
-
         ledger, url = self._ledger(spec)
         dataset = spec.budget.dataset
-        with Session(ledger.engine) as session:
-            rows = list(session.scalars(select(ChargeRow).where(ChargeRow.run_id == run_id)
-                                        .order_by(ChargeRow.created_at)))
-            blocks = {r.id: sorted(session.scalars(select(ChargeBlockRow.block)
-                                                   .where(ChargeBlockRow.charge_id == r.id))) for r in rows}
-            session.expunge_all()
+        rows = ledger.run_charges(run_id)  # the ledger's own query: verify reads none of its tables
         live = [r for r in rows if r.dataset == dataset and r.status != ABORTED]
         if not live:
             elsewhere = sorted({r.dataset for r in rows if r.dataset != dataset and r.status != ABORTED})
@@ -707,18 +631,15 @@ class _Verifier:
         if len(live) > 1:
             raise _Mismatch(f"run {run_id} has {len(live)} charges on dataset {dataset!r} in {shown_url(url)}; a run "
                             "is charged once")
-        row = live[0]
-        if row.status != COMMITTED:
-            raise _Mismatch(f"run {run_id}'s charge {row.id} in {shown_url(url)} is {row.status}, not committed: the "
-                            "run did not finish (or is still running)")
-        charge = _Charge(row.id, row.dataset, row.fingerprint, row.run_name, row.status, row.steps_planned,
-                         row.steps_run, event_from_json(row.planned_event), event_from_json(row.executed_event),
-                         blocks[row.id], url)
+        charge = live[0]
+        if charge.status != COMMITTED:
+            raise _Mismatch(f"run {run_id}'s charge {charge.id} in {shown_url(url)} is {charge.status}, not committed: "
+                            "the run did not finish (or is still running)")
         # what a run executed is its reservation's plan cut to the steps it ran: the worker wrote the executed
         # event at commit, the plan at reservation, from the spec the run's (immutable) params hold
         beyond = beyond_plan(charge.planned, charge.executed, (charge.steps_planned, charge.steps_run))
         if beyond is not None:
-            raise _Mismatch(f"run {run_id}'s charge {row.id} in {shown_url(url)} committed an event beyond the one "
+            raise _Mismatch(f"run {run_id}'s charge {charge.id} in {shown_url(url)} committed an event beyond the one "
                             f"it reserved: {beyond}")
         # a block's stored composition is what admits later runs: it must be what its charges compose to
         changed = recomposition_problems(ledger, dataset, charge.blocks)
@@ -727,7 +648,7 @@ class _Verifier:
         self._charges[run_id] = charge
         return charge
 
-    def _dataset_neighboring(self, charge: _Charge) -> Optional[str]:
+    def _dataset_neighboring(self, charge: Charge) -> Optional[str]:
         ds = self._ledgers[charge.ledger].dataset(charge.dataset)
         return None if ds is None else ds.neighboring
 

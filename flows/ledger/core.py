@@ -3,13 +3,9 @@ transaction; ``PrivacyLedger.open``, the process's one ledger per URL; ``ledger_
 run that spends budget signs in to before any row is read."""
 from __future__ import annotations
 
-import datetime as dt
 import math
 import os
-import threading
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import dp_accounting
@@ -24,47 +20,18 @@ from components.data.table import untyped_identity_layout
 import flows.ledger.admission as admission
 import flows.ledger.integrity as integrity
 import flows.ledger.migrations as migrations
+import flows.ledger.opened as opened
 import flows.ledger.roles as roles
 import flows.ledger.rows as ledger_rows
 from flows.ledger.errors import (FIXED, BlockRecordChanged, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable,
                                  RowsExposed, RowsUnmatched, driver_reason, identity_types_not_recorded,
                                  ids_not_migrated, shown_url)
+from flows.ledger.records import Block, Charge
 from flows.ledger.reservation import Reservation
 from flows.ledger.schema import (ABORTED, COMMITTED, NO_BLOCKS, RESERVED, WHOLE, BlockRow, ChargeBlockRow, ChargeRow,
                                  DatasetRow, PrivateRowRow, RowBlockRow, RowLayoutRow, utc_now)
 from flows.ledger.terms import BlockTerms, DatasetTerms, term_values
 from specs.sections import default_ledger
-
-
-@dataclass(frozen=True)
-class Block:
-    """A block as ``blocks`` lists it: its terms, what its committed charges compose to, the epsilon with
-    its open reservations, and how many charges it holds."""
-
-    dataset: str
-    block: str
-    lifetime_epsilon: float
-    delta: float
-    rows: Optional[int]
-    committed_epsilon: float
-    epsilon: float
-    charges: int
-    created_at: dt.datetime
-
-
-@dataclass(frozen=True)
-class Charge:
-    id: str
-    dataset: str
-    fingerprint: str
-    run_name: str
-    run_id: Optional[str]
-    status: str
-    steps_planned: int
-    steps_run: int
-    planned_epsilon: float
-    event: dp_accounting.DpEvent  # executed if committed, planned otherwise
-    created_at: dt.datetime
 
 
 def ledger_for_spending(url: str, terms: Optional[DatasetTerms] = None) -> "PrivacyLedger":
@@ -87,31 +54,6 @@ def ledger_for_spending(url: str, terms: Optional[DatasetTerms] = None) -> "Priv
     if missing:
         raise LedgerUnavailable(where, f"this role may not write {missing[0]}")
     return ledger
-
-
-def _in_memory(url: str) -> bool:
-    """An in-memory SQLite URL: each engine is a database of its own, so such a ledger is never shared."""
-    return url.startswith("sqlite") and (url.split("://", 1)[-1] in ("", "/", "/:memory:") or "mode=memory" in url)
-
-
-def _file_identity(url: str) -> Optional[tuple]:
-    """A SQLite ledger's file as it is now (device, inode), None where there is no such file; () for a server."""
-    if not url.startswith("sqlite"):
-        return ()
-    from sqlalchemy.engine import make_url
-
-    path = make_url(url).database
-    try:
-        found = os.stat(path)
-    except (OSError, TypeError, ValueError):
-        return None
-    return found.st_dev, found.st_ino
-
-
-# the ledgers PrivacyLedger.open has opened in this process: (pid, url) -> (ledger, its file's identity)
-_OPENED: "OrderedDict[tuple, tuple]" = OrderedDict()
-_OPENED_LOCK = threading.Lock()
-_OPENED_MOST = 16  # the least recently opened beyond these are let go (a caller still holding one keeps it)
 
 
 class PrivacyLedger:
@@ -150,20 +92,7 @@ class PrivacyLedger:
         ledger keeps no connection open between transactions: each connects anew, as a ledger opened per
         call did, so a role whose rights changed, or was dropped and made again, and a restarted server
         are met as they are now, and an idle process holds no connection to the server."""
-        if _in_memory(url):
-            return cls(url)
-        key = (os.getpid(), url)
-        with _OPENED_LOCK:
-            found = _OPENED.get(key)
-            if found is not None and found[0].terms_kept and found[1] is not None and found[1] == _file_identity(url):
-                _OPENED.move_to_end(key)
-                return found[0]
-            ledger = cls(url, pooled=False)
-            _OPENED[key] = (ledger, _file_identity(url))
-            _OPENED.move_to_end(key)
-            while len(_OPENED) > _OPENED_MOST:
-                _OPENED.popitem(last=False)
-            return ledger
+        return opened.shared(url, lambda at, pooled: cls(at, pooled=pooled))
 
     def missing_write_grants(self) -> List[str]:
         """What of the ledger this connection may not write as a charge does (``roles.missing_write_grants``)."""
@@ -477,11 +406,31 @@ class PrivacyLedger:
 
     def history(self, dataset: str) -> List[Charge]:
         with Session(self.engine) as session, session.begin():
-            return [Charge(r.id, r.dataset, r.fingerprint, r.run_name, r.run_id, r.status, r.steps_planned,
-                           r.steps_run, r.planned_epsilon,
-                           event_from_json(r.executed_event if r.status == COMMITTED else r.planned_event),
-                           r.created_at)
-                    for r in self._charges(session, dataset)]
+            return self._charges_of(session, self._charges(session, dataset), ChargeRow.dataset == dataset)
+
+    def run_charges(self, run_id: str) -> List[Charge]:
+        """Every charge recorded for the MLflow run ``run_id``, on any dataset, oldest first."""
+        where = ChargeRow.run_id == run_id
+        with Session(self.engine) as session, session.begin():
+            rows = list(session.scalars(select(ChargeRow).where(where).order_by(ChargeRow.created_at)))
+            return self._charges_of(session, rows, where)
+
+    def _charges_of(self, session: Session, rows: List[ChargeRow], where) -> List[Charge]:
+        """``rows`` as the ledger's reads return them, with the blocks each is recorded on (one query, ``where``
+        selecting the same charges)."""
+        blocks: Dict[str, List[str]] = {}
+        for charge_id, block in session.execute(select(ChargeBlockRow.charge_id, ChargeBlockRow.block)
+                                                .join(ChargeRow, ChargeRow.id == ChargeBlockRow.charge_id).where(where)):
+            blocks.setdefault(charge_id, []).append(block)
+        out = []
+        for r in rows:
+            committed = r.status == COMMITTED
+            planned = event_from_json(r.planned_event)
+            executed = event_from_json(r.executed_event) if committed and r.executed_event else None
+            out.append(Charge(r.id, r.dataset, r.fingerprint, r.run_name, r.run_id, r.status, r.steps_planned,
+                              r.steps_run, r.planned_epsilon, planned if executed is None else executed, r.created_at, planned, executed,
+                              tuple(sorted(blocks.get(r.id, ()))), self.url))
+        return out
 
     def datasets(self) -> List[str]:
         with Session(self.engine) as session:

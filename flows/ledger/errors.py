@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from flows.ledger.schema import WHOLE
-from flows.refusals import RuntimeRefusal
+from specs.refusal import RuntimeRefusal
 
 # the end of every refusal for terms other than the registered ones
 FIXED = ("a dataset's terms are fixed when it is registered: keep them (its rows under another budget.dataset "
