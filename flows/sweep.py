@@ -49,7 +49,7 @@ from flows.private_train import evaluation
 from flows.registration import epsilon_metric
 from flows.reporting import summarize
 from flows.tracking import dp_tags, log_text_artifacts
-from flows.tracking_names import PRIVZO_ESTIMATOR
+from flows.tracking_names import PRIVZO_ESTIMATOR, MLFLOW_PARENT_RUN_ID
 
 
 @task(name="sweep-cell", cache_policy=NO_CACHE, retries=0)
@@ -69,7 +69,7 @@ def run_cell(spec: specs.RunSpec, parent_run_id: str, experiment_id: str) -> Dic
     steps = resolved.optimizer.steps
     client = mlflow.MlflowClient()
     run_id = client.create_run(experiment_id, run_name=f"{resolved.name}-eps{privacy.epsilon if privacy else 'inf'}"
-                               f"-s{resolved.seed}", tags={"mlflow.parentRunId": parent_run_id,
+                               f"-s{resolved.seed}", tags={MLFLOW_PARENT_RUN_ID: parent_run_id,
                                                            PRIVZO_ESTIMATOR: resolved.estimator.kind}).info.run_id
     try:
         before = {**({"public/warm_start_steps": warm_steps} if warm_steps else {}), **evaluation(built, data)}

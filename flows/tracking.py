@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 
 from flows.reporting import PrivacySummary, shown
 from flows.tracking_names import (
+    MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE,
     DATA_FINGERPRINT, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_LARGE_DELTA, DP_NEIGHBORING,
     DP_NOISE_MULTIPLIER, DP_NOISE_SOURCE, DP_PRIVATE, DP_STEPS, DP_ZCDP_RHO)
 
@@ -118,9 +119,9 @@ def journal_json(entries: Iterable) -> str:
 # What kind of work an experiment holds. MLflow 3.17's UI opens an experiment in the view of the browser's
 # workflow switch (GenAI, where privzo's runs are not shown, unless the person chose "Model training") and
 # reads this tag only where that switch is off; a link opens the training view by naming it (EXPERIMENT_VIEW)
-EXPERIMENT_KIND = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
-DESCRIPTION = "mlflow.note.content"  # what MLflow's UI shows as a run's description
+DESCRIPTION = MLFLOW_RUN_NOTE
+EXPERIMENT_KIND = MLFLOW_EXPERIMENT_KIND
 
 
 def training_experiment(client: mlflow.MlflowClient, name: str) -> str:

@@ -87,3 +87,11 @@ AUDIT_CANARIES_ARTIFACT = "audit_canaries.csv"
 MODEL_ARTIFACT = "model"
 
 TUNE = "privzo.tune"  # a tune's runs: search (its parent), winner, rehearsal
+TUNE_ROWS = "privzo.tune.rows"  # a rehearsal run's: which rows it read (public only)
+
+# MLflow's own names (mlflow.utils.mlflow_tags where it has them; tests/test_layering.py holds them equal): this
+# module imports nothing, so it spells them
+MLFLOW_RUN_NOTE = "mlflow.note.content"  # what MLflow's UI shows as a run's description
+MLFLOW_PARENT_RUN_ID = "mlflow.parentRunId"  # the UI nests a child run under its parent
+# what kind of work an experiment holds (MLflow's UI reads it to open the training view)
+MLFLOW_EXPERIMENT_KIND = "mlflow.experimentKind"

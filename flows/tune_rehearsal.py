@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import dp_accounting
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from prefect import get_run_logger
 
 import specs
@@ -24,11 +24,9 @@ from components.data import SplitData
 from components.tuning import RepeatLaw, rehearsal_rows, rehearsal_spec
 from flows.registration import log_metrics
 from flows.tracking import training_experiment
-from flows.tracking_names import TUNE
+from flows.tracking_names import MLFLOW_PARENT_RUN_ID, TUNE, TUNE_ROWS
 
-PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: the UI nests a child run under its parent
 REHEARSAL = "rehearsal"
-ROWS_TAG = "privzo.tune.rows"
 
 
 def rehearse(search: specs.RunSpec, data: SplitData, plan, train, reserve, commit) -> Dict[str, Any]:
@@ -49,7 +47,7 @@ def rehearse(search: specs.RunSpec, data: SplitData, plan, train, reserve, commi
     client = mlflow.MlflowClient(search.tracking.uri)
     experiment_id = training_experiment(client, search.tracking.experiment or search.name)
     parent = client.create_run(experiment_id, run_name=f"{search.name}-rehearsal",
-                               tags={TUNE: REHEARSAL, ROWS_TAG: seen}).info.run_id
+                               tags={TUNE: REHEARSAL, TUNE_ROWS: seen}).info.run_id
     tune = search.tune
     client.log_batch(parent, params=[
         Param("tune.space", json.dumps(tune.space, sort_keys=True)),
@@ -63,7 +61,7 @@ def rehearse(search: specs.RunSpec, data: SplitData, plan, train, reserve, commi
     for setting, result in zip(settings, trained):
         name = ", ".join(f"{k}={v}" for k, v in setting.items())
         child = client.create_run(experiment_id, run_name=name, tags={
-            PARENT_RUN: parent, TUNE: REHEARSAL, ROWS_TAG: seen}).info.run_id
+            MLFLOW_PARENT_RUN_ID: parent, TUNE: REHEARSAL, TUNE_ROWS: seen}).info.run_id
         client.log_batch(child, params=[Param(k, str(v)) for k, v in setting.items()])
         score: Optional[float] = None
         if result is not None:

@@ -31,7 +31,8 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import yaml
 
-from flows.tracking_names import DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_MODEL_EPSILON, DP_RUN_EPSILON
+from flows.tracking_names import (DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_MODEL_EPSILON, DP_RUN_EPSILON,
+                                  MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -465,7 +466,7 @@ def page_checks(f: Facts) -> List[tuple]:
         except PlaywrightTimeout:
             genai = b.page.get_by_text("No data available").count() > 0
             raise AssertionError("training runs list not shown" + (" (GenAI overview instead)" if genai else ""))
-        kind = f.experiment_tags.get("mlflow.experimentKind")
+        kind = f.experiment_tags.get(MLFLOW_EXPERIMENT_KIND)
         assert kind == "custom_model_development", \
             f"experiment tag mlflow.experimentKind is {kind!r}, not 'custom_model_development'"
         pattern = re.compile(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d {re.escape(RETRAIN)}$")
@@ -482,8 +483,8 @@ def page_checks(f: Facts) -> List[tuple]:
         b.text(tags[DP_GUARANTEE], f"guarantee sentence {tags[DP_GUARANTEE]!r}")
         b.tag(DP_EPSILON, tags[DP_EPSILON], "run epsilon")
         b.tag(DP_DELTA, tags[DP_DELTA], "run delta")
-        note = tags.get("mlflow.note.content")
-        assert note, "run has no description (tag mlflow.note.content)"
+        note = tags.get(MLFLOW_RUN_NOTE)
+        assert note, f"run has no description (tag {MLFLOW_RUN_NOTE})"
         shown = b.description("run")  # rendered from markdown: what a reader sees
         assert shown.startswith("Model guarantee:"), f"run description shows {shown[:60]!r}"
         return f"{latest.info.run_id[:8]}: {tags[DP_GUARANTEE]} epsilon {tags[DP_EPSILON]} delta " \

@@ -26,7 +26,7 @@ from prefect import flow, get_run_logger
 
 from reproduce import experiments as ex
 from flows.tracking import log_text_artifacts
-from flows.tracking_names import PRIVZO_KIND
+from flows.tracking_names import PRIVZO_KIND, MLFLOW_PARENT_RUN_ID
 
 TOLERANCE = 0.15  # the study's pass band on a slope
 
@@ -210,7 +210,7 @@ def _sweep(series, seeds, client, experiment_id: str, parent_id: str, logger) ->
                         s.axis, x, p.median, p.predicted, p.steps, p.seconds)
             points.append(p)
             child = client.create_run(experiment_id, run_name=f"{s.experiment}-{s.label}-{s.axis}{x}",
-                                      tags={"mlflow.parentRunId": parent_id})
+                                      tags={MLFLOW_PARENT_RUN_ID: parent_id})
             client.log_batch(child.info.run_id,
                              params=[Param("series", s.label), Param("n", str(p.n)), Param("d", str(p.d))]
                              + [Param(k, repr(v)) for k, v in p.settings.items()],
@@ -351,7 +351,7 @@ def reproduce_kl(experiments: List[str], seeds: List[int], quick: bool = False,
                                 x, p.median, p.predicted, p.steps, p.seconds)
                     points.append(p)
                     child = client.create_run(exp.experiment_id, run_name=f"{s.experiment}-{s.label}-n{x}",
-                                              tags={"mlflow.parentRunId": parent.info.run_id})
+                                              tags={MLFLOW_PARENT_RUN_ID: parent.info.run_id})
                     client.log_batch(child.info.run_id,
                                      params=[Param("series", s.label), Param("n", str(x)), Param("rho", repr(s.rho))]
                                      + [Param(k, repr(v)) for k, v in p.settings.items()],
@@ -692,7 +692,7 @@ def _log_dpzero_cell(client, experiment_id: str, parent_id: str, cell, grid) -> 
     for m in dq.METHODS:
         train, test = cell.best(m), cell.best(m, "test")
         child = client.create_run(experiment_id, run_name=f"{cell.spectrum}-{m}-d{cell.d}",
-                                  tags={"mlflow.parentRunId": parent_id})
+                                  tags={MLFLOW_PARENT_RUN_ID: parent_id})
         client.log_batch(child.info.run_id,
                          params=[Param("spectrum", cell.spectrum), Param("method", m), Param("d", str(cell.d)),
                                  Param("n", str(grid.rows)), Param("effective_rank", f"{cell.rank:.6g}"),

@@ -11,6 +11,7 @@ import yaml
 from dp_accounting import rdp
 
 from flows.tracking_names import (
+    MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE,
     DATA_FINGERPRINT, DERIVED_N_PRIVATE, DERIVED_SAMPLING_RATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON,
     DP_EVENT_ARTIFACT, DP_GUARANTEE, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_NOISE_SOURCE, DP_PRIVATE,
     DP_RUN_EPSILON, DP_RUN_GUARANTEE, DP_STEPS, DP_ZCDP_RHO, JOURNAL_ARTIFACT, PRIVACY_REPORT_ARTIFACT,
@@ -423,12 +424,12 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     assert version.description.startswith(f"**Model guarantee:** {headline}")
     assert f"**Run {chained['run_id']} spent:** {tags[DP_GUARANTEE]}" in version.description
     assert "Latest: version 5.** **Model guarantee:** " + headline in client.get_registered_model("tiny-digits").description
-    assert tags["mlflow.note.content"].startswith(f"**Model guarantee:** {headline}")
+    assert tags[MLFLOW_RUN_NOTE].startswith(f"**Model guarantee:** {headline}")
     assert report.index("**Model guarantee.** " + headline) < report.index("**This run's spend.** " + tags[DP_GUARANTEE])
     first_run = client.get_run(first["run_id"])  # a seed-initialised model's guarantee is its run's
-    assert first_run.data.tags["mlflow.note.content"].startswith("**Guarantee:** " + first_run.data.tags[DP_GUARANTEE])
+    assert first_run.data.tags[MLFLOW_RUN_NOTE].startswith("**Guarantee:** " + first_run.data.tags[DP_GUARANTEE])
     assert first_run.info.run_name.endswith(" tiny-digits") and first_run.info.run_name != chained["run_name"]
-    assert client.get_experiment(first["experiment_id"]).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_experiment(first["experiment_id"]).tags[MLFLOW_EXPERIMENT_KIND] == "custom_model_development"
 
     # with a budget, the version a run continues must itself be charged to the ledger, or the total misses it
     from flows.ledger import PrivacyLedger

@@ -17,7 +17,7 @@ from components.tuning import RepeatLaw
 from flows import tune as tune_flow
 from flows.cli import main
 from flows.ledger import PrivacyLedger
-from flows.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, TUNE
+from flows.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, TUNE, TUNE_ROWS
 
 SPACE = {"optimizer.lr": [0.005, 0.02, 0.08], "mechanism.clip": [1.0, 2.0]}
 
@@ -221,7 +221,7 @@ def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothin
     client = mlflow.MlflowClient(d["tracking"]["uri"])
     runs = client.search_runs([result["experiment_id"]])
     assert len(runs) == 3 and all(r.data.tags[TUNE] == "rehearsal" for r in runs)
-    assert all("no private row" in r.data.tags["privzo.tune.rows"] for r in runs)
+    assert all("no private row" in r.data.tags[TUNE_ROWS] for r in runs)
     children = [r for r in runs if r.info.run_id != result["parent_run_id"]]
     assert sorted(r.data.metrics["score/public_accuracy"] for r in children) == \
         sorted(row["score"] for row in result["settings"])

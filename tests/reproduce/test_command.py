@@ -4,7 +4,7 @@ import math
 
 import mlflow
 
-from flows.tracking_names import PRIVZO_KIND
+from flows.tracking_names import PRIVZO_KIND, MLFLOW_PARENT_RUN_ID
 
 
 def test_the_reproduce_command_writes_docs_and_an_mlflow_parent_run(prefect_server, tmp_path, monkeypatch):
@@ -26,7 +26,7 @@ def test_the_reproduce_command_writes_docs_and_an_mlflow_parent_run(prefect_serv
     runs = client.search_runs([exp.experiment_id])
     parent = [r for r in runs if r.data.tags.get(PRIVZO_KIND) == "reproduction"]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
+    children = [r for r in runs if r.data.tags.get(MLFLOW_PARENT_RUN_ID) == parent[0].info.run_id]
     assert len(children) == 6 and all("eval/goldstein_certificate_median" in r.data.metrics for r in children)
     private = [r for r in children if "twin" not in r.data.params["series"]]
     assert all(r.data.metrics["privacy/epsilon"] <= 1.0 + 1e-9 for r in private)
@@ -55,5 +55,5 @@ def test_the_reproduce_kl_command_writes_docs_and_an_mlflow_parent_run(prefect_s
     runs = client.search_runs([client.get_experiment_by_name("privzo-reproduce").experiment_id])
     parent = [r for r in runs if r.data.tags.get(PRIVZO_KIND) == "reproduction"]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id]
+    children = [r for r in runs if r.data.tags.get(MLFLOW_PARENT_RUN_ID) == parent[0].info.run_id]
     assert len(children) == 10 and all(r.data.metrics["privacy/epsilon"] > 0 for r in children)
