@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from flows.refusals import RuntimeRefusal
+from specs.refusal import RuntimeRefusal
 from typing import Optional
 
 import torch

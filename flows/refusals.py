@@ -8,34 +8,14 @@ its first line; a flow run ends Failed with that line as its message, is not ret
 again), and logs no traceback. An error once training runs is a crash and keeps its traceback."""
 from __future__ import annotations
 
-import abc
 import contextlib
 import functools
 import logging
 import sys
 from typing import Any, Dict
 
-
-class Refusal(Exception, metaclass=abc.ABCMeta):
-    """The base of every refusal. ``specs.SpecError`` is one too (registered below: the specs layer stands
-    below this one and cannot derive from it)."""
-
-
-class RuntimeRefusal(Refusal, RuntimeError):
-    """A refusal where callers expect a RuntimeError (the ledger's, a locked run)."""
-
-
-class ValueRefusal(Refusal, ValueError):
-    """A refusal where callers expect a ValueError."""
-
-
-def _register_spec_error() -> None:
-    import specs
-
-    Refusal.register(specs.SpecError)
-
-
-_register_spec_error()
+# the base stands on the ground floor, where a bad spec's refusal derives from it too
+from specs.refusal import Refusal
 
 INPUT_ERRORS = (ValueError, FileNotFoundError)
 _INPUT_REFUSALS: Dict[type, type] = {}

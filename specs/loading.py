@@ -12,6 +12,7 @@ from typing import Annotated, Any, Dict, List, Optional, Tuple, Union, get_args,
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from specs.refusal import ValueRefusal
 from specs.run import NAME_PATTERN, RunSpec, released_dump
 from specs.sections import DATASET_PATTERN
 from specs.traits import MODELS
@@ -21,7 +22,7 @@ from specs.traits import MODELS
 _LINE_BREAKS = {c: repr(chr(c))[1:-1] for c in (0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
 
 
-class SpecError(ValueError):
+class SpecError(ValueRefusal):
     """A spec that cannot run. ``str(err)`` is one line naming the bad fields and what is allowed, at most
     SHORT characters (the problems that fit, then how many more); ``problems`` holds every one of them."""
 
