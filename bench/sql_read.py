@@ -30,7 +30,8 @@ import json, resource, sys, time, datetime as dt
 import pandas, psycopg  # imported before the read is measured: the read's memory, not the imports'
 import sqlalchemy as sa
 import specs
-from components.data.sql import load_sql, window_bounds
+from components.data.blocks import window_bounds
+from components.data.sql import load_sql
 import os
 args = json.loads(sys.argv[1])
 url = sa.engine.make_url(args["url"])  # a spec's URL names no password: the bench's goes by the environment

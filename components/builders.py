@@ -28,6 +28,7 @@ from components.randomness import (
     private_generator,
     public_seed,
 )
+from specs.traits import reads_by_window
 from components.registry import ESTIMATORS, MECHANISMS, MODELS, OPTIMIZERS, SOURCES, SPLITS, Assembly
 from components.runtime import LocalBackend, PrivateLoop
 from specs import RunSpec
@@ -45,7 +46,7 @@ def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = N
     model_tokenizer, prompt = _reading(spec)
     table, scale = _table(spec.data.source, model_tokenizer, split.column if split.kind == "column" else None,
                           spec.data.blocks, prompt,
-                          within if getattr(spec.data.source, "reads_by_window", False) and not every_block else None)
+                          within if reads_by_window(spec.data.source) and not every_block else None)
     window_rows = None
     if spec.data.blocks is not None and not every_block:
         if select is None:
@@ -53,7 +54,7 @@ def load_data(spec: RunSpec, select: Optional[Callable[[Table], np.ndarray]] = N
                              "flow chooses and charges; run it with privzo run or a deployment (sweeps and audits "
                              "do not read blocks)")
         positions = np.asarray(select(table), dtype=np.int64)
-        window_rows = WindowRows(within if getattr(spec.data.source, "reads_by_window", False) else None, positions)
+        window_rows = WindowRows(within if reads_by_window(spec.data.source) else None, positions)
         table = table.take(positions)
     data = SPLITS[split.kind](spec, table, scale, lambda source: _table(source, model_tokenizer, prompt=prompt))
     return data if window_rows is None else dataclasses.replace(data, window_rows=window_rows)

@@ -69,7 +69,7 @@ def load_and_split(spec: specs.RunSpec, view: Optional[BlockView] = None) -> Spl
     """``view``: with data.blocks, the run's window; only its rows are loaded into any part."""
     within = None
     if view is not None:
-        from components.data.sql import window_bounds
+        from components.data.blocks import window_bounds
 
         within = window_bounds(view.window.blocks, spec.data.blocks.period)
     data = builders.load_data(spec, view.select_some if view is not None else None, within=within)

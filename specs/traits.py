@@ -133,23 +133,38 @@ class SourceTraits:
     rows: str
     known_range: Optional[bool]  # pixel values of a known range (scale: fixed); None: decided by the source's name
     packaged: bool             # ships inside a Python package (checked without importing it)
+    columns: bool              # rows of named columns (label, features or text, row_id: specs' ColumnsSource)
+    windowed: bool             # reads only a run's window of data.blocks, given its bounds (a database's WHERE)
 
 
 SOURCES: Dict[str, SourceTraits] = {
-    #                                  rows       known-range packaged
-    "sklearn": SourceTraits("numbers", None, True),
-    "text": SourceTraits("tokens", False, True),
-    "file": SourceTraits("numbers_or_tokens", False, False),
-    "completions": SourceTraits("completions", False, False),
-    "images": SourceTraits("numbers", True, False),
-    "packaged_images": SourceTraits("numbers", True, True),
-    "synthetic": SourceTraits("objective", False, False),
-    "sql": SourceTraits("numbers_or_tokens", False, False),
+    #                                  rows       known-range packaged columns windowed
+    "sklearn": SourceTraits("numbers", None, True, False, False),
+    "text": SourceTraits("tokens", False, True, False, False),
+    "file": SourceTraits("numbers_or_tokens", False, False, True, False),
+    "completions": SourceTraits("completions", False, False, False, False),
+    "images": SourceTraits("numbers", True, False, False, False),
+    "packaged_images": SourceTraits("numbers", True, True, False, False),
+    "synthetic": SourceTraits("objective", False, False, False, False),
+    "sql": SourceTraits("numbers_or_tokens", False, False, True, True),
 }
+# the kinds of rows of named columns, as refusals name them ("file or sql")
+COLUMN_SOURCES = " or ".join(kind for kind, traits in SOURCES.items() if traits.columns)
+
+
+def has_columns(source) -> bool:
+    """A source of rows of named columns (a file, a table)."""
+    return SOURCES[source.kind].columns
+
+
+def reads_by_window(source) -> bool:
+    """A source a run on blocks hands its window's bounds, so only the window's rows are read."""
+    return SOURCES[source.kind].windowed
+
 
 def reads_text(source) -> bool:
     """A file or table source whose input is a text column (token ids), not numeric features."""
-    return source.kind in ("file", "sql") and getattr(source, "text", None) is not None
+    return has_columns(source) and source.text is not None
 
 
 # sklearn sources whose values have a known range (8x8 digits, pixel counts 0..16)

@@ -7,7 +7,7 @@ row's content or how many rows a block holds, so the choice of blocks releases n
 from __future__ import annotations
 
 import datetime as dt
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -114,3 +114,9 @@ def row_blocks(periods: np.ndarray, row_keys: Sequence[str], recorded_rows: Mapp
         if recorded is not None:
             blocks[i] = recorded
     return blocks
+
+
+def window_bounds(blocks: Sequence[str], period: str) -> Tuple[dt.datetime, dt.datetime]:
+    """[start, end) in UTC of the periods ``blocks`` (oldest first): what a run's window may read."""
+    start = block_start(blocks[0], period).replace(tzinfo=dt.timezone.utc)  # block_start is naive UTC
+    return start, dt.datetime.fromisoformat(next_after(blocks[-1], period, 1)).replace(tzinfo=dt.timezone.utc)

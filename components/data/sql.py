@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -659,12 +659,3 @@ def _copied(conn, statement, columns, n_features: int, chunk_rows: int):
         yield from pd.read_csv(io.BufferedReader(_CopyStream(copy), 1 << 20), header=None,
                                names=[c.name for c in columns], dtype=dtypes, chunksize=chunk_rows,
                                keep_default_na=False, na_values=[""])
-
-
-def window_bounds(blocks: Sequence[str], period: str) -> Tuple[dt.datetime, dt.datetime]:
-    """[start, end) in UTC of the periods ``blocks`` (oldest first): what a run's window may read."""
-    from components.data.blocks import next_after
-    from components.periods import block_start
-
-    start = block_start(blocks[0], period).replace(tzinfo=dt.timezone.utc)  # block_start is naive UTC
-    return start, dt.datetime.fromisoformat(next_after(blocks[-1], period, 1)).replace(tzinfo=dt.timezone.utc)

@@ -7,7 +7,7 @@ from typing import List, Optional
 from specs.rules.kl import kl_problems
 from specs.rules.nonsmooth import nonsmooth_problems
 from specs.rules.standard import standard_problems
-from specs.traits import (reads_text, ESTIMATORS, JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS, KL_OPTIMIZERS, MODELS,
+from specs.traits import (COLUMN_SOURCES, has_columns, reads_text, ESTIMATORS, JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS, KL_OPTIMIZERS, MODELS,
                           NONSMOOTH_ESTIMATORS, OPTIMIZERS, SOURCES, STANDARD, family_of, kinds, known_range)
 
 
@@ -108,14 +108,14 @@ def cross_field_problems(spec) -> List[str]:
         if split.public > 0 and split.test + split.public * (1 - split.test) >= 1.0:
             problems.append("data.split: public and test fractions leave no private rows")
     source = spec.data.source
-    if split.kind == "column" and source.kind not in ("file", "sql"):
-        problems.append("data.split.kind: column reads a column of a file or sql source; use data.source.kind: "
-                        "file or sql")
-    if split.kind == "column" and source.kind in ("file", "sql"):
+    if split.kind == "column" and not has_columns(source):
+        problems.append(f"data.split.kind: column reads a column of a {COLUMN_SOURCES} source; use "
+                        f"data.source.kind: {COLUMN_SOURCES}")
+    if split.kind == "column" and has_columns(source):
         if split.column == source.label or (source.features is not None and split.column in source.features):
             problems.append(f"data.split.column: {split.column!r} is the label or a feature; name the column "
                             "that flags public rows")
-        if split.column == getattr(source, "text", None):
+        if split.column == source.text:
             problems.append(f"data.split.column: {split.column!r} is the text column")
     if split.kind == "source":
         problems += _public_source_problems(source, split.public_source)
@@ -212,12 +212,12 @@ def _block_problems(spec) -> List[str]:
         problems.append(f"data.declared_private_rows: with data.blocks it is data.blocks.{per} x "
                         f"budget.window.blocks = {blocks.declared_units * window.blocks}; remove it")
     source = spec.data.source
-    if source.kind not in ("file", "sql"):
-        problems.append(f"data.blocks: reads an arrival column of a file or sql source, not data.source.kind "
+    if not has_columns(source):
+        problems.append(f"data.blocks: reads an arrival column of a {COLUMN_SOURCES} source, not data.source.kind "
                         f"{source.kind}")
     else:
         taken = {source.label: "data.source.label", **{c: "data.source.features" for c in source.features or ()}}
-        if getattr(source, "text", None) is not None:
+        if source.text is not None:
             taken[source.text] = "data.source.text"
         if spec.data.split.kind == "column":
             taken[spec.data.split.column] = "data.split.column"

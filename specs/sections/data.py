@@ -70,24 +70,14 @@ def text_defaults(data):
     return {**data, "max_length": data.get("max_length") or 32}
 
 
-class FileSource(Strict):
-    """The team's own rows: a CSV, Parquet or JSON Lines file, or a Hugging Face dataset saved with
-    ``save_to_disk``, with one example per row (add/remove neighbours are rows, so one person's data should
-    be one row). Ray workers read the same path, so it must be readable where they run."""
+class ColumnsSource(Strict):
+    """What a file and a table have alike: rows of named columns, one of them each row's class, the rest its
+    features or one text column, and optionally one naming the row for good. Their checks are these, once."""
 
-    kind: Literal["file"]
-    path: str = Field(..., min_length=1, description="The file, or the save_to_disk folder. A relative path is "
-                      "taken from the folder of the spec file it is written in.")
-    format: Literal["auto", "csv", "parquet", "jsonl", "hf_disk"] = Field(
-        "auto", description="auto: a folder is hf_disk, a file goes by its suffix (.csv, .parquet, .pq, .jsonl, "
-        ".ndjson); jsonl is one JSON object per line; hf_disk is a folder written by Hugging Face datasets' "
-        "save_to_disk (a Dataset or a DatasetDict).")
-    hf_split: Optional[str] = Field(None, min_length=1, description="With hf_disk: the DatasetDict's split to "
-                                    "read (default: its only split).")
     label: str = Field(..., min_length=1, description="The column holding each row's class.")
     classes: List[Union[int, str]] = Field(
         ..., min_length=2, description="Every class the label column may hold, in the order of the model's "
-        "outputs. Declared, never read from the file: a label set taken from the private rows would reveal "
+        "outputs. Declared, never read from the rows: a label set taken from the private rows would reveal "
         "which classes occur among them.")
     features: Optional[List[str]] = Field(None, min_length=1, description="Numeric feature columns; default: "
                                           "every column but the label.")
@@ -101,9 +91,9 @@ class FileSource(Strict):
     tokenizer: Optional[str] = Field(None, min_length=1, description="With text: the model whose vocabulary "
                                      "makes the ids, written as model.name or model.path; default: the model's own.")
     row_id: Optional[str] = Field(None, min_length=1, description="A column naming each row for good (a record "
-                                  "or visit number, unique in the file): the ledger then tells rows apart by it, "
-                                  "not by their content, so the same rows written another way (a column added, "
-                                  "values rescaled) are still the same rows to it. Never a feature.")
+                                  "or visit number, unique among the rows): the ledger then tells rows apart by "
+                                  "it, not by their content, so the same rows written another way (a column "
+                                  "added, values rescaled) are still the same rows to it. Never a feature.")
 
     @model_validator(mode="before")
     @classmethod
@@ -111,11 +101,9 @@ class FileSource(Strict):
         return text_defaults(data)
 
     @model_validator(mode="after")
-    def _text_is_the_whole_input(self):
+    def _columns_apart(self):
         if self.text is not None and (self.features is not None or self.scale == "public"):
             raise ValueError("a text column is the whole input: remove features and scale")
-        if self.hf_split is not None and self.format not in ("auto", "hf_disk"):
-            raise ValueError(f"hf_split applies to format hf_disk only, not {self.format}; remove hf_split")
         if self.row_id is not None and (self.row_id == self.label or self.row_id == self.text
                                         or self.row_id in (self.features or ())):
             raise ValueError(f"row_id: column {self.row_id!r} is the label, the text or a feature; name a column "
@@ -136,6 +124,28 @@ class FileSource(Strict):
         if value is not None and len(set(value)) != len(value):
             raise ValueError("features must be distinct")
         return value
+
+
+class FileSource(ColumnsSource):
+    """The team's own rows: a CSV, Parquet or JSON Lines file, or a Hugging Face dataset saved with
+    ``save_to_disk``, with one example per row (add/remove neighbours are rows, so one person's data should
+    be one row). Ray workers read the same path, so it must be readable where they run."""
+
+    kind: Literal["file"]
+    path: str = Field(..., min_length=1, description="The file, or the save_to_disk folder. A relative path is "
+                      "taken from the folder of the spec file it is written in.")
+    format: Literal["auto", "csv", "parquet", "jsonl", "hf_disk"] = Field(
+        "auto", description="auto: a folder is hf_disk, a file goes by its suffix (.csv, .parquet, .pq, .jsonl, "
+        ".ndjson); jsonl is one JSON object per line; hf_disk is a folder written by Hugging Face datasets' "
+        "save_to_disk (a Dataset or a DatasetDict).")
+    hf_split: Optional[str] = Field(None, min_length=1, description="With hf_disk: the DatasetDict's split to "
+                                    "read (default: its only split).")
+
+    @model_validator(mode="after")
+    def _split_of_a_saved_dataset(self):
+        if self.hf_split is not None and self.format not in ("auto", "hf_disk"):
+            raise ValueError(f"hf_split applies to format hf_disk only, not {self.format}; remove hf_split")
+        return self
 
     @property
     def name(self) -> str:
@@ -270,7 +280,7 @@ class SyntheticSource(Strict):
         return self.dimension ** 0.5 * min(abs(self.start - 1), abs(self.start + 1))
 
 
-class SqlSource(Strict):
+class SqlSource(ColumnsSource):
     """Rows of a database table (or view) through SQLAlchemy: PostgreSQL, or a SQLite file with nothing to
     start. Column types come from the database: the numeric columns are the features unless named. With
     data.blocks a run reads only its window's rows (a WHERE on the arrival column, in row_id order, through a
@@ -289,41 +299,20 @@ class SqlSource(Strict):
                                  "aggregate, GROUP BY, DISTINCT, window function, ORDER BY, LIMIT, subquery, join or "
                                  "set operation), whose rows are the source; row_id then names its identifying "
                                  "column.")
-    label: str = Field(..., min_length=1, description="The column holding each row's class.")
-    classes: List[Union[int, str]] = Field(
-        ..., min_length=2, description="Every class the label column may hold, in the order of the model's "
-        "outputs; declared, never read from the rows.")
     features: Optional[List[str]] = Field(None, min_length=1, description="Numeric feature columns; default: "
                                           "every numeric column but the label, row_id and the blocks' columns.")
     row_id: Optional[str] = Field(None, min_length=1, description="The column naming each row for good (unique, "
                                   "never NULL): the ledger's identity of a row, as a file's row_id; default: the "
                                   "table's primary key (one column).")
-    scale: Literal["auto", "none", "public"] = Field("auto", description="As a file's: auto = public (none "
-                                                     "with text).")
-    text: Optional[str] = Field(None, min_length=1, description="A text column instead of features: each row "
-                                "becomes the tokenizer's ids and attention mask, as a file's text column.")
-    max_length: Optional[int] = Field(None, ge=2, le=512, description="With text: tokens per row (default 32).")
-    tokenizer: Optional[str] = Field(None, min_length=1, description="With text: the model whose vocabulary "
-                                     "makes the ids; default: the model's own.")
     chunk_rows: PositiveInt = Field(50_000, description="Rows fetched per round trip of the server-side cursor.")
-
-    # a run on blocks hands this source its window's bounds, so only the window's rows leave the database
-    reads_by_window: ClassVar[bool] = True
 
     @property
     def name(self) -> str:
         """What reports and logs call the source: the table (never the URL, which names a host and a role)."""
         return self.table or "query"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _text_settings(cls, data):
-        return text_defaults(data)
-
     @model_validator(mode="after")
     def _table_or_query(self):
-        if self.text is not None and (self.features is not None or self.scale == "public"):
-            raise ValueError("a text column is the whole input: remove features and scale")
         if (self.table is None) == (self.query is None):
             raise ValueError("give one of table (a table or view) or query (a SELECT)")
         if self.query is not None and self.row_id is None:

@@ -12,7 +12,8 @@ import sqlalchemy as sa
 
 import specs
 from components.data.blocks import arrival_periods
-from components.data.sql import load_sql, window_bounds
+from components.data.blocks import window_bounds
+from components.data.sql import load_sql
 from flows.ledger import PrivacyLedger, RowsUnmatched
 from tests.flows.test_blocks import night, stream_spec
 from tests.flows.test_sql_source import DAYS, _frame, _sql_spec, _to_sqlite

@@ -11,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 import specs
-from components.data.sql import load_sql, window_bounds
+from components.data.blocks import window_bounds
+from components.data.sql import load_sql
 from flows.ledger import PrivacyLedger
 from flows.ledger.schema import PrivateRowRow
 from tests.flows.test_blocks import night, stream_spec, write_stream

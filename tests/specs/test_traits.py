@@ -2,6 +2,8 @@
 (components/registry.py), and the facts other code used to restate agree with the code that runs."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import specs
@@ -87,3 +89,36 @@ def test_every_shipped_spec_keeps_one_family():
         family = traits.family_of(spec)
         assert traits.ESTIMATORS[spec.estimator.kind].family == family, path.name
         assert family in traits.MECHANISMS[spec.mechanism.kind].families, path.name
+
+
+@pytest.mark.parametrize("where", [
+    {"kind": "file", "path": "rows.csv"},
+    {"kind": "sql", "url": "sqlite:///rows.db", "table": "visits"},
+])
+@pytest.mark.parametrize("columns, message", [
+    ({"classes": [0, 1, 1]}, "classes must be distinct"),
+    ({"classes": [1, "1"]}, "classes must be distinct"),
+    ({"features": ["a", "b", "a"]}, "features must be distinct"),
+    ({"row_id": "y"}, "row_id: column 'y' is the label, the text or a feature"),
+    ({"row_id": "a", "features": ["a", "b"]}, "row_id: column 'a' is the label, the text or a feature"),
+    ({"text": "note", "features": ["a"]}, "a text column is the whole input"),
+    ({"max_length": 16}, "max_length applies to a text column only"),
+])
+def test_a_file_and_a_table_are_checked_alike(where, columns, message):
+    """Each fact once: a file's and a table's columns are one base's (specs.sections.data.ColumnsSource), so
+    the same columns are refused alike whichever holds them."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from specs.sections.data import Source
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        TypeAdapter(Source).validate_python({**where, "label": "y", "classes": [0, 1], **columns})
+
+
+def test_the_source_traits_say_which_sources_have_columns_and_read_by_window():
+    from specs.sections.data import ColumnsSource, FileSource, SqlSource
+    from specs.traits import COLUMN_SOURCES, SOURCES
+
+    assert {k for k, t in SOURCES.items() if t.columns} == {"file", "sql"} and COLUMN_SOURCES == "file or sql"
+    assert {k for k, t in SOURCES.items() if t.windowed} == {"sql"}
+    assert issubclass(FileSource, ColumnsSource) and issubclass(SqlSource, ColumnsSource)
