@@ -138,8 +138,9 @@ def _in_process(search: specs.RunSpec) -> specs.RunSpec:
     return specs.RunSpec.model_validate(data)
 
 
-def _trained_in_task(search: specs.RunSpec, setting: Dict[str, Any], data: SplitData, threads: int):
+def _trained_in_task(job: Tuple[specs.RunSpec, Dict[str, Any]], data: SplitData, threads: int):
     """A Ray task's candidate: (score, curve, its loop's state) or None when it raised (a loser)."""
+    search, setting = job
     torch.set_num_threads(threads)
     try:
         candidate = train_candidate(search, setting, data)
@@ -150,20 +151,13 @@ def _trained_in_task(search: specs.RunSpec, setting: Dict[str, Any], data: Split
 
 def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData):
     """Each setting trained as a Ray task: yields (setting, its task's result), one at a time."""
-    import ray
+    from components.runtime.ray_tasks import each_on_ray
 
-    from components.runtime.ray_backend import connect
-
-    execution = search.execution
-    connect(execution.address, execution.workers * execution.cpus_per_worker)
-    local = _in_process(search)
-    shared = ray.put(data)
-    task = ray.remote(_trained_in_task).options(num_cpus=execution.cpus_per_worker, max_retries=3)
-    threads = max(1, int(execution.cpus_per_worker))
-    refs = [task.remote(local, setting, shared, threads) for setting in settings]
-    del shared
-    for setting, ref in zip(settings, refs):
-        yield setting, ray.get(ref)
+    execution, local = search.execution, _in_process(search)
+    for (_, setting), result in each_on_ray(_trained_in_task, [(local, s) for s in settings], data,
+                                             address=execution.address, workers=execution.workers,
+                                             cpus_per_worker=execution.cpus_per_worker):
+        yield setting, result
 
 
 def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData) -> List[Optional[tuple]]:

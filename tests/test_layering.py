@@ -1,5 +1,6 @@
 """docs/design.md, "Layers": specs <- components <- flows, and no import circles, checked on the import graph."""
 import ast
+import re
 import functools
 from pathlib import Path
 
@@ -30,6 +31,15 @@ def test_layer_imports(layer):
         bad = set(_imports(path)) & FORBIDDEN[layer]
         if bad:
             offenders.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert not offenders, offenders
+
+
+def test_only_the_runtime_imports_ray():
+    """docs/design.md, "Layers": Ray is the runtime's (components/runtime/: the actors of a training run, the
+    tasks of a search); every other room asks it."""
+    offenders = [str(path.relative_to(ROOT)) for layer in ("specs", "components", "flows", "reproduce")
+                 for path in sorted((ROOT / layer).rglob("*.py"))
+                 if "ray" in set(_imports(path)) and path.parent != ROOT / "components" / "runtime"]
     assert not offenders, offenders
 
 
@@ -142,22 +152,55 @@ def _spelled(path: Path, values: dict):
             yield node.lineno, values[node.value]
 
 
+# the shape of a name privzo writes or reads in MLflow: a tag, param or metric under one of these prefixes;
+# what has that shape and is no such name (a file, a host) is listed here
+TRACKING_NAME = re.compile(r"^(?:dp|privzo|audit|mlflow)\.[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*$")
+NOT_TRACKING_NAMES = {"mlflow.db", "mlflow.attacker.example"}
+
+
+def _shaped(path: Path):
+    """(line, text) for each string constant in ``path`` shaped like a tracking name, and each f-string that
+    starts like one (``f"dp.{kind}"``)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and TRACKING_NAME.match(node.value) \
+                and node.value not in NOT_TRACKING_NAMES:
+            yield node.lineno, node.value
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) and \
+                re.match(r"^(?:dp|privzo|audit|mlflow)\.", str(node.values[0].value)):
+            yield node.lineno, node.values[0].value
+
+
 def test_tracking_names_are_spelled_in_one_module():
     """docs/design.md, "MLflow conventions": every tag, param and artifact name privzo writes or reads is a
-    constant of flows/tracking_names.py; no other code, test or script spells one out."""
+    constant of flows/tracking_names.py; no other code, test or script spells one out, whether the module holds
+    it already or not (a new name shaped like one, ``dp.``/``privzo.``/``audit.``/``mlflow.``, fails here)."""
     values = {v: k for v, k in _tracking_names().items() if v not in COMMON_WORDS}
-    offenders = [f"{path.relative_to(ROOT)}:{line} spells {name}"
-                 for folder in ("specs", "components", "flows", "reproduce", "infra", "tests", "bench", "recipes", "docs")
-                 for path in sorted((ROOT / folder).rglob("*.py"))
-                 if path.name != "tracking_names.py"
-                 for line, name in _spelled(path, values)]
+    offenders = []
+    for folder in ("specs", "components", "flows", "reproduce", "infra", "tests", "bench", "recipes", "docs"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name == "tracking_names.py":
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{line} spells {name}" for line, name in _spelled(path, values)]
+            offenders += [f"{path.relative_to(ROOT)}:{line} spells {text!r}" for line, text in _shaped(path)
+                          if text not in values]
     assert not offenders, offenders
+
+
+def test_mlflows_own_names_are_mlflows():
+    """The names of MLflow's own that flows/tracking_names.py spells (it imports nothing) are MLflow's."""
+    from mlflow.utils import mlflow_tags
+
+    import flows.tracking_names as names
+
+    assert names.MLFLOW_RUN_NOTE == mlflow_tags.MLFLOW_RUN_NOTE
+    assert names.MLFLOW_PARENT_RUN_ID == mlflow_tags.MLFLOW_PARENT_RUN_ID
 
 
 def test_the_spelling_finder_finds_a_spelled_tag(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text('tags = {"dp.epsilon": "1"}\nfrom x import DP_EPSILON\n')
+    path.write_text('tags = {"dp.epsilon": "1"}\nfrom x import DP_EPSILON\nnew = {"privzo.new.tag": 1, f"dp.{x}": 2}\n')
     assert list(_spelled(path, _tracking_names())) == [(1, "DP_EPSILON")]
+    assert [line for line, _ in sorted(_shaped(path))] == [1, 3, 3]  # the tag, and the two new names
 
 
 FLOWS = ("flows.private_train", "flows.sweep", "flows.audit", "reproduce.flow", "flows.simulate", "flows.cli")
@@ -175,6 +218,18 @@ def test_the_flows_rooms_stand_below_the_flows():
     assert not offenders, offenders
     assert set(ROOMS) <= set(graph), sorted(set(ROOMS) - set(graph))
     assert list(_module_imports(ROOT / "flows" / "tracking_names.py")) == []
+
+
+def test_the_ledger_stands_below_the_rest_of_flows():
+    """docs/design.md, "Layers": the ledger (flows/ledger/) imports specs and components and itself, nothing else
+    of flows (its refusals derive from specs/refusal.py); what records runs, verifies and promotes asks it, and
+    a planted import of a flow module would fail here."""
+    graph = _import_graph()
+    members = [m for m in graph if m.startswith("flows.ledger")]
+    assert len(members) > 5, members
+    offenders = sorted(f"{m} imports {name}" for m in members for name in graph[m]
+                       if name.startswith("flows.") and not name.startswith("flows.ledger"))
+    assert not offenders, offenders
 
 
 def test_the_reproduction_harness_stands_beside_the_product():
