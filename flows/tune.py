@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+import dp_accounting
 import mlflow
 import torch
 from mlflow.entities import Param, RunTag
@@ -31,6 +32,7 @@ from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
 from components.protocols import Finalizing
+from components.runtime.workers import WorkersNotReady
 from components.families.common import accountant
 from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates, selection_event
 from flows.ledger import DatasetTerms, ledger_for_spending
@@ -41,10 +43,9 @@ from flows.resume import run_window
 from flows.window import BlockView
 from flows.registration import log_metrics, log_spent, open_run, register
 from flows.tracking import training_experiment
-from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, TUNE
-from flows.tune_rehearsal import PARENT_RUN, rehearse
+from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, MLFLOW_PARENT_RUN_ID, TUNE
+from flows.tune_rehearsal import rehearse
 
-PARENT_TAG, TUNE_TAG = PARENT_RUN, TUNE
 
 
 @dataclass
@@ -206,7 +207,7 @@ def _parent_run(search: specs.RunSpec) -> str:
     client = mlflow.MlflowClient(search.tracking.uri)
     experiment_id = training_experiment(client, search.tracking.experiment or search.name)
     tune = search.tune
-    run = client.create_run(experiment_id, run_name=f"{search.name}-tune", tags={TUNE_TAG: "search"})
+    run = client.create_run(experiment_id, run_name=f"{search.name}-tune", tags={TUNE: "search"})
     client.log_batch(run.info.run_id, params=[
         Param("tune.space", json.dumps(tune.space, sort_keys=True)),
         Param("tune.candidates", RepeatLaw(tune.candidates).describe()),
@@ -261,6 +262,10 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
                 "in memory, only the winner is logged", float(search.mechanism.noise_multiplier), search.privacy.epsilon)
     try:
         best = run_candidates(search, data)
+    except WorkersNotReady:
+        if reserved is not None:  # no candidate started and no row left this process: nothing was spent
+            commit_budget(search, charge_id, event_to_json(dp_accounting.NoOpDpEvent()), 0, None)
+        raise
     except BaseException:
         if reserved is not None:  # noise was drawn: the search is charged whole
             commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, None)
@@ -277,8 +282,8 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
     # ledger's; its lr and clip replay its journal), so privzo verify checks it as any run
     winner = best.spec.model_copy(update={"tune": search.tune})
     child = open_run(winner, plan.sampling_rate, data, best.built.loop.backend.directions.dim, str(best.built.device))
-    client.set_tag(child, PARENT_TAG, parent)
-    client.set_tag(child, TUNE_TAG, "winner")
+    client.set_tag(child, MLFLOW_PARENT_RUN_ID, parent)
+    client.set_tag(child, TUNE, "winner")
     for step, metrics in best.curve:
         log_metrics(winner.tracking.uri, child, metrics, step)
     best.built.loop.tracker = SelectionTracker(best.built.loop.tracker, search.tune,

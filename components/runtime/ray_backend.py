@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -199,12 +200,23 @@ def decode_update(message) -> Update:
     return message if isinstance(message, Update) else Update(terms=tuple(message))
 
 
+# Ray puts the driver's working directory first on its workers' sys.path: run from a folder holding one named
+# like a package of privzo's (a user's own specs/ or flows/), the workers would import that one. Ray is started
+# from privzo's own root instead, which its workers then find first (and start in).
+PRIVZO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _init(**options) -> None:
+    with contextlib.chdir(PRIVZO_ROOT):
+        ray.init(**options)
+
+
 def _join(address: str, attempts: int = 3) -> None:
     """Connect to a running cluster. A Ray Client session the head fails to set up (ConnectionAbortedError,
     seen on a busy head) is asked for again; a cluster that cannot be reached is refused in one line."""
     for attempt in range(attempts):
         try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            _init(address=address, log_to_driver=False, configure_logging=False)
             return
         except (ConnectionError, RuntimeError) as err:
             if not isinstance(err, ConnectionAbortedError) or attempt == attempts - 1:
@@ -222,8 +234,8 @@ def connect(address: str, cpus: float) -> None:
         # Ray's default for a new local cluster (token authentication) stays; only its notice that it chose
         # it, printed on every run, is not shown. Logical CPUs: enough for every bundle.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)))
+        _init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+              num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)))
     else:
         _join(address)
 

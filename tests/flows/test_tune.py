@@ -174,12 +174,36 @@ def test_a_search_whose_bound_does_not_hold_is_refused_in_one_line(tiny_spec_dic
 def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(prefect_server, tiny_spec_dict,
                                                                              tmp_path, monkeypatch):
     """With execution.backend ray each candidate is a Ray task; the winner's model, rebuilt on the driver from
-    the state its task returned, scores what its task scored, and is registered with the search's epsilon."""
+    the state its task returned, scores what its task scored, and is registered with the search's epsilon. Run
+    from a folder of the user's holding folders named like privzo's packages, the tasks import privzo's own
+    (Ray puts the driver's working directory first on its workers' path)."""
+    import ray
+
     settings = [{"optimizer.lr": 0.005, "mechanism.clip": 1.0}, {"optimizer.lr": 0.08, "mechanism.clip": 2.0}]
     monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: list(settings))
     d = _tune_spec(tiny_spec_dict, tmp_path)
     d["execution"] = {"backend": "ray", "workers": 2}
-    result = tune_flow.private_tune(spec=d)
+    users = tmp_path / "users-folder"
+    for package in ("specs", "flows", "components", "reproduce"):
+        (users / package).mkdir(parents=True)
+        (users / package / "__init__.py").write_text("raise ImportError('a folder of the user, not privzo')\n")
+    monkeypatch.chdir(users)
+    # Ray started from the user's folder as it starts by default: its workers import the user's folders, which
+    # the search finds before any row leaves this process, and commits nothing for the candidates never run
+    import components.runtime.ray_backend as ray_backend
+
+    ray.shutdown()
+    with monkeypatch.context() as started_here:
+        started_here.setattr(ray_backend, "PRIVZO_ROOT", users)
+        with pytest.raises(RuntimeError, match=r"^execution: Ray's workers cannot run privzo \(RuntimeError: The "
+                                               r"remote function failed to import on the worker\); nothing was sent "
+                                               r"to them$"):
+            tune_flow.private_tune(spec=d)
+        ray.shutdown()
+    (nothing,) = PrivacyLedger(d["budget"]["ledger"]).history("digits-tune")
+    assert nothing.status == "committed" and nothing.steps_run == 0
+    assert isinstance(nothing.event, dp_accounting.NoOpDpEvent)
+    result = tune_flow.private_tune(spec=d)  # from privzo's own root, whatever the working directory
     assert result["winner"] in settings
     client = mlflow.MlflowClient(d["tracking"]["uri"])
     run = client.get_run(result["run_id"])

@@ -1,0 +1,10 @@
+"""What a runtime's workers can fail with before any work reaches them (no Ray import: callers catch it
+without starting Ray)."""
+from __future__ import annotations
+
+from specs.refusal import RuntimeRefusal
+
+
+class WorkersNotReady(RuntimeRefusal):
+    """Ray's workers cannot run privzo's code (another package of that name first on their path, a node
+    without privzo): found before any row was sent to them."""
