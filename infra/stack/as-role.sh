@@ -10,7 +10,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 python="$here/.venv/bin/python"
 
-as_user() { local user=$1; shift; setpriv --reuid "$user" --regid "$user" --init-groups "$@"; }
+as_user() { local user=$1; shift; setpriv --reuid "$user" --regid "$(id -g "$user")" --init-groups "$@"; }
 
 # the interpreter's installation (sys.base_prefix: its binary, libraries and standard library)
 prefix=$("$python" -c 'import os, sys; print(os.path.realpath(sys.base_prefix))')
@@ -40,15 +40,16 @@ if [ "${1:-}" = check ]; then
 fi
 
 user=$1; shift
-if reaches "$user"; then exec setpriv --reuid "$user" --regid "$user" --init-groups "$@"; fi
+if reaches "$user"; then exec setpriv --reuid "$user" --regid "$(id -g "$user")" --init-groups "$@"; fi
 block=$(blocking "$user" "$prefix")
 exec unshare --mount --propagation private bash -c '
   set -euo pipefail
-  keep=$1 block=$2 user=$3; shift 3
+  keep=$1 block=$2 user=$3 group=$4; shift 4
   stage=$(mktemp -d /tmp/privzo-interpreter-XXXXXX)
   mount --bind "$keep" "$stage"
   mount -t tmpfs -o mode=711,size=1m privzo-hidden "$block"
   (umask 022 && mkdir -p "$keep")
   mount --bind "$stage" "$keep"
   umount "$stage" && rmdir "$stage"
-  exec setpriv --reuid "$user" --regid "$user" --init-groups "$@"' as-role "$prefix" "$block" "$user" "$@"
+  exec setpriv --reuid "$user" --regid "$group" --init-groups "$@"' as-role "$prefix" "$block" "$user" \
+  "$(id -g "$user")" "$@"
