@@ -188,18 +188,23 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
         (users / package).mkdir(parents=True)
         (users / package / "__init__.py").write_text("raise ImportError('a folder of the user, not privzo')\n")
     monkeypatch.chdir(users)
-    # Ray started from the user's folder as it starts by default: its workers import the user's folders, which
-    # the search finds before any row leaves this process, and commits nothing for the candidates never run
-    import components.runtime.ray_backend as ray_backend
+    ray.shutdown()  # started anew from here, the user's folder
+    # workers that import privzo from elsewhere than this process are found before any row leaves it, and the
+    # search commits nothing for the candidates it never ran
+    import os
 
-    ray.shutdown()
-    with monkeypatch.context() as started_here:
-        started_here.setattr(ray_backend, "PRIVZO_ROOT", users)
-        with pytest.raises(RuntimeError, match=r"^execution: Ray's workers cannot run privzo \(RuntimeError: The "
-                                               r"remote function failed to import on the worker\); nothing was sent "
-                                               r"to them$"):
+    import components.runtime.ray_tasks as ray_tasks
+
+    driver, real = os.getpid(), ray_tasks.packages
+
+    def elsewhere():
+        return real() if os.getpid() == driver else {**real(), "specs": str(users / "specs")}
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ray_tasks, "packages", elsewhere)
+        with pytest.raises(RuntimeError, match=r"^execution: Ray's workers import specs from .*users-folder/specs, "
+                                               r"this process from .*; nothing was sent to them$"):
             tune_flow.private_tune(spec=d)
-        ray.shutdown()
     (nothing,) = PrivacyLedger(d["budget"]["ledger"]).history("digits-tune")
     assert nothing.status == "committed" and nothing.steps_run == 0
     assert isinstance(nothing.event, dp_accounting.NoOpDpEvent)
