@@ -290,8 +290,7 @@ class RayBackend:
         self.checksum_every = checksum_every
         self._group = self._place(workers, strict=workers_per_node is not None)
         try:
-            for slot in range(workers):
-                self.workers.append(self._start(slot))
+            self.workers = self._start_all(range(workers))
         except BaseException:
             self.close()
             raise
@@ -332,15 +331,39 @@ class RayBackend:
                                  "other jobs hold its resources") from None
         return group
 
-    def _start(self, slot: int):
+    def _launch(self, slot: int):
+        """A new actor in ``slot``'s bundle and its pending identity (the replica is built on the way)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=slot // self._per_bundle)
+        worker = ReplicaWorker.options(num_cpus=self._cpus, num_gpus=self._gpus,
+                                       scheduling_strategy=strategy).remote(self._assemble, self._spec)
+        return worker, worker.identify.remote()
+
+    def _start(self, slot: int):
+        return self._start_all([slot])[0]
+
+    def _start_all(self, slots) -> list:
+        """Workers for ``slots``, all launched before any is waited on: each builds its replica (a process
+        importing torch and reading the rows) at the same time as the others, not after them."""
+        slots = list(slots)
+        pending = {slot: self._launch(slot) for slot in slots}
+        started = []
+        try:
+            for slot in slots:
+                started.append(self._admit(slot, *pending.pop(slot)))
+        except BaseException:
+            for worker in started + [w for w, _ in pending.values()]:
+                with contextlib.suppress(Exception):
+                    ray.kill(worker)
+            raise
+        return started
+
+    def _admit(self, slot: int, worker, identity):
+        """``slot``'s worker once it has shown the driver's rows and frozen weights, holding its parameters."""
         for attempt in range(START_ATTEMPTS):
-            worker = ReplicaWorker.options(num_cpus=self._cpus, num_gpus=self._gpus,
-                                           scheduling_strategy=strategy).remote(self._assemble, self._spec)
             try:
-                node, digest, error, weights = ray.get(worker.identify.remote(), timeout=PLACEMENT_TIMEOUT_S)
+                node, digest, error, weights = ray.get(identity, timeout=PLACEMENT_TIMEOUT_S)
                 break
             except ray.exceptions.GetTimeoutError:
                 ray.kill(worker)
@@ -348,7 +371,8 @@ class RayBackend:
                                      "(its placement bundle has no node with room)") from None
             except ray.exceptions.RayActorError:
                 # sent to a node that died before the cluster knew it: its bundle moves, and this start with it
-                continue
+                if attempt + 1 < START_ATTEMPTS:
+                    worker, identity = self._launch(slot)
         else:
             raise RuntimeError(f"ray backend: worker {slot} died {START_ATTEMPTS} times while starting")
         if error is not None:
