@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -267,11 +267,13 @@ class Built:
 
 
 def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torch.Generator] = None,
-               sampling_generator: Optional[torch.Generator] = None) -> Built:
+               sampling_generator: Optional[torch.Generator] = None, selected_by: Optional[Any] = None) -> Built:
     """Compose the private loop for a resolved spec.
 
     Private generators come from OS entropy unless injected (tests) or the spec opts into
     ``insecure_deterministic`` (then they derive from ``seed`` through a stream no public use touches).
+    ``selected_by``: the loop is one candidate of the search this TuneSpec describes; its tracker says what
+    the search spends (the best of K such runs, ``SelectionTracker``).
     """
     if not spec.is_resolved:
         raise ValueError("build_loop needs a resolved spec (no 'auto' left)")
@@ -317,6 +319,11 @@ def build_loop(spec: RunSpec, data: SplitData, *, noise_generator: Optional[torc
     assembly = Assembly(estimator, directions, parts.optimizer, sampler, n_private, noise_generator, seeded,
                         accountant(spec), float(spec.privacy.delta) if spec.privacy is not None else None)
     mechanism, tracker = MECHANISMS[spec.mechanism.kind](spec, assembly)
+    if selected_by is not None:
+        from components.accountants.accounting import SelectionTracker
+        from components.tuning import selection_event
+
+        tracker = SelectionTracker(tracker, functools.partial(selection_event, selected_by))
     loop = PrivateLoop(backend, sampler, estimator, mechanism, tracker, spec.seed, public=public)
     return Built(model, loop, device)
 

@@ -30,8 +30,8 @@ from components.audit import (
     runs_problem,
     with_epsilon,
 )
-from flows.tracking import log_text_artifacts
-from flows.tracking_names import (
+from flows.record.tracking import log_text_artifacts
+from flows.record.tracking_names import (
     AUDIT_ARTIFACT, AUDIT_BACKGROUND, AUDIT_BLACK_BOX_CORRECT, AUDIT_BLACK_BOX_EPSILON_LOWER,
     AUDIT_BLACK_BOX_GUESSES, AUDIT_CANARIES, AUDIT_CANARIES_ARTIFACT, AUDIT_CLAIMED_EPSILON, AUDIT_CONFIDENCE,
     AUDIT_DELTA, AUDIT_EPSILON_LOWER, AUDIT_ESTIMATOR, AUDIT_EXCEEDS_CLAIM, AUDIT_METHOD, AUDIT_NOISE_MULTIPLIER,

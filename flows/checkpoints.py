@@ -8,7 +8,6 @@ un-noised sum or a private generator's state (from which past noise could be rec
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -38,18 +37,6 @@ def anchored(root) -> Path:
     written (from the working directory)."""
     path, base = Path(root), os.environ.get(ROOT_ENV, "").strip()
     return path if path.is_absolute() or not base else Path(base) / path
-
-
-def spec_digest(spec) -> str:
-    """What must not change between a run and its resumption: the resolved spec except checkpoint and
-    tracking cadence (both only say where and how often to write), how the model is registered, direction
-    prefetching (the same values, drawn earlier) and the passwords in its URLs (a role's password may be
-    rotated between a crash and its resumption)."""
-    from specs.run import without_passwords
-
-    body = without_passwords(spec.model_dump(mode="json", exclude={
-        "checkpoint": True, "tracking": {"log_every", "register_as"}, "execution": {"prefetch_directions"}}))
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def resume_store(root: str, name: str, resume: Optional[str]) -> Optional["CheckpointStore"]:

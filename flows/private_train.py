@@ -1,27 +1,26 @@
 """``private_train``: resolve -> load and split -> calibrate sigma -> reserve budget -> train in
 checkpointed chunks -> evaluate -> log -> register -> commit budget.
 
-Reads like the algorithm: every computation is a component; what the run writes to MLflow is
-``flows.registration``'s, where it starts from ``flows.lineage``'s, how a killed run is found again
-``flows.resume``'s and what counts as a refusal ``flows.refusals``'. A chunk of training draws DP noise: it is never cached; a failed chunk is
-retried from the last checkpoint, and the steps the failed attempt spent stay charged. A process killed
-mid-run resumes from its last checkpoint under the same ledger reservation and MLflow run, charged with
-every step of the chunk it was killed in. A private run's noise was calibrated for
+Reads like the algorithm: every computation is a component; the steps it shares with the search are
+``flows.tasks``', what the run writes to MLflow is ``flows.record.registration``'s, where it starts from
+``flows.record.lineage``'s, how a killed run is found again ``flows.resume``'s and what counts as a refusal
+``specs.refusal``'s. A chunk of training draws DP noise: it is never cached; a failed chunk is retried
+from the last checkpoint, and the steps the failed attempt spent stay charged. A process killed mid-run
+resumes from its last checkpoint under the same ledger reservation and MLflow run, charged with every step
+of the chunk it was killed in. A private run's noise was calibrated for
 ``optimizer.steps`` private steps in all, so the steps a rewind discards come out of the trajectory: the
 run ends that many updates early, at exactly the planned epsilon, never above it.
 
 The run's ledger reservation and checkpoint folder are one ``flows.session.RunSession``: however the run
 ends, the ledger is settled once (the steps executed committed, a reservation kept for ``--resume`` after a
-lost cluster, or released when nothing private ran). Report and guarantee text is ``flows.reporting``'s.
+lost cluster, or released when nothing private ran). Report and guarantee text is ``flows.record.reporting``'s.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import uuid
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import mlflow
 import torch
@@ -32,126 +31,25 @@ from prefect.states import Failed
 from mlflow.entities import RunTag
 
 import specs
-from specs.sections import LEDGER_URL_ENV, default_ledger
-from components import builders, models
-from components.accountants import event_to_json
+from components import builders
 from components.data import SplitData
-from components.protocols import Certifying, Finalizing, Periodic
-from flows import reporting
-from flows.window import BlockView
-from flows.worker_config import deployment_run as _deployment_run, worker_ledger
+from components.protocols import Finalizing, Periodic
 from flows.checkpoints import Checkpointer
-from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, shown_url
-from flows.lineage import registered_source
-from flows.refusals import checking_input, checks_input, is_refusal, not_refused, quiet_refusals, refusal_line
-from flows.reporting import shown, shown_left
-from flows.registration import (artifact_key, budget_table, epsilon_metric, log_metrics, log_spent, open_run, register,
-                                 reopen_run, result_summary)
+from flows.ledger import DatasetTerms, ledger_for_spending
+from flows.record import reporting
+from flows.record.lineage import registered_source
+from flows.record.registration import (artifact_key, budget_table, epsilon_metric, log_metrics, log_spent, open_run,
+                                       register, reopen_run, result_summary)
+from flows.record.reporting import shown, shown_left
+from flows.record.tracking import released_fingerprint, tool
+from flows.record.tracking_names import DP_BUDGET_LEFT, PRIVZO_INIT
+from flows.record.transcript import load_weights
 from flows.resume import checkpoint_binding, find_checkpoint, run_window, same_stream
 from flows.session import RunSession
-from flows.tracking import KEYED_ROWS, keyed_rows, released_fingerprint, tool
-from flows.transcript import load_weights
-from flows.tracking_names import DP_BUDGET_LEFT, PRIVZO_INIT
-
-
-@dataclass(frozen=True)
-class Plan:
-    spec: specs.RunSpec  # resolved
-    n_private: int
-    sampling_rate: float
-    planned_epsilon: float
-    window: Tuple[str, ...] = ()  # with data.blocks: the blocks the run reads
-
-
-@task(name="load-and-split", cache_policy=NO_CACHE, retries=2, retry_condition_fn=not_refused)
-@checks_input
-def load_and_split(spec: specs.RunSpec, view: Optional[BlockView] = None) -> SplitData:
-    """``view``: with data.blocks, the run's window; only its rows are loaded into any part."""
-    within = None
-    if view is not None:
-        from components.data.blocks import window_bounds
-
-        within = window_bounds(view.window.blocks, spec.data.blocks.period)
-    data = builders.load_data(spec, view.select_some if view is not None else None, within=within)
-    if view is not None:
-        get_run_logger().info("window of %d blocks as of %s: %s .. %s (the next block, %s, is still arriving)",
-                              len(view.window.blocks), view.window.as_of, view.window.blocks[0],
-                              view.window.blocks[-1], view.window.next_block)
-    if spec.private_count_is_public:
-        get_run_logger().info("split %s: %d public, %d private, %d test rows", spec.data.source.name,
-                              len(data.public), len(data.private), len(data.test))
-    else:  # add/remove: the private count is private; the run uses the declared one
-        get_run_logger().info("split %s: %d public, %d test rows; private rows declared as %d", spec.data.source.name,
-                              len(data.public), len(data.test), spec.data.declared_private_rows)
-    return data
-
-
-@task(name="calibrate", cache_policy=NO_CACHE)
-@checks_input
-def calibrate(spec: specs.RunSpec, data: SplitData) -> Plan:
-    resolved, rate, eps = builders.plan(spec, data)
-    return Plan(resolved, len(data.private), rate, eps)
-
-
-@task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
-def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[BlockView] = None,
-                   planned=None) -> Optional[str]:
-    """Reserve the planned DpEvent on the dataset's lifetime budget, in one transaction, before any
-    private row is queried; refuses (writing nothing) if the composed total would exceed it, or if a
-    public or test row of this run was private in an earlier one. ``planned``: another event than the spec's
-    (a tune rehearsal records a NoOpDpEvent after the same row checks)."""
-    spec = plan.spec
-    if spec.budget is None:
-        return None
-    ledger = PrivacyLedger.open(spec.budget.ledger)
-    # the ledger is read by more people than the data: it holds keyed fingerprints only
-    private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints
-    keyed_private, keyed_exposed = keyed_rows(private), keyed_rows(exposed)
-    return ledger.reserve(Reservation(
-        dataset=spec.budget.dataset, fingerprint=released_fingerprint(data.private.fingerprint), run_name=spec.name,
-        planned=planned if planned is not None else builders.planned_event(
-            spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
-        steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
-        accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
-        private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
-        legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
-        ids_legacy_layout=legacy_ids_layout(data.layout),
-        charge_id=charge_id, terms=DatasetTerms.of(spec), **({} if view is None else dict(
-            blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
-            person_blocks=view.seen_persons, when=view.when))))
-
-
-def identity_unchanged(spec: specs.RunSpec) -> None:
-    """A table's identity columns, as the database's catalogue types them, against the identity the dataset's
-    runs recorded: a change is refused before any row is read (flows/ledger/rows.py). A file's is known only
-    once read, and is checked in the reservation."""
-    if spec.data.source.kind != "sql":
-        return
-    from components.data.sql import identity_layout_of
-    from flows.ledger.rows import refuse_changed_identity
-
-    split = spec.data.split
-    layout = identity_layout_of(spec.data.source, blocks=spec.data.blocks,
-                                public_flag=split.column if split.kind == "column" else None)
-    refuse_changed_identity(spec.budget.dataset, PrivacyLedger.open(spec.budget.ledger).row_layout(spec.budget.dataset),
-                            f"{layout};{KEYED_ROWS}")
-
-
-def legacy_ids_layout(layout: str) -> Optional[str]:
-    """The ledger layout an earlier privzo recorded for this source, if its ids were read another way then."""
-    from components.data.table import legacy_identity_layout
-
-    legacy = legacy_identity_layout(layout)
-    return None if legacy == layout else f"{legacy};{KEYED_ROWS}"
-
-
-@task(name="commit-budget", cache_policy=NO_CACHE, retries=3)
-def commit_budget(spec: specs.RunSpec, charge_id: str, event_json: str, steps: int, run_id: Optional[str]) -> float:
-    """Charge what was executed (all steps, or those before a crash); returns the dataset's budget left."""
-    from components.accountants import event_from_json
-    ledger = PrivacyLedger.open(spec.budget.ledger)
-    ledger.commit(charge_id, event_from_json(event_json), steps, run_id)
-    return spec.budget.lifetime_epsilon - ledger.spent(spec.budget.dataset)
+from flows.tasks import (Plan, RunLedger, calibrate, charged_to_the_team_ledger, evaluate, identity_unchanged,
+                         load_and_split, load_run_spec)
+from flows.window import BlockView
+from specs.refusal import checking_input, is_refusal, quiet_refusals, refusal_line
 
 
 @task(name="public-warm-start", cache_policy=NO_CACHE, retries=0)
@@ -222,71 +120,6 @@ def initial_weights(spec: specs.RunSpec, built: builders.Built, source: Optional
     return source
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate(built: builders.Built, data: SplitData) -> Dict[str, float]:
-    """Metrics on the declared evaluation split and on public data only (never private training rows)."""
-    return evaluation(built, data)
-
-
-def evaluation(built: builders.Built, data: SplitData) -> Dict[str, float]:
-    """``evaluate``'s metrics, as a plain function (a sweep cell, itself a task, evaluates with it too)."""
-    dev = built.device
-    out = {f"eval/{k}": v for k, v in models.evaluate(
-        built.model, torch.as_tensor(data.test.features, device=dev), torch.as_tensor(data.test.labels, device=dev)
-    ).items()}
-    optimizer = built.loop.backend.optimizer
-    if isinstance(optimizer, Certifying) and optimizer.certificate() is not None:
-        # the synthetic problem's exact Goldstein window certificate (public: F reads no row)
-        out["eval/goldstein_certificate"] = optimizer.certificate()
-    if len(data.public):
-        out["public/loss"] = models.evaluate(
-            built.model, torch.as_tensor(data.public.features, device=dev),
-            torch.as_tensor(data.public.labels, device=dev))["loss"]
-    return out
-
-
-def load_run_spec(spec_path: Optional[str], spec: Optional[Dict[str, Any]]) -> specs.RunSpec:
-    if (spec_path is None) == (spec is None):
-        raise ValueError("private_train: give exactly one of spec_path or spec")
-    run_spec = specs.load_spec(spec_path) if spec_path is not None else specs.spec_from_dict(spec)
-    if run_spec.budget is not None and run_spec.budget.ledger == default_ledger() and os.path.exists("privacy-ledger.db"):
-        # earlier privzo kept the default ledger in the working folder: never start a fresh one beside it
-        raise ValueError("budget.ledger: ./privacy-ledger.db is a ledger earlier privzo kept here by default; name the "
-                         "ledger this dataset's runs use (budget.ledger or PRIVZO_LEDGER_URL, with an absolute path)")
-    return run_spec
-
-
-def charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
-    """On a team's worker (a deployment's flow run) every run is charged to the team's ledger: the one the
-    worker's configuration names (flows/worker_config.py, which no job variable moves). A spec naming no ledger
-    is given the team's; one naming another, or with no budget, would train on the team's data outside the
-    lifetimes its owner registered. A deployment's run never takes a ledger from the environment, which job
-    variables set: on a worker no stack configured it is refused, and a personal worker's configuration
-    (``"ledger": null``) refuses $PRIVZO_LEDGER_URL rather than trusting it. Refused in one line before any row
-    is read."""
-    if not _deployment_run():
-        return spec
-    team = worker_ledger()
-    if team is None:
-        if os.environ.get(LEDGER_URL_ENV, "").strip():
-            raise ValueError(f"budget.ledger: this deployment's run has ${LEDGER_URL_ENV} but its worker's "
-                             "configuration names no ledger (a personal worker); a worker's ledger is named by "
-                             "that file, never by the environment a job variable sets: unset "
-                             f"${LEDGER_URL_ENV}, or name the ledger in the spec")
-        return spec
-    source = f"this worker's configuration, {shown_url(team)}"
-    if spec.budget is not None and "ledger" not in spec.budget.model_fields_set:
-        spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"ledger": team})})
-    if spec.budget is None:
-        raise ValueError(f"budget: a deployment's run on this team's worker is charged to the team's ledger "
-                         f"({source}); this spec has no budget section: give budget with the dataset its rows are "
-                         "charged to (a run without privacy cannot be charged)")
-    if spec.budget.ledger != team:
-        raise ValueError(f"budget.ledger: a deployment's run on this team's worker is charged to the team's ledger "
-                         f"({source}), not {shown_url(spec.budget.ledger)}; remove budget.ledger")
-    return spec
-
-
 @flow(name="private-train", log_prints=True, validate_parameters=True)
 def private_train(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]] = None,
                   progress: bool = False, resume: Optional[str] = None, as_of: Optional[str] = None) -> Dict[str, Any]:
@@ -333,7 +166,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     # (docs/design.md, Privacy invariants)
     fingerprint = released_fingerprint(data.private.fingerprint)
     store, saved = find_checkpoint(plan.spec, fingerprint, resume, legacy=data.private.fingerprint)
-    session = RunSession(store, _RunLedger(plan, data, view), charge_id=saved["charge_id"] if saved else None,
+    session = RunSession(store, RunLedger(plan, data, view), charge_id=saved["charge_id"] if saved else None,
                          resumed=saved is not None, keep=resolved.checkpoint.keep, resumable=cluster_lost)
     with session:  # settles the reservation and the folder exactly once, however this block is left
         with checking_input():  # before any private step: the spec, the data or the start does not fit
@@ -369,33 +202,6 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     create_markdown_artifact(reporting.run_artifact(result_summary(resolved, result, markdown=True), budget, report),
                              key=artifact_key(resolved.name), description="privzo run: MLflow links, guarantee, budget")
     return result
-
-
-class _RunLedger:
-    """The privacy ledger as a run session drives it (``flows.session``): reservation and commit go through
-    this flow's tasks, so each shows as a Prefect task run."""
-
-    def __init__(self, plan: Plan, data: SplitData, view: Optional[BlockView] = None):
-        self.plan, self.data, self.view = plan, data, view
-
-    @property
-    def url(self) -> str:
-        return self.plan.spec.budget.ledger
-
-    def reserve(self, charge_id: str) -> None:
-        reserve_budget(self.plan, self.data, charge_id, self.view)
-
-    def abort(self, charge_id: str) -> None:
-        PrivacyLedger.open(self.url).abort(charge_id)
-
-    def commit(self, charge_id: str, loop, run_id: Optional[str]) -> float:
-        """Charge the steps ``loop`` executed, whatever happened; returns the dataset's budget left."""
-        spec = self.plan.spec
-        left = commit_budget(spec, charge_id, event_to_json(loop.tracker.event()), loop.tracker.steps, run_id)
-        fits = PrivacyLedger.open(self.url).next_fit(spec.budget.dataset)
-        get_run_logger().info("%s", reporting.budget_left_line(spec.budget.dataset, spec.budget.lifetime_epsilon - left,
-                                                               spec.budget.lifetime_epsilon, fits))
-        return left
 
 
 def _train_and_log(plan: Plan, data: SplitData, built: builders.Built, run_id: str, checkpointer: Checkpointer,

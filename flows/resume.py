@@ -14,8 +14,9 @@ from components import builders
 from components.data.blocks import open_period
 from components.directions import GENERATOR_VERSION
 from flows.window import BlockView, Window, as_of_moment
-from flows.checkpoints import CheckpointStore, resume_store, spec_digest
-from flows.refusals import checks_input
+from flows.checkpoints import CheckpointStore, resume_store
+from specs.run import spec_digest
+from specs.refusal import checks_input
 
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
 @checks_input

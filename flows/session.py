@@ -49,6 +49,26 @@ def _never(_err: BaseException) -> bool:
     return False
 
 
+class _NoFolder:
+    """The store of a run that keeps no checkpoint folder (a search: its candidates live in memory, and a
+    search killed is not resumed)."""
+
+    def write_reservation(self, charge_id: str, ledger_url: str) -> None:
+        pass
+
+    def remove(self) -> None:
+        pass
+
+    def mark_finished(self) -> None:
+        pass
+
+    def unlock(self) -> None:
+        pass
+
+
+NO_FOLDER = _NoFolder()
+
+
 class RunSession:
     """One run's reservation and checkpoint folder, from the lock to their settlement.
 

@@ -45,11 +45,11 @@ from prefect.cache_policies import NO_CACHE
 import specs
 from components import builders
 from components.protocols import Finalizing
-from flows.private_train import evaluation
-from flows.registration import epsilon_metric
-from flows.reporting import summarize
-from flows.tracking import dp_tags, log_text_artifacts
-from flows.tracking_names import PRIVZO_ESTIMATOR, MLFLOW_PARENT_RUN_ID
+from flows.tasks import evaluation
+from flows.record.registration import epsilon_metric
+from flows.record.reporting import summarize
+from flows.record.tracking import dp_tags, log_text_artifacts
+from flows.record.tracking_names import PRIVZO_ESTIMATOR, MLFLOW_PARENT_RUN_ID
 
 
 @task(name="sweep-cell", cache_policy=NO_CACHE, retries=0)

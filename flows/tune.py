@@ -17,9 +17,8 @@ import json
 import secrets
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import dp_accounting
 import mlflow
 import torch
 from mlflow.entities import Param, RunTag
@@ -29,21 +28,19 @@ from prefect.states import Failed
 
 import specs
 from components import builders, models
-from components.accountants import event_to_json
 from components.data import SplitData
 from components.protocols import Finalizing
-from components.runtime.workers import WorkersNotReady
-from components.families.common import accountant
-from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates, selection_event
+from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates
 from flows.ledger import DatasetTerms, ledger_for_spending
-from flows.private_train import (calibrate, charged_to_the_team_ledger, commit_budget, evaluation, identity_unchanged,
-                                 load_and_split, load_run_spec, reserve_budget)
-from flows.refusals import checking_input, is_refusal, quiet_refusals, refusal_line
+from flows.session import NO_FOLDER, RunSession
+from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, commit_budget, evaluation, identity_unchanged,
+                         load_and_split, load_run_spec, reserve_budget)
+from specs.refusal import checking_input, is_refusal, quiet_refusals, refusal_line
 from flows.resume import run_window
 from flows.window import BlockView
-from flows.registration import log_metrics, log_spent, open_run, register
-from flows.tracking import training_experiment
-from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, MLFLOW_PARENT_RUN_ID, TUNE
+from flows.record.registration import log_metrics, log_spent, open_run, register
+from flows.record.tracking import training_experiment
+from flows.record.tracking_names import DP_EPSILON, DP_GUARANTEE, MLFLOW_PARENT_RUN_ID, TUNE
 from flows.tune_rehearsal import rehearse
 
 
@@ -56,25 +53,6 @@ class Candidate:
     built: Any
     score: float
     curve: List[Tuple[int, Dict[str, float]]] = field(default_factory=list)
-
-
-class SelectionTracker:
-    """The winner's tracker as the search spent it: the best of K runs of what its loop executed."""
-
-    def __init__(self, inner, tune, accountant, delta: float):
-        self.inner, self.tune, self.accountant, self.delta = inner, tune, accountant, delta
-
-    def event(self):
-        return selection_event(self.tune, self.inner.event())
-
-    def epsilon(self) -> float:
-        return self.accountant.epsilon(self.event(), self.delta)
-
-    def rho(self) -> Optional[float]:
-        return None
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def score_of(spec: specs.RunSpec, built, data: SplitData) -> float:
@@ -92,7 +70,7 @@ def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitD
     """One candidate trained to its end in memory, its curve (the run's evaluation every log_every steps,
     on test and public rows) kept for the winner's child run."""
     spec = candidate_spec(search, setting)
-    built = builders.build_loop(spec, data)
+    built = builders.build_loop(spec, data, selected_by=search.tune)  # its tracker: what the search spends
     warm = builders.public_warm_start(spec, built)
     start = evaluation(built, data)
     curve = [(0, {**({"public/warm_start_steps": warm} if warm else {}), **start})]
@@ -111,15 +89,17 @@ def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitD
 
 
 @task(name="tune-candidates", cache_policy=NO_CACHE, retries=0)
-def run_candidates(search: specs.RunSpec, data: SplitData) -> Optional[Candidate]:
+def run_candidates(search: specs.RunSpec, data: SplitData, started: Callable[[], None]) -> Optional[Candidate]:
     """Draw K and the settings, train each candidate, keep the best (None when K = 0 or none finished). K is
     never returned, logged or printed. With execution.backend ray the candidates are Ray tasks, each training
     its candidate in-process; otherwise they run here one after another. A candidate that raises is a loser
     (it never wins; its failure is not released), so K's law is unchanged; a task lost with its worker or node
-    is run again by Ray, which draws fresh noise for a run whose output never left it."""
+    is run again by Ray, which draws fresh noise for a run whose output never left it. ``started()`` is called
+    once no refusal can come before a candidate runs: from then on the search is charged whole."""
     settings = draw_candidates(search.tune, secrets.SystemRandom())
     if search.execution.backend == "ray":
-        return candidates_on_ray(search, settings, data)
+        return candidates_on_ray(search, settings, data, started)
+    started()
     best: Optional[Candidate] = None
     for setting in settings:
         try:
@@ -150,14 +130,16 @@ def _trained_in_task(job: Tuple[specs.RunSpec, Dict[str, Any]], data: SplitData,
     return candidate.score, candidate.curve, candidate.built.loop.state_dict()
 
 
-def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData):
-    """Each setting trained as a Ray task: yields (setting, its task's result), one at a time."""
+def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData,
+                    started: Callable[[], None] = lambda: None):
+    """Each setting trained as a Ray task: yields (setting, its task's result), one at a time; ``started()``
+    once the workers are found ready, before the rows leave this process."""
     from components.runtime.ray_tasks import each_on_ray
 
     execution, local = search.execution, _in_process(search)
     for (_, setting), result in each_on_ray(_trained_in_task, [(local, s) for s in settings], data,
                                              address=execution.address, workers=execution.workers,
-                                             cpus_per_worker=execution.cpus_per_worker):
+                                             cpus_per_worker=execution.cpus_per_worker, ready=started):
         yield setting, result
 
 
@@ -177,10 +159,10 @@ def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: 
     return trained
 
 
-def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]],
-                      data: SplitData) -> Optional[Candidate]:
+def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData,
+                      started: Callable[[], None]) -> Optional[Candidate]:
     best = None
-    for setting, result in _results_on_ray(search, settings, data):
+    for setting, result in _results_on_ray(search, settings, data, started):
         if result is not None and (best is None or better(search.tune.score.metric, result[0], best[1][0])):
             best = (setting, result)
         del result  # a loser's curve and state go with it
@@ -188,7 +170,7 @@ def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]],
         return None
     setting, (score, curve, state) = best
     spec = candidate_spec(_in_process(search), setting)  # the winner rebuilt here from its state: its trajectory
-    built = builders.build_loop(spec, data)
+    built = builders.build_loop(spec, data, selected_by=search.tune)
     built.loop.load_state_dict(state, restore_privacy_steps=True)
     return Candidate(setting, spec, built, score, curve)
 
@@ -254,30 +236,36 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
         return rehearse(search, data, plan, _every_setting,
                         lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), view, planned=planned),
                         lambda charge, event, run: commit_budget(search, charge, event, 0, run))
-    charge_id = str(uuid.uuid4())
     planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))
-    reserved = reserve_budget(plan, data, charge_id, view) if search.budget is not None else None
-    logger = get_run_logger()
-    logger.info("tune: sigma %.6g for the search (privacy.epsilon %s, the selection included); candidates run "
-                "in memory, only the winner is logged", float(search.mechanism.noise_multiplier), search.privacy.epsilon)
-    try:
-        best = run_candidates(search, data)
-    except WorkersNotReady:
-        if reserved is not None:  # no candidate started and no row left this process: nothing was spent
-            commit_budget(search, charge_id, event_to_json(dp_accounting.NoOpDpEvent()), 0, None)
-        raise
-    except BaseException:
-        if reserved is not None:  # noise was drawn: the search is charged whole
-            commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, None)
-        raise
-    parent = _parent_run(search)
+    # the search's reservation, settled once however it ends: released while no candidate could run (workers
+    # not ready), else its planned event charged whole (every candidate K held drew noise), winner or not
+    ledger = RunLedger(plan, data, view, charged=lambda _loop: (planned, search.optimizer.steps))
+    with RunSession(NO_FOLDER, ledger) as session:
+        if search.budget is not None:
+            session.reserve(str(uuid.uuid4()))
+        get_run_logger().info("tune: sigma %.6g for the search (privacy.epsilon %s, the selection included); "
+                              "candidates run in memory, only the winner is logged",
+                              float(search.mechanism.noise_multiplier), search.privacy.epsilon)
+        best = run_candidates(search, data, started=lambda: session.start(None))
+        parent = _parent_run(search)
+        session.run_id = parent
+        if best is None:  # K = 0 (Poisson): nothing trained, nothing released
+            mlflow.MlflowClient(search.tracking.uri).set_terminated(parent, "FINISHED")
+            get_run_logger().info("tune: no candidate ran (a Poisson K of 0); nothing is released")
+            return {"parent_run_id": parent, "winner": None, "epsilon": float(plan.planned_epsilon)}
+        child, final, spent, version = _release(search, plan, data, best, parent)
+        session.run_id = child
     client = mlflow.MlflowClient(search.tracking.uri)
-    if best is None:  # K = 0 (Poisson): nothing trained, nothing released
-        client.set_terminated(parent, "FINISHED")
-        if reserved is not None:
-            commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, parent)
-        logger.info("tune: no candidate ran (a Poisson K of 0); nothing is released")
-        return {"parent_run_id": parent, "winner": None, "epsilon": float(plan.planned_epsilon)}
+    return {"parent_run_id": parent, "run_id": child, "winner": best.setting, "score": best.score,
+            "tracking_uri": search.tracking.uri, "experiment_id": client.get_run(child).info.experiment_id,
+            "epsilon": float(spent.summary.epsilon), "guarantee": spent.model_guarantee, "model_version": version,
+            "noise_multiplier": float(search.mechanism.noise_multiplier), **final}
+
+
+def _release(search: specs.RunSpec, plan, data: SplitData, best: Candidate, parent: str):
+    """The winner as any run is released: its child run under the search's, its curve, its spend (the
+    search's, its tracker says so) and its registered version."""
+    client = mlflow.MlflowClient(search.tracking.uri)
     # the winner's spec as logged: its setting, and the search it won (its planned event is the search's, the
     # ledger's; its lr and clip replay its journal), so privzo verify checks it as any run
     winner = best.spec.model_copy(update={"tune": search.tune})
@@ -286,8 +274,6 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
     client.set_tag(child, TUNE, "winner")
     for step, metrics in best.curve:
         log_metrics(winner.tracking.uri, child, metrics, step)
-    best.built.loop.tracker = SelectionTracker(best.built.loop.tracker, search.tune,
-                                               accountant(search), float(search.privacy.delta))
     final = dict(best.curve[-1][1])
     spent = log_spent(winner, plan.window, data, best.built, child, final, selection=selection_sentence(search))
     version = register(winner, data, best.built, child, spent)
@@ -295,9 +281,4 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
     client.log_batch(parent, params=[Param(f"winner.{k}", str(v)) for k, v in best.setting.items()],
                      tags=[RunTag(DP_EPSILON, spent.tags[DP_EPSILON]), RunTag(DP_GUARANTEE, spent.model_guarantee)])
     client.set_terminated(parent, "FINISHED")
-    if reserved is not None:
-        commit_budget(search, charge_id, event_to_json(planned), search.optimizer.steps, child)
-    return {"parent_run_id": parent, "run_id": child, "winner": best.setting, "score": best.score,
-            "tracking_uri": winner.tracking.uri, "experiment_id": client.get_run(child).info.experiment_id,
-            "epsilon": float(spent.summary.epsilon), "guarantee": spent.model_guarantee, "model_version": version,
-            "noise_multiplier": float(search.mechanism.noise_multiplier), **final}
+    return child, final, spent, version

@@ -22,9 +22,9 @@ import specs
 from components.accountants import event_to_json
 from components.data import SplitData
 from components.tuning import RepeatLaw, rehearsal_rows, rehearsal_spec
-from flows.registration import log_metrics
-from flows.tracking import training_experiment
-from flows.tracking_names import MLFLOW_PARENT_RUN_ID, TUNE, TUNE_ROWS
+from flows.record.registration import log_metrics
+from flows.record.tracking import training_experiment
+from flows.record.tracking_names import MLFLOW_PARENT_RUN_ID, TUNE, TUNE_ROWS
 
 REHEARSAL = "rehearsal"
 

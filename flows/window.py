@@ -19,7 +19,7 @@ import specs
 from components.data.blocks import arrival_periods, next_after, open_period, row_blocks, sealed_periods
 from components.data.split import person_keys
 from components.data.table import Table
-from flows.tracking import keyed_rows
+from flows.record.tracking import keyed_rows
 
 
 @dataclass(frozen=True)

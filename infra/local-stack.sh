@@ -57,7 +57,7 @@ state="$root/.privzo-stack"
 prefect_port=${PRIVZO_PREFECT_PORT:-4200}
 mlflow_port=${PRIVZO_MLFLOW_PORT:-5000}
 export PREFECT_API_URL="http://127.0.0.1:$prefect_port/api"
-# offline: no usage telemetry from the servers, the worker or its flow runs (flows/cli.py, COMMAND_ENVIRONMENT)
+# offline: no usage telemetry from the servers, the worker or its flow runs (flows/cli/, COMMAND_ENVIRONMENT)
 export PREFECT_SERVER_ANALYTICS_ENABLED=false MLFLOW_DISABLE_TELEMETRY=true DO_NOT_TRACK=1
 export PREFECT_HOME="${PREFECT_HOME:-$state/prefect-home}"
 ray_port=${PRIVZO_RAY_PORT:-6379}
@@ -321,7 +321,7 @@ case "${1:-up}" in
       MLFLOW_AUTH_CONFIG_PATH="$state/mlflow-auth.ini" MLFLOW_AUTH_ADMIN_PASSWORD="$mlflow_admin" "$bin/python" -c \
         'from mlflow.server.auth import bootstrap_admin_user; bootstrap_admin_user()' >"$state/mlflow-admin.log" 2>&1 ||
         { echo "local-stack: MLflow's admin could not be made; see $state/mlflow-admin.log" >&2; exit 1; }
-      mlflow_app=(--app-name privzo-auth)  # basic-auth, and a viewer creates nothing (flows/mlflow_app.py)
+      mlflow_app=(--app-name privzo-auth)  # basic-auth, and a viewer creates nothing (flows/record/mlflow_app.py)
       if [ "$team" = 1 ]; then owned "$u_mlflow" "$state/mlflow-auth" "$state/mlflow-auth.ini" "$state/mlartifacts"; fi
       # the worker's flow runs log to the server as user worker, whatever store the stack keeps
       worker_env+=("MLFLOW_TRACKING_URI=http://127.0.0.1:$mlflow_port" "MLFLOW_TRACKING_USERNAME=worker"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra.ui_check import (BIN, CHROMIUM_ARGS, EXPERIMENT_VIEW, FIRST_LOAD_MS, QUIET_MLFLOW, ROOT, VIEWPORT,  # noqa: E402
                             Browser, free_port, browser_problem, chromium)
-from flows.tracking_names import TUNE  # noqa: E402
+from flows.record.tracking_names import TUNE  # noqa: E402
 
 
 def _spec(workdir: Path, epochs: int, rows: str) -> Path:

@@ -31,7 +31,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import yaml
 
-from flows.tracking_names import (DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_MODEL_EPSILON, DP_RUN_EPSILON,
+from flows.record.tracking_names import (DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_MODEL_EPSILON, DP_RUN_EPSILON,
                                   MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE)
 
 ROOT = Path(__file__).resolve().parents[1]

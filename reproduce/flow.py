@@ -25,8 +25,8 @@ from mlflow.entities import Metric, Param
 from prefect import flow, get_run_logger
 
 from reproduce import experiments as ex
-from flows.tracking import log_text_artifacts
-from flows.tracking_names import PRIVZO_KIND, MLFLOW_PARENT_RUN_ID
+from flows.record.tracking import log_text_artifacts
+from flows.record.tracking_names import PRIVZO_KIND, MLFLOW_PARENT_RUN_ID
 
 TOLERANCE = 0.15  # the study's pass band on a slope
 

@@ -1,6 +1,8 @@
 """The whole run: one typed spec, validated per field and then by cross-field rules."""
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from typing import Any, Dict, Optional
@@ -229,3 +231,11 @@ def flatten(spec: RunSpec) -> Dict[str, str]:
     return out
 
 
+def spec_digest(spec) -> str:
+    """What must not change between a run and its resumption: the resolved spec except checkpoint and
+    tracking cadence (both only say where and how often to write), how the model is registered, direction
+    prefetching (the same values, drawn earlier) and the passwords in its URLs (a role's password may be
+    rotated between a crash and its resumption)."""
+    body = without_passwords(spec.model_dump(mode="json", exclude={
+        "checkpoint": True, "tracking": {"log_every", "register_as"}, "execution": {"prefetch_directions"}}))
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

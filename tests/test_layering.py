@@ -1,6 +1,7 @@
 """docs/design.md, "Layers": specs <- components <- flows, and no import circles, checked on the import graph."""
 import ast
 import re
+import sys
 import functools
 from pathlib import Path
 
@@ -56,13 +57,13 @@ def _module_imports(path: Path):
 def test_runtime_stands_below_the_builders():
     """The runtime (local and Ray backends) is handed what it builds (a Ray worker gets the builders'
     ``build_replica``); it never imports the builders or the specs, so the import graph has no loop (the
-    refusal base, specs/refusal.py, imports nothing: its refusals derive from it)."""
+    refusal base, specs/refusal.py, imports only the standard library: its refusals derive from it)."""
     offenders = [f"{path.relative_to(ROOT)} imports {name}"
                  for path in (ROOT / "components" / "runtime").rglob("*.py")
                  for name in _module_imports(path)
                  if (name in ("components.builders", "specs") or name.startswith(("components.builders.", "specs.")))
                  and not name.startswith("specs.refusal")]
-    assert list(_module_imports(ROOT / "specs" / "refusal.py")) == ["__future__", "__future__.annotations"]
+    assert {name.split(".")[0] for name in _module_imports(ROOT / "specs" / "refusal.py")} <= set(sys.stdlib_module_names)
     assert not offenders, offenders
 
 
@@ -143,7 +144,7 @@ COMMON_WORDS = {"spec.yaml", "model"}
 
 
 def _tracking_names() -> dict:
-    import flows.tracking_names as names
+    import flows.record.tracking_names as names
 
     return {value: key for key, value in vars(names).items() if key.isupper() and isinstance(value, str)}
 
@@ -175,7 +176,7 @@ def _shaped(path: Path):
 
 def test_tracking_names_are_spelled_in_one_module():
     """docs/design.md, "MLflow conventions": every tag, param and artifact name privzo writes or reads is a
-    constant of flows/tracking_names.py; no other code, test or script spells one out, whether the module holds
+    constant of flows/record/tracking_names.py; no other code, test or script spells one out, whether the module holds
     it already or not (a new name shaped like one, ``dp.``/``privzo.``/``audit.``/``mlflow.``, fails here)."""
     values = {v: k for v, k in _tracking_names().items() if v not in COMMON_WORDS}
     offenders = []
@@ -190,10 +191,10 @@ def test_tracking_names_are_spelled_in_one_module():
 
 
 def test_mlflows_own_names_are_mlflows():
-    """The names of MLflow's own that flows/tracking_names.py spells (it imports nothing) are MLflow's."""
+    """The names of MLflow's own that flows/record/tracking_names.py spells (it imports nothing) are MLflow's."""
     from mlflow.utils import mlflow_tags
 
-    import flows.tracking_names as names
+    import flows.record.tracking_names as names
 
     assert names.MLFLOW_RUN_NOTE == mlflow_tags.MLFLOW_RUN_NOTE
     assert names.MLFLOW_PARENT_RUN_ID == mlflow_tags.MLFLOW_PARENT_RUN_ID
@@ -206,33 +207,43 @@ def test_the_spelling_finder_finds_a_spelled_tag(tmp_path):
     assert [line for line, _ in sorted(_shaped(path))] == [1, 3, 3]  # the tag, and the two new names
 
 
-FLOWS = ("flows.private_train", "flows.sweep", "flows.audit", "reproduce.flow", "flows.simulate", "flows.cli")
-ROOMS = ("flows.session", "flows.refusals", "flows.lineage", "flows.resume", "flows.window", "flows.registration",
-         "flows.tracking", "flows.tracking_names", "flows.reporting", "flows.checkpoints", "flows.transcript",
-         "flows.verify", "flows.verify_report")
+# docs/design.md, "Layers": the rooms, lowest first; a module may import its own room and those below it. The
+# ledger, the MLflow record (verify with it) and the CLI stand in rooms of their own inside flows/; what is left
+# of flows/ is the flows and their tasks; reproduce/ uses the flows, and only the CLI reaches it
+LEVELS = ("specs", "components", "flows.ledger", "flows.record", "flows", "reproduce", "flows.cli")
 
 
-def test_the_flows_rooms_stand_below_the_flows():
-    """docs/design.md, "Layers": the rooms a flow calls never import a flow or the CLI (a room that did would
-    pull the flow's imports into verify and the tests, and start a circle); tracking_names imports nothing."""
+def _level(module: str) -> int:
+    for room in ("flows.ledger", "flows.record", "flows.cli"):
+        if module == room or module.startswith(room + "."):
+            return LEVELS.index(room)
+    return LEVELS.index(module.split(".")[0])
+
+
+def _arrows_up(graph) -> list:
+    """Each import of a module from a room above the importer's."""
+    return sorted(f"{module} imports {name}" for module, names in graph.items() for name in names
+                  if _level(name) > _level(module))
+
+
+def test_the_rooms_import_down_only():
     graph = _import_graph()
-    offenders = sorted(f"{room} imports {name}" for room in ROOMS for name in graph.get(room, ())
-                       if name in FLOWS)
-    assert not offenders, offenders
-    assert set(ROOMS) <= set(graph), sorted(set(ROOMS) - set(graph))
-    assert list(_module_imports(ROOT / "flows" / "tracking_names.py")) == []
+    for room in LEVELS:
+        assert any(_level(m) == LEVELS.index(room) for m in graph), f"no module in {room}"
+    assert _arrows_up(graph) == []
+    assert list(_module_imports(ROOT / "flows" / "record" / "tracking_names.py")) == []  # names only
 
 
-def test_the_ledger_stands_below_the_rest_of_flows():
-    """docs/design.md, "Layers": the ledger (flows/ledger/) imports specs and components and itself, nothing else
-    of flows (its refusals derive from specs/refusal.py); what records runs, verifies and promotes asks it, and
-    a planted import of a flow module would fail here."""
-    graph = _import_graph()
-    members = [m for m in graph if m.startswith("flows.ledger")]
-    assert len(members) > 5, members
-    offenders = sorted(f"{m} imports {name}" for m in members for name in graph[m]
-                       if name.startswith("flows.") and not name.startswith("flows.ledger"))
-    assert not offenders, offenders
+@pytest.mark.parametrize("planted", [("flows.ledger.core", "flows.record.tracking"),
+                                     ("flows.record.verify", "flows.private_train"),
+                                     ("flows.private_train", "flows.cli.common"),
+                                     ("components.builders", "flows.ledger"), ("flows.tune", "reproduce.flow")])
+def test_an_import_planted_against_the_order_is_found(planted):
+    module, name = planted
+    graph = {m: set(names) for m, names in _import_graph().items()}
+    assert module in graph and name in graph, planted
+    graph[module].add(name)
+    assert _arrows_up(graph) == [f"{module} imports {name}"]
 
 
 def test_the_reproduction_harness_stands_beside_the_product():
@@ -240,7 +251,7 @@ def test_the_reproduction_harness_stands_beside_the_product():
     only the CLI's `privzo reproduce` reaches it."""
     graph = _import_graph()
     offenders = sorted(f"{module} imports {name}" for module, names in graph.items()
-                       if not module.startswith("reproduce") and module != "flows.cli"
+                       if not module.startswith(("reproduce", "flows.cli"))
                        for name in names if name.startswith("reproduce"))
     assert not offenders, offenders
 
@@ -293,3 +304,24 @@ def test_the_private_name_finder_finds_one(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("from components.data.table import Table, _hidden\nfrom os import _exit\n")
     assert list(_private_imports(sample)) == [(1, "components.data.table", "_hidden")]
+
+
+def _flows_of(path: Path) -> set:
+    """The names of the Prefect flows a module defines (functions decorated ``@flow(...)``)."""
+    return {node.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+            and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "flow" for d in node.decorator_list)}
+
+
+def test_a_flow_takes_only_flows_from_another_flow():
+    """docs/design.md, "Where new code goes": the steps two flows share are tasks in a module of shared tasks
+    (flows/tasks.py), never taken from another flow's module; a flow may call another flow (simulate plays
+    private_train's nights)."""
+    modules = {f"flows.{p.stem}": p for p in (ROOT / "flows").glob("*.py")}
+    modules.update({f"reproduce.{p.stem}": p for p in (ROOT / "reproduce").glob("*.py")})
+    flows = {name: _flows_of(path) for name, path in modules.items() if _flows_of(path)}
+    assert {"flows.private_train", "flows.tune", "flows.sweep", "flows.audit"} <= set(flows), sorted(flows)
+    offenders = sorted(f"{name} takes {node.module}.{alias.name}" for name in flows
+                       for node in ast.walk(ast.parse(modules[name].read_text()))
+                       if isinstance(node, ast.ImportFrom) and node.module in flows and node.module != name
+                       for alias in node.names if alias.name not in flows[node.module])
+    assert not offenders, offenders

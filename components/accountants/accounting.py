@@ -406,6 +406,37 @@ class OncePerRowTracker(PrivacyTracker):
         return dp_accounting.NoOpDpEvent() if self.steps == 0 else self.step_event
 
 
+class SelectionTracker:
+    """A search's candidate (privzo tune): what its loop executes, counted by the tracker its mechanism built
+    (``inner``), released as the best of K such runs (``select``: that composition to the search's
+    RepeatAndSelect event). Everything else, what the loop reads and writes of a tracker (steps, starts, a
+    filter's spend), is the inner tracker's: the wrapper forwards both, so the loop's protocol checks see it."""
+
+    _OWN = ("inner", "select")
+
+    def __init__(self, inner: Any, select: Callable[[dp_accounting.DpEvent], dp_accounting.DpEvent]):
+        object.__setattr__(self, "inner", inner)
+        object.__setattr__(self, "select", select)
+
+    def event(self) -> dp_accounting.DpEvent:
+        return self.select(self.inner.event())
+
+    def epsilon(self) -> float:
+        return self.inner.accountant.epsilon(self.event(), self.inner.delta)
+
+    def rho(self) -> Optional[float]:
+        return None  # a selection's guarantee is its (epsilon, delta) from RDP, never a zCDP rho
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+
 # ------------------------------------------------------------------ serialisation (closed registry)
 _EVENT_TYPES: Dict[str, type] = {
     cls.__name__: cls

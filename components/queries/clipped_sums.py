@@ -105,7 +105,7 @@ def vector_clip_coefficients(values: torch.Tensor, gram_matrix: torch.Tensor, cl
     return (a * factors[:, None]).sum(dim=0)
 
 
-# the privacy report's sentence on the handling above (flows/reporting.py shows it)
+# the privacy report's sentence on the handling above (flows/record/reporting.py shows it)
 NON_FINITE_HANDLING = (
     "A per-example value that is not finite (a loss or gradient that is NaN or overflows at a queried point) "
     "is bounded before the sum like any other: in a scalar query NaN counts as 0 and +-inf as +-C, and an "

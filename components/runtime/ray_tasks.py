@@ -21,13 +21,15 @@ def packages() -> Dict[str, str]:
 
 
 def each_on_ray(fn: Callable, items: Sequence[Any], shared: Any, *, address: str, workers: int,
-                cpus_per_worker: float, retries: int = 3) -> Iterator[Tuple[Any, Any]]:
+                cpus_per_worker: float, retries: int = 3,
+                ready: Callable[[], None] = lambda: None) -> Iterator[Tuple[Any, Any]]:
     """``fn(item, shared, threads)`` for each item as a Ray task of ``cpus_per_worker`` CPUs (``threads`` torch
     threads), all submitted at once; yields (item, its result) in the items' order, one at a time, so a caller
     keeps only what it needs. A task lost with its worker or node is run again by Ray (``retries``).
 
     First, before ``shared`` leaves this process, one task a worker says where it imports privzo from: a
-    worker that cannot, or imports another package of that name, raises ``WorkersNotReady`` in one line."""
+    worker that cannot, or imports another package of that name, raises ``WorkersNotReady`` in one line;
+    ``ready()`` is called once they all can, before ``shared`` is sent."""
     connect(address, workers * cpus_per_worker)
     here = packages()
     probe = ray.remote(packages).options(num_cpus=cpus_per_worker, scheduling_strategy="SPREAD", max_retries=0)
@@ -43,6 +45,7 @@ def each_on_ray(fn: Callable, items: Sequence[Any], shared: Any, *, address: str
         name = next(n for n in PACKAGES if other[n] != here[n])
         raise WorkersNotReady(f"execution: Ray's workers import {name} from {other[name]}, this process from "
                               f"{here[name]}; nothing was sent to them")
+    ready()
     shared_ref = ray.put(shared)
     task = ray.remote(fn).options(num_cpus=cpus_per_worker, max_retries=retries)
     threads = max(1, int(cpus_per_worker))

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from flows.sweep import results_csv, results_table  # noqa: E402
-from flows.tracking_names import PRIVZO_ESTIMATOR
+from flows.record.tracking_names import PRIVZO_ESTIMATOR
 
 
 def child_runs(uri: str) -> list:

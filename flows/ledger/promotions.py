@@ -1,6 +1,6 @@
 """The ledger's record of promotions (``privzo_promotions``, its owner's alone: a worker and a viewer read it):
 which version of a registered model its owner verified and promoted to an alias, and the SHA-256 of every
-file of it. flows/promotion.py asks these; nothing else reads the table."""
+file of it. flows/record/promotion.py asks these; nothing else reads the table."""
 from __future__ import annotations
 
 import datetime as dt

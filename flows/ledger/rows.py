@@ -20,7 +20,7 @@ def refuse_changed_identity(dataset: str, recorded: Optional[str], now: str) -> 
     reservation, which knows how to take them."""
     from components.data.table import IDS_AS_WRITTEN, INTEGER_IDS
 
-    parts = recorded.split(";") if recorded is not None else []  # flows/tracking.py KEYED_ROWS marks keyed rows
+    parts = recorded.split(";") if recorded is not None else []  # flows/record/tracking.py KEYED_ROWS marks keyed rows
     earlier = "rows=hmac-sha256" not in parts or (recorded.partition(":")[2].startswith("row_id=") and
                                             IDS_AS_WRITTEN not in parts)
     if recorded is None or recorded == now or earlier:

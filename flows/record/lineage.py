@@ -18,8 +18,8 @@ from prefect.cache_policies import NO_CACHE
 import specs
 from components import builders
 from components.accountants import Accountant, event_from_json
-from flows.refusals import checks_input, not_refused
-from flows.tracking_names import (
+from specs.refusal import checks_input, not_refused
+from flows.record.tracking_names import (
     DATA_FINGERPRINT, DP_EPSILON, DP_EVENT_ARTIFACT, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_PRIVATE,
     MODEL_BLOCK_EVENTS_ARTIFACT, MODEL_EVENT_ARTIFACT, PRIVZO_INIT, PRIVZO_INIT_DATA_FINGERPRINT,
     PRIVZO_INIT_EPSILON, PRIVZO_INIT_RUN_ID)

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 READ_ONLY_ENV = "PRIVZO_MLFLOW_READ_ONLY_USERS"
 # who may move a registered model's aliases (the stack names admin, whose `privzo verify --promote` records what
-# it promoted in the ledger, flows/promotion.py): basic-auth gives it to whoever may register a version
+# it promoted in the ledger, flows/record/promotion.py): basic-auth gives it to whoever may register a version
 PROMOTERS_ENV = "PRIVZO_MLFLOW_PROMOTERS"
 ALIAS_WRITES = frozenset({"registered-models/alias"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -7,7 +7,7 @@ versions set its aliases and overwrite its artifacts, so neither the alias nor t
 verified; ``load_verified`` (the consumer's loader) resolves the alias, checks that it names the promoted
 version and that every file it downloads is the bytes promoted, and refuses in one line otherwise, before
 anything is loaded. On the team's stack the MLflow door also keeps aliases to the promoters
-(flows/mlflow_app.py)."""
+(flows/record/mlflow_app.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +19,7 @@ from typing import Dict, Optional
 import mlflow
 
 from flows.ledger.promotions import VERIFIED, promoted, record, withdraw
-from flows.verify_report import NOT_APPLICABLE, VerifyReport
+from flows.record.verify_report import NOT_APPLICABLE, VerifyReport
 
 
 class NotVerified(ValueError):
@@ -104,7 +104,7 @@ def promote(report: VerifyReport, tracking_uri: Optional[str], ledger_url: str) 
         record(ledger_url, name, number, report.run_id or "", digests)
         client.set_registered_model_alias(name, VERIFIED, number)
         return (f"promoted: models:/{name}@{VERIFIED} is version {number} ({len(digests)} files recorded; "
-                "flows.promotion.load_verified loads only these bytes)")
+                "flows.record.promotion.load_verified loads only these bytes)")
     held = client.get_registered_model(name).aliases.get(VERIFIED)
     holds_it = held is not None and str(held) == str(number)
     if holds_it:

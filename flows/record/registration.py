@@ -1,7 +1,7 @@
 """What a training run writes to MLflow: the run and its params, metrics as it goes, what it spent (DP tags,
 DpEvents, the privacy report and journal, whatever happened), the registered version headed by the model's
-guarantee, and the run's summary and budget table. Names from flows/tracking_names.py; sentences from
-flows/reporting.py. The flow (flows/private_train.py) calls these in order."""
+guarantee, and the run's summary and budget table. Names from flows/record/tracking_names.py; sentences from
+flows/record/reporting.py. The flow (flows/private_train.py) calls these in order."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,20 +23,20 @@ from components import builders
 from components.accountants import event_to_json
 from components.data import SplitData
 from components.directions import GENERATOR_VERSION
-from flows import reporting
+from flows.record import reporting
 from flows.ledger import PrivacyLedger
-from flows.lineage import model_block_events, model_epsilon, model_event, model_runs
-from flows.reporting import PrivacySummary, privacy_report, shown, summarize
-from flows.tracking import (DESCRIPTION, dp_tags, experiment_url, journal_json, log_text_artifacts, run_name,
+from flows.record.lineage import model_block_events, model_epsilon, model_event, model_runs
+from flows.record.reporting import PrivacySummary, privacy_report, shown, summarize
+from flows.record.tracking import (DESCRIPTION, dp_tags, experiment_url, journal_json, log_text_artifacts, run_name,
                             run_url, training_experiment, ui_command, version_url)
-from flows.tracking_names import (
+from flows.record.tracking_names import (
     DERIVED_DEVICE, DERIVED_DIMENSION, DERIVED_N_PRIVATE, DERIVED_N_PUBLIC, DERIVED_N_TEST, DERIVED_SAMPLING_RATE,
     DP_EPSILON, DP_EVENT_ARTIFACT, DP_GUARANTEE, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_PRIVATE, DP_RUN_EPSILON,
     DP_RUN_GUARANTEE, DP_TARGET_EPSILON, JOURNAL_ARTIFACT, MODEL_ARTIFACT, MODEL_BLOCK_EVENTS_ARTIFACT,
     MODEL_EVENT_ARTIFACT, PRIVACY_REPORT_ARTIFACT, PRIVZO_BLOCKS, PRIVZO_DIRECTIONS_STREAM,
     PRIVZO_DIRECTIONS_VERSION, PRIVZO_ESTIMATOR, PRIVZO_INIT, PRIVZO_REGISTER, PRIVZO_RESUMED_FROM_STEP,
     PRIVZO_SPEC, PRIVZO_TRANSCRIPT_BYTES, PRIVZO_WEIGHTS_BYTES, SPEC_ARTIFACT)
-from flows.transcript import Transcript, log_transcript_model, replays_to, transcript_of, weights_bytes
+from flows.record.transcript import Transcript, log_transcript_model, replays_to, transcript_of, weights_bytes
 
 
 def privacy_summary(spec: specs.RunSpec, built: builders.Built, selection: Optional[str] = None) -> PrivacySummary:
@@ -117,7 +117,7 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
                  PRIVZO_WEIGHTS_BYTES: str(weights_bytes(model))}
     for key, value in {**tags, **sizes}.items():  # registered models carry the DP tags
         client.set_model_version_tag(name, version, key, value)
-    if description:  # with the command that checks it against the ledger and the run (flows/verify.py)
+    if description:  # with the command that checks it against the ledger and the run (flows/record/verify.py)
         if transcript is not None:
             description += "\n\n" + reporting.transcript_paragraph(
                 name, version, len(transcript.journal), transcript.start, int(sizes[PRIVZO_TRANSCRIPT_BYTES]),
@@ -130,7 +130,7 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
 
 
 def result_summary(spec: specs.RunSpec, result: Dict[str, Any], markdown: bool) -> list:
-    """The run's summary lines (``flows.reporting.result_summary``), with its MLflow addresses."""
+    """The run's summary lines (``flows.record.reporting.result_summary``), with its MLflow addresses."""
     uri, name, version = result["tracking_uri"], spec.name, result["model_version"]
     return reporting.result_summary(
         name, version, result, result["model_guarantee"], result["guarantee"], run_name=result["run_name"],
@@ -141,7 +141,7 @@ def result_summary(spec: specs.RunSpec, result: Dict[str, Any], markdown: bool) 
 
 
 def budget_table(spec: specs.RunSpec) -> str:
-    """The dataset's ledger as a markdown table (``flows.reporting.budget_table``): every run's epsilon, the
+    """The dataset's ledger as a markdown table (``flows.record.reporting.budget_table``): every run's epsilon, the
     exact total and what a next run like the last still fits."""
     ledger = PrivacyLedger.open(spec.budget.ledger)
     dataset = spec.budget.dataset
@@ -248,7 +248,7 @@ def register(resolved: specs.RunSpec, data: SplitData, built: builders.Built, ru
 
 
 def _trained_on(spec: specs.RunSpec, data: SplitData, steps: int, started: str) -> str:
-    """What a model was trained on and how, in a sentence (``flows.reporting.trained_on``; no private count
+    """What a model was trained on and how, in a sentence (``flows.record.reporting.trained_on``; no private count
     under add/remove)."""
     source = spec.data.source
     return reporting.trained_on(

@@ -252,7 +252,7 @@ def transcript_paragraph(model_name: str, version: str, entries: int, start: str
             f"(seed, coefficient) entries and a reference to its public initial weights ({started}, after any public "
             f"warm start), {byte_size(transcript_bytes)} in place of {byte_size(weights_bytes)} of weights. Loading "
             f"replays the journal {check}: "
-            f"`mlflow.pyfunc.load_model({uri!r})` for predictions, `flows.transcript.load_weights({uri!r})` for the "
+            f"`mlflow.pyfunc.load_model({uri!r})` for predictions, `flows.record.transcript.load_weights({uri!r})` for the "
             "torch module (both need privzo installed).")
 
 

@@ -16,8 +16,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from flows.reporting import PrivacySummary, shown
-from flows.tracking_names import (
+from flows.record.reporting import PrivacySummary, shown
+from flows.record.tracking_names import (
     MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE,
     DATA_FINGERPRINT, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_LARGE_DELTA, DP_NEIGHBORING,
     DP_NOISE_MULTIPLIER, DP_NOISE_SOURCE, DP_PRIVATE, DP_STEPS, DP_ZCDP_RHO)

@@ -22,7 +22,7 @@ DP_MODEL_EPSILON = "dp.model_epsilon"
 DP_MODEL_RUNS = "dp.model_runs"
 DP_RUN_EPSILON = "dp.run_epsilon"
 DP_RUN_GUARANTEE = "dp.run_guarantee"
-DATA_FINGERPRINT = "data.fingerprint"  # keyed: flows/tracking.py, released_fingerprint
+DATA_FINGERPRINT = "data.fingerprint"  # keyed: flows/record/tracking.py, released_fingerprint
 
 # What a run is and where its weights came from
 PRIVZO_SPEC = "privzo.spec"

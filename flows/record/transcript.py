@@ -13,7 +13,7 @@ The guarantee is the run's: the transcript is post-processing of what the run re
 coefficients; the seeds are public), as the weights are. Replaying reads no private row: the data source is read
 only for a public warm start's public rows.
 
-- ``replay_weights``: the one replay, shared with ``privzo verify`` (flows/verify.py).
+- ``replay_weights``: the one replay, shared with ``privzo verify`` (flows/record/verify.py).
 - ``TranscriptModel``: the MLflow pyfunc a transcript version is; ``mlflow.pyfunc.load_model`` replays.
 - ``load_weights(model_uri)``: the torch module of a registered version, transcript or weights.
 """
@@ -37,7 +37,7 @@ from mlflow.exceptions import MlflowException
 
 import specs
 from specs.traits import JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS
-from flows.tracking_names import MODEL_ARTIFACT, PRIVZO_LOAD, PRIVZO_REGISTER
+from flows.record.tracking_names import MODEL_ARTIFACT, PRIVZO_LOAD, PRIVZO_REGISTER
 
 TRANSCRIPT_ARTIFACT = "transcript"          # the pyfunc's artifact key
 TRANSCRIPT_FILE = "transcript.json"
@@ -314,7 +314,7 @@ def log_transcript_model(transcript: Transcript, example: np.ndarray, output: np
         return mlflow.pyfunc.log_model(
             name=MODEL_ARTIFACT, python_model=TranscriptModel(), artifacts={TRANSCRIPT_ARTIFACT: str(path)},
             signature=infer_signature(example, output), registered_model_name=registered_model_name,
-            metadata={PRIVZO_REGISTER: "transcript", PRIVZO_LOAD: "flows.transcript.load_weights"},
+            metadata={PRIVZO_REGISTER: "transcript", PRIVZO_LOAD: "flows.record.transcript.load_weights"},
             # declared, so a loader may name the store a continued start resolves in (MLflow drops undeclared keys)
             model_config={"tracking_uri": ""},
             # loading replays with privzo's own code, so privzo must be importable where it loads

@@ -3,21 +3,21 @@
 A version's dp.* tags and description are text anyone with write access to the registry can change, and its
 weights are an artifact anyone can log again under the same run. ``verify`` recomputes what they should say
 from what privzo recorded elsewhere and names the first disagreement in one line. The six checks, in order
-(``flows.verify_report.CHECKS``; docs/guide/stack.md, "Checking a registered model", says each in full): the
+(``flows.record.verify_report.CHECKS``; docs/guide/stack.md, "Checking a registered model", says each in full): the
 **source run** logged a privzo spec with a ``budget``; the **ledger charge** of that run is committed and is
 its reservation's plan cut to the steps it ran (``components.accountants.beyond_plan``); its **epsilon**
 (the executed DpEvent is the run's ``dp_event.json`` and composes to its tags, at the precision they are
-written with, ``flows.reporting.shown``); the **model guarantee** recomposed from the ledger over the
-model's lineage (``flows.lineage``, per block with data.blocks); the run's params are its **spec**, reserved
+written with, ``flows.record.reporting.shown``); the **model guarantee** recomposed from the ledger over the
+model's lineage (``flows.record.lineage``, per block with data.blocks); the run's params are its **spec**, reserved
 for the rows of its keyed **fingerprint**; and, where the journal of ``(seed, coefficient)`` steps is the
 whole trajectory (two_point with sgd), the **weights** are its replay (``components.optimizers.replay``)
-from the public initial weights, bit for bit on CPU (within ``flows.transcript.GPU_RTOL`` / ``GPU_ATOL``
+from the public initial weights, bit for bit on CPU (within ``flows.record.transcript.GPU_RTOL`` / ``GPU_ATOL``
 for a GPU stream); a transcript version is that replay, loaded as ``mlflow.pyfunc.load_model`` loads it.
 
 The ledger is the one given, else the team's ``$PRIVZO_LEDGER_URL``, else the spec's; verify asks it for the
 run's charges (``PrivacyLedger.run_charges``) and reads none of its tables. Nothing is charged, tagged or
 registered: the ledger and the MLflow store are only read (a SQLite ledger that does not exist is reported,
-never created). ``verify_command`` is what ``privzo verify`` runs; its ``--promote`` is flows/promotion.py's.
+never created). ``verify_command`` is what ``privzo verify`` runs; its ``--promote`` is flows/record/promotion.py's.
 """
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ from mlflow.exceptions import MlflowException
 import specs
 from specs.sections.tracking import tracking_uri_from_env
 from components.accountants import Accountant, beyond_plan, event_from_json
-from flows import promotion
+from flows.record import promotion
 from flows.ledger import ABORTED, COMMITTED, Charge, recomposition_problems, shown_url
-from flows.verify_report import CHECKS, FAILED, NOT_APPLICABLE, NOT_RUN, OK, Check, VerifyReport
-from flows.tracking_names import (
+from flows.record.verify_report import CHECKS, FAILED, NOT_APPLICABLE, NOT_RUN, OK, Check, VerifyReport
+from flows.record.tracking_names import (
     DATA_FINGERPRINT, DERIVED_N_PRIVATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_EVENT_ARTIFACT, DP_GUARANTEE,
     DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_RUN_EPSILON, DP_RUN_GUARANTEE, DP_STEPS, JOURNAL_ARTIFACT,
     MODEL_BLOCK_EVENTS_ARTIFACT, MODEL_EVENT_ARTIFACT, PRIVZO_BLOCKS, PRIVZO_DIRECTIONS_STREAM, PRIVZO_DIRECTIONS_VERSION,
@@ -191,7 +191,7 @@ class _Verifier:
                     f"{charge.steps_run} of {charge.steps_planned} planned steps")
 
     def _epsilon(self) -> Tuple[str, str]:
-        from flows.reporting import shown
+        from flows.record.reporting import shown
 
         run_id, spec, charge = self.run.info.run_id, self.spec, self.charge
         tags, vtags = self.run.data.tags, self.version.tags or {}
@@ -233,8 +233,8 @@ class _Verifier:
                     "tags say")
 
     def _model_guarantee(self) -> Tuple[str, str]:
-        from flows.lineage import model_epsilon
-        from flows.reporting import shown
+        from flows.record.lineage import model_epsilon
+        from flows.record.reporting import shown
 
         run, spec, charge = self.run, self.spec, self.charge
         run_id, tags, vtags = run.info.run_id, run.data.tags, self.version.tags or {}
@@ -292,7 +292,7 @@ class _Verifier:
                     + ", as the version's tags and description state")
 
     def _guarantee_sentence(self, what: str, sentence: str, eps: float, lineage: str) -> None:
-        from flows.reporting import shown
+        from flows.record.reporting import shown
 
         if not self.spec.private:
             return
@@ -311,7 +311,7 @@ class _Verifier:
 
     def _spec_and_fingerprint(self) -> Tuple[str, str]:
         from components import builders
-        from flows.checkpoints import spec_digest
+        from specs.run import spec_digest
 
         run, spec, charge = self.run, self.spec, self.charge
         run_id, tags, params = run.info.run_id, run.data.tags, run.data.params
@@ -358,7 +358,7 @@ class _Verifier:
         import torch
 
         from components.directions import GENERATOR_VERSION
-        from flows.transcript import (GPU_ATOL, GPU_RTOL, ReplayError, journal_is_trajectory, replay_device,
+        from flows.record.transcript import (GPU_ATOL, GPU_RTOL, ReplayError, journal_is_trajectory, replay_device,
                                       replay_weights, start_of, transcript_in)
 
         spec, run = self.spec, self.run
@@ -439,7 +439,7 @@ class _Verifier:
         journal and refuses weights whose SHA-256 is not the trained weights' (on a CPU stream)."""
         import mlflow.pyfunc
 
-        from flows.transcript import ReplayError, TranscriptModel, start_of
+        from flows.record.transcript import ReplayError, TranscriptModel, start_of
 
         run_id, tags = self.run.info.run_id, self.run.data.tags
         held = {"run": (transcript.run_id, run_id),
@@ -504,7 +504,7 @@ class _Verifier:
         self._start_agrees(source, source_spec, source_charge, seen)
 
     def _model_event(self, run, spec: specs.RunSpec, event) -> Tuple[Optional[dp_accounting.DpEvent], int]:
-        """The model's composed event as ``flows.lineage.model_event`` builds it, every run's event taken
+        """The model's composed event as ``flows.record.lineage.model_event`` builds it, every run's event taken
         from the ledger's committed charge; and the number of runs that trained it."""
         source_id = run.data.tags.get(PRIVZO_INIT_RUN_ID)
         if source_id is None:
@@ -524,7 +524,7 @@ class _Verifier:
         return dp_accounting.ComposedDpEvent([before, event]), runs + 1
 
     def _block_events(self, run, spec: specs.RunSpec, window: List[str], event, composed):
-        """Per block, as ``flows.lineage.model_block_events`` composes them, from the ledger."""
+        """Per block, as ``flows.record.lineage.model_block_events`` composes them, from the ledger."""
         source_id = run.data.tags.get(PRIVZO_INIT_RUN_ID)
         if source_id is None:
             return {block: event for block in window}
@@ -654,7 +654,7 @@ class _Verifier:
 
     # ------------------------------------------------------------ weights
     def _download(self, model_uri: str) -> Optional[Path]:
-        from flows.transcript import download_version
+        from flows.record.transcript import download_version
 
         try:
             return download_version(model_uri, self.uri, self.folder)
@@ -673,7 +673,7 @@ class _Verifier:
     def _load_start(self, ref: str):
         """The version a run continued (``models:/NAME/VERSION``), weights or transcript; None where it cannot
         be loaded (a transcript's own reason is raised)."""
-        from flows.transcript import ReplayError, load_weights
+        from flows.record.transcript import ReplayError, load_weights
 
         try:
             return load_weights(ref, tracking_uri=self.uri, folder=self.folder)

@@ -1,5 +1,5 @@
 """What ``privzo verify`` reports: one line per check (ok, failed, not applicable, not run) under a headline
-that names the first mismatch. The checks themselves are ``flows.verify``'s."""
+that names the first mismatch. The checks themselves are ``flows.record.verify``'s."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

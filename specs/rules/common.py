@@ -148,7 +148,7 @@ def cross_field_problems(spec) -> List[str]:
 
 def _transcript_problems(spec) -> List[str]:
     """tracking.register_as: transcript registers the journal in place of the weights, so the journal must be the
-    whole trajectory, from public initial weights a replay rebuilds (flows/transcript.py)."""
+    whole trajectory, from public initial weights a replay rebuilds (flows/record/transcript.py)."""
     if spec.tracking.register_as != "transcript":
         return []
     est, opt = spec.estimator.kind, spec.optimizer.kind

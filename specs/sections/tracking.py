@@ -32,7 +32,7 @@ class TrackingSpec(Strict):
         "weights", description="What the registered model version holds. weights: the trained PyTorch model. "
         "transcript: the resolved spec, the run's journal of (seed, coefficient) steps and a reference to its "
         "public initial weights (kilobytes, no weights), an MLflow pyfunc whose loading rebuilds the weights by "
-        "replay (flows/transcript.py); only where the journal is the whole trajectory (two_point with sgd).")
+        "replay (flows/record/transcript.py); only where the journal is the whole trajectory (two_point with sgd).")
 
     @field_validator("uri")
     @classmethod

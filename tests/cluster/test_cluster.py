@@ -24,7 +24,7 @@ import yaml
 import specs
 from components import builders
 from tests.conftest import fixed_loop
-from flows.tracking_names import DP_EPSILON
+from flows.record.tracking_names import DP_EPSILON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 ROOT = Path(__file__).resolve().parents[2]

@@ -196,7 +196,7 @@ def test_spec_rules(tiny_spec_dict):
 def test_the_residual_clip_is_resolved_logged_and_reported(tiny_spec_dict):
     """The residual clip bounds each example as the clip does: the resolved spec (what a run logs) holds it
     as a number, and the privacy report states both clips."""
-    from flows.reporting import privacy_report, summarize
+    from flows.record.reporting import privacy_report, summarize
 
     tiny_spec_dict["estimator"] = {"kind": "gep", "anchors": 4, "public_batch_size": 8}
     spec = specs.spec_from_dict(tiny_spec_dict)

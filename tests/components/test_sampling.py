@@ -223,7 +223,7 @@ def test_pld_under_replace_one_counts_privzos_noise_in_full():
 
 def test_the_report_says_what_was_drawn():
     """A full-batch run draws no batches: its report does not claim a secret selection."""
-    from flows.reporting import privacy_report, summarize
+    from flows.record.reporting import privacy_report, summarize
 
     for sampling, neighboring, said in (
             ({"kind": "full_batch"}, "replace_one", "Every private row is in every step"),

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 import specs
 from components import builders
 from components.accountants import Accountant, PrivacyTracker, ZCdpAccountant
-from flows.reporting import privacy_report, shown, summarize
-from flows.tracking import dp_tags
+from flows.record.reporting import privacy_report, shown, summarize
+from flows.record.tracking import dp_tags
 from scipy import stats
 
 from tests.components.test_sampling import _spec
-from flows.tracking_names import DP_ZCDP_RHO
+from flows.record.tracking_names import DP_ZCDP_RHO
 
 G = dp_accounting.GaussianDpEvent
 

@@ -11,7 +11,7 @@ import specs
 from components.data import load_sklearn
 from flows.window import BlockView, Window
 from flows.ledger import BudgetExceeded, PrivacyLedger, Reservation
-from flows.tracking_names import DP_EPSILON, DP_MODEL_EPSILON, DP_MODEL_RUNS, PRIVZO_BLOCKS
+from flows.record.tracking_names import DP_EPSILON, DP_MODEL_EPSILON, DP_MODEL_RUNS, PRIVZO_BLOCKS
 
 START = dt.date(2026, 11, 1)
 PER_DAY = 120

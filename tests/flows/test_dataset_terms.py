@@ -365,7 +365,7 @@ def test_a_declared_row_id_matches_rows_however_they_are_written(tmp_path):
     from sklearn.datasets import load_digits
 
     from components.data.sources import load_file
-    from flows.tracking import keyed_rows
+    from flows.record.tracking import keyed_rows
 
     x, y = load_digits(return_X_y=True)
     frame = pd.DataFrame(x[:60], columns=[f"px{i}" for i in range(64)]).assign(digit=y[:60],

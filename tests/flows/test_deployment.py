@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from flows.tracking_names import DP_EPSILON, DP_GUARANTEE, PRIVACY_REPORT_ARTIFACT
+from flows.record.tracking_names import DP_EPSILON, DP_GUARANTEE, PRIVACY_REPORT_ARTIFACT
 
 # one stack per checkout (.privzo-stack): with tests/flows/test_nightly.py, run in turn by one worker
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]
@@ -347,7 +347,7 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                            ("/ajax-api/3.0/mlflow/demo/generate", {}),
                            ("/api/3.0/mlflow/datasets/create", {"name": "x"})):
             assert _status(server + path, "POST", auth=viewer, body=body) == 403, path
-        # and on the routes MLflow serves on FastAPI ahead of its Flask app (the ASGI door, flows/mlflow_app.py)
+        # and on the routes MLflow serves on FastAPI ahead of its Flask app (the ASGI door, flows/record/mlflow_app.py)
         for method, path, body in (("POST", "/ajax-api/3.0/mlflow/mcp-servers", {"name": "x", "url": "http://x"}),
                                    ("PUT", "/ajax-api/3.0/mlflow/assistant/config", {"provider": "x"}),
                                    ("POST", "/ajax-api/3.0/jobs/", {"function_fullname": "os.system", "params": {}})):
@@ -356,7 +356,7 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
                        body={"experiment_ids": [finished.info.experiment_id]}) == 200
 
         # a viewer checks the version: the logged ledger URL has no password, so verify asks for one
-        from flows.verify import verify
+        from flows.record.verify import verify
 
         monkeypatch.delenv("PRIVZO_LEDGER_URL", raising=False)
         asked = verify("digits-retrain", version.version, tracking_uri=server)
@@ -376,7 +376,7 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
 
         # the ledger owner promotes the nightly version: it passes against the team's ledger, so it gets the
         # alias consumers load; a version registered by hand from the same run (no tags) does not
-        from flows.verify import verify_command
+        from flows.record.verify import verify_command
 
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", secrets["PRIVZO_MLFLOW_ADMIN_PASSWORD"])
@@ -393,7 +393,7 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         # @verified is the bytes the owner checked: the worker may not move the alias, a consumer loads the
         # promoted version; the server keeps every logged byte (no user overwrites or deletes an artifact), and
         # bytes changed where it keeps them (by whoever holds its disk) make the load refuse
-        from flows.promotion import NotVerified, load_verified
+        from flows.record.promotion import NotVerified, load_verified
 
         worker = f"worker:{secrets['PRIVZO_MLFLOW_WORKER_PASSWORD']}"
         assert _status(f"{server}/api/2.0/mlflow/registered-models/alias", "POST", auth=worker,
@@ -516,7 +516,7 @@ def _compose():
 def test_the_compose_stack_wires_the_worker_to_what_privzo_reads():
     """No Docker engine runs here, so infra/compose is held to the names privzo and the local Postgres
     stack use: the worker's environment, the databases, the drivers, the deployments' pool, the image."""
-    from flows.tracking import KEY_ENV
+    from flows.record.tracking import KEY_ENV
     from specs.sections import LEDGER_URL_ENV, TRACKING_URI_ENV
 
     services = _compose()["services"]

@@ -15,9 +15,9 @@ from components.data import load_sklearn
 from components.data.split import person_keys
 from components.data.table import legacy_identity_layout
 from flows import cli
-from flows.private_train import legacy_ids_layout  # imports Prefect, whose log handlers outlive a test's capture
+from flows.tasks import legacy_ids_layout  # imports Prefect, whose log handlers outlive a test's capture
 from flows.ledger import PrivacyLedger, Reservation, RowsUnmatched
-from flows.tracking import KEYED_ROWS, keyed_rows
+from flows.record.tracking import KEYED_ROWS, keyed_rows
 from flows.window import BlockView, Window
 
 START = dt.date(2026, 11, 1)

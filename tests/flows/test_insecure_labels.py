@@ -9,10 +9,10 @@ import yaml
 
 import specs
 from flows.cli import main
-from flows.registration import NOMINAL_EPSILON_METRIC, epsilon_metric
+from flows.record.registration import NOMINAL_EPSILON_METRIC, epsilon_metric
 from flows.sweep import results_csv, results_table, run_cell, utility_plot
 from tests.flows.recording_client import RecordingClient
-from flows.tracking_names import DP_PRIVATE
+from flows.record.tracking_names import DP_PRIVATE
 
 
 def _insecure(tiny):

@@ -253,7 +253,7 @@ def test_a_ledger_of_plain_row_hashes_is_re_keyed_only_when_every_recorded_row_i
     from sqlalchemy import text
 
     from flows.ledger import RowsExposed, RowsUnmatched
-    from flows.tracking import KEYED_ROWS, keyed_rows
+    from flows.record.tracking import KEYED_ROWS, keyed_rows
 
     monkeypatch.setenv("PRIVZO_FINGERPRINT_KEY", "team-key")
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")

@@ -3,7 +3,7 @@ a write a later MLflow adds is refused until someone lists it as a read."""
 import base64
 import pytest
 
-from flows.mlflow_app import READ_POSTS, is_read
+from flows.record.mlflow_app import READ_POSTS, is_read
 
 
 def _endpoints():
@@ -38,7 +38,7 @@ def test_a_read_only_user_is_refused_at_the_asgi_door_on_every_route(monkeypatch
     import asyncio
     import base64
 
-    from flows.mlflow_app import ReadOnlyUsersAtTheDoor
+    from flows.record.mlflow_app import ReadOnlyUsersAtTheDoor
 
     reached, sent = [], []
 
@@ -113,7 +113,7 @@ def test_the_door_refuses_a_credential_mlflow_would_parse_otherwise(form, monkey
     door refuses (401) every form that is not one canonical Basic credential, before any route sees it."""
     import asyncio
 
-    from flows.mlflow_app import NotCanonical, ReadOnlyUsersAtTheDoor, basic_auth_user
+    from flows.record.mlflow_app import NotCanonical, ReadOnlyUsersAtTheDoor, basic_auth_user
 
     token = base64.b64encode(b"viewer:pw>>?~")  # "+", "/" and padding in the base64
     value = MALFORMED[form](token)
@@ -144,7 +144,7 @@ def test_the_door_reads_one_user_whichever_header_a_route_reads(monkeypatch):
     unknown user is refused at the door; a canonical credential of a known user passes as it did."""
     import asyncio
 
-    from flows.mlflow_app import ReadOnlyUsersAtTheDoor
+    from flows.record.mlflow_app import ReadOnlyUsersAtTheDoor
 
     viewer, worker = (b"Basic " + base64.b64encode(f"{u}:pw".encode()) for u in ("viewer", "worker"))
     sent, reached = [], []
@@ -176,7 +176,7 @@ def test_only_a_promoter_moves_an_alias(monkeypatch):
     (who may register versions, and to MLflow may therefore move aliases) is refused at the door."""
     import asyncio
 
-    from flows.mlflow_app import ReadOnlyUsersAtTheDoor, moves_an_alias
+    from flows.record.mlflow_app import ReadOnlyUsersAtTheDoor, moves_an_alias
 
     sent = []
 
@@ -213,7 +213,7 @@ def test_a_logged_artifact_is_never_written_again_or_deleted(tmp_path):
     new artifact, and every read, reach MLflow."""
     import asyncio
 
-    from flows.mlflow_app import ReadOnlyUsersAtTheDoor, ServedArtifacts, artifact_written
+    from flows.record.mlflow_app import ReadOnlyUsersAtTheDoor, ServedArtifacts, artifact_written
 
     root = tmp_path / "artifacts"
     (root / "1" / "models" / "m-1" / "artifacts").mkdir(parents=True)

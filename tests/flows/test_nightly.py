@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from flows.tracking_names import DP_EPSILON
+from flows.record.tracking_names import DP_EPSILON
 
 # one stack per checkout (.privzo-stack): with tests/flows/test_deployment.py, run in turn by one worker
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("local-stack")]

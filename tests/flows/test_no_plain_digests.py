@@ -15,7 +15,7 @@ import mlflow
 import pytest
 import torch
 
-from flows.tracking_names import PRIVACY_REPORT_ARTIFACT
+from flows.record.tracking_names import PRIVACY_REPORT_ARTIFACT
 
 pytestmark = pytest.mark.e2e
 

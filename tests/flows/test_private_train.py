@@ -10,7 +10,7 @@ import pytest
 import yaml
 from dp_accounting import rdp
 
-from flows.tracking_names import (
+from flows.record.tracking_names import (
     MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE,
     DATA_FINGERPRINT, DERIVED_N_PRIVATE, DERIVED_SAMPLING_RATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON,
     DP_EVENT_ARTIFACT, DP_GUARANTEE, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_NEIGHBORING, DP_NOISE_SOURCE, DP_PRIVATE,
@@ -56,7 +56,7 @@ def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_d
     assert tags[DP_PRIVATE] == "true"
     import specs
     from components import builders
-    from flows.tracking import released_fingerprint
+    from flows.record.tracking import released_fingerprint
 
     private_fingerprint = builders.load_data(specs.spec_from_dict(tiny_spec_dict)).private.fingerprint
     assert tags[DATA_FINGERPRINT] == released_fingerprint(private_fingerprint) != private_fingerprint
@@ -300,7 +300,7 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
     assert first["budget_left"] == pytest.approx(1.2 - first["epsilon"], rel=1e-9)  # one run: its own epsilon
     from prefect.artifacts import Artifact
 
-    from flows.reporting import shown
+    from flows.record.reporting import shown
 
     artifact = Artifact.get("privacy-report-tiny-digits").data  # what the Prefect UI shows of the run
     assert f"MLflow run: {first['run_id']} in {mlflow_db}" in artifact and "Registered model: tiny-digits version 1" in artifact
@@ -414,7 +414,7 @@ def test_retraining_starts_from_the_latest_registered_version(prefect_server, ti
     report = Path(client.download_artifacts(chained["run_id"], PRIVACY_REPORT_ARTIFACT, str(tmp_path / "r"))).read_text()
     assert f"epsilon {tags[DP_MODEL_EPSILON]} at this run's delta" in report
     # what a user sees first of version 5 is the model's guarantee, the run's own spend beside it, named so
-    from flows.reporting import shown
+    from flows.record.reporting import shown
 
     version = client.get_model_version("tiny-digits", "5")
     assert version.tags[DP_EPSILON] == tags[DP_MODEL_EPSILON] and version.tags[DP_RUN_EPSILON] == tags[DP_EPSILON]
@@ -461,7 +461,7 @@ def test_retraining_as_rows_arrive_keeps_every_private_row_private(prefect_serve
     from components import builders
     from flows.ledger import PrivacyLedger, RowsExposed
     from flows.private_train import private_train
-    from flows.tracking import keyed_rows
+    from flows.record.tracking import keyed_rows
     from tests.conftest import write_digits_file
 
     monkeypatch.chdir(tmp_path)
@@ -618,7 +618,7 @@ def test_full_batch_runs_under_zcdp_report_rho_and_compose_by_adding_it(prefect_
     rho = 10 / (2 * sigma ** 2)
     assert float(run.data.tags[DP_ZCDP_RHO]) == pytest.approx(rho, rel=1e-5)
     assert run.data.tags[DP_ACCOUNTANT] == "zcdp"
-    from flows.reporting import shown
+    from flows.record.reporting import shown
 
     assert run.data.tags[DP_GUARANTEE].endswith(f"It is {shown(rho)}-zCDP, which implies that.")
     local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "dl")))

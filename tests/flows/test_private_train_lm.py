@@ -12,7 +12,7 @@ import torch
 
 from specs import traits
 from tests.components import tiny_lm
-from flows.tracking_names import DERIVED_SAMPLING_RATE
+from flows.record.tracking_names import DERIVED_SAMPLING_RATE
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from flows.tracking_names import PRIVZO_RESUMED_FROM_STEP
+from flows.record.tracking_names import PRIVZO_RESUMED_FROM_STEP
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_spec_digest_ignores_cadence_and_prefetch_but_not_training(tiny_spec_dic
     import copy
 
     import specs
-    from flows.checkpoints import spec_digest
+    from specs.run import spec_digest
 
     def digest(mutate):
         d = copy.deepcopy(tiny_spec_dict)

@@ -177,7 +177,7 @@ def test_a_person_column_migrated_from_integers_to_text_is_refused_until_the_own
     """65 recorded, '0065' written after the column became TEXT: refused before any row is read, naming the
     identity and `privzo budget migrate-ids`, never a new dataset; after it, the person's rows keep their
     block and the ledger's check is clean."""
-    from flows.id_migration import migrate
+    from flows.cli.budget.id_migration import migrate
 
     monkeypatch.chdir(tmp_path)
     frame = _frame(tmp_path)
@@ -205,7 +205,7 @@ def test_a_person_column_migrated_from_integers_to_text_is_refused_until_the_own
     assert ledger_problems(PrivacyLedger.open(d["budget"]["ledger"]), "visits") == []
     # every returning person, written 0065 now, keeps the block recorded for 65: one person, one block
     from components.data.split import person_keys
-    from flows.tracking import keyed_rows
+    from flows.record.tracking import keyed_rows
 
     returning = set(frame.patient[~late]) & set(frame.patient[late])
     padded = sorted(str(p).zfill(4) for p in returning)
@@ -238,7 +238,7 @@ def test_rows_read_by_content_moving_to_a_keyed_table_are_rekeyed_not_charged_an
     id, and the next run matches every earlier private row. (The parts come from a column here: a hashed split
     hashes a row's identity, so after such a migration a row once private may be drawn public, and is then
     refused as exposed, never used without noise.)"""
-    from flows.id_migration import migrate
+    from flows.cli.budget.id_migration import migrate
     from flows.ledger.schema import PrivateRowRow
 
     monkeypatch.chdir(tmp_path)

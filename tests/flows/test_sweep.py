@@ -5,7 +5,7 @@ import mlflow
 import pytest
 import yaml
 
-from flows.tracking_names import DP_EPSILON
+from flows.record.tracking_names import DP_EPSILON
 
 pytestmark = pytest.mark.e2e
 

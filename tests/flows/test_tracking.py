@@ -1,7 +1,7 @@
 """MLflow tags: what a run releases about its data."""
 import pytest
 
-from flows.tracking_names import DP_LARGE_DELTA
+from flows.record.tracking_names import DP_LARGE_DELTA
 
 
 def test_released_fingerprint_is_keyed_and_the_key_file_is_private(tmp_path, monkeypatch):
@@ -9,7 +9,7 @@ def test_released_fingerprint_is_keyed_and_the_key_file_is_private(tmp_path, mon
     never the plain content hash; without the variable a per-user key file is created, owner-only."""
     import stat
 
-    from flows.tracking import KEY_ENV, released_fingerprint
+    from flows.record.tracking import KEY_ENV, released_fingerprint
 
     plain = "ab" * 32
     monkeypatch.delenv(KEY_ENV, raising=False)
@@ -27,7 +27,7 @@ def test_a_damaged_key_file_is_refused_never_used(tmp_path, monkeypatch):
     """An empty or cut key (a write that never finished) would make every keyed fingerprint computable."""
     import pytest
 
-    from flows.tracking import KEY_ENV, keyed_rows
+    from flows.record.tracking import KEY_ENV, keyed_rows
 
     monkeypatch.delenv(KEY_ENV, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -44,8 +44,8 @@ def test_a_shown_epsilon_never_understates_and_a_large_delta_leads_the_guarantee
 
     import specs
     from components import builders
-    from flows.reporting import privacy_report, shown, shown_left, summarize
-    from flows.tracking import dp_tags
+    from flows.record.reporting import privacy_report, shown, shown_left, summarize
+    from flows.record.tracking import dp_tags
     from tests.flows.test_cli import EXAMPLES
 
     assert (shown(1.9999999989515187), shown(1.23441), shown(0.000722543, 3)) == ("2", "1.235", "0.000723")
@@ -75,7 +75,7 @@ def test_only_refusals_lose_their_tracebacks():
     import sys
 
     from flows.ledger import BudgetExceeded
-    from flows.refusals import _RefusalsWithoutTracebacks, checking_input, is_refusal
+    from specs.refusal import _RefusalsWithoutTracebacks, checking_input, is_refusal
 
     def record_of(err):
         try:
@@ -108,7 +108,7 @@ def test_only_refusals_lose_their_tracebacks():
     import specs
     from flows.checkpoints import RunLocked
     from flows.ledger import DatasetNotRegistered, RowsExposed, RowsLaundered, RowsUnrecognised
-    from flows.refusals import Refusal
+    from specs.refusal import Refusal
 
     for refusal in (BudgetExceeded, RunLocked, DatasetNotRegistered, RowsExposed, RowsLaundered, RowsUnrecognised,
                     specs.SpecError, type(refused_input)):

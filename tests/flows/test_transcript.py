@@ -1,4 +1,4 @@
-"""``tracking.register_as: transcript`` (flows/transcript.py): a two_point + sgd run registers its spec, journal and
+"""``tracking.register_as: transcript`` (flows/record/transcript.py): a two_point + sgd run registers its spec, journal and
 public start in place of its weights; loading replays them to the weights the same spec registers in weights mode,
 bit for bit on the CPU; the pyfunc predicts the same; ``privzo verify`` passes on it; it is a small fraction of the
 weights; a spec asking for it where the journal is not the whole trajectory is refused in one line."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.flows.forging import dress_as
-from flows.tracking_names import JOURNAL_ARTIFACT, PRIVZO_REGISTER, PRIVZO_TRANSCRIPT_BYTES, PRIVZO_WEIGHTS_BYTES
+from flows.record.tracking_names import JOURNAL_ARTIFACT, PRIVZO_REGISTER, PRIVZO_TRANSCRIPT_BYTES, PRIVZO_WEIGHTS_BYTES
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +79,7 @@ def _bytes(folder: Path) -> int:
 
 
 def test_a_transcript_version_holds_no_weights_and_is_a_fraction_of_them(runs, client, tmp_path):
-    from flows.transcript import TRANSCRIPT_FILE, transcript_in
+    from flows.record.transcript import TRANSCRIPT_FILE, transcript_in
 
     results, uri, _ = runs
     weights_dir, transcript_dir = _model_dir(client, "1", tmp_path), _model_dir(client, "2", tmp_path)
@@ -105,13 +105,13 @@ def test_a_transcript_version_holds_no_weights_and_is_a_fraction_of_them(runs, c
     description = client.get_model_version(NAME, "2").description
     assert description.startswith("**Model guarantee:** ")
     assert f"**Transcript:** this version holds no weights" in description
-    assert f"flows.transcript.load_weights('models:/{NAME}/2')" in description
+    assert f"flows.record.transcript.load_weights('models:/{NAME}/2')" in description
     assert f"`privzo verify {NAME} 2 --tracking-uri {uri}`" in description
 
 
 def test_loading_replays_the_weights_of_the_same_spec_bit_for_bit(runs, client, tmp_path):
     from components import builders
-    from flows.transcript import load_weights, transcript_in
+    from flows.record.transcript import load_weights, transcript_in
 
     uri = runs[1]
     registered = mlflow.pytorch.load_model(client.get_model_version_download_uri(NAME, "1"), map_location="cpu")
@@ -132,7 +132,7 @@ def test_a_transcript_continuing_a_transcript_version_replays_both(runs, client,
     from components import builders, models
     from components.optimizers import replay
     from components.runtime.loop import JournalEntry
-    from flows.transcript import load_weights, rebuild, transcript_in, weights_digest
+    from flows.record.transcript import load_weights, rebuild, transcript_in, weights_digest
 
     uri = runs[1]
     transcript = transcript_in(_model_dir(client, "2", tmp_path))
@@ -162,7 +162,7 @@ def test_the_pyfunc_predicts_as_the_weights_version(runs, client):
 
 
 def test_verify_passes_on_a_transcript_and_names_it(runs, client):
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     report = verify(NAME, "2", tracking_uri=runs[1])
     assert report.passed, str(report)
@@ -174,8 +174,8 @@ def test_verify_passes_on_a_transcript_and_names_it(runs, client):
 
 def test_a_transcript_that_is_not_the_run_s_fails_verify_and_loading(runs, client, tmp_path):
     """A journal edited in a re-logged transcript: verify names it; a digest that is not the replay's is refused."""
-    from flows.transcript import ReplayError, log_transcript_model, rebuild, replays_to, transcript_in
-    from flows.verify import verify
+    from flows.record.transcript import ReplayError, log_transcript_model, rebuild, replays_to, transcript_in
+    from flows.record.verify import verify
 
     results, uri, _ = runs
     transcript = transcript_in(_model_dir(client, "2", tmp_path))

@@ -17,7 +17,7 @@ from components.tuning import RepeatLaw
 from flows import tune as tune_flow
 from flows.cli import main
 from flows.ledger import PrivacyLedger
-from flows.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, TUNE, TUNE_ROWS
+from flows.record.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, TUNE, TUNE_ROWS
 
 SPACE = {"optimizer.lr": [0.005, 0.02, 0.08], "mechanism.clip": [1.0, 2.0]}
 
@@ -98,7 +98,7 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
     assert float(version.tags[DP_EPSILON]) == pytest.approx(independent, rel=5e-6)
     assert "It includes the hyperparameter selection: the best of K candidates, K ~ geometric (mean 3)" in \
         version.description
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     checked = verify("tiny-tune", version.version, tracking_uri=d["tracking"]["uri"], ledger_url=d["budget"]["ledger"])
     assert checked.passed, checked.first_mismatch  # the winner's journal replays to its weights, its plan the search's
@@ -127,6 +127,26 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
             assert not any(repr(v) in artifact or f"{v:.4f}" in artifact for v in only_losers)
     assert not any(f"{v:.4f}" in logged for v in only_losers)
     assert not (tmp_path / ".privzo").exists() and not list(tmp_path.glob("**/checkpoint.pt"))
+
+
+def test_a_search_that_fails_after_its_candidates_is_charged_whole_once(prefect_server, tiny_spec_dict, tmp_path,
+                                                                        monkeypatch):
+    """The search's reservation is settled by its run session: a failure once a candidate may have run (here
+    the registry, after the winner's run) commits the search's planned event whole, once; nothing is left
+    reserved."""
+    monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: [{"optimizer.lr": 0.02, "mechanism.clip": 1.0}])
+
+    def registry_down(*_args, **_kwargs):
+        raise ConnectionError("the model registry is unreachable")
+
+    monkeypatch.setattr(tune_flow, "register", registry_down)
+    d = _tune_spec(tiny_spec_dict, tmp_path)
+    with pytest.raises(ConnectionError, match="the model registry is unreachable"):
+        tune_flow.private_tune(spec=d)
+    ledger = PrivacyLedger(d["budget"]["ledger"])
+    (charge,) = ledger.history("digits-tune")
+    assert charge.status == "committed" and charge.steps_run == charge.steps_planned == 60
+    assert ledger.spent("digits-tune") == pytest.approx(2.0, rel=1e-6)  # the search's epsilon, the selection included
 
 
 def _artifact_texts(client, run_id, tmp_path):
@@ -206,8 +226,8 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
                                                r"this process from .*; nothing was sent to them$"):
             tune_flow.private_tune(spec=d)
     (nothing,) = PrivacyLedger(d["budget"]["ledger"]).history("digits-tune")
-    assert nothing.status == "committed" and nothing.steps_run == 0
-    assert isinstance(nothing.event, dp_accounting.NoOpDpEvent)
+    assert nothing.status == "aborted" and nothing.steps_run == 0  # released, as a run refused before its first step
+    assert PrivacyLedger(d["budget"]["ledger"]).spent("digits-tune") == 0.0
     result = tune_flow.private_tune(spec=d)  # from privzo's own root, whatever the working directory
     assert result["winner"] in settings
     client = mlflow.MlflowClient(d["tracking"]["uri"])

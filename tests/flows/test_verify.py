@@ -1,4 +1,4 @@
-"""``flows.verify``: a registered version checked against the privacy ledger and its run. A fresh run passes every
+"""``flows.record.verify``: a registered version checked against the privacy ledger and its run. A fresh run passes every
 check; changed weights, a changed dp.epsilon tag, a rewritten description and a version registered by hand each
 fail with one line naming what."""
 import copy
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.flows.forging import dress_as
-from flows.tracking_names import DP_EPSILON, PRIVZO_INIT
+from flows.record.tracking_names import DP_EPSILON, PRIVZO_INIT
 
 pytestmark = pytest.mark.e2e
 
@@ -89,7 +89,7 @@ def _statuses(report):
 
 
 def test_a_fresh_run_passes_every_check(trained, client):
-    from flows.verify import CHECKS, verify
+    from flows.record.verify import CHECKS, verify
 
     result, uri, ledger, _ = trained
     report = verify(NAME, "1", tracking_uri=uri)
@@ -102,7 +102,7 @@ def test_a_fresh_run_passes_every_check(trained, client):
     import contextlib
     import io
 
-    from flows.verify import verify_command
+    from flows.record.verify import verify_command
 
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert verify_command(NAME, "1", tracking_uri=uri) == 0
@@ -118,7 +118,7 @@ def test_a_fresh_run_passes_every_check(trained, client):
 
 def test_weights_changed_after_registration_fail_the_replay(trained, client):
     """Other weights logged to a new version of the same run, carrying version 1's tags and description."""
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     result, uri, _, _ = trained
     model = mlflow.pytorch.load_model(client.get_model_version_download_uri(NAME, "1"))
@@ -141,7 +141,7 @@ def test_weights_changed_after_registration_fail_the_replay(trained, client):
 
 
 def test_a_changed_epsilon_tag_is_named(trained, client):
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     uri = trained[1]
     version = _copy_of_version_1(client)
@@ -154,7 +154,7 @@ def test_a_changed_epsilon_tag_is_named(trained, client):
     import contextlib
     import io
 
-    from flows.verify import verify_command
+    from flows.record.verify import verify_command
 
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert verify_command(NAME, version, tracking_uri=uri) == 1
@@ -162,8 +162,8 @@ def test_a_changed_epsilon_tag_is_named(trained, client):
 
 
 def test_a_rewritten_description_is_named(trained, client):
-    from flows.reporting import shown
-    from flows.verify import verify
+    from flows.record.reporting import shown
+    from flows.record.verify import verify
 
     uri = trained[1]
     version = _copy_of_version_1(client)
@@ -182,7 +182,7 @@ def test_a_continued_model_is_checked_against_its_whole_lineage(trained, client)
     """A run that continues the latest version (a copy of version 1): its model's guarantee composes both runs'
     committed charges, and its weights replay from that version's."""
     from flows.private_train import private_train
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     result, uri, ledger, _ = trained
     start = _copy_of_version_1(client)
@@ -196,7 +196,7 @@ def test_a_continued_model_is_checked_against_its_whole_lineage(trained, client)
 def test_a_version_registered_by_hand_fails_saying_so(trained, client):
     """A model logged and registered with MLflow alone (no privzo run), and a version with no run at all."""
     from components.models import linear
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     uri = trained[1]
     mlflow.set_tracking_uri(uri)
@@ -216,7 +216,7 @@ def test_a_version_registered_by_hand_fails_saying_so(trained, client):
 
 def test_a_ledger_without_the_charge_fails_naming_it(trained, client, tmp_path):
     from flows.ledger import PrivacyLedger
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     result, uri, _, _ = trained
     missing = f"sqlite:///{tmp_path / 'nowhere.db'}"
@@ -231,8 +231,8 @@ def test_a_ledger_without_the_charge_fails_naming_it(trained, client, tmp_path):
 
 
 def test_an_unknown_version_is_an_error_and_the_hint_names_the_command(trained, client):
-    from flows.reporting import verify_hint
-    from flows.verify import verify
+    from flows.record.reporting import verify_hint
+    from flows.record.verify import verify
 
     with pytest.raises(ValueError, match="no version 99 of registered model 'tiny-digits'"):
         verify(NAME, "99", tracking_uri=trained[1])
@@ -250,7 +250,7 @@ def test_an_executed_event_rewritten_with_more_noise_is_caught_against_the_reser
 
     from components.accountants import event_from_json, event_to_json
     from components.accountants.composed import scaled_noise
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     result, uri, ledger, folder = trained
     forged = tmp_path / "forged.db"
@@ -278,7 +278,7 @@ def test_a_block_whose_stored_composition_was_emptied_fails_the_ledger_check(tra
 
     import sqlalchemy as sa
 
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     result, uri, ledger, folder = trained
     forged = tmp_path / "emptied.db"
@@ -299,7 +299,7 @@ def test_a_version_is_checked_against_the_teams_ledger_not_the_one_its_spec_name
     """A run charged to a ledger of its own choosing passes against that ledger, but in a team (its ledger in
     $PRIVZO_LEDGER_URL) verify reads the team's by default, which holds no charge for it."""
     from flows.ledger import PrivacyLedger
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     result, uri, _, _ = trained
     assert verify(NAME, "1", tracking_uri=uri).passed  # the spec's own ledger
@@ -321,7 +321,7 @@ def test_a_worker_committing_fewer_steps_than_it_ran_is_caught_by_the_journal(pr
 
     from flows.ledger import PrivacyLedger
     from flows.private_train import private_train
-    from flows.verify import verify
+    from flows.record.verify import verify
 
     honest = PrivacyLedger.commit
 
@@ -349,7 +349,7 @@ def test_promote_sets_the_verified_alias_only_on_a_version_that_passes_against_t
     models:/NAME@verified); a forged version fails and does not take it; against a ledger that holds no charge
     for version 1 (another team's), version 1 fails and loses it. Without a ledger, --promote is refused."""
     from flows.ledger import PrivacyLedger
-    from flows.verify import verify_command
+    from flows.record.verify import verify_command
 
     result, uri, ledger, _ = trained
     with pytest.raises(ValueError, match=r"^--promote: .* give that ledger with --ledger or \$PRIVZO_LEDGER_URL$"):
@@ -376,8 +376,8 @@ def test_a_start_named_twice_must_agree_back_to_a_seed_start(trained, client):
     ``privzo.init_run_id`` names: a continued run whose two disagree (weights from a version trained outside
     the ledger, history from an honest run) fails the model guarantee check naming both."""
     from flows.private_train import private_train
-    from flows.verify import verify
-    from flows.tracking_names import PRIVZO_INIT_RUN_ID
+    from flows.record.verify import verify
+    from flows.record.tracking_names import PRIVZO_INIT_RUN_ID
 
     result, uri, ledger, _ = trained
     _copy_of_version_1(client)
@@ -405,7 +405,7 @@ def test_promote_needs_every_check_to_have_run(prefect_server, mlflow_schema, tm
     """adam keeps no journal of its trajectory, so the weights check cannot run: verify reports it (rc 0), but
     --promote gives no ``verified`` alias, saying why."""
     from flows.private_train import private_train
-    from flows.verify import verify_command
+    from flows.record.verify import verify_command
 
     spec, ledger = _charged_spec(mlflow_schema, tmp_path, steps=10)
     spec["name"] = "tiny-adam"
@@ -425,8 +425,8 @@ def test_promote_needs_every_check_to_have_run(prefect_server, mlflow_schema, tm
 def test_verified_loads_only_the_bytes_and_the_version_its_owner_promoted(trained, client, capsys):
     """--promote records the version and every file's SHA-256 in the ledger (the owner's table); the consumer's
     loader loads them, and refuses in one line an alias moved outside the promotion or a file overwritten."""
-    from flows.promotion import NotVerified, load_verified
-    from flows.verify import verify_command
+    from flows.record.promotion import NotVerified, load_verified
+    from flows.record.verify import verify_command
 
     result, uri, ledger, _ = trained
     assert verify_command(NAME, "1", tracking_uri=uri, ledger_url=ledger, promote=True) == 0

@@ -4,7 +4,7 @@ import math
 
 import mlflow
 
-from flows.tracking_names import PRIVZO_KIND, MLFLOW_PARENT_RUN_ID
+from flows.record.tracking_names import PRIVZO_KIND, MLFLOW_PARENT_RUN_ID
 
 
 def test_the_reproduce_command_writes_docs_and_an_mlflow_parent_run(prefect_server, tmp_path, monkeypatch):

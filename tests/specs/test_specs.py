@@ -203,7 +203,7 @@ def test_under_replace_one_a_declared_count_must_be_the_true_one(tiny_spec_dict)
 
 def test_replace_one_takes_the_private_count_and_says_so(tiny_spec_dict):
     from components import builders
-    from flows.reporting import summarize
+    from flows.record.reporting import summarize
 
     tiny_spec_dict["data"].pop("declared_private_rows")
     tiny_spec_dict["privacy"]["neighboring"] = "replace_one"

@@ -24,7 +24,7 @@ from components.data.identity import inferred_forms
 from components.data.split import person_keys
 from components.data.table import (INTEGER_IDS, ROWS_PER_PERSON, Table, identity_layout, legacy_identity_layout,
                                    untyped_identity_layout)
-from flows.tracking import KEYED_ROWS, keyed_rows
+from flows.record.tracking import KEYED_ROWS, keyed_rows
 
 
 def _mapping(legacy: Iterable[Iterable[str]], now: Iterable[str]) -> Dict[str, Set[str]]:

@@ -1,0 +1,174 @@
+"""``privzo budget show DATASET`` (its blocks, what each spent, what a next run fits; ``--check`` recomputes
+them) and ``privzo budget history DATASET`` (its charges, one a run): read from the ledger, never written."""
+from __future__ import annotations
+
+import os
+import sys
+
+import specs
+from flows.cli.budget.parsing import action_parser
+from flows.cli.common import fail
+
+
+def add_parsers(actions) -> None:
+    a = action_parser(actions, "show", "the dataset", "DATASET", "a dataset's blocks, what each spent, what a next run "
+                      "fits", show)
+    a.add_argument("--spec", default=None, help="the spec of the runs on this dataset's blocks; adds the blocks its "
+                   "next run reads and those retired for it")
+    a.add_argument("--as-of", default=None, help="with --spec: the moment of that next run, ISO 8601 (default: now)")
+    a.add_argument("--check", action="store_true", help="recompute every block's composition from its charges and "
+                   "each committed charge against its plan; exit 1 naming any difference")
+    action_parser(actions, "history", "the dataset", "DATASET", "a dataset's charges, one a run", history)
+
+
+def show(args) -> int:
+    return _read(args, _show)
+
+
+def history(args) -> int:
+    return _read(args, _history)
+
+
+def _read(args, action) -> int:
+    """``action(args, ledger)`` on the ledger ``--ledger`` names, opened to read: a mistyped SQLite path is not
+    created, and a database that cannot be read is refused in one line."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from flows.ledger import PrivacyLedger
+
+    try:
+        url = make_url(args.ledger)
+    except ArgumentError:
+        return fail(f"--ledger: {args.ledger!r} is not a database URL; e.g. sqlite:////ABSOLUTE/PATH.db or "
+                     f"postgresql+psycopg://USER@HOST/DB")
+    if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
+        # reading must not create an empty ledger where the user mistyped a path
+        print(_nothing_spent(args.dataset, f"no run has been charged to {args.ledger} yet (no file {url.database})"))
+        return 0
+    try:
+        return action(args, PrivacyLedger.open(args.ledger))
+    except SQLAlchemyError as err:
+        reason = getattr(err, "orig", None) or err  # the driver's own message, not SQLAlchemy's page of context
+        where = url.render_as_string(hide_password=True)
+        return fail(f"--ledger: cannot read {where} ({str(reason).splitlines()[0]})")
+
+
+def _registered(args, ledger, with_window: bool):
+    """The dataset's record and what of it is said before its charges: None once it has been said whole (not in
+    the ledger, or registered and not yet charged)."""
+    from flows.record.reporting import shown
+
+    ds = ledger.dataset(args.dataset)
+    if ds is None:
+        known = ledger.datasets()
+        where = ledger.engine.url.render_as_string(hide_password=True)  # a team ledger's URL may hold a password
+        print(_nothing_spent(args.dataset, f"no run on it is recorded in {where}" + (
+            f" (datasets there: {', '.join(known)})" if known else "")))
+        return None
+    spec = _blocks_spec(args)
+    window, refusal, states = _next_window(args, spec) if with_window else (None, None, {})
+    if not ledger.history(args.dataset):  # registered by its owner (privzo budget init), not yet charged
+        print(f"{args.dataset}: registered with lifetime epsilon {ds.lifetime_epsilon:g} at delta {shown(ds.delta, 3)} "
+              f"({ds.accountant}, {ds.neighboring}); no run has been charged to it yet")
+        if window is not None:
+            print(f"the next run of {spec.name} (as of {window.as_of}) reads {len(window.blocks)} block"
+                  f"{'s' if len(window.blocks) != 1 else ''}: {', '.join(window.blocks)}")
+        return None
+    return ds, spec, window, refusal, states
+
+
+def _show(args, ledger) -> int:
+    from flows.record.reporting import shown
+
+    said = _registered(args, ledger, with_window=True)
+    if said is None:
+        return 0
+    ds, spec, window, refusal, states = said
+    spent = ledger.spent(args.dataset)
+    blocks = ledger.blocks(args.dataset)
+    print(f"{args.dataset}: epsilon {shown(spent)} spent of the lifetime {ds.lifetime_epsilon:g} (the largest over "
+          f"its {len(blocks)} block{'s' if len(blocks) != 1 else ''}; delta {shown(ds.delta, 3)}, {ds.accountant}, "
+          f"{ds.neighboring})")
+    print(f"{'block':24} {'first charged (UTC)':20} {'charges':>7} {'committed':>10} {'with open':>10} "
+          f"{'lifetime':>9} {'rows':>6}" + ("  next run" if spec is not None else ""))
+    for b in blocks:
+        print(f"{b.block[:24]:24} {b.created_at:%Y-%m-%d %H:%M:%S}  {b.charges:>7} "
+              f"{shown(b.committed_epsilon):>10} {shown(b.epsilon):>10} {b.lifetime_epsilon:>9g} "
+              f"{'-' if b.rows is None else b.rows:>6}" + (f"  {states.get(b.block, '')}" if spec else ""))
+    if window is not None:
+        print(f"the next run of {spec.name} (as of {window.as_of}) reads {len(window.blocks)} block"
+              f"{'s' if len(window.blocks) != 1 else ''}: {', '.join(window.blocks)}")
+    elif refusal is not None:
+        print(f"the next run of {spec.name} would be refused: {refusal}")
+    fits = ledger.next_fit(args.dataset)
+    # composition is not subtraction: what is left depends on the next run's shape
+    print("a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon "
+          f"{shown(fits)}" if fits is not None else "no run shaped like the last one fits the blocks it read")
+    return _checked(args, ledger) if args.check else 0
+
+
+def _history(args, ledger) -> int:
+    from flows.record.reporting import shown
+
+    said = _registered(args, ledger, with_window=False)
+    if said is None:
+        return 0
+    ds = said[0]
+    spent = ledger.spent(args.dataset)
+    print(f"{'created (UTC)':20} {'run':24} {'status':10} {'steps':>11} {'run epsilon':>12}  fingerprint")
+    for c in ledger.history(args.dataset):
+        eps = ledger.run_epsilon(c)
+        print(f"{c.created_at:%Y-%m-%d %H:%M:%S} {c.run_name[:24]:24} {c.status:10} "
+              f"{c.steps_run:>5}/{c.steps_planned:<5} {'none' if eps is None else shown(eps):>12}  {c.fingerprint[:12]}")
+    print(f"total (exact composition, the largest over its blocks): {shown(spent)} of {ds.lifetime_epsilon:g}")
+    return 0
+
+
+def _checked(args, ledger) -> int:
+    """``budget show --check``: the ledger's record recomputed from its charges; 1, naming each difference."""
+    from flows.ledger import ledger_problems
+    from flows.ledger.integrity import unrun_charges
+
+    problems = ledger_problems(ledger, args.dataset)
+    for problem in problems:
+        print(f"check: {problem}", file=sys.stderr)
+    for note in unrun_charges(ledger, args.dataset):
+        print(f"check: note: {note}")
+    if not problems:
+        print(f"check: every committed charge of {args.dataset} executed its plan, and every block's stored "
+              "composition is what its committed charges compose to")
+    return 1 if problems else 0
+
+
+def _nothing_spent(dataset: str, where: str) -> str:
+    return (f"{dataset}: nothing spent yet: {where}. Its lifetime budget is what its owner registers (privzo "
+            "budget init), else the budget.lifetime_epsilon of the first run charged to it; every run after is "
+            "refused past it.")
+
+
+def _blocks_spec(args):
+    """--spec: the spec whose next run ``budget show`` describes (on blocks, charged to this dataset)."""
+    if not getattr(args, "spec", None):
+        return None
+    spec = specs.load_spec(args.spec)
+    if spec.data.blocks is None or spec.budget is None:
+        raise ValueError(f"--spec: {args.spec} reads no blocks (no data.blocks); give the spec of runs on blocks")
+    if spec.budget.dataset != args.dataset:
+        raise ValueError(f"--spec: {args.spec} charges dataset {spec.budget.dataset!r}, not {args.dataset!r}")
+    return spec
+
+
+def _next_window(args, spec):
+    if spec is None:
+        return None, None, {}
+    import datetime as dt
+
+    from flows.window import as_of_moment, next_window
+
+    try:
+        moment = as_of_moment(args.as_of)
+    except ValueError as err:
+        raise ValueError(f"--as-of: {str(err).split(': ', 1)[1]}") from None
+    return next_window(spec.model_copy(update={"budget": spec.budget.model_copy(update={"ledger": args.ledger})}),
+                       moment.astimezone(dt.timezone.utc))
