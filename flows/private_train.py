@@ -35,7 +35,7 @@ from components import builders
 from components.data import SplitData
 from components.protocols import Finalizing, Periodic
 from flows.checkpoints import Checkpointer
-from flows.ledger import DatasetTerms, ledger_for_spending
+from flows.ledger import Budget
 from flows.record import reporting
 from flows.record.lineage import registered_source
 from flows.record.registration import (artifact_key, budget_table, epsilon_metric, log_metrics, log_spent, open_run,
@@ -149,11 +149,13 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
                              "flow), or remove its tune section to train it as written")
         from components.memory_plan import check_fits
         check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
-        if run_spec.budget is not None:  # a caller the ledger does not sign in, or may not charge, reads no row
-            ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
-            identity_unchanged(run_spec)
+        # the run's one handle on its budget: a caller the ledger does not sign in, or may not charge, reads no row
+        budget = Budget.for_spending(run_spec)
+        if budget is not None:
+            identity_unchanged(run_spec, budget)
         # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
-        view = None if run_spec.data.blocks is None else BlockView(run_spec, run_window(run_spec, as_of, resume))
+        view = None if run_spec.data.blocks is None else BlockView(
+            run_spec, run_window(run_spec, as_of, resume, budget), budget.ledger)
     if run_spec.execution.threads:
         torch.set_num_threads(run_spec.execution.threads)
     data = load_and_split(run_spec, view)
@@ -165,12 +167,12 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
     # checkpoints bind to the keyed fingerprint: a plain hash of the private rows is never stored
     # (docs/design.md, Privacy invariants)
     fingerprint = released_fingerprint(data.private.fingerprint)
-    store, saved = find_checkpoint(plan.spec, fingerprint, resume, legacy=data.private.fingerprint)
-    session = RunSession(store, RunLedger(plan, data, view), charge_id=saved["charge_id"] if saved else None,
+    store, saved = find_checkpoint(plan.spec, fingerprint, resume, budget, legacy=data.private.fingerprint)
+    session = RunSession(store, RunLedger(plan, data, budget, view), charge_id=saved["charge_id"] if saved else None,
                          resumed=saved is not None, keep=resolved.checkpoint.keep, resumable=cluster_lost)
     with session:  # settles the reservation and the folder exactly once, however this block is left
         with checking_input():  # before any private step: the spec, the data or the start does not fit
-            source = None if saved else registered_source(resolved)
+            source = None if saved else registered_source(resolved, budget)
             if not saved and resolved.budget is not None:
                 session.reserve(str(uuid.uuid4()))
             built = builders.build_loop(resolved, data)
@@ -192,14 +194,14 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         result, report = _train_and_log(plan, data, built, run_id, checkpointer, init_tags, progress=progress)
         left = session.commit()
     result["run_key"] = store.key
-    budget = ""
+    table = ""
     if session.charge_id is not None:
         result["budget_left"] = left
         mlflow.MlflowClient(uri).set_tag(run_id, DP_BUDGET_LEFT, shown_left(left, 6))
-        budget = budget_table(resolved)
+        table = budget_table(budget)
     for line in result_summary(resolved, result, markdown=False):
         get_run_logger().info("%s", line)
-    create_markdown_artifact(reporting.run_artifact(result_summary(resolved, result, markdown=True), budget, report),
+    create_markdown_artifact(reporting.run_artifact(result_summary(resolved, result, markdown=True), table, report),
                              key=artifact_key(resolved.name), description="privzo run: MLflow links, guarantee, budget")
     return result
 

@@ -15,12 +15,14 @@ from components.data.blocks import open_period
 from components.directions import GENERATOR_VERSION
 from flows.window import BlockView, Window, as_of_moment
 from flows.checkpoints import CheckpointStore, resume_store
+from flows.ledger import Budget
 from specs.run import spec_digest
 from specs.refusal import checks_input
 
 @task(name="find-checkpoint", cache_policy=NO_CACHE)
 @checks_input
-def find_checkpoint(spec: specs.RunSpec, fingerprint: str, resume: Optional[str], legacy: Optional[str] = None):
+def find_checkpoint(spec: specs.RunSpec, fingerprint: str, resume: Optional[str], budget: Optional[Budget],
+                    legacy: Optional[str] = None):
     """The run's checkpoint store and, when resuming, its last checkpoint (checked against the spec, the
     data and the ledger). The key is ``resume`` or this flow run's id: a retried flow run resumes itself."""
     from prefect.runtime import flow_run
@@ -30,11 +32,11 @@ def find_checkpoint(spec: specs.RunSpec, fingerprint: str, resume: Optional[str]
         store = CheckpointStore(spec.checkpoint.dir, spec.name, str(flow_run.get_id() or uuid.uuid4().hex))
     if not store.exists():
         store.lock()
-        release_orphan(store)
+        release_orphan(store, budget)
         return store, None
     store.lock()
     try:
-        saved = resumable(store, spec, fingerprint, legacy)
+        saved = resumable(store, spec, fingerprint, budget, legacy)
     except BaseException:
         store.unlock()
         raise
@@ -47,22 +49,27 @@ def find_checkpoint(spec: specs.RunSpec, fingerprint: str, resume: Optional[str]
     return store, saved
 
 
-def release_orphan(store: CheckpointStore) -> None:
+def release_orphan(store: CheckpointStore, budget: Optional[Budget]) -> None:
     """A process killed after reserving and before its step-0 checkpoint made no private query: release
-    its reservation, which would otherwise count its planned epsilon against the dataset for good."""
+    its reservation, which would otherwise count its planned epsilon against the dataset for good. It is on
+    the ledger the folder recorded: the run's own, unless the spec named another then."""
     orphan = store.reservation()
     if orphan is None:
         return
-    from flows.ledger import PrivacyLedger
+    if budget is not None and orphan["ledger"] == budget.url:
+        ledger = budget.ledger
+    else:
+        from flows.ledger import PrivacyLedger
 
-    PrivacyLedger.open(orphan["ledger"]).abort(orphan["charge_id"])  # a reservation only; a committed charge stays
+        ledger = PrivacyLedger.open(orphan["ledger"])
+    ledger.abort(orphan["charge_id"])  # a reservation only; a committed charge stays
     store.clear_reservation()
     get_run_logger().warning("run %s was killed before its first private query: its ledger reservation %s is "
                              "released, and the run starts from the beginning", store.key, orphan["charge_id"])
 
 
-def resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str,
-               legacy: Optional[str] = None) -> Dict[str, Any]:
+def resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str, budget: Optional[Budget],
+              legacy: Optional[str] = None) -> Dict[str, Any]:
     """The checkpoint, if this run may continue from it: unfinished, same spec, same private rows (keyed
     fingerprint; ``legacy``, the plain one, matches checkpoints written before they were keyed, and the
     resumed run rewrites them keyed), and its ledger reservation still open."""
@@ -80,9 +87,7 @@ def resumable(store: CheckpointStore, spec: specs.RunSpec, fingerprint: str,
         raise ValueError(f"resume: the private rows changed since checkpoint {store.path} was written; "
                          f"start a new run on the new data")
     if saved["charge_id"] is not None:
-        from flows.ledger import PrivacyLedger
-
-        status = PrivacyLedger.open(spec.budget.ledger).status(saved["charge_id"])
+        status = budget.ledger.status(saved["charge_id"])
         if status != "reserved":
             raise ValueError(f"resume: ledger charge {saved['charge_id']} is {status}, not reserved; the run "
                              f"was closed, start a new run")
@@ -105,7 +110,7 @@ def checkpoint_binding(spec: specs.RunSpec, fingerprint: str, charge_id: Optiona
             **({} if view is None else {"window_as_of": view.window.as_of, "window_blocks": list(view.window.blocks)})}
 
 
-def run_window(spec: specs.RunSpec, as_of: Optional[str], resume: Optional[str]) -> Window:
+def run_window(spec: specs.RunSpec, as_of: Optional[str], resume: Optional[str], budget: Budget) -> Window:
     """The blocks a run reads, chosen before any row is read; a resumed run reads the blocks it started with
     (a window with_budget would choose again from a ledger its own reservation has changed)."""
     saved = saved_window(spec, resume)
@@ -114,7 +119,7 @@ def run_window(spec: specs.RunSpec, as_of: Optional[str], resume: Optional[str])
         return Window(tuple(saved["window_blocks"]), saved["window_as_of"],
                       open_period(moment, spec.data.blocks.period))
     planned = builders.planned_before_rows(spec) if spec.budget.window.kind == "with_budget" else None
-    return Window.for_spec(spec, moment, planned)
+    return Window.for_spec(spec, moment, planned, budget.ledger)
 
 
 def saved_window(spec: specs.RunSpec, resume: Optional[str]) -> Optional[Dict[str, Any]]:

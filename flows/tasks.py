@@ -16,7 +16,7 @@ from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
 from components.protocols import Certifying
-from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, shown_url
+from flows.ledger import Budget, DatasetTerms, Reservation, shown_url
 from flows.record import reporting
 from flows.record.tracking import KEYED_ROWS, keyed_rows, released_fingerprint
 from flows.window import BlockView
@@ -65,20 +65,19 @@ def calibrate(spec: specs.RunSpec, data: SplitData) -> Plan:
 
 
 @task(name="reserve-budget", cache_policy=NO_CACHE, retries=0)
-def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[BlockView] = None,
-                   planned=None) -> Optional[str]:
+def reserve_budget(plan: Plan, data: SplitData, charge_id: str, budget: Optional[Budget],
+                   view: Optional[BlockView] = None, planned=None) -> Optional[str]:
     """Reserve the planned DpEvent on the dataset's lifetime budget, in one transaction, before any
     private row is queried; refuses (writing nothing) if the composed total would exceed it, or if a
     public or test row of this run was private in an earlier one. ``planned``: another event than the spec's
     (a tune rehearsal records a NoOpDpEvent after the same row checks)."""
     spec = plan.spec
-    if spec.budget is None:
+    if budget is None:
         return None
-    ledger = PrivacyLedger.open(spec.budget.ledger)
     # the ledger is read by more people than the data: it holds keyed fingerprints only
     private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints
     keyed_private, keyed_exposed = keyed_rows(private), keyed_rows(exposed)
-    return ledger.reserve(Reservation(
+    return budget.ledger.reserve(Reservation(
         dataset=spec.budget.dataset, fingerprint=released_fingerprint(data.private.fingerprint), run_name=spec.name,
         planned=planned if planned is not None else builders.planned_event(
             spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
@@ -92,7 +91,7 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, view: Optional[B
             person_blocks=view.seen_persons, when=view.when))))
 
 
-def identity_unchanged(spec: specs.RunSpec) -> None:
+def identity_unchanged(spec: specs.RunSpec, budget: Budget) -> None:
     """A table's identity columns, as the database's catalogue types them, against the identity the dataset's
     runs recorded: a change is refused before any row is read (flows/ledger/rows.py). A file's is known only
     once read, and is checked in the reservation."""
@@ -104,8 +103,7 @@ def identity_unchanged(spec: specs.RunSpec) -> None:
     split = spec.data.split
     layout = identity_layout_of(spec.data.source, blocks=spec.data.blocks,
                                 public_flag=split.column if split.kind == "column" else None)
-    refuse_changed_identity(spec.budget.dataset, PrivacyLedger.open(spec.budget.ledger).row_layout(spec.budget.dataset),
-                            f"{layout};{KEYED_ROWS}")
+    refuse_changed_identity(budget.dataset, budget.ledger.row_layout(budget.dataset), f"{layout};{KEYED_ROWS}")
 
 
 def legacy_ids_layout(layout: str) -> Optional[str]:
@@ -117,12 +115,13 @@ def legacy_ids_layout(layout: str) -> Optional[str]:
 
 
 @task(name="commit-budget", cache_policy=NO_CACHE, retries=3)
-def commit_budget(spec: specs.RunSpec, charge_id: str, event_json: str, steps: int, run_id: Optional[str]) -> float:
+def commit_budget(spec: specs.RunSpec, budget: Budget, charge_id: str, event_json: str, steps: int,
+                  run_id: Optional[str]) -> float:
     """Charge what was executed (all steps, or those before a crash); returns the dataset's budget left."""
     from components.accountants import event_from_json
-    ledger = PrivacyLedger.open(spec.budget.ledger)
-    ledger.commit(charge_id, event_from_json(event_json), steps, run_id)
-    return spec.budget.lifetime_epsilon - ledger.spent(spec.budget.dataset)
+
+    budget.ledger.commit(charge_id, event_from_json(event_json), steps, run_id)
+    return spec.budget.lifetime_epsilon - budget.ledger.spent(budget.dataset)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -195,27 +194,27 @@ class RunLedger:
     the shared tasks, so each shows as a Prefect task run. ``charged(loop)``: the event and steps a commit
     charges; by default what the loop's tracker executed, a search's its planned event whole."""
 
-    def __init__(self, plan: Plan, data: SplitData, view: Optional[BlockView] = None,
+    def __init__(self, plan: Plan, data: SplitData, budget: Optional[Budget], view: Optional[BlockView] = None,
                  charged: Optional[Callable[[Any], Tuple[Any, int]]] = None):
-        self.plan, self.data, self.view = plan, data, view
+        self.plan, self.data, self.budget, self.view = plan, data, budget, view
         self.charged = charged or (lambda loop: (loop.tracker.event(), loop.tracker.steps))
 
     @property
     def url(self) -> str:
-        return self.plan.spec.budget.ledger
+        return self.budget.url
 
     def reserve(self, charge_id: str) -> None:
-        reserve_budget(self.plan, self.data, charge_id, self.view)
+        reserve_budget(self.plan, self.data, charge_id, self.budget, self.view)
 
     def abort(self, charge_id: str) -> None:
-        PrivacyLedger.open(self.url).abort(charge_id)
+        self.budget.ledger.abort(charge_id)
 
     def commit(self, charge_id: str, loop, run_id: Optional[str]) -> float:
         """Charge what ``charged`` says of the run, whatever happened; returns the dataset's budget left."""
         spec = self.plan.spec
         event, steps = self.charged(loop)
-        left = commit_budget(spec, charge_id, event_to_json(event), steps, run_id)
-        fits = PrivacyLedger.open(self.url).next_fit(spec.budget.dataset)
+        left = commit_budget(spec, self.budget, charge_id, event_to_json(event), steps, run_id)
+        fits = self.budget.ledger.next_fit(self.budget.dataset)
         get_run_logger().info("%s", reporting.budget_left_line(spec.budget.dataset, spec.budget.lifetime_epsilon - left,
                                                                spec.budget.lifetime_epsilon, fits))
         return left

@@ -31,7 +31,7 @@ from components import builders, models
 from components.data import SplitData
 from components.protocols import Finalizing
 from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates
-from flows.ledger import DatasetTerms, ledger_for_spending
+from flows.ledger import Budget
 from flows.session import NO_FOLDER, RunSession
 from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, commit_budget, evaluation, identity_unchanged,
                          load_and_split, load_run_spec, reserve_budget)
@@ -222,11 +222,12 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
         if run_spec.tune is None:
             raise ValueError("tune: this spec has no tune section; give tune.space and tune.candidates "
                              "(docs/guide/tuning.md), or train it with privzo run")
-        if run_spec.budget is not None:
-            ledger_for_spending(run_spec.budget.ledger, DatasetTerms.of(run_spec))
-            identity_unchanged(run_spec)
+        budget = Budget.for_spending(run_spec)  # the search's one handle on its budget
+        if budget is not None:
+            identity_unchanged(run_spec, budget)
         # a night's search reads its window, chosen before any row is read as a training run's is
-        view = None if run_spec.data.blocks is None else BlockView(run_spec, run_window(run_spec, as_of, None))
+        view = None if run_spec.data.blocks is None else BlockView(
+            run_spec, run_window(run_spec, as_of, None, budget), budget.ledger)
     data = load_and_split(run_spec, view)
     plan = calibrate(run_spec, data)
     if view is not None:
@@ -234,12 +235,12 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
     search = plan.spec
     if search.tune.rows == "public":
         return rehearse(search, data, plan, _every_setting,
-                        lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), view, planned=planned),
-                        lambda charge, event, run: commit_budget(search, charge, event, 0, run))
+                        lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), budget, view, planned=planned),
+                        lambda charge, event, run: commit_budget(search, budget, charge, event, 0, run))
     planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))
     # the search's reservation, settled once however it ends: released while no candidate could run (workers
     # not ready), else its planned event charged whole (every candidate K held drew noise), winner or not
-    ledger = RunLedger(plan, data, view, charged=lambda _loop: (planned, search.optimizer.steps))
+    ledger = RunLedger(plan, data, budget, view, charged=lambda _loop: (planned, search.optimizer.steps))
     with RunSession(NO_FOLDER, ledger) as session:
         if search.budget is not None:
             session.reserve(str(uuid.uuid4()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import dp_accounting
 import numpy as np
@@ -20,6 +20,9 @@ from components.data.blocks import arrival_periods, next_after, open_period, row
 from components.data.split import person_keys
 from components.data.table import Table
 from flows.record.tracking import keyed_rows
+
+if TYPE_CHECKING:
+    from flows.ledger import PrivacyLedger
 
 
 @dataclass(frozen=True)
@@ -32,21 +35,20 @@ class Window:
     next_block: str
 
     @classmethod
-    def for_spec(cls, spec: specs.RunSpec, as_of: dt.datetime,
-                 planned: Optional[dp_accounting.DpEvent] = None) -> "Window":
+    def for_spec(cls, spec: specs.RunSpec, as_of: dt.datetime, planned: Optional[dp_accounting.DpEvent] = None,
+                 ledger: Optional["PrivacyLedger"] = None) -> "Window":
         """``planned``: with a window with_budget, the run's event (planned before any row is read), which the
-        chosen blocks must have room for."""
+        chosen blocks of ``ledger`` (the run's) must have room for."""
         period, window = spec.data.blocks.period, spec.budget.window
         next_block = open_period(as_of, period)
         if window.kind == "last":
             return cls(tuple(sealed_periods(as_of, period, window.blocks)), as_of.isoformat(), next_block)
-        from flows.ledger import PrivacyLedger
-
+        if ledger is None:
+            raise TypeError("Window.for_spec: a window with_budget is chosen by the run's ledger; pass it")
         first = open_period(dt.datetime.combine(window.since, dt.time(), dt.timezone.utc), period)
         candidates = [b for b in sealed_periods(as_of, period, _periods_since(window.since, as_of, period))
                       if b >= first][::-1]  # newest first
         terms = _terms(spec, candidates)
-        ledger = PrivacyLedger.open(spec.budget.ledger)
         chosen = ledger.blocks_with_room(spec.budget.dataset, terms, planned, window.blocks)
         if not chosen and terms:  # none has room: refused here, as the reservation would, before any row is read
             ledger.preview(spec.budget.dataset, planned, terms[:1], next_block)
@@ -101,15 +103,13 @@ class BlockView:
 
     spec: specs.RunSpec
     window: Window
+    ledger: "PrivacyLedger"  # the run's (its Budget's): the blocks its rows were recorded in
     seen_rows: Dict[str, str] = field(default_factory=dict)
     seen_persons: Dict[str, str] = field(default_factory=dict)
 
     def select(self, table: Table) -> np.ndarray:
         """Indices of the table's rows whose block is in the window."""
-        from flows.ledger import PrivacyLedger
-
-        blocks_spec, budget = self.spec.data.blocks, self.spec.budget
-        ledger = PrivacyLedger.open(budget.ledger)
+        blocks_spec, budget, ledger = self.spec.data.blocks, self.spec.budget, self.ledger
         periods = arrival_periods(table.arrivals, blocks_spec.period, blocks_spec.arrival, blocks_spec.arrival_format)
         row_keys = keyed_rows(table.row_fingerprints())
         person_keys = _keyed_persons(table.persons) if blocks_spec.person else None
@@ -153,21 +153,20 @@ class BlockView:
         return _terms(self.spec, self.window.blocks)
 
 
-def next_window(spec: specs.RunSpec, as_of: dt.datetime):
+def next_window(spec: specs.RunSpec, as_of: dt.datetime, ledger: "PrivacyLedger"):
     """What the next run of ``spec`` at ``as_of`` would read, and the state of each of its dataset's blocks
     for runs like it: (window or None, the refusal's line or None, {block: next | retired | waiting}). A
     block is retired when no later run of this spec can read it: the window ``last`` has moved past it, or,
     with_budget, it has no room for this run (spending only grows). Reads the ledger, never a row."""
     from components.builders import planned_before_rows
-    from flows.ledger import BudgetExceeded, PrivacyLedger
+    from flows.ledger import BudgetExceeded
 
     window = spec.budget.window
     planned = planned_before_rows(spec) if window.kind == "with_budget" else None
     try:
-        chosen, refusal = Window.for_spec(spec, as_of, planned), None
+        chosen, refusal = Window.for_spec(spec, as_of, planned, ledger), None
     except BudgetExceeded as err:
         chosen, refusal = None, str(err)
-    ledger = PrivacyLedger.open(spec.budget.ledger)
     registered = [b.block for b in ledger.blocks(spec.budget.dataset)]
     states = {}
     if window.kind == "last":

@@ -158,3 +158,10 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield prefect.settings.PREFECT_API_URL.value()
+
+
+def ledger_of(spec):
+    """The ledger a spec's runs are charged to, as a run's entry opens it (flows.ledger.Budget) and hands in."""
+    from flows.ledger import PrivacyLedger
+
+    return PrivacyLedger.open(spec.budget.ledger)

@@ -325,3 +325,27 @@ def test_a_flow_takes_only_flows_from_another_flow():
                        if isinstance(node, ast.ImportFrom) and node.module in flows and node.module != name
                        for alias in node.names if alias.name not in flows[node.module])
     assert not offenders, offenders
+
+
+# docs/design.md, "Layers": a run's steps are handed its budget (flows.ledger.Budget); only an entry point opens
+# a ledger by its URL: a run's (Budget.for_spending), a command's, verify's and a consumer's loader, the nights of
+# a simulation, and a killed run's checkpoint folder naming another ledger than the run's for its reservation
+LEDGER_OPENERS = {"flows.ledger.core", "flows.ledger.budget", "flows.record.verify", "flows.record.promotion",
+                  "flows.simulate", "flows.resume"}
+
+
+def _ledger_opens(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr == "open" and getattr(f.value, "id", None) == "PrivacyLedger") \
+                    or getattr(f, "id", None) in ("PrivacyLedger", "ledger_for_spending"):
+                yield node.lineno
+
+
+def test_only_the_entry_points_open_the_ledger_by_url():
+    opened = {_module_name(p): list(_ledger_opens(p)) for p in (ROOT / "flows").rglob("*.py")}
+    offenders = sorted(f"{m}:{lines}" for m, lines in opened.items() if lines and m not in LEDGER_OPENERS
+                       and not m.startswith("flows.cli"))
+    assert not offenders, offenders
+    assert sum(len(lines) for lines in opened.values()) <= 12, opened  # the entry points' opens, counted

@@ -53,10 +53,12 @@ The modules, one job each:
 - ``migrations``: making the tables and migrating a ledger an earlier privzo made; ``roles``: PostgreSQL
   grants and what a connection may write;
 - ``core``: ``PrivacyLedger`` (``PrivacyLedger.open(url)``: the process's one ledger per URL, shared by a
-  run's steps), ``Block``, ``Charge``, ``ledger_for_spending``.
+  run's steps), ``Block``, ``Charge``, ``ledger_for_spending``; ``budget``: ``Budget``, the handle a run
+  opens once at its entry and hands to every step that reads or charges its budget;
 - ``integrity``: the rules PostgreSQL holds every role to (triggers), and the recomposition check of a
   block's stored composition against its charges.
 """
+from flows.ledger.budget import Budget
 from flows.ledger.core import Block, Charge, PrivacyLedger, ledger_for_spending
 from flows.ledger.errors import (FIXED, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable, RowsExposed,
                                  RowsLaundered, RowsUnmatched, RowsUnrecognised, driver_reason, shown_url)
@@ -68,7 +70,7 @@ from flows.ledger.terms import BlockTerms, DatasetTerms
 
 __all__ = [
     "ABORTED", "COMMITTED", "FIXED", "NO_BLOCKS", "RESERVED", "TERM_COLUMNS", "WHOLE", "WORKER_GRANTS",
-    "Block", "BlockRow", "BlockTerms", "BudgetExceeded", "Charge", "ChargeBlockRow", "ChargeRow",
+    "Block", "BlockRow", "BlockTerms", "Budget", "BudgetExceeded", "Charge", "ChargeBlockRow", "ChargeRow",
     "DatasetNotRegistered", "DatasetRow", "DatasetTerms", "LedgerUnavailable", "PrivacyLedger", "PrivateRowRow",
     "Reservation", "RowBlockRow", "RowLayoutRow", "RowsExposed", "RowsLaundered", "RowsUnmatched",
     "RowsUnrecognised", "driver_reason", "ledger_for_spending", "ledger_problems", "recomposition_problems", "shown_url",

@@ -7,7 +7,7 @@ import json
 import math
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import dp_accounting
 import mlflow
@@ -26,7 +26,7 @@ from flows.record.tracking_names import (
 
 @task(name="registered-source", cache_policy=NO_CACHE, retries=2, retry_condition_fn=not_refused)
 @checks_input
-def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
+def registered_source(spec: specs.RunSpec, budget: Optional["Budget"]) -> Optional[Dict[str, str]]:
     """``optimizer.init: latest_registered``: the latest registered version of this spec's model, checked
     before anything is reserved or written. A private run never starts from a version that is not DP."""
     if spec.optimizer.init != "latest_registered":
@@ -46,17 +46,18 @@ def registered_source(spec: specs.RunSpec) -> Optional[Dict[str, str]]:
         raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} is not "
                          f"differentially private (dp.private={tags.get(DP_PRIVATE)!r}); a private run "
                          f"cannot start from it; use init: seed")
-    if spec.budget is not None:
-        from flows.ledger import PrivacyLedger
-
+    if budget is not None:
         # the ledger's total is exact only if the model this run continues was charged to it too
-        if not PrivacyLedger.open(spec.budget.ledger).charged_run(spec.budget.dataset, latest.run_id):
+        if not budget.ledger.charged_run(budget.dataset, latest.run_id):
             raise ValueError(f"optimizer.init: registered model {spec.name} version {latest.version} was trained "
                              f"by a run not charged to dataset {spec.budget.dataset!r}, so its epsilon is not in "
                              f"the ledger; use init: seed, or register the model under another name")
     return {PRIVZO_INIT: f"models:/{spec.name}/{latest.version}", PRIVZO_INIT_RUN_ID: latest.run_id,
             PRIVZO_INIT_EPSILON: tags.get(DP_MODEL_EPSILON, tags.get(DP_EPSILON, "unknown")),
             PRIVZO_INIT_DATA_FINGERPRINT: tags.get(DATA_FINGERPRINT, "unknown")}
+
+if TYPE_CHECKING:
+    from flows.ledger import Budget
 
 
 

@@ -14,12 +14,15 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import mlflow
 
 from flows.ledger.promotions import VERIFIED, promoted, record, withdraw
 from flows.record.verify_report import NOT_APPLICABLE, VerifyReport
+
+if TYPE_CHECKING:
+    from flows.ledger import PrivacyLedger
 
 
 class NotVerified(ValueError):
@@ -69,7 +72,9 @@ def load_verified(name: str, *, ledger_url: str, tracking_uri: Optional[str] = N
         current = client.get_model_version_by_alias(name, alias)
     except Exception:  # noqa: BLE001 - no such model or alias
         raise NotVerified(f"models:/{name}@{alias}: no such alias in {uri}") from None
-    record_row = promoted(ledger_url, name, alias)
+    from flows.ledger import PrivacyLedger
+
+    record_row = promoted(PrivacyLedger.open(ledger_url), name, alias)  # the consumer's entry: its one open
     if record_row is None:
         raise NotVerified(f"models:/{name}@{alias}: the ledger {shown_url(ledger_url)} records no promotion of it; "
                           f"its owner promotes a version with `privzo verify {name} VERSION --promote`")
@@ -90,7 +95,7 @@ def load_verified(name: str, *, ledger_url: str, tracking_uri: Optional[str] = N
         return mlflow.pyfunc.load_model(str(local))
 
 
-def promote(report: VerifyReport, tracking_uri: Optional[str], ledger_url: str) -> str:
+def promote(report: VerifyReport, tracking_uri: Optional[str], ledger: "PrivacyLedger") -> str:
     """``privzo verify --promote``: set or remove the ``verified`` alias as ``report`` says, recording the
     promotion (or its withdrawal) in the ledger first; the line that tells which."""
     from specs.sections.tracking import tracking_uri_from_env
@@ -101,14 +106,14 @@ def promote(report: VerifyReport, tracking_uri: Optional[str], ledger_url: str) 
     if report.passed and report.complete:
         # the bytes checked, recorded where only the owner writes, before the alias names them
         digests = version_digests(uri, name, number)
-        record(ledger_url, name, number, report.run_id or "", digests)
+        record(ledger, name, number, report.run_id or "", digests)
         client.set_registered_model_alias(name, VERIFIED, number)
         return (f"promoted: models:/{name}@{VERIFIED} is version {number} ({len(digests)} files recorded; "
                 "flows.record.promotion.load_verified loads only these bytes)")
     held = client.get_registered_model(name).aliases.get(VERIFIED)
     holds_it = held is not None and str(held) == str(number)
     if holds_it:
-        withdraw(ledger_url, name)
+        withdraw(ledger, name)
     if report.passed:  # a check that could not run for this spec is not a pass to promote on
         skipped = next(c for c in report.checks if c.status == NOT_APPLICABLE)
         if holds_it:

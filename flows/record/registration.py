@@ -24,7 +24,7 @@ from components.accountants import event_to_json
 from components.data import SplitData
 from components.directions import GENERATOR_VERSION
 from flows.record import reporting
-from flows.ledger import PrivacyLedger
+from flows.ledger import Budget
 from flows.record.lineage import model_block_events, model_epsilon, model_event, model_runs
 from flows.record.reporting import PrivacySummary, privacy_report, shown, summarize
 from flows.record.tracking import (DESCRIPTION, dp_tags, experiment_url, journal_json, log_text_artifacts, run_name,
@@ -140,11 +140,10 @@ def result_summary(spec: specs.RunSpec, result: Dict[str, Any], markdown: bool) 
         markdown=markdown)
 
 
-def budget_table(spec: specs.RunSpec) -> str:
+def budget_table(budget: Budget) -> str:
     """The dataset's ledger as a markdown table (``flows.record.reporting.budget_table``): every run's epsilon, the
     exact total and what a next run like the last still fits."""
-    ledger = PrivacyLedger.open(spec.budget.ledger)
-    dataset = spec.budget.dataset
+    ledger, dataset = budget.ledger, budget.dataset
     ds = ledger.dataset(dataset)
     spent = ledger.spent(dataset)
     where = ledger.engine.url.render_as_string(hide_password=True)  # a team ledger's URL may hold a password

@@ -38,7 +38,7 @@ import specs
 from specs.sections.tracking import tracking_uri_from_env
 from components.accountants import Accountant, beyond_plan, event_from_json
 from flows.record import promotion
-from flows.ledger import ABORTED, COMMITTED, Charge, recomposition_problems, shown_url
+from flows.ledger import ABORTED, COMMITTED, Charge, PrivacyLedger, recomposition_problems, shown_url
 from flows.record.verify_report import CHECKS, FAILED, NOT_APPLICABLE, NOT_RUN, OK, Check, VerifyReport
 from flows.record.tracking_names import (
     DATA_FINGERPRINT, DERIVED_N_PRIVATE, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_EVENT_ARTIFACT, DP_GUARANTEE,
@@ -68,7 +68,7 @@ def verify_command(model_name: str, version: Optional[str] = None, tracking_uri:
     report = verify(model_name, version, tracking_uri, ledger_url)
     print(str(report), file=out or sys.stdout)
     if promote:
-        print(promotion.promote(report, tracking_uri, ledger_url), file=out or sys.stdout)
+        print(promotion.promote(report, tracking_uri, PrivacyLedger.open(ledger_url)), file=out or sys.stdout)
     return 0 if report.passed else 1
 
 
@@ -591,7 +591,6 @@ class _Verifier:
         one its spec names, which whoever ran it chose), else the spec's."""
         from sqlalchemy.engine import make_url
 
-        from flows.ledger import PrivacyLedger
         from specs.run import without_passwords
         from specs.sections import LEDGER_URL_ENV
 

@@ -12,6 +12,7 @@ from components.data import load_sklearn
 from flows.window import BlockView, Window
 from flows.ledger import BudgetExceeded, PrivacyLedger, Reservation
 from flows.record.tracking_names import DP_EPSILON, DP_MODEL_EPSILON, DP_MODEL_RUNS, PRIVZO_BLOCKS
+from tests.conftest import ledger_of
 
 START = dt.date(2026, 11, 1)
 PER_DAY = 120
@@ -72,13 +73,13 @@ def test_the_window_is_the_last_sealed_periods_whatever_the_rows_hold(tmp_path):
     window = Window.for_spec(spec, night(5))
     assert window.blocks == ("2026-11-03", "2026-11-04", "2026-11-05") and window.next_block == "2026-11-06"
     assert spec.data.declared_private_rows == 300  # N: 100 declared a block, 3 blocks
-    chosen = BlockView(spec, window).select(_table(spec))
+    chosen = BlockView(spec, window, ledger_of(spec)).select(_table(spec))
     assert list(chosen) == list(range(2 * PER_DAY, 5 * PER_DAY))  # days 3..5 of the file (0-based 2..4)
 
     frame = pd.read_csv(tmp_path / "visits.csv")
     frame.loc[frame.index[::2], "px10"] += 3.0  # other contents, the same arrivals
     frame.to_csv(tmp_path / "visits.csv", index=False)
-    again = BlockView(spec, Window.for_spec(spec, night(5)))
+    again = BlockView(spec, Window.for_spec(spec, night(5)), ledger_of(spec))
     assert again.window == window and list(again.select(_table(spec))) == list(chosen)
     # by week and by month too: the calendar, not the data
     assert Window.for_spec(specs.spec_from_dict({**stream_spec(tmp_path), "data": {
@@ -92,7 +93,7 @@ def test_rows_written_again_with_a_new_date_keep_their_block(tmp_path):
     move them into a new (unspent) block."""
     write_stream(tmp_path / "visits.csv", days=4)
     spec = specs.spec_from_dict(stream_spec(tmp_path, window=1))
-    view = BlockView(spec, Window.for_spec(spec, night(4)))
+    view = BlockView(spec, Window.for_spec(spec, night(4)), ledger_of(spec))
     chosen = view.select(_table(spec))
     PrivacyLedger(spec.budget.ledger).reserve(Reservation(
         dataset="visits", fingerprint="f" * 64, run_name="night 4", planned=_event(), steps=20, lifetime_epsilon=3.0,
@@ -102,7 +103,7 @@ def test_rows_written_again_with_a_new_date_keep_their_block(tmp_path):
     # the next night, day 4's rows are written again dated day 5, beside day 5's own rows
     write_stream(tmp_path / "visits.csv", days=6, restamp={i: START + dt.timedelta(days=4)
                                                           for i in range(3 * PER_DAY, 4 * PER_DAY)})
-    view = BlockView(spec, Window.for_spec(spec, night(5)))
+    view = BlockView(spec, Window.for_spec(spec, night(5)), ledger_of(spec))
     assert view.window.blocks == ("2026-11-05",)
     assert list(view.select(_table(spec))) == list(range(4 * PER_DAY, 5 * PER_DAY))  # day 5's own rows only
 
@@ -111,9 +112,9 @@ def test_a_persons_later_rows_stay_in_the_block_of_their_first_arrival(tmp_path)
     write_stream(tmp_path / "visits.csv", days=3, persons=True)
     spec = specs.spec_from_dict(stream_spec(tmp_path, window=1, persons=True))
     # every patient first arrived on day 1: day 2's and 3's rows belong to that block
-    first = BlockView(spec, Window.for_spec(spec, night(1)))
+    first = BlockView(spec, Window.for_spec(spec, night(1)), ledger_of(spec))
     assert list(first.select(_table(spec))) == list(range(3 * PER_DAY))
-    later = BlockView(spec, Window.for_spec(spec, night(3)))
+    later = BlockView(spec, Window.for_spec(spec, night(3)), ledger_of(spec))
     assert list(later.select(_table(spec))) == []  # nobody first arrived on day 3
     assert len(set(first.seen_persons.values())) == 1 and len(first.seen_persons) == PER_DAY
 
@@ -128,23 +129,25 @@ def test_a_window_with_budget_passes_over_spent_blocks_reading_no_row(tmp_path):
     spec = specs.spec_from_dict(raw)
     assert spec.data.declared_private_rows == 300  # N is declared for W blocks, however many are chosen
     planned = planned_before_rows(spec)  # no file at tmp_path / "visits.csv": no row is read
-    assert Window.for_spec(spec, night(5), planned).blocks == ("2026-11-03", "2026-11-04", "2026-11-05")
+    assert Window.for_spec(spec, night(5), planned, ledger_of(spec)).blocks == (
+        "2026-11-03", "2026-11-04", "2026-11-05")
     ledger = PrivacyLedger(spec.budget.ledger)
     for day in ("2026-11-04", "2026-11-05"):  # spent: a run of epsilon 2.95 (of 3) on each
         ledger.reserve(Reservation(
             dataset="visits", fingerprint="f" * 64, run_name="earlier", planned=_event(1.2), steps=20,
             lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=_terms(spec, [day])))
-    window = Window.for_spec(spec, night(5), planned)
+    window = Window.for_spec(spec, night(5), planned, ledger_of(spec))
     assert window.blocks == ("2026-11-01", "2026-11-02", "2026-11-03") and window.next_block == "2026-11-06"
-    assert Window.for_spec(spec, night(2), planned).blocks == ("2026-11-01", "2026-11-02")  # only two ended
+    only_two_ended = Window.for_spec(spec, night(2), planned, ledger_of(spec))
+    assert only_two_ended.blocks == ("2026-11-01", "2026-11-02")
     for day in ("2026-11-01", "2026-11-02", "2026-11-03"):
         ledger.reserve(Reservation(
             dataset="visits", fingerprint="f" * 64, run_name="earlier", planned=_event(1.2), steps=20,
             lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=_terms(spec, [day])))
     with pytest.raises(BudgetExceeded, match=r"^budget.lifetime_epsilon: block '2026-11-05' of dataset 'visits' "
                                              r"cannot take this run .* block '2026-11-06' brings budget of its own"):
-        Window.for_spec(spec, night(5), planned)
-    assert Window.for_spec(spec, night(7), planned).blocks == ("2026-11-06", "2026-11-07")
+        Window.for_spec(spec, night(5), planned, ledger_of(spec))
+    assert Window.for_spec(spec, night(7), planned, ledger_of(spec)).blocks == ("2026-11-06", "2026-11-07")
 
 
 def test_budget_show_with_the_spec_marks_the_next_window_and_the_retired_blocks(tmp_path, capsys):
@@ -201,7 +204,7 @@ def test_a_night_on_blocks_runs_on_ray_workers_as_it_runs_locally(prefect_server
         [[(b.block, b.charges, round(b.committed_epsilon, 12)) for b in ledgers[1].blocks("visits")]] * 2
 
     resolved = specs.spec_from_dict(copy.deepcopy(on_ray))
-    view = BlockView(resolved, Window.for_spec(resolved, night(2)))
+    view = BlockView(resolved, Window.for_spec(resolved, night(2)), ledger_of(resolved))
     driver = load_data(resolved, view.select)
     digest, _ = build_replica(resolved.model_dump(mode="json"), driver.window_rows)
     assert digest == driver.ordered_digest  # the worker's read of the window
@@ -226,8 +229,9 @@ def test_a_partitioned_folder_gives_each_row_its_files_period(tmp_path):
     raw["data"]["blocks"] = {"partitioned": True, "period": "day", "declared_private_rows": 100}
     by_file = specs.spec_from_dict(raw)
     window = Window.for_spec(by_file, night(5))
-    assert list(BlockView(by_file, window).select(_table(by_file))) == \
-        list(BlockView(by_column, window).select(_table(by_column))) == list(range(2 * PER_DAY, 5 * PER_DAY))
+    assert list(BlockView(by_file, window, ledger_of(by_file)).select(_table(by_file))) == \
+        list(BlockView(by_column, window, ledger_of(by_column)).select(_table(by_column))) == \
+        list(range(2 * PER_DAY, 5 * PER_DAY))
     (tmp_path / "visits" / "notes.csv").write_text("x\n1\n")
     with pytest.raises(ValueError, match=r"^data.source.path: 'notes.csv' in .* is not named by a day \(e.g. "
                                          r"2026-11-27.csv\); name each file by the day its rows arrived in"):

@@ -19,6 +19,7 @@ from flows.tasks import legacy_ids_layout  # imports Prefect, whose log handlers
 from flows.ledger import PrivacyLedger, Reservation, RowsUnmatched
 from flows.record.tracking import KEYED_ROWS, keyed_rows
 from flows.window import BlockView, Window
+from tests.conftest import ledger_of
 
 START = dt.date(2026, 11, 1)
 PIXELS = load_sklearn("digits")
@@ -75,7 +76,7 @@ def reserve(spec, view, layout=None):
 
 
 def selected(spec, day):
-    view = BlockView(spec, Window.for_spec(spec, night(day)))
+    view = BlockView(spec, Window.for_spec(spec, night(day)), ledger_of(spec))
     table = source_table(spec)
     return view, table, view.select(table)
 
@@ -148,7 +149,7 @@ def test_an_arrival_not_in_iso_8601_is_refused_naming_the_value_and_the_forms(tm
     frame["arrived"] = ["03/10/2026"] * len(frame)
     frame.to_csv(tmp_path / "visits.csv", index=False)
     spec = spec_for(tmp_path, window=1, blocks={"arrival_format": "%d/%m/%Y"})
-    view = BlockView(spec, Window.for_spec(spec, dt.datetime(2026, 10, 4, 2, tzinfo=dt.timezone.utc)))
+    view = BlockView(spec, Window.for_spec(spec, dt.datetime(2026, 10, 4, 2, tzinfo=dt.timezone.utc)), ledger_of(spec))
     assert view.window.blocks == ("2026-10-03",) and len(view.select(source_table(spec))) == len(frame)
     frame.loc[0, "arrived"] = "2026-10-03"
     frame.to_csv(tmp_path / "visits.csv", index=False)

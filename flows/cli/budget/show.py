@@ -67,7 +67,7 @@ def _registered(args, ledger, with_window: bool):
             f" (datasets there: {', '.join(known)})" if known else "")))
         return None
     spec = _blocks_spec(args)
-    window, refusal, states = _next_window(args, spec) if with_window else (None, None, {})
+    window, refusal, states = _next_window(args, spec, ledger) if with_window else (None, None, {})
     if not ledger.history(args.dataset):  # registered by its owner (privzo budget init), not yet charged
         print(f"{args.dataset}: registered with lifetime epsilon {ds.lifetime_epsilon:g} at delta {shown(ds.delta, 3)} "
               f"({ds.accountant}, {ds.neighboring}); no run has been charged to it yet")
@@ -159,7 +159,7 @@ def _blocks_spec(args):
     return spec
 
 
-def _next_window(args, spec):
+def _next_window(args, spec, ledger):
     if spec is None:
         return None, None, {}
     import datetime as dt
@@ -170,5 +170,4 @@ def _next_window(args, spec):
         moment = as_of_moment(args.as_of)
     except ValueError as err:
         raise ValueError(f"--as-of: {str(err).split(': ', 1)[1]}") from None
-    return next_window(spec.model_copy(update={"budget": spec.budget.model_copy(update={"ledger": args.ledger})}),
-                       moment.astimezone(dt.timezone.utc))
+    return next_window(spec, moment.astimezone(dt.timezone.utc), ledger)  # the ledger --ledger names
