@@ -39,7 +39,7 @@ def example_event(accountant: str):
 
 
 def play(accountant: str, layout: str, marks, window: int, folder: Path) -> dict:
-    from flows.ledger import BlockTerms, PrivacyLedger, Reservation
+    from flows.ledger import BlockTerms, PrivacyLedger, Reservation, DatasetTerms, WindowRead
 
     event, delta, epsilon = example_event(accountant)
     ledger = PrivacyLedger(f"sqlite:///{folder / f'{accountant}-{layout}.db'}")
@@ -48,9 +48,9 @@ def play(accountant: str, layout: str, marks, window: int, folder: Path) -> dict
         blocks = None if layout == "one block" else [
             BlockTerms(f"day-{day:04d}", 1e6, delta, 200) for day in range(max(0, n - window), n)]
         started = time.perf_counter()
-        charge = ledger.reserve(Reservation(dataset="scale", fingerprint="0" * 64, run_name=f"night-{n}", planned=event,
-                                            steps=0, lifetime_epsilon=1e6, delta=delta, accountant=accountant,
-                                            neighboring="add_remove", blocks=blocks))
+        charge = ledger.reserve(Reservation(
+            terms=DatasetTerms("scale", 1e6, delta, accountant, "add_remove"), planned=event, steps=0,
+            fingerprint="0" * 64, run_name=f"night-{n}", window=WindowRead(blocks), block_terms=False))
         ledger.commit(charge, event, 0, run_id=f"run-{n}")
         took = time.perf_counter() - started
         if n in marks:

@@ -16,7 +16,7 @@ from components import builders, models
 from components.accountants import event_to_json
 from components.data import SplitData
 from components.protocols import Certifying
-from flows.ledger import Budget, DatasetTerms, Reservation, shown_url
+from flows.ledger import Budget, DatasetTerms, Reservation, RowsRead, shown_url
 from flows.record import reporting
 from flows.record.tracking import KEYED_ROWS, keyed_rows, released_fingerprint
 from flows.window import BlockView
@@ -78,17 +78,14 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, budget: Optional
     private, exposed = data.private.fingerprints, data.public.fingerprints + data.test.fingerprints
     keyed_private, keyed_exposed = keyed_rows(private), keyed_rows(exposed)
     return budget.ledger.reserve(Reservation(
-        dataset=spec.budget.dataset, fingerprint=released_fingerprint(data.private.fingerprint), run_name=spec.name,
+        terms=DatasetTerms.of(spec), fingerprint=released_fingerprint(data.private.fingerprint), run_name=spec.name,
         planned=planned if planned is not None else builders.planned_event(
             spec, plan.n_private, float(spec.mechanism.noise_multiplier)),
-        steps=spec.optimizer.steps, lifetime_epsilon=spec.budget.lifetime_epsilon, delta=float(spec.privacy.delta),
-        accountant=spec.privacy.accountant, neighboring=spec.privacy.neighboring,
-        private_rows=keyed_private, exposed_rows=keyed_exposed, row_layout=f"{data.layout};{KEYED_ROWS}",
-        legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
-        ids_legacy_layout=legacy_ids_layout(data.layout),
-        charge_id=charge_id, terms=DatasetTerms.of(spec), **({} if view is None else dict(
-            blocks=view.block_terms(), next_block=view.window.next_block, row_blocks=view.seen_rows,
-            person_blocks=view.seen_persons, when=view.when))))
+        steps=spec.optimizer.steps, charge_id=charge_id,
+        rows=RowsRead(private=keyed_private, exposed=keyed_exposed, layout=f"{data.layout};{KEYED_ROWS}",
+                      legacy_layout=data.layout, legacy_rows=dict(zip(private + exposed, keyed_private + keyed_exposed)),
+                      ids_legacy_layout=legacy_ids_layout(data.layout)),
+        window=None if view is None else view.read()))
 
 
 def identity_unchanged(spec: specs.RunSpec, budget: Budget) -> None:

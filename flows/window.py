@@ -22,7 +22,7 @@ from components.data.table import Table
 from flows.record.tracking import keyed_rows
 
 if TYPE_CHECKING:
-    from flows.ledger import PrivacyLedger
+    from flows.ledger import PrivacyLedger, WindowRead
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,14 @@ class BlockView:
 
     def block_terms(self):
         return _terms(self.spec, self.window.blocks)
+
+    def read(self) -> "WindowRead":
+        """The window as the run's reservation claims it: its blocks, and the block of every row and person
+        it saw."""
+        from flows.ledger import WindowRead
+
+        return WindowRead(self.block_terms(), next_block=self.window.next_block, row_blocks=self.seen_rows,
+                          person_blocks=self.seen_persons, when=self.when)
 
 
 def next_window(spec: specs.RunSpec, as_of: dt.datetime, ledger: "PrivacyLedger"):

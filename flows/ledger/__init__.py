@@ -46,7 +46,7 @@ The modules, one job each:
 - ``schema``: the tables, the charge states, and what a worker role may write (``WORKER_GRANTS``);
 - ``errors``: every refusal (``BudgetExceeded``, ``RowsExposed``, ``LedgerUnavailable``, ...) and how a
   ledger's URL and its driver's errors are shown in them;
-- ``terms``: ``DatasetTerms`` and ``BlockTerms``; ``reservation``: ``Reservation``, what ``reserve`` takes;
+- ``terms``: ``DatasetTerms`` and ``BlockTerms``; ``reservation``: ``Reservation`` (the terms and the run's claim: ``RowsRead``, ``WindowRead``), what ``reserve`` takes;
 - ``admission``: pure decisions, no database: terms compared, whether a block has room, the largest run
   that still fits, whether a run recognises the rows earlier runs recorded;
 - ``rows``: the checks and records of private rows and persons across the ledger's datasets;
@@ -63,7 +63,7 @@ from flows.ledger.core import Block, Charge, PrivacyLedger, ledger_for_spending
 from flows.ledger.errors import (FIXED, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable, RowsExposed,
                                  RowsLaundered, RowsUnmatched, RowsUnrecognised, driver_reason, shown_url)
 from flows.ledger.integrity import ledger_problems, recomposition_problems
-from flows.ledger.reservation import Reservation
+from flows.ledger.reservation import Reservation, RowsRead, WindowRead
 from flows.ledger.schema import (ABORTED, COMMITTED, NO_BLOCKS, RESERVED, TERM_COLUMNS, WHOLE, WORKER_GRANTS, BlockRow,
                                  ChargeBlockRow, ChargeRow, DatasetRow, PrivateRowRow, RowBlockRow, RowLayoutRow)
 from flows.ledger.terms import BlockTerms, DatasetTerms
@@ -72,6 +72,6 @@ __all__ = [
     "ABORTED", "COMMITTED", "FIXED", "NO_BLOCKS", "RESERVED", "TERM_COLUMNS", "WHOLE", "WORKER_GRANTS",
     "Block", "BlockRow", "BlockTerms", "Budget", "BudgetExceeded", "Charge", "ChargeBlockRow", "ChargeRow",
     "DatasetNotRegistered", "DatasetRow", "DatasetTerms", "LedgerUnavailable", "PrivacyLedger", "PrivateRowRow",
-    "Reservation", "RowBlockRow", "RowLayoutRow", "RowsExposed", "RowsLaundered", "RowsUnmatched",
-    "RowsUnrecognised", "driver_reason", "ledger_for_spending", "ledger_problems", "recomposition_problems", "shown_url",
+    "Reservation", "RowBlockRow", "RowLayoutRow", "RowsRead", "RowsExposed", "RowsLaundered", "RowsUnmatched",
+    "RowsUnrecognised", "WindowRead", "driver_reason", "ledger_for_spending", "ledger_problems", "recomposition_problems", "shown_url",
 ]

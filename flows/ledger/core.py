@@ -477,41 +477,47 @@ class PrivacyLedger:
             raise LedgerUnavailable(shown_url(self.url), driver_reason(err)) from None
 
     def _reserve(self, r: Reservation) -> str:
-        dataset, planned, blocks, terms = r.dataset, r.planned, r.blocks, r.terms
-        row_layout, row_blocks, person_blocks = r.row_layout, r.row_blocks, r.person_blocks
+        dataset, planned, terms, rows, window_read = r.dataset, r.planned, r.given_terms, r.rows, r.window
+        blocks = None if window_read is None else window_read.blocks
+        row_blocks = None if window_read is None else window_read.row_blocks
+        person_blocks = None if window_read is None else window_read.person_blocks
+        row_layout = rows.layout
         self._terms_columns_kept()
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
             if ds is None:
                 if not self.may_register():
                     raise DatasetNotRegistered(dataset, shown_url(self.url))
-                ds = DatasetRow(dataset=dataset, lifetime_epsilon=r.lifetime_epsilon, delta=r.delta,
-                                accountant=r.accountant, neighboring=r.neighboring, **term_values(terms))
+                ds = DatasetRow(dataset=dataset, lifetime_epsilon=r.terms.lifetime_epsilon, delta=r.terms.delta,
+                                accountant=r.terms.accountant, neighboring=r.terms.neighboring, **term_values(terms))
                 session.add(ds)
                 session.flush()
             else:
-                admission.check_terms(ds, r.lifetime_epsilon, r.accountant, r.neighboring)
+                admission.check_terms(ds, r.terms.lifetime_epsilon, r.terms.accountant, r.terms.neighboring)
             self._settle_terms(session, ds, terms, blocks is not None, adopt=True)
             admission.check_supported(ds, planned)
             self._blocks_written(session, ds)
-            window, requested = self._admit(session, ds, planned, blocks, r.next_block, r.when)
+            window, requested = self._admit(session, ds, planned, blocks,
+                                            *((None, None) if window_read is None else (window_read.next_block,
+                                                                                       window_read.when)))
             recorded = session.get(RowLayoutRow, dataset)
             if recorded is None:
                 session.add(RowLayoutRow(dataset=dataset, layout=row_layout))
-            elif recorded.layout != row_layout and r.ids_legacy_layout is not None and \
-                    recorded.layout == r.ids_legacy_layout:
+            elif recorded.layout != row_layout and rows.ids_legacy_layout is not None and \
+                    recorded.layout == rows.ids_legacy_layout:
                 raise ids_not_migrated(dataset)
             elif recorded.layout != row_layout and recorded.layout == untyped_identity_layout(row_layout):
                 if not self.may_register():  # recorded before identity types were: the owner records them
                     raise identity_types_not_recorded(dataset)
                 recorded.layout = row_layout
-            elif recorded.layout != row_layout and r.legacy_layout is not None and recorded.layout == r.legacy_layout:
-                ledger_rows.rekey(session, dataset, r.legacy_rows or {})
+            elif recorded.layout != row_layout and rows.legacy_layout is not None and \
+                    recorded.layout == rows.legacy_layout:
+                ledger_rows.rekey(session, dataset, rows.legacy_rows or {})
                 recorded.layout = row_layout
             elif recorded.layout != row_layout:
                 raise RowsUnmatched(dataset, recorded.layout, row_layout)
             known = set(session.scalars(select(PrivateRowRow.row).where(PrivateRowRow.dataset == dataset)))
-            exposed_rows, private_rows = set(r.exposed_rows), set(r.private_rows)
+            exposed_rows, private_rows = set(rows.exposed), set(rows.private)
             recorded = {kind: dict(session.execute(select(RowBlockRow.key, RowBlockRow.block).where(
                 RowBlockRow.dataset == dataset, RowBlockRow.kind == kind)).all()) for kind in ("row", "person")}
             if blocks is None:  # one lifetime for all its rows: a run that matches none of them is suspect

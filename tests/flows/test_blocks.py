@@ -10,7 +10,7 @@ import pytest
 import specs
 from components.data import load_sklearn
 from flows.window import BlockView, Window
-from flows.ledger import BudgetExceeded, PrivacyLedger, Reservation
+from flows.ledger import BudgetExceeded, DatasetTerms, PrivacyLedger, Reservation, WindowRead
 from flows.record.tracking_names import DP_EPSILON, DP_MODEL_EPSILON, DP_MODEL_RUNS, PRIVZO_BLOCKS
 from tests.conftest import ledger_of
 
@@ -96,9 +96,9 @@ def test_rows_written_again_with_a_new_date_keep_their_block(tmp_path):
     view = BlockView(spec, Window.for_spec(spec, night(4)), ledger_of(spec))
     chosen = view.select(_table(spec))
     PrivacyLedger(spec.budget.ledger).reserve(Reservation(
-        dataset="visits", fingerprint="f" * 64, run_name="night 4", planned=_event(), steps=20, lifetime_epsilon=3.0,
-        delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=view.block_terms(),
-        row_blocks=view.seen_rows))
+        terms=DatasetTerms("visits", 3.0, 1e-5, "rdp", "add_remove"), planned=_event(), steps=20,
+        fingerprint="f" * 64, run_name="night 4", window=WindowRead(view.block_terms(), row_blocks=view.seen_rows),
+        block_terms=False))
     assert list(chosen) == list(range(3 * PER_DAY, 4 * PER_DAY))
     # the next night, day 4's rows are written again dated day 5, beside day 5's own rows
     write_stream(tmp_path / "visits.csv", days=6, restamp={i: START + dt.timedelta(days=4)
@@ -134,16 +134,16 @@ def test_a_window_with_budget_passes_over_spent_blocks_reading_no_row(tmp_path):
     ledger = PrivacyLedger(spec.budget.ledger)
     for day in ("2026-11-04", "2026-11-05"):  # spent: a run of epsilon 2.95 (of 3) on each
         ledger.reserve(Reservation(
-            dataset="visits", fingerprint="f" * 64, run_name="earlier", planned=_event(1.2), steps=20,
-            lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=_terms(spec, [day])))
+            terms=DatasetTerms("visits", 3.0, 1e-5, "rdp", "add_remove"), planned=_event(1.2), steps=20,
+            fingerprint="f" * 64, run_name="earlier", window=WindowRead(_terms(spec, [day])), block_terms=False))
     window = Window.for_spec(spec, night(5), planned, ledger_of(spec))
     assert window.blocks == ("2026-11-01", "2026-11-02", "2026-11-03") and window.next_block == "2026-11-06"
     only_two_ended = Window.for_spec(spec, night(2), planned, ledger_of(spec))
     assert only_two_ended.blocks == ("2026-11-01", "2026-11-02")
     for day in ("2026-11-01", "2026-11-02", "2026-11-03"):
         ledger.reserve(Reservation(
-            dataset="visits", fingerprint="f" * 64, run_name="earlier", planned=_event(1.2), steps=20,
-            lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=_terms(spec, [day])))
+            terms=DatasetTerms("visits", 3.0, 1e-5, "rdp", "add_remove"), planned=_event(1.2), steps=20,
+            fingerprint="f" * 64, run_name="earlier", window=WindowRead(_terms(spec, [day])), block_terms=False))
     with pytest.raises(BudgetExceeded, match=r"^budget.lifetime_epsilon: block '2026-11-05' of dataset 'visits' "
                                              r"cannot take this run .* block '2026-11-06' brings budget of its own"):
         Window.for_spec(spec, night(5), planned, ledger_of(spec))
@@ -161,8 +161,8 @@ def test_budget_show_with_the_spec_marks_the_next_window_and_the_retired_blocks(
     ledger = PrivacyLedger(spec.budget.ledger)
     for days in (["2026-11-01", "2026-11-02"], ["2026-11-02", "2026-11-03"]):
         ledger.reserve(Reservation(
-            dataset="visits", fingerprint="f" * 64, run_name="night", planned=_event(), steps=20,
-            lifetime_epsilon=3.0, delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=_terms(spec, days)))
+            terms=DatasetTerms("visits", 3.0, 1e-5, "rdp", "add_remove"), planned=_event(), steps=20,
+            fingerprint="f" * 64, run_name="night", window=WindowRead(_terms(spec, days)), block_terms=False))
     assert main(["budget", "show", "visits", "--ledger", spec.budget.ledger, "--spec", str(tmp_path / "spec.yaml"),
                  "--as-of", "2026-11-05T02:00:00+00:00"]) == 0
     out = capsys.readouterr().out

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import specs
-from flows.ledger import (WHOLE, BlockTerms, DatasetTerms, PrivacyLedger, Reservation, RowsExposed, RowsLaundered,
+from flows.ledger import (WHOLE, BlockTerms, DatasetTerms, PrivacyLedger, Reservation, RowsRead, WindowRead, RowsExposed, RowsLaundered,
                           RowsUnrecognised)
 from tests.conftest import EXAMPLES
 from tests.flows.conftest import as_postgres
@@ -39,13 +39,13 @@ def rows(prefix, n):
 def reserve(ledger, terms=None, *, dataset=None, blocks=None, private=(), exposed=(), row_blocks=None,
             person_blocks=None, lifetime=4.0, accountant="rdp"):
     """A reservation as a run of ``terms`` makes it (None: a caller that gives no terms)."""
+    given = terms if terms is not None else DatasetTerms(dataset, lifetime, DELTA, accountant, "add_remove")
+    window = None if blocks is None and row_blocks is None and person_blocks is None else WindowRead(
+        None if blocks is None else [BlockTerms(b, given.lifetime_epsilon, DELTA, terms.declared if terms else 100)
+                                     for b in blocks], row_blocks=row_blocks, person_blocks=person_blocks)
     return ledger.reserve(Reservation(
-        dataset=dataset or terms.dataset, fingerprint="f" * 64, run_name="r", planned=run_event(), steps=20,
-        lifetime_epsilon=terms.lifetime_epsilon if terms else lifetime, delta=DELTA,
-        accountant=terms.accountant if terms else accountant, neighboring="add_remove", private_rows=private,
-        exposed_rows=exposed, row_blocks=row_blocks, person_blocks=person_blocks, **({"terms": terms} if terms else {}),
-        blocks=None if blocks is None else [BlockTerms(b, terms.lifetime_epsilon if terms else lifetime, DELTA,
-                                                       terms.declared if terms else 100) for b in blocks]))
+        terms=given, fingerprint="f" * 64, run_name="r", planned=run_event(), steps=20,
+        rows=RowsRead(private=private, exposed=exposed), window=window, block_terms=terms is not None))
 
 
 def stream(tmp_path):

@@ -16,7 +16,7 @@ from components.data.split import person_keys
 from components.data.table import legacy_identity_layout
 from flows import cli
 from flows.tasks import legacy_ids_layout  # imports Prefect, whose log handlers outlive a test's capture
-from flows.ledger import PrivacyLedger, Reservation, RowsUnmatched
+from flows.ledger import DatasetTerms, PrivacyLedger, Reservation, RowsRead, RowsUnmatched, WindowRead
 from flows.record.tracking import KEYED_ROWS, keyed_rows
 from flows.window import BlockView, Window
 from tests.conftest import ledger_of
@@ -70,9 +70,10 @@ def reserve(spec, view, layout=None):
     event = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(2.0)), 10)
     PrivacyLedger(spec.budget.ledger).reserve(Reservation(
-        dataset="visits", fingerprint="f" * 64, run_name="night", planned=event, steps=10, lifetime_epsilon=3.0,
-        delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=view.block_terms(), row_blocks=view.seen_rows,
-        person_blocks=view.seen_persons, row_layout=layout or "", ids_legacy_layout=None))
+        terms=DatasetTerms("visits", 3.0, 1e-5, "rdp", "add_remove"), planned=event, steps=10, fingerprint="f" * 64,
+        run_name="night", rows=RowsRead(layout=layout or "", ids_legacy_layout=None),
+        window=WindowRead(view.block_terms(), row_blocks=view.seen_rows, person_blocks=view.seen_persons),
+        block_terms=False))
 
 
 def selected(spec, day):
@@ -204,10 +205,10 @@ def test_a_ledger_keyed_by_inferred_ids_is_refused_until_its_owner_migrates_it(t
     assert legacy_ids_layout(table.layout) == old_layout
     with pytest.raises(RowsUnmatched, match=r"privzo budget migrate-ids visits --spec SPEC"):
         PrivacyLedger(spec.budget.ledger).reserve(Reservation(
-            dataset="visits", fingerprint="f" * 64, run_name="night 9", planned=event, steps=1, lifetime_epsilon=3.0,
-            delta=1e-5, accountant="rdp", neighboring="add_remove", blocks=view.block_terms(),
-            row_blocks=view.seen_rows, person_blocks=view.seen_persons, row_layout=new_layout,
-            ids_legacy_layout=old_layout))
+            terms=DatasetTerms("visits", 3.0, 1e-5, "rdp", "add_remove"), planned=event, steps=1,
+            fingerprint="f" * 64, run_name="night 9", rows=RowsRead(layout=new_layout, ids_legacy_layout=old_layout),
+            window=WindowRead(view.block_terms(), row_blocks=view.seen_rows, person_blocks=view.seen_persons),
+            block_terms=False))
 
     spec_path = tmp_path / "visits.yaml"
     spec_path.write_text(yaml.safe_dump(spec_dict(tmp_path)))

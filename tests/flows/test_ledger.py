@@ -5,7 +5,8 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from flows.ledger import ABORTED, COMMITTED, RESERVED, BudgetExceeded, PrivacyLedger, Reservation, RowsExposed
+from flows.ledger import (ABORTED, COMMITTED, RESERVED, BudgetExceeded, DatasetTerms, PrivacyLedger, Reservation,
+                          RowsExposed, RowsRead, WindowRead)
 from tests.flows.conftest import as_postgres
 
 DELTA = 1e-5
@@ -22,9 +23,8 @@ def composed_eps(events):
 
 def _reserve(ledger, lifetime, event=None, dataset="patients", private=(), exposed=()):
     return ledger.reserve(Reservation(
-        dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event or run_event(), steps=200,
-        lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=private,
-        exposed_rows=exposed))
+        terms=DatasetTerms(dataset, lifetime, DELTA, "rdp", "add_remove"), planned=event or run_event(), steps=200,
+        fingerprint="f" * 64, run_name="r", rows=RowsRead(private=private, exposed=exposed), block_terms=False))
 
 
 def test_a_row_once_private_is_never_public_or_test_again(tmp_path):
@@ -169,9 +169,9 @@ def test_rows_fingerprinted_another_way_are_not_matched(tmp_path):
     from flows.ledger import RowsUnmatched
 
     ledger = PrivacyLedger(f"sqlite:///{tmp_path / 'l.db'}")
-    reserve = lambda layout: ledger.reserve(Reservation(  # noqa: E731
-        dataset="patients", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200, lifetime_epsilon=100.0,
-        delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=["a" * 64], row_layout=layout))
+    reserve = lambda layout: ledger.reserve(Reservation(
+        terms=DatasetTerms("patients", 100.0, DELTA, "rdp", "add_remove"), planned=run_event(), steps=200,
+        fingerprint="f" * 64, run_name="r", rows=RowsRead(private=["a" * 64], layout=layout), block_terms=False))
     reserve("file:label=y;features=a,b")
     reserve("file:label=y;features=a,b")
     with pytest.raises(RowsUnmatched, match=r"^data.source: this run identifies rows differently from earlier runs "
@@ -192,8 +192,8 @@ def test_runs_a_datasets_accountant_cannot_account_for_are_refused_in_one_line(t
 
     def reserve(event, accountant):
         return ledger.reserve(Reservation(
-            dataset="patients", fingerprint="f" * 64, run_name="r", planned=event, steps=100, lifetime_epsilon=50.0,
-            delta=DELTA, accountant=accountant, neighboring="replace_one"))
+            terms=DatasetTerms("patients", 50.0, DELTA, accountant, "replace_one"), planned=event, steps=100,
+            fingerprint="f" * 64, run_name="r", block_terms=False))
 
     full = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(20.0), 100)
     fixed = dp_accounting.SelfComposedDpEvent(
@@ -231,9 +231,9 @@ def test_rows_that_all_look_new_are_refused_as_re_encoded(tmp_path):
 
     def reserve(rows, exposed=()):
         return ledger.reserve(Reservation(
-            dataset="clinic", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
-            lifetime_epsilon=50.0, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=rows,
-            exposed_rows=exposed, row_layout=codes.layout))
+            terms=DatasetTerms("clinic", 50.0, DELTA, "rdp", "add_remove"), planned=run_event(), steps=200,
+            fingerprint="f" * 64, run_name="r", rows=RowsRead(private=rows, exposed=exposed, layout=codes.layout),
+            block_terms=False))
 
     first = codes.row_fingerprints()
     reserve(first[:1000], first[1000:])
@@ -262,10 +262,11 @@ def test_a_ledger_of_plain_row_hashes_is_re_keyed_only_when_every_recorded_row_i
 
     def reserve(private, exposed, layout, legacy=None):
         return ledger.reserve(Reservation(
-            dataset="patients", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
-            lifetime_epsilon=100.0, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=private,
-            exposed_rows=exposed, row_layout=layout, legacy_layout="file:label=y" if legacy is not None else None,
-            legacy_rows=legacy))
+            terms=DatasetTerms("patients", 100.0, DELTA, "rdp", "add_remove"), planned=run_event(), steps=200,
+            fingerprint="f" * 64, run_name="r",
+            rows=RowsRead(private=private, exposed=exposed, layout=layout,
+                          legacy_layout="file:label=y" if legacy is not None else None, legacy_rows=legacy),
+            block_terms=False))
 
     def stored():
         with ledger.engine.connect() as conn:
@@ -336,9 +337,9 @@ def test_racing_runs_on_overlapping_windows_never_overspend_a_block(tmp_path, re
         ledger = PrivacyLedger(url)
         try:
             charge = ledger.reserve(Reservation(
-                dataset=dataset, fingerprint="f" * 64, run_name="r", planned=run_event(), steps=200,
-                lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove",
-                blocks=[BlockTerms(b, lifetime, DELTA, 100) for b in window]))
+                terms=DatasetTerms(dataset, lifetime, DELTA, "rdp", "add_remove"), planned=run_event(), steps=200,
+                fingerprint="f" * 64, run_name="r",
+                window=WindowRead([BlockTerms(b, lifetime, DELTA, 100) for b in window]), block_terms=False))
             ledger.commit(charge, run_event(), 200)
             return window
         except BudgetExceeded:
@@ -455,9 +456,8 @@ def test_only_the_ledgers_owner_registers_a_lifetime_and_a_worker_only_charges_r
         from flows.ledger import BlockTerms
 
         charge = ledger.reserve(Reservation(
-            dataset="clinic", fingerprint="f" * 64, run_name="night", planned=run_event(), steps=200,
-            lifetime_epsilon=10.0, delta=DELTA, accountant="rdp", neighboring="add_remove", private_rows=["a" * 64],
-            blocks=[BlockTerms("2026-11-26", 10.0, DELTA, 10)], terms=terms))
+            terms=terms, planned=run_event(), steps=200, fingerprint="f" * 64, run_name="night",
+            rows=RowsRead(private=["a" * 64]), window=WindowRead([BlockTerms("2026-11-26", 10.0, DELTA, 10)])))
         ledger.commit(charge, run_event(), 200, run_id="r1")
         assert ledger.status(charge) == COMMITTED
 

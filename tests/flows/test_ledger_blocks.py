@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, text
 
 from components.accountants import Accountant
 from components.accountants.composed import ComposedState, scaled_noise
-from flows.ledger import WHOLE, BlockTerms, BudgetExceeded, PrivacyLedger, Reservation
+from flows.ledger import WHOLE, BlockTerms, BudgetExceeded, DatasetTerms, PrivacyLedger, Reservation, WindowRead
 
 DELTA = 1e-5
 
@@ -25,8 +25,8 @@ def recomposed(events, kind="rdp"):
 
 def _reserve(ledger, event, blocks=None, lifetime=100.0, accountant="rdp", dataset="visits"):
     return ledger.reserve(Reservation(
-        dataset=dataset, fingerprint="f" * 64, run_name="r", planned=event, steps=100, lifetime_epsilon=lifetime,
-        delta=DELTA, accountant=accountant, neighboring="add_remove", blocks=blocks))
+        terms=DatasetTerms(dataset, lifetime, DELTA, accountant, "add_remove"), planned=event, steps=100,
+        fingerprint="f" * 64, run_name="r", window=WindowRead(blocks), block_terms=False))
 
 
 def days(*names, lifetime=100.0):
@@ -181,9 +181,9 @@ def test_the_refusal_names_the_block_that_brings_budget(tmp_path):
     _reserve(ledger, run_event(), days("2026-11-20", lifetime=lifetime), lifetime)
     with pytest.raises(BudgetExceeded, match=r"; block '2026-11-21' brings budget of its own when it arrives$"):
         ledger.reserve(Reservation(
-            dataset="visits", fingerprint="f" * 64, run_name="r", planned=run_event(), steps=100,
-            lifetime_epsilon=lifetime, delta=DELTA, accountant="rdp", neighboring="add_remove",
-            blocks=days("2026-11-20", lifetime=lifetime), next_block="2026-11-21"))
+            terms=DatasetTerms("visits", lifetime, DELTA, "rdp", "add_remove"), planned=run_event(), steps=100,
+            fingerprint="f" * 64, run_name="r",
+            window=WindowRead(days("2026-11-20", lifetime=lifetime), next_block="2026-11-21"), block_terms=False))
 
 
 def test_scaled_noise_keeps_the_runs_shape():

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 
 from components.accountants import event_to_json
 from flows.cli import main
-from flows.ledger import BlockTerms, DatasetTerms, PrivacyLedger, Reservation, ledger_for_spending, ledger_problems
+from flows.ledger import (BlockTerms, DatasetTerms, PrivacyLedger, Reservation, WindowRead, ledger_for_spending,
+                          ledger_problems)
 from tests.flows.conftest import as_postgres
 
 DELTA = 1e-5
@@ -22,9 +23,8 @@ def run_event(sigma=2.0, steps=20):
 
 def reserve(ledger, terms, block):
     return ledger.reserve(Reservation(
-        dataset=terms.dataset, fingerprint="f" * 64, run_name="night", planned=run_event(), steps=20,
-        lifetime_epsilon=terms.lifetime_epsilon, delta=DELTA, accountant="rdp", neighboring="add_remove",
-        blocks=[BlockTerms(block, terms.lifetime_epsilon, DELTA, 10)], terms=terms))
+        terms=terms, planned=run_event(), steps=20, fingerprint="f" * 64, run_name="night",
+        window=WindowRead([BlockTerms(block, terms.lifetime_epsilon, DELTA, 10)])))
 
 
 def test_budget_show_check_names_a_block_whose_stored_composition_is_not_its_charges(tmp_path, capsys):
