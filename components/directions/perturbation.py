@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from components.directions.chunks import CHUNK
-from components.directions.engine import Directions, row_hook, row_lookup
+from components.directions.engine import Directions, row_hook
+from components.directions.streams import row_lookup
 
 # A plain Linear layer whose weight has at least SPLIT_MIN elements, and more than twice what any other module
 # perturbs, is perturbed a block of output rows at a time in regenerate mode (``_split_rows``): a small
