@@ -441,3 +441,18 @@ def test_an_output_that_is_a_perturbed_parameter_keeps_its_values(hooked):
     ua, ub = d.dense(3)
     assert torch.equal(a_out, torch.add(model.a.w.detach(), ua, alpha=0.5))
     assert torch.equal(b_out, torch.add(model.b.w.detach(), ub, alpha=0.5))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
+def test_the_chunked_streams_keep_the_generators_contract(kind):
+    """Both generators implement one interface (``Streams``) with one contract; the Philox streams are
+    checked against it in test_philox.py. The engine itself never names a generator: it takes the one
+    ``streams_for`` picks."""
+    import components.directions.engine as engine
+    from components.directions.streams import ChunkStreams, PhiloxStreams
+    from tests.components.streams_contract import check_the_contract, check_the_interface
+
+    check_the_interface(PhiloxStreams)
+    check_the_contract(lambda params: ChunkStreams(params, kind, 7.0), _Bag(), table=0)
+    assert isinstance(Directions(list(_Bag().parameters()), kind)._streams, ChunkStreams)
+    assert not hasattr(engine, "philox")

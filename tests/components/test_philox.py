@@ -269,3 +269,12 @@ def test_float64_parameters_take_the_chunked_path_on_a_gpu():
     by torch's CUDA generator in chunks, a stream of its own."""
     d = Directions([torch.zeros(10, dtype=torch.float64, device=DEVICE)], "gaussian")
     assert isinstance(d._streams, ChunkStreams) and d.stream == "cuda-torch-v2"
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
+def test_the_philox_streams_keep_the_generators_contract(kind):
+    """The contract the chunked streams keep (test_directions.py), on the counter-based ones."""
+    from tests.components.streams_contract import check_the_contract
+
+    check_the_contract(lambda params: PhiloxStreams(params, kind, 7.0), _Bag().to(DEVICE), table=0)
+    assert isinstance(Directions(list(_Bag().to(DEVICE).parameters()), kind)._streams, PhiloxStreams)
