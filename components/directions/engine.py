@@ -73,13 +73,13 @@ class Directions:
         """What the raw draw of ``seed`` is multiplied by (a sphere's norm pass, the first time)."""
         return self._streams.scale(seed)
 
-    def _cached(self, seed: int, i: int) -> Optional[torch.Tensor]:
+    def _cached_tensor(self, seed: int, i: int) -> Optional[torch.Tensor]:
         cached = self._cache.get(seed)
         return None if cached is None else cached[i]
 
     def perturb_into(self, seed: int, i: int, p: torch.Tensor, out: torch.Tensor, scale: float) -> None:
         """out = p + scale * u_i(seed), the perturbed forward's parameter tensor."""
-        self._streams.perturb(seed, i, p, out, scale, self._cached(seed, i))
+        self._streams.perturb(seed, i, p, out, scale, self._cached_tensor(seed, i))
 
     def perturb_span_into(self, seed: int, i: int, p: torch.Tensor, start: int, stop: int, out: torch.Tensor,
                           scale: float) -> None:
@@ -112,7 +112,7 @@ class Directions:
         """target += alpha * u_i(seed), without allocating: from the cache slot, or regenerated (a chunk at a
         time on a CPU, inside the add's kernel on a GPU: regenerate mode keeps no d-sized or tensor-sized
         scratch for updates)."""
-        self._streams.add(seed, i, target, alpha, self._cached(seed, i))
+        self._streams.add(seed, i, target, alpha, self._cached_tensor(seed, i))
 
     def add_all_(self, seed: int, alpha: float) -> None:
         """params += alpha * u(seed), tensor by tensor as ``add_to_`` (on a GPU one launch for all of them,
