@@ -370,9 +370,11 @@ def _spec_sizes(spec, n_features: Optional[int], n_classes: Optional[int]) -> Op
         else:
             freeze_lm_(lm, model.trainable, model.path)
         return module_sizes(lm, PRECISION_BYTES[model.precision], lora, lm.config)
-    from components.builders import meta_model
+    # the model registry itself, as builders.meta_model asks it (shapes only): the planner stays below the
+    # builders, which import the estimators, so an estimator's module may import the planner
+    from components.registry import MODELS
 
-    meta = meta_model(spec, n_features, n_classes)
+    meta = MODELS[model.kind](spec, n_features, n_classes, None)
     per_row = sum(m.out_features for m in meta.modules() if isinstance(m, nn.Linear)) + n_features
     per_row += sum(m.out_channels * n_features for m in meta.modules() if isinstance(m, nn.Conv2d))
     return module_sizes(meta, 4, per_row=per_row)
