@@ -4,7 +4,11 @@ the spec; ``check_fits`` refuses a spec whose peak exceeds the device's memory, 
 
 Notation: W = bytes of every parameter and buffer at model.precision (p bytes an element); T = bytes of the
 trainable parameters (d of them); b = the rows a step reads; L = tokens per row (data.source.max_length). A
-step's peak is W plus the largest of its phases:
+step's peak is W plus the largest of its phases, as its estimator states them: each row below is a term
+registered beside the estimator's class with ``holds`` (components/estimators/: two_point.py for two_point and
+dpgd_0th, pazo.py, first_order.py, public_first_order.py for dope_sgd and pda_dpmd, gep.py, spider.py and
+full_gradient.py; inference, the forward alone, here), and ``estimate`` asks ``step_memory`` for the spec's
+kind's; a kind that registered none is refused, never planned as another's:
 
     inference         A(b)                          the forward's working set
     two_point, regen. A(b) + S                      S: the scratch stack of perturbed parameters, the largest
@@ -34,8 +38,8 @@ step's peak is W plus the largest of its phases:
                                                     (their directions are not seeded)
     gep               as bench/memory.py's guard: the [b', d] anchor matrix and the [k, d] basis
     dpgd_0th          zeroth-order phase + 4 * 8d   its float64 d-vectors (a d-dimensional release)
-    other estimators  A(b) + 4 * 8d                 a few float64 d-vectors (the nonsmooth and KL oracles):
-                                                    small models in practice
+    nonsmooth, KL     A(b) + 4 * 8d                 a few float64 d-vectors (the oracles zo_spider, fo_spider,
+                                                    zo_naive and full_gradient): small models in practice
 
     A(b) = b L (3 i + 4 h) p + b L 2 h 4 + b H L^2 4 + logits,  i the MLP width, h the hidden size, H the heads
     G(c) = c L n (3 i + 6 h) p + c L 2 h 4 n + c H L^2 4 n + logits,  n layers (saved for backward)
@@ -61,8 +65,9 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
+from components.registry import STEP_MEMORY
 from specs.traits import ESTIMATORS as ESTIMATOR_TRAITS
 from specs.traits import MODELS as MODEL_TRAITS
 
@@ -73,8 +78,6 @@ if TYPE_CHECKING:  # torch is imported where a model is sized: validating a smal
 GIB = 2 ** 30
 MEMORY_ENV = "PRIVZO_DEVICE_MEMORY_BYTES"  # overrides the device's memory (tests; a machine shared with others)
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-ZEROTH = ("two_point", "dpgd_0th", "pazo_m", "pazo_p", "pazo_s")
-PUBLIC_GRADIENTS = {"pazo_m": 1, "dope_sgd": 1, "pda_dpmd": 1}  # pazo_p, pazo_s: public_batches of them
 # torch.linalg.qr of a tall [d, k] matrix on a CPU holds 6.33 times the matrix at its peak (its copy, Q and
 # LAPACK's workspace; measured at d = 1.4M, k = 3, float32 and from bf16 gradients alike), rounded up
 QR_COPIES = 6.34
@@ -187,65 +190,68 @@ def chunk_rows(s: Sizes, batch: int, share: int = 1) -> int:
     return min(batch, max(1, PER_EXAMPLE_GRADIENT_BYTES // max(1, s.trainable_bytes * share)))
 
 
-FIRST_ORDER = ("first_order", "dope_sgd", "pda_dpmd")
+def forward(s: Sizes, st: Settings, rows: int) -> int:
+    """A(rows) of the spec's rows: a forward's working set."""
+    return _activations(s, rows, st.length, st.completion)
 
 
-def _step_extra(s: Sizes, st: Settings) -> Tuple[int, str]:
-    """The step's peak above W, and its dominant term in words."""
-    b, L, T, d = st.batch, st.length, s.trainable_bytes, s.trainable
-    if st.estimator == "inference":  # forward passes only: the baseline bench/memory.py measures against
-        return _activations(s, b, L, st.completion), f"inference on {b} rows"
-    public = (st.public_gradients + 1) * T + _saved(s, st.public_batch, L, st.completion) if st.public_gradients else 0
-    public_why = (f"{st.estimator}: {st.public_gradients} public gradient(s) of {d:,} parameters by a backward on "
-                  f"{st.public_batch} rows")
-    if st.estimator in FIRST_ORDER:
-        c = chunk_rows(s, b)
-        # the public gradient, held through the private phase (DOPE-SGD's center, PDA-DPMD's mirror term)
-        held = T if st.public_gradients else 0
-        # the float64 sums, a chunk's per-example gradients, and beside them in turn each use's of a tied tensor
-        # (while vmap forms them) or DOPE-SGD's centred copy, what their backward kept, and one tensor's clipped
-        # sum at the precision and in float64
-        beside = max(s.tied, T if st.estimator == "dope_sgd" else 0)
-        backward = 8 * d + c * (T + beside) + _saved(s, c, L, st.completion) + (s.element + 8) * s.largest
-        # the sums and the noisy sums (float64), and one tensor's noise and its scaled copy
-        release = 16 * d + 16 * s.largest
-        extra = held + max(backward, release)
-        if public > extra:
-            return public, public_why
-        return extra, (f"{st.estimator}: float64 sums and per-example gradients of {d:,} trainable parameters, {c} "
-                       f"of the batch's {b} rows at a time")
-    if st.estimator == "gep":
-        k, pub = st.anchors, st.public_batch
-        anchor = (pub * T + max(2 * chunk_rows(s, pub) * T, k * T) + chunk_rows(s, pub) * s.tied
-                  + _saved(s, chunk_rows(s, pub), L, st.completion))
-        split = k * T + 2 * 8 * d + chunk_rows(s, b, 3) * (4 * T + s.tied)
-        return max(anchor, split, k * T + 6 * 8 * d), (f"gep: per-example gradients of {d:,} trainable parameters "
-                                                      f"for {pub} public rows and a basis of {k}")
-    if st.estimator in ZEROTH:
-        # what the perturbations keep across the step (and the next): the cached directions and the perturbed
-        # copy, or the scratch stack
-        if st.cache:
-            kept = st.queries * (2 if st.prefetch else 1) * T + s.swapped
-            why = f"{st.estimator} (cache): {st.queries} cached direction(s) and a perturbed copy of {d:,} parameters"
-        else:
-            kept = s.scratch
-            why = f"{st.estimator} (regenerate): the forward on {b} rows and one module's perturbed parameters"
-        k, q, f = st.public_gradients, st.queries, max(s.element, 4)
-        # what the private queries run beside: the public gradient (PAZO-M); the float32 basis G and the query
-        # directions (PAZO-P); the candidates and one's noise (PAZO-S); float64 d-vectors (DPGD-0th's release)
-        held = {"pazo_m": T, "pazo_p": f * k * d + q * T, "pazo_s": (k + 2) * T, "dpgd_0th": 4 * 8 * d}
-        private = _activations(s, b, L, st.completion) + held.get(st.estimator, 0)
-        if st.estimator == "pazo_p":  # the k gradients beside G formed from them (float32 at least) and its basis
-            public = max(public, k * T + int((1 + (QR_COPIES if st.basis == "orthonormal" else 1)) * f * k * d))
-        if public > private:
-            return kept + public, public_why
-        return kept + private, why
-    return _activations(s, b, L, st.completion) + 4 * 8 * d, f"{st.estimator}: float64 vectors of {d:,} parameters"
+def backward(s: Sizes, st: Settings, rows: int) -> int:
+    """G(rows) of the spec's rows: what a backward pass keeps from its forward."""
+    return _saved(s, rows, st.length, st.completion)
+
+
+def public_phase(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """The public gradients' phase and it in words: k T + T + G(b'), k public gradients by a batched backward
+    on b' rows; 0 without public gradients."""
+    k, T = st.public_gradients, s.trainable_bytes
+    return ((k + 1) * T + backward(s, st, st.public_batch) if k else 0,
+            f"{st.estimator}: {k} public gradient(s) of {s.trainable:,} parameters by a backward on "
+            f"{st.public_batch} rows")
+
+
+def float64_vectors(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """A(b) + 4 * 8d: the forward beside a few float64 d-vectors (the nonsmooth and KL oracles, small models in
+    practice)."""
+    d = s.trainable
+    return forward(s, st, st.batch) + 4 * 8 * d, f"{st.estimator}: float64 vectors of {d:,} parameters"
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """What an estimator kind holds during a step, stated beside its class (``holds``)."""
+
+    term: Callable[[Sizes, Settings], Tuple[int, str]]  # the step's peak above W, and what dominates it in words
+    public_gradients: int = 0  # public gradients a step forms where its spec does not count them (public_batches)
+
+
+def holds(*kinds: str, public_gradients: int = 0):
+    """Registers the decorated ``term(sizes, settings) -> (bytes, words)`` as what ``kinds`` hold during a step
+    (a term of the module docstring's table)."""
+    def add(term):
+        STEP_MEMORY.register(*kinds)(StepMemory(term, public_gradients))
+        return term
+    return add
+
+
+def step_memory(kind: str) -> StepMemory:
+    """What ``kind`` holds during a step, as its module registered it. A kind that registered nothing is refused:
+    a default would plan its step as some other estimator's."""
+    try:
+        return STEP_MEMORY[kind]
+    except ValueError:
+        raise LookupError(f"estimator.kind {kind!r}: no memory term is registered beside its class "
+                          f"(memory_plan.holds); those with one: {', '.join(sorted(STEP_MEMORY.kinds()))}") from None
+
+
+@holds("inference")
+def _inference(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """Forward passes only: the baseline bench/memory.py measures against (no estimator's)."""
+    return forward(s, st, st.batch), f"inference on {st.batch} rows"
 
 
 def estimate(s: Sizes, st: Settings, batch_note: str = "") -> MemoryPlan:
     """The plan of a model of sizes ``s`` trained as ``st`` says (the formulas of the module's docstring)."""
-    extra, cause = _step_extra(s, st)
+    extra, cause = step_memory(st.estimator).term(s, st)
     evaluation = _activations(s, st.eval_rows, st.length, st.completion)
     # the last checkpoint, kept for a retried chunk: the trainable parameters and the optimizer's state, cloned
     checkpoint = s.trainable_bytes + st.optimizer_state if st.checkpoint else 0
@@ -370,9 +376,11 @@ def _spec_sizes(spec, n_features: Optional[int], n_classes: Optional[int]) -> Op
         else:
             freeze_lm_(lm, model.trainable, model.path)
         return module_sizes(lm, PRECISION_BYTES[model.precision], lora, lm.config)
-    from components.builders import meta_model
+    # the model registry itself, as builders.meta_model asks it (shapes only): the planner stays below the
+    # builders, which import the estimators, so an estimator's module may import the planner
+    from components.registry import MODELS
 
-    meta = meta_model(spec, n_features, n_classes)
+    meta = MODELS[model.kind](spec, n_features, n_classes, None)
     per_row = sum(m.out_features for m in meta.modules() if isinstance(m, nn.Linear)) + n_features
     per_row += sum(m.out_channels * n_features for m in meta.modules() if isinstance(m, nn.Conv2d))
     return module_sizes(meta, 4, per_row=per_row)
@@ -441,7 +449,7 @@ def settings_of(spec, sizes: Sizes, n_private: Optional[int] = None, n_eval: Opt
     return Settings(est.kind, batch, length, queries, cache=mode == "cache", prefetch=prefetch,
                     completion=prompt is not None and prompt.task == "completion",
                     public_batch=getattr(est, "public_batch_size", 0),
-                    public_gradients=getattr(est, "public_batches", PUBLIC_GRADIENTS.get(est.kind, 0)),
+                    public_gradients=getattr(est, "public_batches", step_memory(est.kind).public_gradients),
                     anchors=getattr(est, "anchors", 0), basis=getattr(est, "basis", "orthonormal"),
                     optimizer_state=state,
                     optimizer_step=updated if opt.kind == "adam" else 0, rows_bytes=rows, checkpoint=on_host,
@@ -494,7 +502,7 @@ def _alternatives(memory_plan: MemoryPlan, memory: int) -> List[str]:
         alt = estimate(s, dataclasses.replace(st, estimator="two_point", cache=False, public_gradients=0))
         if alt.peak <= memory:
             out.append(f"estimator.kind: two_point with perturbation: regenerate (about {shown(alt.peak)})")
-    if st.estimator in ZEROTH and st.cache:
+    if st.cache:  # a term that reads no cache plans the same peak again, which does not fit
         alt = estimate(s, dataclasses.replace(st, cache=False))
         if alt.peak <= memory:
             out.append(f"perturbation: regenerate (about {shown(alt.peak)})")

@@ -16,6 +16,11 @@ from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple, TypeVar
 F = TypeVar("F", bound=Callable)
 
 
+def _home(entry) -> str:
+    """The module that registered ``entry``: a function's own, a record's (memory_plan.StepMemory) its term's."""
+    return getattr(entry, "term", entry).__module__
+
+
 class Registry:
     """Builders of one section (``estimator``, ``mechanism``, ...) by kind.
 
@@ -44,7 +49,7 @@ class Registry:
             for kind in kinds:
                 if kind in self._builders:
                     raise RuntimeError(f"{self.section}.kind {kind!r} has two builders: "
-                                       f"{self._builders[kind].__module__} and {builder.__module__}")
+                                       f"{_home(self._builders[kind])} and {_home(builder)}")
                 self._builders[kind] = builder
             return builder
         return add
@@ -91,6 +96,10 @@ MECHANISMS = Registry("mechanism", "(spec, Assembly) -> (mechanism, tracker)",
                       ("components.mechanisms", "components.families"))
 OPTIMIZERS = Registry("optimizer", "(spec, directions, model, n_private) -> optimizer",
                       ("components.optimizers", "components.families"))
+# what each estimator kind holds during a step (components.memory_plan.StepMemory), registered beside its class
+# with memory_plan.holds; "inference", the forward alone, is the planner's own baseline
+STEP_MEMORY = Registry("estimator", "StepMemory: (Sizes, Settings) -> (bytes above the weights, what dominates)",
+                       ESTIMATORS.homes)
 SAMPLERS = Registry("sampling", "(sampling section, n, generator, rows, seed) -> sampler", ("components.data",))
 MODELS = Registry("model", "(spec, n_features, n_classes, generator or None for shapes only) -> module",
                   ("components.models",))

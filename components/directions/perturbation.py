@@ -7,14 +7,16 @@ x <- x + scale * u. The directions themselves (seeds to tensors, cache slots, th
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from components.directions.chunks import CHUNK
-from components.directions.engine import Directions, row_hook, row_lookup
+from components.directions.engine import Directions, row_hook
+from components.directions.streams import row_lookup
 
 # A plain Linear layer whose weight has at least SPLIT_MIN elements, and more than twice what any other module
 # perturbs, is perturbed a block of output rows at a time in regenerate mode (``_split_rows``): a small
@@ -128,6 +130,172 @@ def _off_scratch(out, spans):
     return None
 
 
+class _ModuleSwaps:
+    """The per-module swaps of one perturbed forward in regenerate mode (``perturbed``): each module's own
+    parameters written as p + scale * v into the directions' scratch stacks just before that module runs and
+    given back right after; ``seen`` collects the tensors that took part, for ``check``."""
+
+    def __init__(self, model: nn.Module, directions: Directions, direction, scale: float):
+        self.directions, self.direction, self.scale = directions, direction, scale
+        self.seed = direction if isinstance(direction, int) else getattr(direction, "seed", None)
+        self.index = index = directions.index_of
+        capacity = directions._capacities.get(id(model))
+        if capacity is None:
+            capacity = directions._capacities[id(model)] = perturbation_capacity(model, index)
+        self.stacks = {}
+        for key, n in capacity.items():
+            same = [p for p in directions.params if (p.device, p.dtype) == key]
+            if n and same:
+                self.stacks[key] = directions.stack(same[0], n)
+        self.storage_ptrs = [(s.buffer.data_ptr(), s.buffer.data_ptr() + s.buffer.numel() * s.buffer.element_size())
+                             for s in self.stacks.values()]
+        if self.seed is not None:
+            directions._scale(self.seed)  # a sphere's norm pass: once, before any module runs
+        self.detached = directions.detached()
+        self.handles: list = []
+        self.swapped: List[tuple] = []  # (module, name, parameter, stack) swapped by a pre-hook
+        self.seen: set = set()
+        self.replaced: List[nn.Module] = []  # forwards replaced by a block-of-rows forward
+        self.wrapped: List[nn.Module] = []  # forwards wrapped to run at the perturbed parameters
+        self.wrapped_calls = 0
+
+    def install(self, model: nn.Module) -> None:
+        """Each module owning direction tensors gets the cheapest way of running perturbed that is exact for
+        it: a large Linear layer a block of rows at a time, an embedding table a hook on its looked-up rows,
+        any other its own forward wrapped, or hooks around a forward already replaced on the instance."""
+        directions, index = self.directions, self.index
+        split = directions._splits.get(id(model))
+        if split is None:
+            split = directions._splits[id(model)] = _split_rows(model, index)
+        for module, owned in directions.owned_by_module(model):
+            if id(module) in split:
+                bias = module.bias
+                module.forward = functools.partial(self.split_forward, module, split[id(module)], module.weight.detach(),
+                                                   None if bias is None else bias.detach(),
+                                                   bias is not None and id(bias) in index)
+                self.replaced.append(module)
+            elif owned and row_lookup(module):
+                self.handles.append(module.register_forward_hook(
+                    row_hook(directions, self.direction, index[id(module.weight)], self.scale, self.seen)))
+            elif owned and "forward" not in vars(module):
+                # not Module.__setattr__: no checks needed
+                module.__dict__["forward"] = functools.partial(self.wrapped_forward, module, self._entries(owned),
+                                                               [id(p) for _, p in owned], type(module).forward,
+                                                               module._parameters)
+                self.wrapped.append(module)
+            elif owned:  # a forward already replaced on the instance is left as it is: hooks around it
+                entries = self._entries(owned)
+                self.handles.append(module.register_forward_pre_hook(functools.partial(self.pre, entries)))
+                self.handles.append(module.register_forward_hook(functools.partial(self.post, entries)))
+
+    def remove(self) -> None:
+        """Every module as it was, even after a forward raised half way; the stacks empty."""
+        for h in self.handles:
+            h.remove()
+        for module in self.replaced:
+            del module.forward  # the class's forward again
+        for module in self.wrapped:
+            module.__dict__.pop("forward", None)
+        for module, name, p, _stack in self.swapped:
+            module._parameters[name] = p
+        for stack in self.stacks.values():
+            stack.offset = 0
+
+    def check(self) -> None:
+        """After forwards that ran: every direction tensor was used through its own module's forward."""
+        if not (self.swapped or self.replaced or self.wrapped_calls):
+            return
+        missed = [i for i, p in enumerate(self.directions.params) if id(p) not in self.seen]
+        if missed:
+            # a parameter read outside its own module's forward would be evaluated unperturbed and bias
+            # the finite differences silently; refuse instead
+            raise RuntimeError(
+                f"perturbed forward: {len(missed)} trainable parameter tensor(s) (first: #{missed[0]}) were not "
+                "used through their own module's forward; freeze unused parameters (requires_grad=False)")
+
+    def _entries(self, owned) -> List[tuple]:
+        # what each call needs, looked up once: a module runs once a forward, a step runs two
+        return [(name, p, self.index[id(p)], self.stacks[(p.device, p.dtype)]) for name, p in owned]
+
+    def write(self, p: torch.Tensor, i: int, out: torch.Tensor) -> None:
+        if self.seed is None:
+            torch.add(p, self.direction.tensor(i), alpha=self.scale, out=out)
+        else:
+            self.directions.perturb_into(self.seed, i, p, out, self.scale)
+
+    def write_span(self, p: torch.Tensor, i: int, start: int, stop: int, out: torch.Tensor) -> None:
+        if self.seed is None:
+            torch.add(p.reshape(-1)[start:stop], self.direction.tensor(i).reshape(-1)[start:stop], alpha=self.scale,
+                      out=out.view(-1))
+        else:
+            self.directions.perturb_span_into(self.seed, i, p, start, stop, out, self.scale)
+
+    def pre(self, entries, module: nn.Module, _args) -> None:
+        """Forward pre-hook: the module's own parameters swapped for their perturbed values."""
+        for name, p, i, stack in entries:
+            view = stack.take_shape(p.shape)
+            self.write(self.detached[i], i, view)
+            module._parameters[name] = view
+            self.swapped.append((module, name, p, stack))
+            self.seen.add(id(p))
+
+    def post(self, entries, module: nn.Module, _args, out):
+        """Forward hook: the parameters back, their scratch given back (the output off it)."""
+        for name, p, _i, stack in reversed(entries):
+            module._parameters[name] = p
+            stack.give_back(p)
+        return _off_scratch(out, self.storage_ptrs)
+
+    def wrapped_forward(self, module: nn.Module, entries, ids, forward, params, /, *args, **kwargs):
+        """The module's own forward run at its perturbed parameters: the hooks' work without the hooks,
+        whose dispatch costs more than the swap itself (a 32-layer decoder has 290 such modules)."""
+        taken = 0
+        try:
+            for name, p, i, stack in entries:
+                view = stack.take_shape(p.shape)
+                taken += 1
+                self.write(self.detached[i], i, view)
+                params[name] = view
+            self.seen.update(ids)
+            self.wrapped_calls += 1
+            out = forward(module, *args, **kwargs)
+        finally:
+            for name, p, _i, stack in reversed(entries[:taken]):
+                params[name] = p
+                stack.give_back(p)
+        copied = _off_scratch(out, self.storage_ptrs)
+        return out if copied is None else copied
+
+    def split_forward(self, module: nn.Linear, rows: int, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      trained_bias: bool, /, x: torch.Tensor) -> torch.Tensor:
+        """The Linear layer's forward at its perturbed weight (``weight``, ``bias``: its own, detached), a
+        block of output rows at a time: each block of (W + scale v) is written into the stack, multiplied,
+        and given back."""
+        index, stacks = self.index, self.stacks
+        n, width = weight.shape
+        self.seen.add(id(module.weight))
+        if trained_bias:
+            self.seen.add(id(module.bias))
+        out = None
+        for a in range(0, n, rows):
+            e = min(n, a + rows)
+            stack = stacks[(weight.device, weight.dtype)]
+            w = stack.take_shape((e - a, width))
+            self.write_span(weight, index[id(module.weight)], a * width, e * width, w)
+            b = None if bias is None else bias[a:e]
+            if trained_bias:
+                b = stacks[(bias.device, bias.dtype)].take_shape((e - a,))
+                self.write_span(bias, index[id(module.bias)], a, e, b)
+            y = nn.functional.linear(x, w, b)
+            if trained_bias:
+                stacks[(bias.device, bias.dtype)].give_back(b)
+            stack.give_back(w)
+            if out is None:
+                out = y.new_empty(y.shape[:-1] + (n,))
+            out[..., a:e] = y
+        return out
+
+
 @contextlib.contextmanager
 def perturbed(model: nn.Module, directions: Directions, direction, scale: float) -> Iterator[None]:
     """Run the model's forward passes at x + scale * v without writing x (v: a seed, ``Seeded`` or ``Dense``).
@@ -149,138 +317,8 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         with directions.swapped(model, seed, scale):  # no per-module hooks and no per-module scratch
             yield
         return
-    index = directions.index_of
-    capacity = directions._capacities.get(id(model))
-    if capacity is None:
-        capacity = directions._capacities[id(model)] = perturbation_capacity(model, index)
-    stacks = {}
-    for key, n in capacity.items():
-        same = [p for p in directions.params if (p.device, p.dtype) == key]
-        if n and same:
-            stacks[key] = directions.stack(same[0], n)
-    storage_ptrs = [(s.buffer.data_ptr(), s.buffer.data_ptr() + s.buffer.numel() * s.buffer.element_size())
-                    for s in stacks.values()]
-    if seed is not None:
-        directions._scale(seed)  # a sphere's norm pass: once, before any module runs
-    handles = []
-    swapped: List[tuple] = []
-    seen = set()
-
-    def write(p: torch.Tensor, i: int, out: torch.Tensor) -> None:
-        if seed is None:
-            torch.add(p, direction.tensor(i), alpha=scale, out=out)
-        else:
-            directions.perturb_into(seed, i, p, out, scale)
-
-    detached = directions.detached()
-
-    def make_hooks(owned):
-        # what each hook call needs, looked up once: a module runs once a forward, a step runs two
-        entries = [(name, p, index[id(p)], stacks[(p.device, p.dtype)]) for name, p in owned]
-
-        def pre(module, _args):
-            for name, p, i, stack in entries:
-                view = stack.take_shape(p.shape)
-                write(detached[i], i, view)
-                module._parameters[name] = view
-                swapped.append((module, name, p, stack))
-                seen.add(id(p))
-
-        def post(module, _args, out):
-            for name, p, _i, stack in reversed(entries):
-                module._parameters[name] = p
-                stack.give_back(p)
-            return _off_scratch(out, storage_ptrs)
-
-        return pre, post
-
-    wrapped_calls = [0]
-
-    def wrap_forward(module: nn.Module, owned):
-        """The module's own forward run at its perturbed parameters: ``make_hooks``' work without the hooks,
-        whose dispatch costs more than the swap itself (a 32-layer decoder has 290 such modules)."""
-        entries = [(name, p, index[id(p)], stacks[(p.device, p.dtype)]) for name, p in owned]
-        ids = [id(p) for _, p in owned]
-        forward, params = type(module).forward, module._parameters
-
-        def perturbed_forward(*args, **kwargs):
-            taken = 0
-            try:
-                for name, p, i, stack in entries:
-                    view = stack.take_shape(p.shape)
-                    taken += 1
-                    write(detached[i], i, view)
-                    params[name] = view
-                seen.update(ids)
-                wrapped_calls[0] += 1
-                out = forward(module, *args, **kwargs)
-            finally:
-                for name, p, _i, stack in reversed(entries[:taken]):
-                    params[name] = p
-                    stack.give_back(p)
-            copied = _off_scratch(out, storage_ptrs)
-            return out if copied is None else copied
-
-        return perturbed_forward
-
-    def write_span(p: torch.Tensor, i: int, start: int, stop: int, out: torch.Tensor) -> None:
-        if seed is None:
-            torch.add(p.reshape(-1)[start:stop], direction.tensor(i).reshape(-1)[start:stop], alpha=scale,
-                      out=out.view(-1))
-        else:
-            directions.perturb_span_into(seed, i, p, start, stop, out, scale)
-
-    def split_forward(module: nn.Linear, rows: int):
-        """The Linear layer's forward at its perturbed weight, a block of output rows at a time: each block
-        of (W + scale v) is written into the stack, multiplied, and given back."""
-        weight, bias = module.weight.detach(), module.bias
-        trained_bias = bias is not None and id(bias) in index
-        bias = None if bias is None else bias.detach()
-        n, width = weight.shape
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            seen.add(id(module.weight))
-            if trained_bias:
-                seen.add(id(module.bias))
-            out = None
-            for a in range(0, n, rows):
-                e = min(n, a + rows)
-                stack = stacks[(weight.device, weight.dtype)]
-                w = stack.take_shape((e - a, width))
-                write_span(weight, index[id(module.weight)], a * width, e * width, w)
-                b = None if bias is None else bias[a:e]
-                if trained_bias:
-                    b = stacks[(bias.device, bias.dtype)].take_shape((e - a,))
-                    write_span(bias, index[id(module.bias)], a, e, b)
-                y = nn.functional.linear(x, w, b)
-                if trained_bias:
-                    stacks[(bias.device, bias.dtype)].give_back(b)
-                stack.give_back(w)
-                if out is None:
-                    out = y.new_empty(y.shape[:-1] + (n,))
-                out[..., a:e] = y
-            return out
-
-        return forward
-
-    split = directions._splits.get(id(model))
-    if split is None:
-        split = directions._splits[id(model)] = _split_rows(model, index)
-    replaced, wrapped = [], []
-    for module, owned in directions.owned_by_module(model):
-        if id(module) in split:
-            module.forward = split_forward(module, split[id(module)])
-            replaced.append(module)
-        elif owned and row_lookup(module):
-            handles.append(module.register_forward_hook(row_hook(directions, direction, index[id(module.weight)],
-                                                                  scale, seen)))
-        elif owned and "forward" not in vars(module):
-            module.__dict__["forward"] = wrap_forward(module, owned)  # not Module.__setattr__: no checks needed
-            wrapped.append(module)
-        elif owned:  # a forward already replaced on the instance is left as it is: hooks around it
-            pre, post = make_hooks(owned)
-            handles.append(module.register_forward_pre_hook(pre))
-            handles.append(module.register_forward_hook(post))
+    swaps = _ModuleSwaps(model, directions, direction, scale)
+    swaps.install(model)
     failed = False
     try:
         yield
@@ -288,21 +326,6 @@ def perturbed(model: nn.Module, directions: Directions, direction, scale: float)
         failed = True
         raise
     finally:
-        for h in handles:
-            h.remove()
-        for module in replaced:
-            del module.forward  # the class's forward again
-        for module in wrapped:
-            module.__dict__.pop("forward", None)
-        for module, name, p, _stack in swapped:  # restore even if a forward raised half way
-            module._parameters[name] = p
-        for stack in stacks.values():
-            stack.offset = 0
-    if (swapped or replaced or wrapped_calls[0]) and not failed:
-        missed = [i for i, p in enumerate(directions.params) if id(p) not in seen]
-        if missed:
-            # a parameter read outside its own module's forward would be evaluated unperturbed and bias
-            # the finite differences silently; refuse instead
-            raise RuntimeError(
-                f"perturbed forward: {len(missed)} trainable parameter tensor(s) (first: #{missed[0]}) were not "
-                "used through their own module's forward; freeze unused parameters (requires_grad=False)")
+        swaps.remove()  # restore even if a forward raised half way
+    if not failed:
+        swaps.check()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from components.memory_plan import Settings, Sizes, backward, chunk_rows, holds, public_phase
 from components.queries import PerExampleGradients, Update
 from components.registry import ESTIMATORS
 
@@ -33,3 +34,27 @@ class FirstOrderEstimator:
 @ESTIMATORS.register("first_order")
 def _first_order(spec, dimension=None):
     return FirstOrderEstimator()
+
+
+@holds("first_order")
+def dp_sgd_memory(s: Sizes, st: Settings, centred: bool = False) -> Tuple[int, str]:
+    """What DP-SGD's step holds above the weights: the per-example gradients' phase, then the release's (the
+    larger), beside a public gradient held through both where the step forms one (DOPE-SGD's center,
+    PDA-DPMD's mirror term), or that public gradient's own phase when larger. ``centred``: each chunk's
+    per-example gradients are also copied, centred on the public gradient (DOPE-SGD)."""
+    b, d, T = st.batch, s.trainable, s.trainable_bytes
+    c = chunk_rows(s, b)
+    held = T if st.public_gradients else 0
+    # the float64 sums, a chunk's per-example gradients, and beside them in turn each use's of a tied tensor
+    # (while vmap forms them) or the centred copy, what their backward kept, and one tensor's clipped sum at the
+    # precision and in float64 (clipped_sums.clipped_gradient_sum)
+    beside = max(s.tied, T if centred else 0)
+    gradients = 8 * d + c * (T + beside) + backward(s, st, c) + (s.element + 8) * s.largest
+    # the sums and the noisy sums (float64), and one tensor's noise and its scaled copy (release_vector)
+    release = 16 * d + 16 * s.largest
+    extra = held + max(gradients, release)
+    public, public_why = public_phase(s, st)
+    if public > extra:
+        return public, public_why
+    return extra, (f"{st.estimator}: float64 sums and per-example gradients of {d:,} trainable parameters, {c} "
+                   f"of the batch's {b} rows at a time")

@@ -2,6 +2,9 @@
 optimizer plans them (``ctx.request``); it only turns a request into releases through the door."""
 from __future__ import annotations
 
+from typing import Tuple
+
+from components.memory_plan import Settings, Sizes, float64_vectors, holds
 from components.queries import Update
 from components.registry import ESTIMATORS
 
@@ -29,3 +32,9 @@ class FullGradientEstimator:
 @ESTIMATORS.register("full_gradient")
 def _full_gradient(spec, dimension=None):
     return FullGradientEstimator(adaptive=spec.optimizer.kind == "adaptive_noisy_gd")
+
+
+@holds("full_gradient")
+def _full_gradient_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """The forward beside a few float64 d-vectors."""
+    return float64_vectors(s, st)

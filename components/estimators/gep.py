@@ -21,6 +21,7 @@ from typing import Tuple
 
 import torch
 
+from components.memory_plan import Settings, Sizes, backward, chunk_rows, holds
 from components.queries import EmbeddedGradients, Update
 from components.registry import ESTIMATORS
 
@@ -96,3 +97,16 @@ def _gep(spec, dimension=None):
     clip = getattr(spec.mechanism, "clip", None)
     residual_clip = est.residual_clip or clip or 1.0  # without a mechanism nothing is clipped
     return GepEstimator(est.anchors, est.public_batch_size, residual_clip, est.embedding_share)
+
+
+@holds("gep")
+def _gep_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """As bench/memory.py's guard: the largest of forming the [b', d] anchor matrix from chunks of public rows'
+    per-example gradients (then the [k, d] basis), splitting the private ones on the basis in chunks of a third
+    (g, r and their product), and the release's float64 d-vectors beside the basis."""
+    d, T, k, pub = s.trainable, s.trainable_bytes, st.anchors, st.public_batch
+    c = chunk_rows(s, pub)
+    anchor = pub * T + max(2 * c * T, k * T) + c * s.tied + backward(s, st, c)
+    split = k * T + 2 * 8 * d + chunk_rows(s, st.batch, 3) * (4 * T + s.tied)
+    return max(anchor, split, k * T + 6 * 8 * d), (f"gep: per-example gradients of {d:,} trainable parameters "
+                                                  f"for {pub} public rows and a basis of {k}")

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from components.directions import Directions
+from components.memory_plan import QR_COPIES, Settings, Sizes, holds
 from components.queries import Dense, FiniteDifferences, LossValues, Seeded, Update
-from components.estimators.two_point import TwoPointEstimator
+from components.estimators.two_point import TwoPointEstimator, zeroth_order_memory
 from components.randomness import public_seed
 from components.registry import ESTIMATORS
 
@@ -178,3 +179,27 @@ def _pazo_p(spec, dimension=None):
 def _pazo_s(spec, dimension=None):
     est = spec.estimator
     return PazoSEstimator(est.public_batches, est.public_batch_size, est.candidate_noise, spec.optimizer.lr)
+
+
+# What the private queries run beside, over DPZero's step (two_point.zeroth_order_memory): k public gradients
+# from the spec (public_batches; PAZO-M: one). PAZO-P's and PAZO-S's directions are not seeded: never cached.
+@holds("pazo_m", public_gradients=1)
+def _pazo_m_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """The public gradient beside the private forwards."""
+    return zeroth_order_memory(s, st, held=s.trainable_bytes)
+
+
+@holds("pazo_p")
+def _pazo_p_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """The float32 (at least) basis G of the k public gradients and the q dense query directions beside the
+    private forwards; while G is formed, the k gradients beside it and its basis (QR's copies, or normalised
+    columns)."""
+    k, d, T, f = st.public_gradients, s.trainable, s.trainable_bytes, max(s.element, 4)
+    basis = k * T + int((1 + (QR_COPIES if st.basis == "orthonormal" else 1)) * f * k * d)
+    return zeroth_order_memory(s, st, held=f * k * d + st.queries * T, public_peak=basis)
+
+
+@holds("pazo_s")
+def _pazo_s_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """The k + 2 candidates (the public gradients, the extra one and its noise) beside the private forwards."""
+    return zeroth_order_memory(s, st, held=(st.public_gradients + 2) * s.trainable_bytes)

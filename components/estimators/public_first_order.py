@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
+from components.estimators.first_order import dp_sgd_memory
+from components.memory_plan import Settings, Sizes, holds
 from components.queries import PerExampleGradients, Update
 from components.registry import ESTIMATORS
 
@@ -88,8 +90,20 @@ def _dope_sgd(spec, dimension=None):
     return DopeSgdEstimator(spec.estimator.public_batch_size)
 
 
+@holds("dope_sgd", public_gradients=1)
+def _dope_sgd_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """DP-SGD's step beside the public gradient, each chunk's per-example gradients with their centred copy."""
+    return dp_sgd_memory(s, st, centred=True)
+
+
 @ESTIMATORS.register("pda_dpmd")
 def _pda_dpmd(spec, dimension=None):
     if not isinstance(spec.optimizer.steps, int):
         raise ValueError("estimator pda_dpmd: its schedule needs the planned steps; resolve the spec first")
     return PdaDpmdEstimator(spec.estimator.public_batch_size, spec.optimizer.steps)
+
+
+@holds("pda_dpmd", public_gradients=1)
+def _pda_dpmd_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """DP-SGD's step beside the public gradient (mixed into the update, never into the per-example gradients)."""
+    return dp_sgd_memory(s, st)

@@ -27,7 +27,9 @@ estimate clipped per coefficient and released with plain d-dimensional Gaussian 
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
+from components.memory_plan import Settings, Sizes, float64_vectors, holds
 from components.queries import PerExampleBall, PerExampleSphere, Update
 from components.randomness import STREAM_EXAMPLE_DIRECTION, public_seed
 
@@ -135,3 +137,9 @@ class ZoNaiveEstimator:
                                  self.smoothing, "scalar", self.clip)
         released = ctx.release(query)
         return Update(dense=((tuple(released), 1.0 / ctx.batch_normaliser),))
+
+
+@holds("zo_spider", "fo_spider", "zo_naive")
+def _oracle_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """The forward beside a few float64 d-vectors."""
+    return float64_vectors(s, st)

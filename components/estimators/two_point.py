@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from components.memory_plan import Settings, Sizes, forward, holds, public_phase
 from components.queries import FiniteDifferences, Seeded, Update, VectorFiniteDifferences
 from components.randomness import STREAM_DIRECTION, public_seed
 from components.registry import ESTIMATORS
@@ -60,3 +61,29 @@ def _two_point(spec, dimension=None):
 @ESTIMATORS.register("dpgd_0th")
 def _dpgd_0th(spec, dimension=None):
     return DpgdZerothEstimator(spec.estimator.queries, spec.estimator.smoothing)
+
+
+@holds("two_point")
+def zeroth_order_memory(s: Sizes, st: Settings, held: int = 0, public_peak: int = 0) -> Tuple[int, str]:
+    """What a zeroth-order step holds above the weights: what the perturbations keep across the step (and the
+    next), beside the larger of the public gradients' phase (or ``public_peak``, a larger one of the
+    estimator's own) and the private forwards with what they run beside (``held``)."""
+    b, d = st.batch, s.trainable
+    if st.cache:  # the cached directions (the next step's too with prefetching) and the perturbed copy
+        kept = st.queries * (2 if st.prefetch else 1) * s.trainable_bytes + s.swapped
+        why = f"{st.estimator} (cache): {st.queries} cached direction(s) and a perturbed copy of {d:,} parameters"
+    else:  # the scratch stack of one module's perturbed parameters
+        kept = s.scratch
+        why = f"{st.estimator} (regenerate): the forward on {b} rows and one module's perturbed parameters"
+    public, public_why = public_phase(s, st)
+    public = max(public, public_peak)
+    private = forward(s, st, b) + held
+    if public > private:
+        return kept + public, public_why
+    return kept + private, why
+
+
+@holds("dpgd_0th")
+def _dpgd_0th_memory(s: Sizes, st: Settings) -> Tuple[int, str]:
+    """DPZero's, the private forwards beside float64 d-vectors (the d-dimensional release)."""
+    return zeroth_order_memory(s, st, held=4 * 8 * s.trainable)

@@ -201,7 +201,7 @@ def test_cache_mode_swaps_all_but_the_embedding_table():
         assert model.head.weight is not d.params[1]  # swapped for its perturbed copy
         model(_ids())
     table = [i for i, p in enumerate(d.params) if p is model.emb.weight]
-    assert table and all((buf is None) == (i in table) for i, buf in enumerate(d._swap))
+    assert table and all((buf is None) == (i in table) for i, buf in enumerate(d._streams._swap))
     assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
 
 
@@ -344,18 +344,18 @@ def test_prefetched_directions_are_the_ones_cache_mode_draws(kind):
     norm and scaling too); the step that takes it over sees exactly the values of a plain draw."""
     import threading
 
-    from components.directions import engine as directions_module
+    from components.directions.chunks import CHUNK
 
     plain = Directions(list(_Bag().parameters()), kind)
     ahead = Directions(list(_Bag().parameters()), kind)
     threads = set()
-    draw = ahead._draw
+    draw = ahead._streams._draw
 
     def recording_draw(base, c, out):
         threads.add(threading.current_thread().name)
         draw(base, c, out)
 
-    ahead._draw = recording_draw
+    ahead._streams._draw = recording_draw
     for seed in (5, 6):
         with plain.cached([seed]):
             expected = [t.clone() for t in plain.iter_tensors(seed)]
@@ -364,10 +364,10 @@ def test_prefetched_directions_are_the_ones_cache_mode_draws(kind):
             got = list(ahead.iter_tensors(seed))
             assert _bitwise_equal(expected, got)
             if kind == "sphere":
-                assert ahead._norms[seed] == plain._norms[seed]
+                assert ahead._streams.norms[seed] == plain._streams.norms[seed]
     assert threads and all(name.startswith("privzo-prefetch") for name in threads)  # nothing redrawn here
     assert len(ahead._slots) + len(ahead._spare) == 2  # two slots, swapped step after step
-    assert directions_module.CHUNK < _Bag().emb.weight.numel()
+    assert CHUNK < _Bag().emb.weight.numel()
 
 
 def test_a_prefetch_for_other_seeds_is_discarded():
@@ -441,3 +441,18 @@ def test_an_output_that_is_a_perturbed_parameter_keeps_its_values(hooked):
     ua, ub = d.dense(3)
     assert torch.equal(a_out, torch.add(model.a.w.detach(), ua, alpha=0.5))
     assert torch.equal(b_out, torch.add(model.b.w.detach(), ub, alpha=0.5))
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
+def test_the_chunked_streams_keep_the_generators_contract(kind):
+    """Both generators implement one interface (``Streams``) with one contract; the Philox streams are
+    checked against it in test_philox.py. The engine itself never names a generator: it takes the one
+    ``streams_for`` picks."""
+    import components.directions.engine as engine
+    from components.directions.streams import ChunkStreams, PhiloxStreams
+    from tests.components.streams_contract import check_the_contract, check_the_interface
+
+    check_the_interface(PhiloxStreams)
+    check_the_contract(lambda params: ChunkStreams(params, kind, 7.0), _Bag(), table=0)
+    assert isinstance(Directions(list(_Bag().parameters()), kind)._streams, ChunkStreams)
+    assert not hasattr(engine, "philox")

@@ -114,6 +114,41 @@ def test_a_spec_over_the_device_memory_is_refused_in_one_line_with_the_numbers(f
         memory_plan.check_fits(dp_sgd)
 
 
+def test_every_estimator_kind_states_what_it_holds_beside_its_class(tiny_spec_dict, monkeypatch):
+    """Each kind the specs accept registers its memory term in the module of its class (memory_plan.holds);
+    the planner asks for the spec's kind, and refuses one that registered none rather than plan it as another's."""
+    from components.registry import STEP_MEMORY
+    from specs.traits import ESTIMATORS
+
+    assert STEP_MEMORY.kinds() == set(ESTIMATORS) | {"inference"}  # inference: the planner's own baseline
+    for kind in ESTIMATORS:
+        assert memory_plan.step_memory(kind).term.__module__.startswith("components.estimators."), kind
+    assert memory_plan.step_memory("inference").term.__module__ == "components.memory_plan"
+    sizes = memory_plan.Sizes(2600, 650, 2600, 640, 2560, 0, 2600, 4, per_row=74)
+    with pytest.raises(LookupError, match="'nameless': no memory term is registered beside its class"):
+        memory_plan.estimate(sizes, memory_plan.Settings("nameless", 8))
+    spec = specs.spec_from_dict(tiny_spec_dict)  # two_point
+    monkeypatch.delitem(STEP_MEMORY._builders, "two_point")  # a kind the specs accept that registered no term
+    with pytest.raises(LookupError, match="'two_point': no memory term is registered beside its class"):
+        memory_plan.plan(spec, n_features=64, n_classes=10, n_private=1385, n_eval=360)
+
+
+def test_the_planner_imports_no_torch_for_a_spec_sized_by_its_shapes():
+    """privzo validate plans a small model's spec without torch (its size waits for the data's shapes)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import EXAMPLES, ROOT
+
+    code = ("import sys, specs; from components import memory_plan; "
+            "memory_plan.check_fits(specs.load_spec(sys.argv[1])); "
+            "bad = [m for m in ('torch', 'components.estimators') if m in sys.modules]; print(bad); "
+            "sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / "digits_dpzero.yaml")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_validate_and_calibrate_refuse_it_and_calibrate_prints_the_plan(files, tmp_path, monkeypatch, capsys):
     from flows import cli
 

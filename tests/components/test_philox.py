@@ -14,6 +14,7 @@ import torch
 
 from components import models
 from components.directions import Directions, add_direction_, perturbed, philox
+from components.directions.streams import ChunkStreams, PhiloxStreams
 
 GPU = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(philox.triton is None or not (GPU or os.environ.get("TRITON_INTERPRET") == "1"),
@@ -79,7 +80,7 @@ def test_cache_and_regenerate_agree_bitwise(kind):
         model = _Bag().to(DEVICE)
         before = _snapshot(model)
         d = Directions(list(model.parameters()), kind)
-        assert d.stream == "cuda-philox-v1" if GPU else d._philox is not None
+        assert d.stream == "cuda-philox-v1" if GPU else isinstance(d._streams, PhiloxStreams)
         with (d.cached([4]) if cache else contextlib.nullcontext()):
             with torch.inference_mode():
                 with perturbed(model, d, 4, 1e-3):
@@ -190,9 +191,9 @@ def test_non_contiguous_tensors_get_the_same_values():
 def test_an_address_table_must_fit_the_layout():
     d = Directions([torch.zeros(10, device=DEVICE), torch.zeros(3, device=DEVICE)], "gaussian")
     with pytest.raises(ValueError, match="must match the layout"):
-        d._philox.table([torch.zeros(10, device=DEVICE), torch.zeros(4, device=DEVICE)])
+        d._streams.layout.table([torch.zeros(10, device=DEVICE), torch.zeros(4, device=DEVICE)])
     with pytest.raises(ValueError, match="must match the layout"):
-        d._philox.table([torch.zeros(10, device=DEVICE)])
+        d._streams.layout.table([torch.zeros(10, device=DEVICE)])
 
 
 def test_gaussian_moments_and_independence():
@@ -233,7 +234,7 @@ def test_every_estimator_trains_and_cache_matches_regenerate(tiny_spec_dict, est
         resolved, _, _ = builders.resolve_privacy(spec, len(data.private))
         built = builders.build_loop(resolved, data, noise_generator=private_generator(1),
                                     sampling_generator=private_generator(2))
-        assert built.device == DEVICE and built.loop.backend.directions._philox is not None
+        assert built.device == DEVICE and isinstance(built.loop.backend.directions._streams, PhiloxStreams)
         start = _snapshot(built.model)
         built.loop.run(6)
         final = _snapshot(built.model)
@@ -267,4 +268,13 @@ def test_float64_parameters_take_the_chunked_path_on_a_gpu():
     """The kernels compute in float32: float64 parameters would lose precision there, so they are drawn
     by torch's CUDA generator in chunks, a stream of its own."""
     d = Directions([torch.zeros(10, dtype=torch.float64, device=DEVICE)], "gaussian")
-    assert d._philox is None and d.stream == "cuda-torch-v2"
+    assert isinstance(d._streams, ChunkStreams) and d.stream == "cuda-torch-v2"
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "sphere", "rademacher"])
+def test_the_philox_streams_keep_the_generators_contract(kind):
+    """The contract the chunked streams keep (test_directions.py), on the counter-based ones."""
+    from tests.components.streams_contract import check_the_contract
+
+    check_the_contract(lambda params: PhiloxStreams(params, kind, 7.0), _Bag().to(DEVICE), table=0)
+    assert isinstance(Directions(list(_Bag().to(DEVICE).parameters()), kind)._streams, PhiloxStreams)

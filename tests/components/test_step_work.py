@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import components.directions.chunks as chunks
-import components.directions.engine as engine
+import components.directions.streams as streams
 from components.accountants import Accountant, PrivacyTracker
 from components.directions import Directions, perturbation
 from components.estimators import TwoPointEstimator
@@ -91,7 +91,7 @@ def test_a_step_draws_and_passes_over_the_weights_as_often_as_its_mode_says(cach
         drawn.append(out.numel())
         real(kind, seed, out)
 
-    monkeypatch.setattr(engine, "draw_seeded", counting)
+    monkeypatch.setattr(streams, "draw_seeded", counting)
     monkeypatch.setattr(chunks, "draw_seeded", counting)
     reads = _WeightReads(params)
     with reads:
