@@ -198,6 +198,11 @@ def test_mlflows_own_names_are_mlflows():
 
     assert names.MLFLOW_RUN_NOTE == mlflow_tags.MLFLOW_RUN_NOTE
     assert names.MLFLOW_PARENT_RUN_ID == mlflow_tags.MLFLOW_PARENT_RUN_ID
+    assert names.MLFLOW_SOURCE_NAME == mlflow_tags.MLFLOW_SOURCE_NAME
+    assert names.MLFLOW_SOURCE_TYPE == mlflow_tags.MLFLOW_SOURCE_TYPE
+    assert names.MLFLOW_GIT_COMMIT == mlflow_tags.MLFLOW_GIT_COMMIT
+    assert names.MLFLOW_GIT_REPO_URL == mlflow_tags.MLFLOW_GIT_REPO_URL
+    assert names.MLFLOW_DATASET_CONTEXT == mlflow_tags.MLFLOW_DATASET_CONTEXT
 
 
 def test_the_spelling_finder_finds_a_spelled_tag(tmp_path):

@@ -65,6 +65,9 @@ def command(args) -> int:
               f"{result['guarantee']}  (target epsilon {result['target_epsilon']}, "
               f"sigma {result['noise_multiplier']:.4g}, {result['steps']} steps)")
     uri = result["tracking_uri"]
+    if result.get("model_version"):  # what a consumer loads: the version by number (or @verified once promoted)
+        print(f"load it: mlflow.pyfunc.load_model('models:/{spec.name}/{result['model_version']}') with "
+              f"MLFLOW_TRACKING_URI={uri}")
     link = run_url(uri, result["experiment_id"], result["run_id"])
     if link:
         print(f"MLflow run {result['run_name']}: {link}")

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 import mlflow
 import numpy as np
 import torch
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -27,12 +27,13 @@ from flows.record import reporting
 from flows.ledger import Budget
 from flows.record.lineage import model_block_events, model_epsilon, model_event, model_runs
 from flows.record.reporting import PrivacySummary, privacy_report, shown, summarize
-from flows.record.tracking import (DESCRIPTION, dp_tags, experiment_url, journal_json, log_text_artifacts, run_name,
-                            run_url, training_experiment, ui_command, version_url)
+from flows.record.tracking import (DESCRIPTION, code_version, dataset_input, dp_tags, experiment_url, journal_json,
+                                   log_text_artifacts, released_fingerprint, run_name, run_url, training_experiment,
+                                   ui_command, version_url)
 from flows.record.tracking_names import (
     DERIVED_DEVICE, DERIVED_DIMENSION, DERIVED_N_PRIVATE, DERIVED_N_PUBLIC, DERIVED_N_TEST, DERIVED_SAMPLING_RATE,
     DP_EPSILON, DP_EVENT_ARTIFACT, DP_GUARANTEE, DP_MODEL_EPSILON, DP_MODEL_RUNS, DP_PRIVATE, DP_RUN_EPSILON,
-    DP_RUN_GUARANTEE, DP_TARGET_EPSILON, JOURNAL_ARTIFACT, MODEL_ARTIFACT, MODEL_BLOCK_EVENTS_ARTIFACT,
+    DP_RUN_GUARANTEE, DP_TARGET_EPSILON, JOURNAL_ARTIFACT, MLFLOW_DATASET_CONTEXT, MODEL_ARTIFACT, MODEL_BLOCK_EVENTS_ARTIFACT,
     MODEL_EVENT_ARTIFACT, PRIVACY_REPORT_ARTIFACT, PRIVZO_BLOCKS, PRIVZO_DIRECTIONS_STREAM,
     PRIVZO_DIRECTIONS_VERSION, PRIVZO_ESTIMATOR, PRIVZO_INIT, PRIVZO_REGISTER, PRIVZO_RESUMED_FROM_STEP,
     PRIVZO_SPEC, PRIVZO_TRANSCRIPT_BYTES, PRIVZO_WEIGHTS_BYTES, SPEC_ARTIFACT)
@@ -57,7 +58,7 @@ def open_run(spec: specs.RunSpec, sampling_rate: float, data: SplitData, dimensi
     run = client.create_run(experiment_id, run_name=run_name(spec.name), tags={
         PRIVZO_SPEC: spec.name, PRIVZO_ESTIMATOR: spec.estimator.kind,
         DP_TARGET_EPSILON: str(spec.privacy.epsilon if spec.privacy else math.inf),
-        DP_PRIVATE: str(spec.private).lower()})
+        DP_PRIVATE: str(spec.private).lower(), **code_version()})
     params = dict(specs.flatten(spec))
     params.update({
         DERIVED_N_PUBLIC: str(len(data.public)), DERIVED_N_TEST: str(len(data.test)),
@@ -67,6 +68,9 @@ def open_run(spec: specs.RunSpec, sampling_rate: float, data: SplitData, dimensi
         params[DERIVED_N_PRIVATE] = str(len(data.private))
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
     log_text_artifacts(client, run.info.run_id, {SPEC_ARTIFACT: specs.dump_yaml(spec)})
+    dataset = dataset_input(spec, released_fingerprint(data.private.fingerprint))
+    client.log_inputs(run.info.run_id, datasets=[DatasetInput(Dataset(**dataset.to_dict()), tags=[
+        InputTag(MLFLOW_DATASET_CONTEXT, "training")])])
     return run.info.run_id
 
 
@@ -90,11 +94,12 @@ def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: st
 @task(name="register-model", cache_policy=NO_CACHE)
 def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_shape: Tuple[int, ...], row_dtype: str,
                    name: str, tags: Dict[str, str], description: str = "",
-                   transcript: Optional[Transcript] = None) -> str:
+                   transcript: Optional[Transcript] = None, charged: bool = True) -> str:
     """``row_shape``/``row_dtype``: of one input row (float features, or token ids and mask for text).
     ``tags`` lead with the model's guarantee (dp.epsilon, dp.guarantee: every run that trained it), the
     run's own spend beside it (dp.run_*); ``description`` is the version's, headed by the same.
-    ``transcript``: register it (an MLflow pyfunc that rebuilds the weights by replay) in place of the weights."""
+    ``transcript``: register it (an MLflow pyfunc that rebuilds the weights by replay) in place of the weights.
+    ``charged``: its run was charged to a ledger (the description's verify line says what verify can check)."""
     mlflow.set_tracking_uri(tracking_uri)
     # all-zero rows: the exported graph needs an example input, and no real row may be logged
     example = np.zeros((2, *row_shape), dtype=row_dtype)  # 2 rows: batch size stays dynamic
@@ -122,7 +127,7 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
             description += "\n\n" + reporting.transcript_paragraph(
                 name, version, len(transcript.journal), transcript.start, int(sizes[PRIVZO_TRANSCRIPT_BYTES]),
                 int(sizes[PRIVZO_WEIGHTS_BYTES]), transcript.directions_stream)
-        description = f"{description}\n\n{reporting.verify_hint(name, version, tracking_uri)}"
+        description = f"{description}\n\n{reporting.verify_hint(name, version, tracking_uri, charged)}"
         client.update_model_version(name, version, description=description)
         client.update_registered_model(name, description=reporting.registered_model_description(
             name, version, description))
@@ -243,7 +248,7 @@ def register(resolved: specs.RunSpec, data: SplitData, built: builders.Built, ru
                           str(data.test.features.dtype), resolved.name, version_tags,
                           description=reporting.version_description(spent.model_guarantee, run_id,
                                                                     spent.summary.guarantee(), spent.trained_on),
-                          transcript=transcript)
+                          transcript=transcript, charged=resolved.budget is not None)
 
 
 def _trained_on(spec: specs.RunSpec, data: SplitData, steps: int, started: str) -> str:

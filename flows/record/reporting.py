@@ -256,12 +256,19 @@ def transcript_paragraph(model_name: str, version: str, entries: int, start: str
             "torch module (both need privzo installed).")
 
 
-def verify_hint(model_name: str, version: str, tracking_uri: Optional[str] = None) -> str:
+def verify_hint(model_name: str, version: str, tracking_uri: Optional[str] = None, charged: bool = True) -> str:
     """The line a registered version's description carries on how to check it. ``tracking_uri``: named when
-    given (the command's default is $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)."""
+    given (the command's default is $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db). ``charged``: its run was
+    charged to a privacy ledger; verify checks a version against that charge, so an uncharged one is told what
+    it can and cannot be checked for, not given a command that fails."""
     command = f"privzo verify {shlex.quote(str(model_name))} {shlex.quote(str(version))}"
     if tracking_uri:
         command += f" --tracking-uri {shlex.quote(tracking_uri)}"
+    if not charged:
+        return ("Not charged to a privacy ledger (its spec has no budget section): `privzo verify` checks a version "
+                "against the ledger's charge of the run that trained it, so it reports this one FAILED, and no owner "
+                "can promote it to `@verified`; give the spec a budget section to train versions that can be "
+                f"verified. Load this one as `models:/{model_name}/{version}`.")
     return (f"Verify: `{command}` checks this version's guarantee, tags and weights against the privacy ledger "
             "and the run that trained it. Load `models:/" + str(model_name) + "@verified`: the alias the ledger's "
             "owner sets with `privzo verify --promote` on a version that passes against the team's ledger (a run "

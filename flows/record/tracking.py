@@ -18,7 +18,7 @@ from mlflow.exceptions import MlflowException
 
 from flows.record.reporting import PrivacySummary, shown
 from flows.record.tracking_names import (
-    MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE,
+    MLFLOW_EXPERIMENT_KIND, MLFLOW_GIT_COMMIT, MLFLOW_RUN_NOTE, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE,
     DATA_FINGERPRINT, DP_ACCOUNTANT, DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_LARGE_DELTA, DP_NEIGHBORING,
     DP_NOISE_MULTIPLIER, DP_NOISE_SOURCE, DP_PRIVATE, DP_STEPS, DP_ZCDP_RHO)
 
@@ -199,3 +199,64 @@ def version_url(tracking_uri: str, name: str, version: str) -> Optional[str]:
 
 def ui_command(tracking_uri: str) -> str:
     return f"{tool('mlflow')} ui --backend-store-uri {tracking_uri}"
+
+
+ROOT_OF_PRIVZO = Path(__file__).resolve().parents[2]  # the checkout (or installed tree) of flows/
+
+
+def code_version() -> Dict[str, str]:
+    """MLflow's own source tags for a run of privzo: what ran (the flow's module) and, from a git checkout, the
+    commit its HEAD names. Read from the checkout's own files, never by running git (a worker may have none)."""
+    tags = {MLFLOW_SOURCE_NAME: "privzo (flows/private_train.py)", MLFLOW_SOURCE_TYPE: "JOB"}
+    commit = _git_head(ROOT_OF_PRIVZO / ".git")
+    if commit:
+        tags[MLFLOW_GIT_COMMIT] = commit
+    return tags
+
+
+def _git_head(git: Path) -> Optional[str]:
+    """The commit a checkout's HEAD names (a branch's ref, loose or packed, or a detached head), else None."""
+    try:
+        if git.is_file():  # a worktree: "gitdir: PATH"
+            git = Path(git.read_text().split(":", 1)[1].strip())
+        head = (git / "HEAD").read_text().strip()
+    except OSError:
+        return None
+    if not head.startswith("ref: "):
+        return head or None
+    ref = head[5:]
+    for base in (git, _common_dir(git)):
+        loose = base / ref
+        if loose.is_file():
+            return loose.read_text().strip()
+        packed = base / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split(" ", 1)[0]
+    return None
+
+
+def _common_dir(git: Path) -> Path:
+    common = git / "commondir"
+    return (git / common.read_text().strip()).resolve() if common.is_file() else git
+
+
+def dataset_input(spec, data_fingerprint: str):
+    """The run's data as an MLflow dataset input (the UI's Datasets): where it is read from (a password never
+    shown), its schema (the features, the label) and a digest, the keyed fingerprint the run already releases
+    (``data_fingerprint``); no row, and no count."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import Array
+
+    from specs.run import without_passwords
+
+    source = spec.data.source
+    described = {k: str(v) for k, v in without_passwords(source.model_dump(mode="json")).items()
+                 if v is not None and k in ("kind", "name", "path", "url", "table", "query", "label", "row_id")}
+    # a row's features (the model's inputs, as many as its width) and its class
+    schema = Schema([ColSpec(Array(DataType.float), "features"), ColSpec(DataType.long, "label")])
+    return MetaDataset(CodeDatasetSource(tags=described), name=f"{source.kind}:{getattr(source, 'name', None) or spec.name}",
+                       digest=data_fingerprint[:16], schema=schema)

@@ -95,3 +95,8 @@ MLFLOW_RUN_NOTE = "mlflow.note.content"  # what MLflow's UI shows as a run's des
 MLFLOW_PARENT_RUN_ID = "mlflow.parentRunId"  # the UI nests a child run under its parent
 # what kind of work an experiment holds (MLflow's UI reads it to open the training view)
 MLFLOW_EXPERIMENT_KIND = "mlflow.experimentKind"
+MLFLOW_SOURCE_NAME = "mlflow.source.name"  # the UI's Source: what ran (privzo's flow, by its module)
+MLFLOW_SOURCE_TYPE = "mlflow.source.type"
+MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"  # the UI's Source: the code's version
+MLFLOW_GIT_REPO_URL = "mlflow.source.git.repoURL"
+MLFLOW_DATASET_CONTEXT = "mlflow.data.context"  # a dataset input's role: training

@@ -172,6 +172,15 @@ def test_budget_show_with_the_spec_marks_the_next_window_and_the_retired_blocks(
     assert main(["budget", "show", "visits", "--ledger", spec.budget.ledger, "--spec", str(tmp_path / "spec.yaml"),
                  "--as-of", "yesterday"]) == 2
     assert capsys.readouterr().out == ""  # a bad flag prints nothing but its one line (on stderr)
+    # the spec of runs charged to no ledger (no budget section) says so, as does a dataset the ledger lacks
+    from tests.conftest import EXAMPLES
+
+    unbudgeted = EXAMPLES / "digits_dpzero.yaml"
+    assert main(["budget", "show", "visits", "--ledger", spec.budget.ledger, "--spec", str(unbudgeted)]) == 2
+    assert capsys.readouterr().err.strip() == (f"privzo: error: --spec: {unbudgeted} has no budget section: its runs "
+                                               "are not charged to a ledger")
+    assert main(["budget", "history", "vistis", "--ledger", spec.budget.ledger]) == 2
+    assert capsys.readouterr().err.startswith("privzo: error: DATASET: no dataset 'vistis' in sqlite:///")
 
 
 def test_a_night_on_blocks_runs_on_ray_workers_as_it_runs_locally(prefect_server, tmp_path, mlflow_db, monkeypatch):

@@ -162,14 +162,17 @@ def test_sweep_refuses_bad_arguments_in_one_line_before_anything_starts(tmp_path
 
 
 @pytest.mark.parametrize("ledger, code, stream, message", [
-    (None, 0, "out", "patients: nothing spent yet: no run has been charged to sqlite:///{home}/.privzo/privacy-ledger.db "
-     "yet (no file {home}/.privzo/privacy-ledger.db). Its lifetime budget is what its owner registers (privzo budget "
-     "init), else the budget.lifetime_epsilon of the first run charged to it"),
-    ("sqlite:///missing/l.db", 0, "out", "patients: nothing spent yet: no run has been charged to sqlite:///missing/l.db"),
+    (None, 2, "err", "privzo: error: --ledger: no ledger at sqlite:///{home}/.privzo/privacy-ledger.db (no file "
+     "{home}/.privzo/privacy-ledger.db): no run has been charged to it; a dataset is in the ledger its runs name in "
+     "budget.ledger, registered by its owner (privzo budget init) or by its first charged run; a run whose spec has "
+     "no budget section is charged to no ledger"),
+    ("sqlite:///missing/l.db", 2, "err", "privzo: error: --ledger: no ledger at sqlite:///missing/l.db (no file "
+     "missing/l.db)"),
     ("notaurl", 2, "err", "privzo: error: --ledger: 'notaurl' is not a database URL"),
 ])
 def test_budget_reads_a_ledger_without_creating_one(tmp_path, monkeypatch, capsys, ledger, code, stream, message):
-    """Before any run a user is told nothing is spent yet (not an error); nothing is created by reading."""
+    """A ledger that is not there is refused in one line naming it (exit 2: a mistyped path is not "nothing
+    spent"), and where datasets come from; nothing is created by reading."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.delenv("PRIVZO_LEDGER_URL", raising=False)

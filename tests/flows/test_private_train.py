@@ -73,6 +73,32 @@ def test_run_is_logged_with_dp_tags_params_and_metrics(finished_run, tiny_spec_d
     assert not any(k.startswith(("train/", "private/")) for k in run.data.metrics)  # no private training loss
 
 
+def test_the_run_names_its_code_and_its_data_in_mlflows_own_fields(finished_run):
+    """The UI's Source (mlflow.source.*: privzo, at the commit its checkout's HEAD names) and Datasets (one
+    training input: where the rows are read from, their schema, the digest the run already releases; no row,
+    no count)."""
+    import json
+    import subprocess
+
+    from flows.record.tracking import ROOT_OF_PRIVZO
+    from flows.record.tracking_names import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME
+
+    _, _, run, _ = finished_run
+    tags = run.data.tags
+    assert tags[MLFLOW_SOURCE_NAME] == "privzo (flows/private_train.py)"
+    head = subprocess.run(["git", "-C", str(ROOT_OF_PRIVZO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout (CI's fresh clone is one); an installed copy names no commit
+        assert tags[MLFLOW_GIT_COMMIT] == head.stdout.strip()
+    (entry,) = run.inputs.dataset_inputs
+    assert {t.key: t.value for t in entry.tags} == {MLFLOW_DATASET_CONTEXT: "training"}
+    dataset = entry.dataset
+    assert dataset.name == "sklearn:digits" and dataset.digest == tags[DATA_FINGERPRINT][:16]
+    assert json.loads(dataset.source) == {"tags": {"kind": "sklearn", "name": "digits"}}
+    schema = json.loads(dataset.schema)["mlflow_colspec"]
+    assert [c["name"] for c in schema] == ["features", "label"]
+    assert dataset.profile in (None, "", "{}")  # no count of rows, private or not
+
+
 def test_reported_epsilon_equals_independent_dp_accounting(finished_run):
     result, _, run, _ = finished_run
     params = run.data.params
@@ -339,10 +365,10 @@ def test_budget_is_reserved_committed_and_enforced(prefect_server, tiny_spec_dic
 
     from flows import cli
 
-    with contextlib.redirect_stdout(io.StringIO()) as printed:
-        assert cli.main(["budget", "show", "nobody", "--ledger", ledger_url]) == 0
-    assert printed.getvalue().startswith("nobody: nothing spent yet: no run on it is recorded in ")
-    assert "(datasets there: digits-patients)" in printed.getvalue()
+    with contextlib.redirect_stderr(io.StringIO()) as printed:  # a misspelt name is an error, not "nothing spent"
+        assert cli.main(["budget", "show", "nobody", "--ledger", ledger_url]) == 2
+    assert printed.getvalue().startswith("privzo: error: DATASET: no dataset 'nobody' in ")
+    assert "(known: digits-patients); a dataset is in the ledger its runs name" in printed.getvalue()
 
 
 def test_retraining_starts_from_the_latest_registered_version(prefect_server, tiny_spec_dict, tmp_path, mlflow_db,

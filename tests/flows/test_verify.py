@@ -238,6 +238,10 @@ def test_an_unknown_version_is_an_error_and_the_hint_names_the_command(trained, 
         verify(NAME, "99", tracking_uri=trained[1])
     assert verify_hint(NAME, "3").startswith("Verify: `privzo verify tiny-digits 3` checks")
     assert "--tracking-uri 'sqlite:///a b.db'" in verify_hint(NAME, "3", "sqlite:///a b.db")
+    # a version whose run no ledger charged is told what verify cannot pass, and how to load it, not a failing command
+    uncharged = verify_hint(NAME, "3", "sqlite:///a b.db", charged=False)
+    assert uncharged.startswith("Not charged to a privacy ledger (its spec has no budget section)")
+    assert "privzo verify tiny-digits" not in uncharged and "`models:/tiny-digits/3`" in uncharged
 
 
 def test_an_executed_event_rewritten_with_more_noise_is_caught_against_the_reservation(trained, client, tmp_path):

@@ -9,6 +9,10 @@ import specs
 from flows.cli.budget.parsing import action_parser
 from flows.cli.common import fail
 
+# what a reader looking for a dataset that is not there is told of where datasets come from
+NOT_CHARGED = ("a dataset is in the ledger its runs name in budget.ledger, registered by its owner (privzo budget "
+               "init) or by its first charged run; a run whose spec has no budget section is charged to no ledger")
+
 
 def add_parsers(actions) -> None:
     a = action_parser(actions, "show", "the dataset", "DATASET", "a dataset's blocks, what each spent, what a next run "
@@ -44,8 +48,8 @@ def _read(args, action) -> int:
                      f"postgresql+psycopg://USER@HOST/DB")
     if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
         # reading must not create an empty ledger where the user mistyped a path
-        print(_nothing_spent(args.dataset, f"no run has been charged to {args.ledger} yet (no file {url.database})"))
-        return 0
+        return fail(f"--ledger: no ledger at {args.ledger} (no file {url.database}): no run has been charged to it; "
+                    f"{NOT_CHARGED}")
     try:
         return action(args, PrivacyLedger.open(args.ledger))
     except SQLAlchemyError as err:
@@ -63,9 +67,8 @@ def _registered(args, ledger, with_window: bool):
     if ds is None:
         known = ledger.datasets()
         where = ledger.engine.url.render_as_string(hide_password=True)  # a team ledger's URL may hold a password
-        print(_nothing_spent(args.dataset, f"no run on it is recorded in {where}" + (
-            f" (datasets there: {', '.join(known)})" if known else "")))
-        return None
+        raise ValueError(f"DATASET: no dataset {args.dataset!r} in {where} "
+                         f"({'known: ' + ', '.join(known) if known else 'it holds none yet'}); {NOT_CHARGED}")
     spec = _blocks_spec(args)
     window, refusal, states = _next_window(args, spec, ledger) if with_window else (None, None, {})
     if not ledger.history(args.dataset):  # registered by its owner (privzo budget init), not yet charged
@@ -141,18 +144,14 @@ def _checked(args, ledger) -> int:
     return 1 if problems else 0
 
 
-def _nothing_spent(dataset: str, where: str) -> str:
-    return (f"{dataset}: nothing spent yet: {where}. Its lifetime budget is what its owner registers (privzo "
-            "budget init), else the budget.lifetime_epsilon of the first run charged to it; every run after is "
-            "refused past it.")
-
-
 def _blocks_spec(args):
     """--spec: the spec whose next run ``budget show`` describes (on blocks, charged to this dataset)."""
     if not getattr(args, "spec", None):
         return None
     spec = specs.load_spec(args.spec)
-    if spec.data.blocks is None or spec.budget is None:
+    if spec.budget is None:
+        raise ValueError(f"--spec: {args.spec} has no budget section: its runs are not charged to a ledger")
+    if spec.data.blocks is None:
         raise ValueError(f"--spec: {args.spec} reads no blocks (no data.blocks); give the spec of runs on blocks")
     if spec.budget.dataset != args.dataset:
         raise ValueError(f"--spec: {args.spec} charges dataset {spec.budget.dataset!r}, not {args.dataset!r}")
