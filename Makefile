@@ -33,7 +33,7 @@ SERIAL_LOG ?= .serial-tests.log
 test: install
 	status=0; \
 	$(PY) -m pytest -v -rs -p no:cacheprovider -m serial >$(SERIAL_LOG) 2>&1 & serial=$$!; \
-	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -rs -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" || status=$$?; \
 	wait $$serial || status=$$?; \
 	cat $(SERIAL_LOG); rm -f $(SERIAL_LOG); \
 	exit $$status

@@ -246,17 +246,22 @@ def build_local(spec: RunSpec, data: SplitData, with_private_rows: bool = True) 
     return LocalParts(model, params, directions, estimator, optimizer, backend, device)
 
 
-def build_replica(spec_dict: dict, window_rows: Optional[WindowRows] = None) -> tuple:
-    """A Ray worker's replica, assembled on its own node: (the ordered digest of the rows it loaded, a local
-    backend over them). The runtime is handed this function, so it never imports the builders. With data.blocks
+def read_split(spec_dict: dict, window_rows: Optional[WindowRows] = None) -> SplitData:
+    """The rows a Ray worker or task reads on its own node, split as the driver split them. With data.blocks
     (``window_rows``): the window's rows as the driver chose them from the ledger, read again here (the same
-    bounds pushed to a table, the same positions), never the ledger itself."""
+    bounds pushed to a table, the same positions), never the ledger itself. The caller matches their
+    ``ordered_digest`` with the driver's before it uses them."""
     spec = RunSpec.model_validate(spec_dict)
     if window_rows is None:
-        data = load_data(spec)
-    else:
-        data = load_data(spec, window_rows.select, within=window_rows.within)
-    return data.ordered_digest, build_local(spec, data).backend
+        return load_data(spec)
+    return load_data(spec, window_rows.select, within=window_rows.within)
+
+
+def build_replica(spec_dict: dict, window_rows: Optional[WindowRows] = None) -> tuple:
+    """A Ray worker's replica, assembled on its own node: (the ordered digest of the rows it read, a local
+    backend over them). The runtime is handed this function, so it never imports the builders."""
+    data = read_split(spec_dict, window_rows)
+    return data.ordered_digest, build_local(RunSpec.model_validate(spec_dict), data).backend
 
 
 @dataclass

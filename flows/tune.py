@@ -91,8 +91,9 @@ def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitD
 @task(name="tune-candidates", cache_policy=NO_CACHE, retries=0)
 def run_candidates(search: specs.RunSpec, data: SplitData, started: Callable[[], None]) -> Optional[Candidate]:
     """Draw K and the settings, train each candidate, keep the best (None when K = 0 or none finished). K is
-    never returned, logged or printed. With execution.backend ray the candidates are Ray tasks, each training
-    its candidate in-process; otherwise they run here one after another. A candidate that raises is a loser
+    never returned, logged or printed. With execution.backend ray the candidates are dealt among
+    execution.workers Ray tasks (``candidates_on_ray``), each training its share in-process on rows it reads
+    itself; otherwise they run here one after another. A candidate that raises is a loser
     (it never wins; its failure is not released), so K's law is unchanged; a task lost with its worker or node
     is run again by Ray, which draws fresh noise for a run whose output never left it. ``started()`` is called
     once no refusal can come before a candidate runs: from then on the search is charged whole."""
@@ -130,16 +131,15 @@ def _trained_in_task(job: Tuple[specs.RunSpec, Dict[str, Any]], data: SplitData,
     return candidate.score, candidate.curve, candidate.built.loop.state_dict()
 
 
-def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData,
-                    started: Callable[[], None] = lambda: None):
-    """Each setting trained as a Ray task: yields (setting, its task's result), one at a time; ``started()``
-    once the workers are found ready, before the rows leave this process."""
+def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData):
+    """A rehearsal's settings, each trained as a Ray task on the rehearsal's rows (public rows only, sent with the
+    tasks): yields (setting, its task's result), one at a time."""
     from components.runtime.ray_tasks import each_on_ray
 
     execution, local = search.execution, _in_process(search)
     for (_, setting), result in each_on_ray(_trained_in_task, [(local, s) for s in settings], data,
                                              address=execution.address, workers=execution.workers,
-                                             cpus_per_worker=execution.cpus_per_worker, ready=started):
+                                             cpus_per_worker=execution.cpus_per_worker):
         yield setting, result
 
 
@@ -159,17 +159,58 @@ def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: 
     return trained
 
 
+def _share_in_task(job: Tuple[specs.RunSpec, List[Dict[str, Any]]], read: Tuple[dict, Any, str], threads: int):
+    """A Ray task of the private search: its share of the candidates, trained one after another on the rows the
+    task reads itself from the spec's source (never sent through Ray's object store), after it has matched
+    their ordered digest with the driver's (``read``: the spec, the window's rows, the digest). Returns only
+    the best of its share, (setting, score, curve, its loop's state), or None (none finished; a candidate that
+    raised is a loser), and the string "rows changed" when it read other rows (it trains none of them)."""
+    search, share = job
+    spec_dict, window_rows, digest = read
+    torch.set_num_threads(threads)
+    data = builders.read_split(spec_dict, window_rows)
+    if data.ordered_digest != digest:
+        return ROWS_CHANGED
+    best = None
+    for setting in share:
+        try:
+            candidate = train_candidate(search, setting, data)
+        except Exception:  # noqa: BLE001 - a loser; what it raised stays in the task
+            continue
+        if best is None or better(search.tune.score.metric, candidate.score, best[1]):
+            best = (setting, candidate.score, candidate.curve, candidate.built.loop.state_dict())
+        del candidate  # a loser's model and curve go with it
+    return best
+
+
+ROWS_CHANGED = "rows changed"
+
+
 def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData,
                       started: Callable[[], None]) -> Optional[Candidate]:
+    """The private search on Ray: always execution.workers tasks, whatever K (so how many tasks ran says nothing
+    of it), the candidates dealt among them in turn; each reads the rows itself and returns its share's best.
+    The winner is rebuilt here from its state: its trajectory on this process's rows."""
+    from components.runtime.ray_tasks import each_on_ray
+    from components.runtime.workers import DataChanged
+
+    execution, local = search.execution, _in_process(search)
+    shares = [(local, settings[i::execution.workers]) for i in range(execution.workers)]
+    read = (local.model_dump(mode="json"), data.window_rows, data.ordered_digest)
     best = None
-    for setting, result in _results_on_ray(search, settings, data, started):
-        if result is not None and (best is None or better(search.tune.score.metric, result[0], best[1][0])):
-            best = (setting, result)
-        del result  # a loser's curve and state go with it
+    for _, result in each_on_ray(_share_in_task, shares, read, address=execution.address, workers=execution.workers,
+                                 cpus_per_worker=execution.cpus_per_worker, ready=started):
+        if result == ROWS_CHANGED:
+            raise DataChanged("data.source: a Ray task of the search read other rows than the driver (the data "
+                              "changed after the search started, or a node holds another copy); every node must "
+                              "read the same rows")
+        if result is not None and (best is None or better(search.tune.score.metric, result[1], best[1])):
+            best = result
+        del result  # a share's curve and state go with it
     if best is None:
         return None
-    setting, (score, curve, state) = best
-    spec = candidate_spec(_in_process(search), setting)  # the winner rebuilt here from its state: its trajectory
+    setting, score, curve, state = best
+    spec = candidate_spec(local, setting)
     built = builders.build_loop(spec, data, selected_by=search.tune)
     built.loop.load_state_dict(state, restore_privacy_steps=True)
     return Candidate(setting, spec, built, score, curve)

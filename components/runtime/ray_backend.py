@@ -34,10 +34,7 @@ from components.queries import (
     Update,
     VectorFiniteDifferences,
 )
-
-
-class DataChanged(RuntimeError):
-    """A worker's private rows differ from the driver's."""
+from components.runtime.workers import DataChanged  # noqa: F401 - raised here, and where callers catch it
 
 
 class DataUnreadable(RuntimeError):

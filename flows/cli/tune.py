@@ -48,6 +48,10 @@ def command(args) -> int:
     print(f"{spec.name} winner ({setting}): {spec.tune.score.metric} {result['score']:.4f} on the "
           f"{spec.tune.score.split} rows")
     print(summary_line(spec.name, result))
+    if spec.tune.score.split == "test":  # the winner was chosen by these very rows
+        print(f"note: the candidates were scored on the test rows, so the winner's test {spec.tune.score.metric} is "
+              "the best of K noisy estimates and biased in its favour; score on the public rows "
+              "(tune.score.split: public) for a test score the selection did not see")
     print(f"privacy: {result['guarantee']}  (sigma {result['noise_multiplier']:.4g})")
     link = run_url(result["tracking_uri"], result["experiment_id"], result["run_id"])
     print(f"MLflow: the search's run {result['parent_run_id']}, the winner's child run {result['run_id']}"

@@ -771,10 +771,11 @@ def test_a_deployment_run_on_a_team_worker_is_charged_to_the_team_ledger_only(pr
     on a team's worker before any row is read: the team's rows are charged to the team's ledger. On a worker
     no stack configured, every deployment run is refused; on a personal worker's, the environment's ledger."""
     import flows.private_train as pt
+    import flows.tasks as tasks
 
     team = f"sqlite:///{tmp_path / 'team.db'}"
     monkeypatch.setenv("PRIVZO_LEDGER_URL", team)
-    monkeypatch.setattr(pt, "_deployment_run", lambda: True)
+    monkeypatch.setattr(tasks, "deployment_run", lambda: True)
     for name in ("WORKER_CONFIG", "SYSTEM_WORKER_CONFIG"):  # a worker without a configuration
         monkeypatch.setattr(f"flows.worker_config.{name}", tmp_path / "no-worker.json")
     own = copy.deepcopy(tiny_spec_dict)
@@ -813,7 +814,7 @@ def test_a_team_workers_configuration_pins_its_ledger_whatever_the_runs_environm
     """The worker's configuration (the stack's .privzo-stack/worker.json) names the team's ledger; a run's
     $PRIVZO_LEDGER_URL, which a Prefect user sets through job variables, moves nothing: a spec naming no ledger
     is charged to the team's, one naming the environment's is refused."""
-    import flows.private_train as pt
+    import flows.tasks as pt  # the step both flows share: the worker's ledger pin
     import specs
     from flows.worker_config import worker_ledger
 
@@ -822,7 +823,7 @@ def test_a_team_workers_configuration_pins_its_ledger_whatever_the_runs_environm
     config.write_text(json.dumps({"ledger": team}))
     monkeypatch.setattr("flows.worker_config.SYSTEM_WORKER_CONFIG", config)
     monkeypatch.setattr("flows.worker_config.WORKER_CONFIG", tmp_path / "beside-the-code.json")
-    monkeypatch.setattr(pt, "_deployment_run", lambda: True)
+    monkeypatch.setattr(pt, "deployment_run", lambda: True)
     monkeypatch.setenv("PRIVZO_LEDGER_URL", own)
     d = copy.deepcopy(tiny_spec_dict)
     d["budget"] = {"dataset": "team-data", "lifetime_epsilon": 1000.0}
@@ -831,7 +832,7 @@ def test_a_team_workers_configuration_pins_its_ledger_whatever_the_runs_environm
     with pytest.raises(ValueError, match=r"^budget.ledger: a deployment's run on this team's worker is charged to the "
                                          r"team's ledger \(this worker's configuration, sqlite:///.*team.db\), not "):
         pt.charged_to_the_team_ledger(specs.spec_from_dict(d))
-    monkeypatch.setattr(pt, "_deployment_run", lambda: False)  # the operator's own run is not the worker's
+    monkeypatch.setattr(pt, "deployment_run", lambda: False)  # the operator's own run is not the worker's
     assert pt.charged_to_the_team_ledger(specs.spec_from_dict(d)).budget.ledger == own
     config.write_text('{"ledger": "sqlite:///relative.db"}')
     with pytest.raises(ValueError, match=r"^budget.ledger: this worker's configuration .* names no usable ledger"):

@@ -5,6 +5,7 @@ bound does not hold."""
 import copy
 import math
 import random
+from pathlib import Path
 
 import dp_accounting
 import mlflow
@@ -193,13 +194,17 @@ def test_a_search_whose_bound_does_not_hold_is_refused_in_one_line(tiny_spec_dic
 
 def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(prefect_server, tiny_spec_dict,
                                                                              tmp_path, monkeypatch):
-    """With execution.backend ray each candidate is a Ray task; the winner's model, rebuilt on the driver from
-    the state its task returned, scores what its task scored, and is registered with the search's epsilon. Run
-    from a folder of the user's holding folders named like privzo's packages, the tasks import privzo's own
-    (Ray puts the driver's working directory first on its workers' path)."""
+    """With execution.backend ray the candidates are dealt among execution.workers Ray tasks (as many whatever K),
+    each reading the rows itself (none is sent through Ray's object store); the winner's model, rebuilt on the
+    driver from the state its task returned, scores what its task scored, and is registered with the search's
+    epsilon. Run from a folder of the user's holding folders named like privzo's packages, the tasks import
+    privzo's own (Ray puts the driver's working directory first on its workers' path)."""
+    import pickle
+
     import ray
 
-    settings = [{"optimizer.lr": 0.005, "mechanism.clip": 1.0}, {"optimizer.lr": 0.08, "mechanism.clip": 2.0}]
+    settings = [{"optimizer.lr": 0.005, "mechanism.clip": 1.0}, {"optimizer.lr": 0.08, "mechanism.clip": 2.0},
+                {"optimizer.lr": 0.02, "mechanism.clip": 1.0}]
     monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: list(settings))
     d = _tune_spec(tiny_spec_dict, tmp_path)
     d["execution"] = {"backend": "ray", "workers": 2}
@@ -228,8 +233,30 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
     (nothing,) = PrivacyLedger(d["budget"]["ledger"]).history("digits-tune")
     assert nothing.status == "aborted" and nothing.steps_run == 0  # released, as a run refused before its first step
     assert PrivacyLedger(d["budget"]["ledger"]).spent("digits-tune") == 0.0
+    submitted = []
+    real_each = ray_tasks.each_on_ray
+
+    def spy(fn, items, shared, **kwargs):
+        submitted.append((list(items), shared))
+        return real_each(fn, items, shared, **kwargs)
+
+    monkeypatch.setattr(ray_tasks, "each_on_ray", spy)
     result = tune_flow.private_tune(spec=d)  # from privzo's own root, whatever the working directory
     assert result["winner"] in settings
+    ((items, shared),) = submitted
+    assert len(items) == 2 and sorted(len(share) for _, share in items) == [1, 2]  # 2 tasks for K = 3
+    spec_dict, window_rows, digest = shared  # what the tasks are sent: the spec and a digest, no row
+    assert window_rows is None and len(digest) == 64 and len(pickle.dumps(shared)) < 20_000
+    # Ray's worker logs mark each task it ran: as many of the search's as workers, never one a candidate
+    import time
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    for _ in range(50):
+        marks = sum(f.read_text(errors="replace").count(":task_name:_share_in_task") for f in logs.glob("worker-*.out"))
+        if marks >= 2:
+            break
+        time.sleep(0.2)
+    assert marks == 2
     client = mlflow.MlflowClient(d["tracking"]["uri"])
     run = client.get_run(result["run_id"])
     assert run.data.params["execution.backend"] == "local"  # each candidate ran inside its task
@@ -309,3 +336,20 @@ def test_a_tuned_night_on_blocks_charges_the_search_to_every_block_of_its_window
         assert block.charges == 1 and block.committed_epsilon == pytest.approx(search, rel=1e-9)
     run = mlflow.MlflowClient(d["tracking"]["uri"]).get_run(result["run_id"])
     assert run.data.tags[PRIVZO_BLOCKS] == "2026-11-01,2026-11-02"
+
+
+def test_a_search_scored_on_the_test_rows_says_its_test_score_is_biased(tiny_spec_dict, tmp_path, monkeypatch, capsys):
+    """The winner chosen by the test rows reports a test accuracy biased by that choice: the command says so,
+    and how to get one the selection did not see; scored on public rows, it says nothing of the kind."""
+    result = {"winner": {"optimizer.lr": 0.02}, "score": 0.9, "eval/accuracy": 0.9, "eval/loss": 0.3,
+              "guarantee": "(2, 1e-05)-DP", "noise_multiplier": 9.0, "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}",
+              "experiment_id": "1", "run_id": "r", "parent_run_id": "p"}
+    monkeypatch.setattr(tune_flow, "private_tune", lambda **_: result)
+    for split, said in (("test", True), ("public", False)):
+        d = _tune_spec(tiny_spec_dict, tmp_path, score={"metric": "accuracy", "split": split})
+        path = tmp_path / f"{split}.yaml"
+        path.write_text(specs.dump_yaml(specs.spec_from_dict(d)))
+        assert main(["tune", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert ("note: the candidates were scored on the test rows, so the winner's test accuracy is the best of K "
+                "noisy estimates and biased in its favour" in out) == said, out
