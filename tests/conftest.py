@@ -167,13 +167,11 @@ def ledger_of(spec):
     return PrivacyLedger.open(spec.budget.ledger)
 
 
-# the longest work first: on 2 cores the suite's xdist workers then finish together, instead of one waiting out
-# a long test (or the local-stack modules, one unit of about 9 minutes) that it began near the end
-SLOW_FIRST = ("tests/flows/test_deployment.py", "tests/flows/test_nightly.py", "tests/flows/test_resume.py",
-              "tests/components/test_ray_backend.py", "tests/flows/test_private_train.py", "tests/flows/test_blocks.py",
-              "tests/components/test_examples_learn.py")
+def fresh_ray(num_cpus: int) -> None:
+    """A new local Ray of ``num_cpus`` CPUs for this process: one a test left running (a run on Ray connects to
+    this process's Ray and keeps it) is stopped first, so a test's Ray is the same whatever ran before it."""
+    import ray
 
-
-def pytest_collection_modifyitems(config, items):
-    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(SLOW_FIRST)))  # stable: a module's order stays
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)

@@ -222,9 +222,9 @@ def test_the_ray_backend_satisfies_the_backend_protocol(tiny_spec_dict):
     import ray
 
     from components.runtime.ray_backend import RayBackend
-    from tests.conftest import fixed_loop
+    from tests.conftest import fixed_loop, fresh_ray
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    fresh_ray(1)
     try:
         tiny_spec_dict["execution"] = {"backend": "ray", "workers": 1}
         backend = fixed_loop(tiny_spec_dict).loop.backend

@@ -9,7 +9,7 @@ import torch
 import specs
 from components import builders
 from components.randomness import private_generator
-from tests.conftest import fixed_loop
+from tests.conftest import fixed_loop, fresh_ray
 
 pytestmark = pytest.mark.e2e
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    fresh_ray(2)
     yield
     ray.shutdown()
 
