@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# bash: the test recipe reads the suite's exit status through a pipe (PIPESTATUS)
+SHELL := /bin/bash
 SPEC ?= specs/examples/digits_dpzero.yaml
 
 .PHONY: install run test validate bench up down ui-check cluster-up cluster-down cluster-check clean
@@ -27,15 +29,21 @@ validate: install
 # local-stack modules, one stack per checkout, form one xdist group that a worker runs in turn), and beside
 # them the `serial` tests in a process of their own, one at a time: the Ray
 # cluster's tests, which mostly wait on nodes starting and dying (their output follows the rest's; they
-# tolerate a busy machine: a node is declared dead after 5 missed health checks). -rs: why each test skipped
+# tolerate a busy machine: a node is declared dead after 5 missed health checks). -r sfE: why each test
+# skipped, then each failure and error in one line; those lines and both parts' counts are repeated last, so
+# the end of a long log says what broke
 TEST_WORKERS ?= 3
 SERIAL_LOG ?= .serial-tests.log
+MAIN_LOG ?= .main-tests.log
 test: install
 	status=0; \
-	$(PY) -m pytest -v -rs -p no:cacheprovider -m serial >$(SERIAL_LOG) 2>&1 & serial=$$!; \
-	$(PY) -m pytest -q -rs -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" || status=$$?; \
+	$(PY) -m pytest -v -r sfE -p no:cacheprovider -m serial >$(SERIAL_LOG) 2>&1 & serial=$$!; \
+	$(PY) -m pytest -q -r sfE -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" 2>&1 | tee $(MAIN_LOG); \
+	status=$${PIPESTATUS[0]}; \
 	wait $$serial || status=$$?; \
-	cat $(SERIAL_LOG); rm -f $(SERIAL_LOG); \
+	cat $(SERIAL_LOG); \
+	echo "== summary"; grep -h -E '^(FAILED|ERROR) |(passed|failed|errors?|skipped|deselected) in [0-9.]+s' $(MAIN_LOG) $(SERIAL_LOG); \
+	rm -f $(SERIAL_LOG) $(MAIN_LOG); \
 	exit $$status
 
 bench: install
