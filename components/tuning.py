@@ -215,7 +215,8 @@ def rehearsal_rows(data, seed: int):
                     None if public.persons is None else public.persons[idx])
 
     return SplitData(public=part(order[:held]), private=part(order[held:]), test=data.test,
-                     n_classes=data.n_classes, n_features=data.n_features, layout=data.layout)
+                     n_classes=data.n_classes, n_features=data.n_features, layout=data.layout,
+                     preprocessing=data.preprocessing)
 
 
 def rehearsal_spec(search, n_train: int):

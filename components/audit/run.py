@@ -315,7 +315,8 @@ def _audit_data(data: SplitData, rows_x: np.ndarray, rows_y: np.ndarray,
                 persons: Optional[np.ndarray] = None) -> SplitData:
     fps = [f"{i:064x}" for i in range(len(rows_y))]  # placeholders in the fingerprints' form: nothing reads them
     private = Part(rows_x.astype(np.float32, copy=False), rows_y.astype(np.int64, copy=False), fps, persons)
-    return SplitData(data.public, private, data.test, data.n_classes, data.n_features, data.layout)
+    return SplitData(data.public, private, data.test, data.n_classes, data.n_features, data.layout,
+                     preprocessing=data.preprocessing)
 
 
 def check_arguments(spec, canaries, confidence, background, noise_scale) -> None:

@@ -28,11 +28,12 @@ def load_sklearn(name: str) -> Table:
     loaders = {"digits": datasets.load_digits, "breast_cancer": datasets.load_breast_cancer, "wine": datasets.load_wine}
     if name not in loaders:
         raise ValueError(f"data.source.name: unknown sklearn dataset {name!r}; allowed: {', '.join(loaders)}")
-    x, y = loaders[name](return_X_y=True)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    y = np.asarray(y, dtype=np.int64)
+    bundle = loaders[name]()
+    x = np.ascontiguousarray(bundle.data, dtype=np.float32)
+    y = np.asarray(bundle.target, dtype=np.int64)
     return unique_rows(Table(name, x, y, int(y.max()) + 1, 1.0 / 16.0 if name == "digits" else None,
-                              layout=f"sklearn:{name}"))
+                              layout=f"sklearn:{name}", feature_names=tuple(map(str, bundle.feature_names)),
+                              label_names=tuple(map(str, bundle.target_names))))
 
 
 def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: Sequence[Union[int, str]],
@@ -144,8 +145,10 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
     layout = f"file:label={label};features={','.join(sorted(names))};classes=by-name" if row_id is None \
         else f"file:row_id={row_id}"
     layout = identity_layout(layout, person is not None, row_id is not None)
+    kinds = tuple("long" if pd.api.types.is_integer_dtype(frame[c]) else "double" for c in names)
     return unique_rows(Table(path.name, np.ascontiguousarray(values), labels, len(classes), None, flags,
-                              columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes), **meta))
+                              columns=tuple(names), layout=layout, class_names=tuple(str(c) for c in classes),
+                              column_types=kinds, **meta))
 
 
 def read_frame(path: Path, kind: str, label: str, text: Optional[str], classes, public_flag: Optional[str],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -29,6 +29,31 @@ from components.registry import SPLITS
 
 class SplitOverlapError(ValueError):
     """Two splits share a row's content: refusing to train (the test or public data would leak)."""
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How a row as the source stores it becomes the model's input, for the served model
+    (flows/record/served.py): its named columns read as float64 and cast to float32 (as the sources read
+    them), then ``kind`` none, fixed (times ``scale``, a declared constant) or public (minus ``mean``, divided
+    by ``std``: the public rows' statistics, zero deviations taken as 1). Nothing in it is a function of a
+    private row; ``classes`` names the labels the model answers in."""
+    kind: str
+    columns: Tuple[str, ...]
+    classes: Tuple[str, ...]
+    types: Tuple[str, ...] = ()  # each column's stored type (long or double): the served signature's
+    scale: Optional[float] = None
+    mean: Optional[Tuple[float, ...]] = None
+    std: Optional[Tuple[float, ...]] = None
+
+    def apply(self, features: np.ndarray) -> np.ndarray:
+        """The split's own arithmetic on float32 rows (served.py repeats it without privzo, to the bit)."""
+        if self.kind == "fixed":
+            return features * np.float32(self.scale)
+        if self.kind == "public":
+            return ((features - np.asarray(self.mean, dtype=np.float32))
+                    / np.asarray(self.std, dtype=np.float32)).astype(np.float32)
+        return features
 
 
 @dataclass(frozen=True)
@@ -74,6 +99,8 @@ class SplitData:
     # with data.blocks: how the window's rows were read, for a Ray worker to read exactly them again: the bounds
     # handed to the source and the positions of the window's rows among the rows read (WindowRows)
     window_rows: Optional["WindowRows"] = None
+    # how a stored row becomes a model input (float features only): what the registered model applies itself
+    preprocessing: Optional[Preprocessing] = None
 
     @property
     def fingerprints(self) -> Dict[str, str]:
@@ -205,7 +232,9 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
     same_scale = public_table.fixed_scale == table.fixed_scale
     both = Table(table.name, np.concatenate([table.features, public_table.features]),
                  np.concatenate([table.labels, public_table.labels]), table.n_classes,
-                 table.fixed_scale if same_scale else None, layout=table.layout)
+                 table.fixed_scale if same_scale else None, columns=table.columns, layout=table.layout,
+                 class_names=table.class_names, feature_names=table.feature_names, label_names=table.label_names,
+                 column_types=table.column_types)
     is_test = u_test < test
     return _assemble(both, np.arange(n, n + len(public_table)), np.flatnonzero(~is_test), np.flatnonzero(is_test),
                      scale, fps + public_table.row_fingerprints())
@@ -240,7 +269,7 @@ def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, tes
     _check_finite(table, table.features, "data.source.features", "has missing or non-finite values (NaN or inf); "
                   "fill or drop them first")
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused just below, in one line
-        features = _scaled(table, public_idx, scale)
+        features, preprocessing = _scaled(table, public_idx, scale)
     if features is not table.features:
         _check_finite(table, features, "data.source.scale", f"is not finite after scaling ({scale}): its values "
                       "overflow float32 once scaled; rescale the column or use scale: none")
@@ -251,7 +280,7 @@ def _assemble(table: Table, public_idx: np.ndarray, private_idx: np.ndarray, tes
         return Part(features[idx], table.labels[idx], [fps[i] for i in idx], None if codes is None else codes[idx])
 
     data = SplitData(part(public_idx), part(private_idx), part(test_idx), table.n_classes, features.shape[1],
-                     table.layout)
+                     table.layout, preprocessing=preprocessing)
     check_disjoint(data)
     return data
 
@@ -274,22 +303,35 @@ def _check_finite(table: Table, features: np.ndarray, field: str, problem: str) 
         raise ValueError(f"{field}: column {name} of {table.name} {problem}")
 
 
-def _scaled(table: Table, public_idx: np.ndarray, scale: str) -> np.ndarray:
+def _scaled(table: Table, public_idx: np.ndarray, scale: str):
+    """The features scaled as ``scale`` says, and the Preprocessing that repeats it on a stored row (None for
+    token ids and images, whose served input is not a row of named numbers)."""
     if scale == "auto":
         scale = "fixed" if table.fixed_scale is not None else "public"
     if scale == "none":
-        return table.features
-    if scale == "fixed":
+        prep = Preprocessing("none", (), ())
+    elif scale == "fixed":
         if table.fixed_scale is None:
             raise ValueError(f"data.source.scale: no fixed scale is known for {table.name}; use public or none")
-        return table.features * np.float32(table.fixed_scale)
-    if scale == "public":
+        prep = Preprocessing("fixed", (), (), scale=float(np.float32(table.fixed_scale)))
+    elif scale == "public":
         if len(public_idx) < 2:
             raise ValueError("data.source.scale: public standardisation needs at least 2 public rows")
         pub = table.features[public_idx]
         mean, std = pub.mean(axis=0), pub.std(axis=0)
-        return ((table.features - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
-    raise ValueError(f"data.source.scale: unknown {scale!r}; allowed: auto, none, fixed, public")
+        std = np.where(std > 0, std, np.float32(1.0)).astype(np.float32)
+        prep = Preprocessing("public", (), (), mean=tuple(map(float, mean.reshape(-1))),
+                             std=tuple(map(float, std.reshape(-1))))
+    else:
+        raise ValueError(f"data.source.scale: unknown {scale!r}; allowed: auto, none, fixed, public")
+    if prep.kind == "public":
+        features = ((table.features - mean) / std).astype(np.float32)
+    else:
+        features = prep.apply(table.features)
+    tabular = table.features.ndim == 2 and np.issubdtype(table.features.dtype, np.floating)
+    served = replace(prep, columns=table.served_columns, types=table.served_types, classes=table.served_classes) \
+        if tabular else None
+    return features, served
 
 
 def check_disjoint(data: SplitData) -> None:

@@ -489,6 +489,7 @@ class _Rows:
         self.source, self.arrival, self.person, self.flag = source, arrival, person, public_flag
         self.id_column, self.label_column = columns[0].name, columns[1].name
         self.feature_names = [c.name for c in features]
+        self.feature_types = tuple("long" if isinstance(c.type, sa.Integer) else "double" for c in features)
         self.integer_ids = isinstance(columns[0].type, sa.Integer)
         self.temporal = arrival is not None and temporal
         self.n = 0
@@ -595,7 +596,7 @@ class _Rows:
         values = self.values[:n]
         kept = {k: v[:n] for k, v in (("arrivals", self.arrivals), ("persons", self.persons)) if v is not None}
         source = self.source
-        columns = tuple(self.feature_names)
+        columns, kinds = tuple(self.feature_names), self.feature_types
         if self.text is not None:  # token ids, as a file's text column gives them
             from components import pretrained
             from components.data.prompts import encode_prompted
@@ -604,10 +605,10 @@ class _Rows:
             lines = list(self.texts[:n])
             values = encode(lines, pretrained.tokenizer(tokenizer), source.max_length) if prompt is None else \
                 encode_prompted(lines, pretrained.tokenizer(tokenizer), source.max_length, prompt)
-            columns = None
+            columns, kinds = None, None
         return Table(name, values, self.labels[:n], len(source.classes), None,
                      None if self.flags is None else self.flags[:n], columns=columns, layout=layout,
-                     class_names=tuple(str(c) for c in source.classes), row_ids=ids, **kept)
+                     class_names=tuple(str(c) for c in source.classes), row_ids=ids, column_types=kinds, **kept)
 
 
 def _fetched(conn, statement, columns, chunk_rows: int):

@@ -68,6 +68,28 @@ class Table:
     persons: np.ndarray | None = None
     # data.source.row_id: each row's declared identifier, as written; a row's identity is then that alone
     row_ids: np.ndarray | None = None
+    # the names a source gives its features and classes where they are no part of a row's identity (a bundled
+    # dataset's): the served model's column schema and labels only (``served_columns``, ``served_classes``)
+    feature_names: tuple | None = None
+    label_names: tuple | None = None
+    # each feature column's stored kind, "long" (an integer column) or "double": the served model's input types
+    column_types: tuple | None = None
+
+    @property
+    def served_columns(self) -> tuple:
+        """The features' names as the source stores them, in the model's order (a consumer's input columns)."""
+        width = int(np.prod(self.features.shape[1:])) if self.features.ndim > 1 else 1
+        return tuple(self.columns or self.feature_names or (f"feature_{j}" for j in range(width)))
+
+    @property
+    def served_types(self) -> tuple:
+        """Each input column's type as MLflow's signatures name it (long or double), as the source stores it."""
+        return tuple(self.column_types or ("double",) * len(self.served_columns))
+
+    @property
+    def served_classes(self) -> tuple:
+        """The classes' names, by label (what a served model answers)."""
+        return tuple(str(c) for c in (self.class_names or self.label_names or range(self.n_classes)))
 
     def take(self, index: np.ndarray) -> "Table":
         """The rows at ``index``, every per-row field with them."""

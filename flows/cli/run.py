@@ -3,6 +3,8 @@ ledger; checked as calibrate checks it before Prefect starts."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Optional
 
 import specs
@@ -66,8 +68,11 @@ def command(args) -> int:
               f"sigma {result['noise_multiplier']:.4g}, {result['steps']} steps)")
     uri = result["tracking_uri"]
     if result.get("model_version"):  # what a consumer loads: the version by number (or @verified once promoted)
-        print(f"load it: mlflow.pyfunc.load_model('models:/{spec.name}/{result['model_version']}') with "
-              f"MLFLOW_TRACKING_URI={uri}")
+        model = f"models:/{spec.name}/{result['model_version']}"
+        print(f"load it: mlflow.pyfunc.load_model('{model}') with MLFLOW_TRACKING_URI={uri}")
+        # mlflow's server is uvicorn, found on PATH: the venv's bin first
+        print(f"serve it: PATH={Path(sys.executable).parent}:$PATH MLFLOW_TRACKING_URI={uri} mlflow models serve "
+              f"-m {model} --env-manager local -h 127.0.0.1 -p 5001  (POST rows to http://127.0.0.1:5001/invocations)")
     link = run_url(uri, result["experiment_id"], result["run_id"])
     if link:
         print(f"MLflow run {result['run_name']}: {link}")

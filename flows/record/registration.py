@@ -22,6 +22,7 @@ import specs
 from components import builders
 from components.accountants import event_to_json
 from components.data import SplitData
+from components.data.split import Preprocessing
 from components.directions import GENERATOR_VERSION
 from flows.record import reporting
 from flows.ledger import Budget
@@ -37,6 +38,7 @@ from flows.record.tracking_names import (
     MODEL_EVENT_ARTIFACT, PRIVACY_REPORT_ARTIFACT, PRIVZO_BLOCKS, PRIVZO_DIRECTIONS_STREAM,
     PRIVZO_DIRECTIONS_VERSION, PRIVZO_ESTIMATOR, PRIVZO_INIT, PRIVZO_REGISTER, PRIVZO_RESUMED_FROM_STEP,
     PRIVZO_SPEC, PRIVZO_TRANSCRIPT_BYTES, PRIVZO_WEIGHTS_BYTES, SPEC_ARTIFACT)
+from flows.record.served import log_served_model
 from flows.record.transcript import Transcript, log_transcript_model, replays_to, transcript_of, weights_bytes
 
 
@@ -94,17 +96,22 @@ def log_privacy(tracking_uri: str, run_id: str, tags: Dict[str, str], report: st
 @task(name="register-model", cache_policy=NO_CACHE)
 def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_shape: Tuple[int, ...], row_dtype: str,
                    name: str, tags: Dict[str, str], description: str = "",
-                   transcript: Optional[Transcript] = None, charged: bool = True) -> str:
+                   transcript: Optional[Transcript] = None, charged: bool = True,
+                   preprocessing: Optional[Preprocessing] = None) -> str:
     """``row_shape``/``row_dtype``: of one input row (float features, or token ids and mask for text).
     ``tags`` lead with the model's guarantee (dp.epsilon, dp.guarantee: every run that trained it), the
     run's own spend beside it (dp.run_*); ``description`` is the version's, headed by the same.
     ``transcript``: register it (an MLflow pyfunc that rebuilds the weights by replay) in place of the weights.
-    ``charged``: its run was charged to a ledger (the description's verify line says what verify can check)."""
+    ``charged``: its run was charged to a ledger (the description's verify line says what verify can check).
+    ``preprocessing``: how a stored row becomes the model's input (rows of named numbers): the version is then
+    the served model of flows/record/served.py, which takes those rows and answers in class names."""
     mlflow.set_tracking_uri(tracking_uri)
     # all-zero rows: the exported graph needs an example input, and no real row may be logged
     example = np.zeros((2, *row_shape), dtype=row_dtype)  # 2 rows: batch size stays dynamic
     with mlflow.start_run(run_id=run_id):
-        if transcript is None:
+        if transcript is None and preprocessing is not None:
+            info = log_served_model(model, preprocessing, name)
+        elif transcript is None:
             info = mlflow.pytorch.log_model(
                 model.cpu(), name=MODEL_ARTIFACT, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
                 input_example=example, registered_model_name=name)
@@ -113,7 +120,7 @@ def register_model(tracking_uri: str, run_id: str, model: torch.nn.Module, row_s
             with torch.no_grad():
                 output = model.eval()(torch.from_numpy(example).to(next(model.parameters()).device)).cpu().numpy()
             model.train(was_training)
-            info = log_transcript_model(transcript, example, output, name)
+            info = log_transcript_model(transcript, example, output, name, preprocessing)
     client = mlflow.MlflowClient(tracking_uri)
     version = str(info.registered_model_version)
     sizes = {}
@@ -248,7 +255,8 @@ def register(resolved: specs.RunSpec, data: SplitData, built: builders.Built, ru
                           str(data.test.features.dtype), resolved.name, version_tags,
                           description=reporting.version_description(spent.model_guarantee, run_id,
                                                                     spent.summary.guarantee(), spent.trained_on),
-                          transcript=transcript, charged=resolved.budget is not None)
+                          transcript=transcript, charged=resolved.budget is not None,
+                          preprocessing=data.preprocessing)
 
 
 def _trained_on(spec: specs.RunSpec, data: SplitData, steps: int, started: str) -> str:

@@ -37,6 +37,10 @@ from mlflow.exceptions import MlflowException
 
 import specs
 from specs.traits import JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS
+from components.data.split import Preprocessing
+from flows.record.served import PREPROCESSING_ARTIFACT, artifact_digests, write_preprocessing
+from flows.record.served import signature as served_signature
+from flows.record.served_model import StoredRowsClassifier, check_artifacts
 from flows.record.tracking_names import MODEL_ARTIFACT, PRIVZO_LOAD, PRIVZO_REGISTER
 
 TRANSCRIPT_ARTIFACT = "transcript"          # the pyfunc's artifact key
@@ -274,22 +278,30 @@ def load_weights(model_uri: str, tracking_uri: Optional[str] = None, folder: Opt
 
 
 # ------------------------------------------------------------------ the pyfunc a transcript version is
-class TranscriptModel(mlflow.pyfunc.PythonModel):
-    """An MLflow pyfunc holding a transcript and no weights: ``load_context`` replays the journal (``rebuild``),
-    ``predict`` runs the module as ``mlflow.pytorch``'s pyfunc does (a DataFrame as float32, an array as it is).
+class TranscriptModel(StoredRowsClassifier):
+    """An MLflow pyfunc holding a transcript and no weights: ``load_context`` replays the journal (``rebuild``).
+    With the run's preprocessing (rows of named numbers) it answers as a weights version does (served_model.py:
+    stored columns in, class label and probabilities out, its artifacts checked against their logged SHA-256);
+    otherwise ``predict`` runs the module on the model's input as it is (a DataFrame as float32).
     ``model_config={"tracking_uri": ...}`` names where a continued start resolves."""
 
     def load_context(self, context) -> None:
+        self.columns = None
+        if PREPROCESSING_ARTIFACT in context.artifacts:
+            check_artifacts(context)
+            self.read_preprocessing(context.artifacts[PREPROCESSING_ARTIFACT])
         self.transcript = Transcript.from_json(Path(context.artifacts[TRANSCRIPT_ARTIFACT]).read_text())
         config = getattr(context, "model_config", None) or {}
         self.model, self.started = rebuild(self.transcript, config.get("tracking_uri"))
-        self.model.eval()
+        self.module = self.model.eval()
 
     # the hint only quiets MLflow's request for one: the signature logged with the model validates input, and a
     # DataFrame is taken too
     def predict(self, context, model_input: np.ndarray, params: Optional[Dict[str, Any]] = None):
         import pandas as pd
 
+        if self.columns is not None:
+            return super().predict(context, model_input, params)
         frame = isinstance(model_input, pd.DataFrame)
         rows = model_input.to_numpy(dtype=np.float32) if frame else np.asarray(model_input)
         device = next(self.model.parameters()).device
@@ -301,9 +313,10 @@ class TranscriptModel(mlflow.pyfunc.PythonModel):
 
 
 def log_transcript_model(transcript: Transcript, example: np.ndarray, output: np.ndarray,
-                         registered_model_name: str):
+                         registered_model_name: str, preprocessing: Optional[Preprocessing] = None):
     """Log (in the active run) and register the pyfunc of ``transcript``; ``example`` / ``output``: an all-zero
-    input and the trained model's output on it, for the signature (no replay while logging)."""
+    input and the trained model's output on it, for the signature (no replay while logging). ``preprocessing``:
+    rows of named numbers, which the version then takes as a weights version does (flows/record/served.py)."""
     from mlflow.models import infer_signature
 
     with tempfile.TemporaryDirectory(prefix="privzo-transcript-") as folder, warnings.catch_warnings():
@@ -311,12 +324,20 @@ def log_transcript_model(transcript: Transcript, example: np.ndarray, output: np
         warnings.filterwarnings("ignore", message=".*input example was not provided", category=UserWarning)
         path = Path(folder, TRANSCRIPT_FILE)
         path.write_text(transcript.to_json())
+        artifacts = {TRANSCRIPT_ARTIFACT: str(path)}
+        # declared, so a loader may name the store a continued start resolves in (MLflow drops undeclared keys)
+        config: Dict[str, Any] = {"tracking_uri": ""}
+        if preprocessing is None:
+            signature = infer_signature(example, output)
+        else:
+            artifacts[PREPROCESSING_ARTIFACT] = str(write_preprocessing(preprocessing, Path(folder, "preprocessing.json")))
+            config["sha256"] = artifact_digests(artifacts)
+            signature = served_signature(preprocessing)
         return mlflow.pyfunc.log_model(
-            name=MODEL_ARTIFACT, python_model=TranscriptModel(), artifacts={TRANSCRIPT_ARTIFACT: str(path)},
-            signature=infer_signature(example, output), registered_model_name=registered_model_name,
+            name=MODEL_ARTIFACT, python_model=TranscriptModel(), artifacts=artifacts,
+            signature=signature, registered_model_name=registered_model_name,
             metadata={PRIVZO_REGISTER: "transcript", PRIVZO_LOAD: "flows.record.transcript.load_weights"},
-            # declared, so a loader may name the store a continued start resolves in (MLflow drops undeclared keys)
-            model_config={"tracking_uri": ""},
+            model_config=config,
             # loading replays with privzo's own code, so privzo must be importable where it loads
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"])
 

@@ -114,6 +114,11 @@ def test_run_reports_accuracy_privacy_and_mlflow(tmp_path, tiny_spec_dict):
     command = next(line for line in out.stdout.splitlines() if line.startswith("open the UI with: "))
     executable = command.split()[4]
     assert os.access(executable, os.X_OK) or shutil.which(executable, path=os.defpath) is not None, command
+    # how to load and serve the version it registered (tests/flows/test_served_model.py serves one so)
+    load = next(line for line in out.stdout.splitlines() if line.startswith("load it: "))
+    serve = next(line for line in out.stdout.splitlines() if line.startswith("serve it: "))
+    assert "mlflow.pyfunc.load_model('models:/tiny-digits/1')" in load
+    assert f"PATH={Path(sys.executable).parent}:$PATH" in serve and "mlflow models serve -m models:/tiny-digits/1" in serve
     assert " | INFO    | Flow run " in out.stderr and "INFO:prefect" not in out.stderr, out.stderr[-3000:]
 
 

@@ -83,7 +83,8 @@ def test_a_transcript_version_holds_no_weights_and_is_a_fraction_of_them(runs, c
 
     results, uri, _ = runs
     weights_dir, transcript_dir = _model_dir(client, "1", tmp_path), _model_dir(client, "2", tmp_path)
-    assert (weights_dir / "data").is_dir() and not (transcript_dir / "data").exists()  # data/: the weights
+    # artifacts/module/: the weights (flows/record/served.py)
+    assert (weights_dir / "artifacts" / "module").is_dir() and not (transcript_dir / "artifacts" / "module").exists()
     transcript = transcript_in(transcript_dir)
     assert transcript.run_id == results["transcript"]["run_id"] and transcript.start == "seed"
     assert len(transcript.journal) == 20 * 2 and transcript.directions_stream == "cpu-torch-v2"
@@ -93,7 +94,7 @@ def test_a_transcript_version_holds_no_weights_and_is_a_fraction_of_them(runs, c
     assert transcript.entries() == logged
 
     held = (transcript_dir / "artifacts" / TRANSCRIPT_FILE).stat().st_size
-    weights = _bytes(weights_dir / "data")  # the exported program (model.pt2)
+    weights = _bytes(weights_dir / "artifacts" / "module")  # the exported program (model.pt2)
     tags = client.get_model_version(NAME, "2").tags
     assert tags[PRIVZO_REGISTER] == "transcript" and int(tags[PRIVZO_TRANSCRIPT_BYTES]) == held
     assert int(tags[PRIVZO_WEIGHTS_BYTES]) == 9_610 * 4
@@ -149,16 +150,15 @@ def test_a_transcript_continuing_a_transcript_version_replays_both(runs, client,
 
 
 def test_the_pyfunc_predicts_as_the_weights_version(runs, client):
+    """Both take the rows as stored (raw pixels, named columns) and answer the same labels and probabilities."""
     from sklearn.datasets import load_digits
 
-    rows = load_digits().data[:32].astype("float32") / 16.0
+    rows = load_digits(as_frame=True).data[:32]
     weights = mlflow.pyfunc.load_model(client.get_model_version_download_uri(NAME, "1"))
     transcript = mlflow.pyfunc.load_model(f"models:/{NAME}/2")
-    assert np.array_equal(transcript.predict(rows), weights.predict(rows))
-    import pandas as pd
-
-    frame = pd.DataFrame(rows)  # the tensor signature hands both an array
-    assert np.array_equal(np.asarray(transcript.predict(frame)), np.asarray(weights.predict(frame)))
+    answer = transcript.predict(rows)
+    assert answer.equals(weights.predict(rows))
+    assert list(answer.columns) == ["label"] + [f"probability_{c}" for c in range(10)]
 
 
 def test_verify_passes_on_a_transcript_and_names_it(runs, client):
