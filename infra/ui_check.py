@@ -32,7 +32,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 import yaml
 
 from flows.record.tracking_names import (DP_DELTA, DP_EPSILON, DP_GUARANTEE, DP_MODEL_EPSILON, DP_RUN_EPSILON,
-                                  MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE)
+                                  MLFLOW_EXPERIMENT_KIND, MLFLOW_RUN_NOTE, MLFLOW_SOURCE_NAME)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -487,8 +487,14 @@ def page_checks(f: Facts) -> List[tuple]:
         assert note, f"run has no description (tag {MLFLOW_RUN_NOTE})"
         shown = b.description("run")  # rendered from markdown: what a reader sees
         assert shown.startswith("Model guarantee:"), f"run description shows {shown[:60]!r}"
+        # MLflow's own fields: Source (what ran) and Datasets (what it read: the source, no row)
+        b.text(tags[MLFLOW_SOURCE_NAME], f"Source {tags[MLFLOW_SOURCE_NAME]!r}")
+        inputs = latest.inputs.dataset_inputs if latest.inputs else []
+        assert inputs, "the run logged no dataset input"
+        dataset = inputs[0].dataset.name
+        b.text(dataset, f"Datasets {dataset!r}")
         return f"{latest.info.run_id[:8]}: {tags[DP_GUARANTEE]} epsilon {tags[DP_EPSILON]} delta " \
-               f"{tags[DP_DELTA]}; description {shown[:50]!r}"
+               f"{tags[DP_DELTA]}; description {shown[:50]!r}; source and dataset {dataset!r} shown"
 
     def charts(b: Browser) -> str:
         from playwright.sync_api import TimeoutError as PlaywrightTimeout

@@ -9,11 +9,14 @@ query in flight is asked again - no release has happened for it yet, so nothing 
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
 import math
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -232,9 +235,24 @@ def connect(address: str, cpus: float) -> None:
         # it, printed on every run, is not shown. Logical CPUs: enough for every bundle.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         _init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-              num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)))
+              num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), _temp_dir=_private_session_folder())
     else:
         _join(address)
+
+
+def _private_session_folder() -> str:
+    """Where a local Ray started here keeps its session (sockets, logs: one task marker per task run): a folder
+    only this OS user reads (Ray's default, /tmp/ray, is world-readable and kept), removed when the process
+    ends, so what the run's tasks were (a search's shares) is not left on disk."""
+    folder = tempfile.mkdtemp(prefix="privzo-ray-")  # mode 0700; Ray opens its own folder to all (0777) inside
+
+    def remove() -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(remove)  # Ray's own exit handler, registered later, runs first; this then removes the folder
+    return os.path.join(folder, "ray")
 
 
 def _resources(bundle: Dict[str, float]) -> str:

@@ -2,6 +2,7 @@
 import copy
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,3 +245,20 @@ def test_a_worker_that_builds_other_frozen_weights_is_refused(ray_cluster, tiny_
                                            r"from the same spec \(1 tensors differ, first "
                                            r"encoder.embeddings.word_embeddings.weight\); every node must read"):
         _start_workers(resolved, data)
+
+
+def test_a_local_ray_keeps_its_session_in_a_private_folder_removed_at_exit(tmp_path):
+    """Ray's logs hold a marker per task (a search's shares): privzo's local Ray writes them where only its OS
+    user reads, and nothing of the session stays once the process ends."""
+    import subprocess
+    import sys
+
+    script = ("import os, stat, ray; from components.runtime import ray_backend as rb; rb.connect('local', 1); "
+              "d = ray._private.worker._global_node.get_session_dir_path(); root = os.path.dirname(os.path.dirname(d)); "
+              "print(root, oct(stat.S_IMODE(os.stat(root).st_mode)), os.path.isdir(os.path.join(d, 'logs')))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    root, mode, logs = out.stdout.split()
+    assert Path(root).name.startswith("privzo-ray-") and mode == "0o700" and logs == "True"
+    assert not Path(root).exists()
