@@ -123,7 +123,8 @@ def load_file(path: Union[str, Path], *, file_format: str, label: str, classes: 
             layout = f"file:row_id={row_id}"
         layout = identity_layout(layout, person is not None, row_id is not None)
         return unique_rows(Table(path.name, ids, labels, len(classes), None, flags, layout=layout,
-                                  class_names=tuple(str(c) for c in classes), **meta))
+                                  class_names=tuple(str(c) for c in classes),
+                                  text_input=None if prompt is not None else (text, tokenizer, max_length), **meta))
     names = list(features) if features is not None else [c for c in columns
                                                          if c not in (label, public_flag, arrival, person, row_id)]
     for name in names:

@@ -43,6 +43,10 @@ class Preprocessing:
     classes: Tuple[str, ...]
     types: Tuple[str, ...] = ()  # each column's stored type (long or double): the served signature's
     scale: Optional[float] = None
+    # kind text: the one text column, read by ``tokenizer`` (a packaged model's name or a folder) into
+    # ``max_length`` ids and a mask, as components/data/text.py's encode reads it
+    tokenizer: Optional[str] = None
+    max_length: Optional[int] = None
     mean: Optional[Tuple[float, ...]] = None
     std: Optional[Tuple[float, ...]] = None
 
@@ -234,7 +238,7 @@ def source_split(table: Table, public_table: Table, *, test: float, seed: int, s
                  np.concatenate([table.labels, public_table.labels]), table.n_classes,
                  table.fixed_scale if same_scale else None, columns=table.columns, layout=table.layout,
                  class_names=table.class_names, feature_names=table.feature_names, label_names=table.label_names,
-                 column_types=table.column_types)
+                 column_types=table.column_types, text_input=table.text_input)
     is_test = u_test < test
     return _assemble(both, np.arange(n, n + len(public_table)), np.flatnonzero(~is_test), np.flatnonzero(is_test),
                      scale, fps + public_table.row_fingerprints())
@@ -331,6 +335,10 @@ def _scaled(table: Table, public_idx: np.ndarray, scale: str):
     tabular = table.features.ndim == 2 and np.issubdtype(table.features.dtype, np.floating)
     served = replace(prep, columns=table.served_columns, types=table.served_types, classes=table.served_classes) \
         if tabular else None
+    if table.text_input is not None and prep.kind == "none":
+        column, tokenizer, max_length = table.text_input
+        served = Preprocessing("text", (str(column),), table.served_classes, ("string",), tokenizer=str(tokenizer),
+                               max_length=int(max_length))
     return features, served
 
 

@@ -596,7 +596,7 @@ class _Rows:
         values = self.values[:n]
         kept = {k: v[:n] for k, v in (("arrivals", self.arrivals), ("persons", self.persons)) if v is not None}
         source = self.source
-        columns, kinds = tuple(self.feature_names), self.feature_types
+        columns, kinds, text_input = tuple(self.feature_names), self.feature_types, None
         if self.text is not None:  # token ids, as a file's text column gives them
             from components import pretrained
             from components.data.prompts import encode_prompted
@@ -606,9 +606,11 @@ class _Rows:
             values = encode(lines, pretrained.tokenizer(tokenizer), source.max_length) if prompt is None else \
                 encode_prompted(lines, pretrained.tokenizer(tokenizer), source.max_length, prompt)
             columns, kinds = None, None
+            text_input = None if prompt is not None else (self.text, tokenizer, source.max_length)
         return Table(name, values, self.labels[:n], len(source.classes), None,
                      None if self.flags is None else self.flags[:n], columns=columns, layout=layout,
-                     class_names=tuple(str(c) for c in source.classes), row_ids=ids, column_types=kinds, **kept)
+                     class_names=tuple(str(c) for c in source.classes), row_ids=ids, column_types=kinds,
+                     text_input=text_input, **kept)
 
 
 def _fetched(conn, statement, columns, chunk_rows: int):

@@ -74,6 +74,9 @@ class Table:
     label_names: tuple | None = None
     # each feature column's stored kind, "long" (an integer column) or "double": the served model's input types
     column_types: tuple | None = None
+    # a text source's (column, tokenizer, max_length): how a stored text became these ids, which the served
+    # model repeats (a language model's prompted rows have none: their template is not served yet)
+    text_input: tuple | None = None
 
     @property
     def served_columns(self) -> tuple:

@@ -102,7 +102,7 @@ def tokenised(name: str, topics: List[Tuple[str, List[str]]], tokenizer, max_len
         first.setdefault(key, i)
         label_sets.setdefault(key, set()).add(int(labels[i]))
     keep = np.asarray(sorted(i for key, i in first.items() if len(label_sets[key]) == 1), dtype=np.int64)
-    return Table(name, features[keep], labels[keep], len(names), None)
+    return Table(name, features[keep], labels[keep], len(names), None, label_names=tuple(names))
 
 
 def only_topics(table: Table, classes: Sequence[str], topics: Sequence[str]) -> Table:
@@ -138,7 +138,9 @@ def load_text(name: str, max_length: int, tokenizer: str, prompt: Optional[Promp
         if not len(table):
             raise ValueError(f"data.source.topics: {name} has no lines of {', '.join(topics)}; choose topics it has")
         layout += ";classes=by-name"  # a row's fingerprint holds its topic's name, not its position
-    return replace(table, layout=layout if prompt is None else f"{layout};{prompt.layout}")
+    # a served model reads a "text" column (the corpus's lines) as these were read
+    return replace(table, layout=layout if prompt is None else f"{layout};{prompt.layout}",
+                   text_input=None if prompt is not None else ("text", tokenizer, max_length))
 
 
 @SOURCES.register("text")

@@ -2,16 +2,18 @@
 code), that takes rows as the data source stores them and answers in the run's class names.
 
 It imports numpy, pandas, torch and mlflow only, never privzo, so ``mlflow.pyfunc.load_model`` and ``mlflow models
-serve`` need nothing else. Its artifacts (flows/record/served.py writes them):
+serve`` need nothing else (a text classifier's tokenizer: transformers too). Its artifacts (flows/record/served.py
+writes them):
 - ``module``: the trained module as ``torch.export`` saved it (``model.pt2``), batch size dynamic;
 - ``preprocessing``: ``preprocessing.json``, the split's own preprocessing (components/data/split.py,
   ``Preprocessing``): the input columns, the classes, and a declared scale or the public rows' mean and
-  deviation, never a private statistic.
+  deviation, never a private statistic; for a text classifier, its text column and ``max_length``;
+- ``tokenizer`` (a text classifier's): its model's tokenizer, as ``save_pretrained`` writes it.
 
 ``load_context`` first checks every artifact file against the SHA-256 the model was logged with (its
 ``model_config["sha256"]``) and refuses other bytes in one line. ``predict`` takes a DataFrame with the named
-columns (other columns ignored) or a 2-D array in the columns' order, any numeric dtype; it returns a DataFrame
-with ``label`` (the class name) and ``probability_<class>`` for each class.
+columns (other columns ignored; MLflow has cast them to the signature's types); it returns a DataFrame with
+``label`` (the class name) and ``probability_<class>`` for each class.
 """
 import hashlib
 import json
@@ -62,12 +64,18 @@ class StoredRowsClassifier(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         check_artifacts(context)
-        self.read_preprocessing(context.artifacts["preprocessing"])
+        self.read_inputs(context.artifacts)
         self.module = torch.export.load(os.path.join(context.artifacts["module"], "model.pt2")).module()
 
-    def read_preprocessing(self, path: str) -> None:
-        with open(path) as handle:
+    def read_inputs(self, artifacts: dict) -> None:
+        """The preprocessing (and a text model's tokenizer) from the model's artifacts."""
+        with open(artifacts["preprocessing"]) as handle:
             prep = json.load(handle)
+        self.max_length = prep.get("max_length")
+        if prep["kind"] == "text":
+            from transformers import AutoTokenizer  # a text model's one need beyond mlflow and torch
+
+            self.tokenizer = AutoTokenizer.from_pretrained(artifacts["tokenizer"], local_files_only=True)
         self.columns = list(prep["columns"])
         self.classes = np.asarray(prep["classes"], dtype=object)
         self.kind = prep["kind"]
@@ -76,6 +84,12 @@ class StoredRowsClassifier(mlflow.pyfunc.PythonModel):
         self.std = np.asarray(prep["std"], dtype=np.float32) if prep.get("std") is not None else None
 
     def _inputs(self, model_input) -> np.ndarray:
+        if self.kind == "text":  # as components/data/text.py's encode reads a text: ids, then the mask
+            column = model_input[self.columns[0]] if isinstance(model_input, pd.DataFrame) else model_input
+            lines = [str(v) for v in np.asarray(column, dtype=object).reshape(-1)]
+            enc = self.tokenizer(lines, padding="max_length", truncation=True, max_length=self.max_length,
+                                 return_tensors="np")
+            return np.ascontiguousarray(np.stack([enc["input_ids"], enc["attention_mask"]], axis=1), dtype=np.int64)
         # read as the sources read a stored row: float64, then float32
         if isinstance(model_input, pd.DataFrame):
             named = all(c in model_input.columns for c in self.columns)

@@ -38,7 +38,7 @@ from mlflow.exceptions import MlflowException
 import specs
 from specs.traits import JOURNAL_ESTIMATORS, JOURNAL_OPTIMIZERS
 from components.data.split import Preprocessing
-from flows.record.served import PREPROCESSING_ARTIFACT, artifact_digests, write_preprocessing
+from flows.record.served import PREPROCESSING_ARTIFACT, artifact_digests, input_artifacts
 from flows.record.served import signature as served_signature
 from flows.record.served_model import StoredRowsClassifier, check_artifacts
 from flows.record.tracking_names import MODEL_ARTIFACT, PRIVZO_LOAD, PRIVZO_REGISTER
@@ -289,7 +289,7 @@ class TranscriptModel(StoredRowsClassifier):
         self.columns = None
         if PREPROCESSING_ARTIFACT in context.artifacts:
             check_artifacts(context)
-            self.read_preprocessing(context.artifacts[PREPROCESSING_ARTIFACT])
+            self.read_inputs(context.artifacts)
         self.transcript = Transcript.from_json(Path(context.artifacts[TRANSCRIPT_ARTIFACT]).read_text())
         config = getattr(context, "model_config", None) or {}
         self.model, self.started = rebuild(self.transcript, config.get("tracking_uri"))
@@ -330,7 +330,7 @@ def log_transcript_model(transcript: Transcript, example: np.ndarray, output: np
         if preprocessing is None:
             signature = infer_signature(example, output)
         else:
-            artifacts[PREPROCESSING_ARTIFACT] = str(write_preprocessing(preprocessing, Path(folder, "preprocessing.json")))
+            artifacts.update(input_artifacts(preprocessing, Path(folder)))
             config["sha256"] = artifact_digests(artifacts)
             signature = served_signature(preprocessing)
         return mlflow.pyfunc.log_model(

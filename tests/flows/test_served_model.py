@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
-SQL_NAME = "tiny-visits"
+SQL_NAME, TEXT_NAME = "tiny-visits", "tiny-tickets"
 
 
 def _digits_table(path: Path) -> str:
@@ -57,10 +57,23 @@ def registered(prefect_server, mlflow_schema, tmp_path_factory):
     visits["data"]["source"] = {"kind": "sql", "url": table_url, "table": "visits", "label": "target",
                                 "row_id": "visit", "classes": list(range(10))}
     visits["data"]["split"] = {"kind": "hashed", "public": 0.1, "test": 0.2}
+    # a text classifier: a file's text column, read by MiniLM's tokenizer inside the served model
+    tickets = pd.DataFrame({"ticket": np.arange(240), "queue": ["billing" if i % 2 else "login" for i in range(240)],
+                            "body": [f"ticket {i} about my {'invoice' if i % 2 else 'password'}" for i in range(240)]})
+    tickets.to_csv(tmp / "tickets.csv", index=False)
+    text = copy.deepcopy(digits)
+    text.update(name=TEXT_NAME, model={"kind": "hf", "name": "minilm", "trainable": "bias"},
+                estimator={"kind": "two_point", "queries": 1, "smoothing": 1e-3},
+                optimizer={"kind": "sgd", "lr": 1e-3, "steps": 3})
+    text["sampling"]["expected_batch_size"] = 16
+    text["data"] = {"declared_private_rows": 180, "split": {"kind": "hashed", "public": 0.1, "test": 0.2},
+                    "source": {"kind": "file", "path": str(tmp / "tickets.csv"), "label": "queue", "row_id": "ticket",
+                               "classes": ["login", "billing"], "text": "body", "max_length": 12}}
     cwd = os.getcwd()
     os.chdir(tmp)
     try:
-        results = {"digits": private_train(spec=digits), "visits": private_train(spec=visits)}
+        results = {"digits": private_train(spec=digits), "visits": private_train(spec=visits),
+                   "tickets": private_train(spec=text)}
     finally:
         os.chdir(cwd)
     # the test rows as stored: digits' raw pixels (float64, as scikit-learn gives them), the table's rows as read
@@ -78,7 +91,12 @@ def registered(prefect_server, mlflow_schema, tmp_path_factory):
     table = load_sql(specs.spec_from_dict(visits).data.source)
     ids = dict(zip(table.row_fingerprints(), table.row_ids))
     visits_rows = stored.loc[[int(ids[fp]) for fp in visits_data.test.fingerprints]]
-    rows = {"digits": (digits_rows, test.labels), "visits": (visits_rows, visits_data.test.labels)}
+    text_spec = specs.spec_from_dict(text)
+    text_table, text_test = builders.source_table(text_spec), builders.load_data(text_spec).test
+    ids = dict(zip(text_table.row_fingerprints(), text_table.row_ids))
+    text_rows = tickets.set_index("ticket", drop=False).loc[[int(ids[fp]) for fp in text_test.fingerprints]]
+    rows = {"digits": (digits_rows, test.labels), "visits": (visits_rows, visits_data.test.labels),
+            "tickets": (text_rows[["body"]], text_test.labels)}
     return uri, results, rows, visits_data, tmp
 
 
@@ -130,6 +148,26 @@ def test_a_fresh_process_with_mlflow_and_torch_only_predicts_the_runs_accuracy_f
         assert set(answer["types"]) == {"double" if key == "digits" else "long"}
         # MLflow enforces a named column schema: a bare array has no names to match (any MLflow model's signature)
         assert "missing inputs" in answer["bare"]
+
+
+def test_a_text_classifier_takes_its_text_column_and_answers_its_class_names(registered):
+    """The file's text column in (MiniLM's tokenizer inside, so a load needs transformers beside mlflow and
+    torch, and nothing of privzo's); the queue's names out, scoring the run's test accuracy."""
+    uri, results, rows, _, tmp = registered
+    frame, labels = rows["tickets"]
+    frame.to_csv(tmp / "tickets-test.csv", index=False)
+    answer = json.loads(_consumer(f"""
+        import json, pandas as pd, mlflow
+        model = mlflow.pyfunc.load_model("models:/{TEXT_NAME}/{results['tickets']['model_version']}")
+        out = model.predict(pd.read_csv("tickets-test.csv"))
+        schema = model.metadata.get_input_schema()
+        print(json.dumps({{"labels": out["label"].tolist(), "columns": list(out.columns),
+                          "inputs": [(s.name, s.type.name) for s in schema.inputs]}}))
+    """, uri, tmp))
+    assert answer["inputs"] == [["body", "string"]]
+    assert answer["columns"] == ["label", "probability_login", "probability_billing"]
+    accuracy = float(np.mean(np.asarray([["login", "billing"].index(v) for v in answer["labels"]]) == labels))
+    assert accuracy == pytest.approx(results["tickets"]["eval/accuracy"], abs=1e-12)
 
 
 def test_the_preprocessing_in_the_model_is_the_public_rows_and_declared_constants_only(registered, tmp_path):
