@@ -97,7 +97,7 @@ def registered(prefect_server, mlflow_schema, tmp_path_factory):
     text_rows = tickets.set_index("ticket", drop=False).loc[[int(ids[fp]) for fp in text_test.fingerprints]]
     rows = {"digits": (digits_rows, test.labels), "visits": (visits_rows, visits_data.test.labels),
             "tickets": (text_rows[["body"]], text_test.labels)}
-    return uri, results, rows, visits_data, tmp
+    return uri, results, rows, visits_data, tmp, visits
 
 
 def _consumer(script: str, uri: str, cwd: Path) -> str:
@@ -117,7 +117,7 @@ def _consumer(script: str, uri: str, cwd: Path) -> str:
 
 
 def test_a_fresh_process_with_mlflow_and_torch_only_predicts_the_runs_accuracy_from_stored_rows(registered):
-    uri, results, rows, _, tmp = registered
+    uri, results, rows, _, tmp, _ = registered
     for key, name in (("digits", "tiny-digits"), ("visits", SQL_NAME)):
         frame, labels = rows[key]
         frame.to_csv(tmp / f"{key}.csv", index=False)
@@ -153,7 +153,7 @@ def test_a_fresh_process_with_mlflow_and_torch_only_predicts_the_runs_accuracy_f
 def test_a_text_classifier_takes_its_text_column_and_answers_its_class_names(registered):
     """The file's text column in (MiniLM's tokenizer inside, so a load needs transformers beside mlflow and
     torch, and nothing of privzo's); the queue's names out, scoring the run's test accuracy."""
-    uri, results, rows, _, tmp = registered
+    uri, results, rows, _, tmp, _ = registered
     frame, labels = rows["tickets"]
     frame.to_csv(tmp / "tickets-test.csv", index=False)
     answer = json.loads(_consumer(f"""
@@ -171,7 +171,7 @@ def test_a_text_classifier_takes_its_text_column_and_answers_its_class_names(reg
 
 
 def test_the_preprocessing_in_the_model_is_the_public_rows_and_declared_constants_only(registered, tmp_path):
-    uri, results, _, visits_data, _ = registered
+    uri, results, _, visits_data, _, _ = registered
     client = mlflow.MlflowClient(uri)
     prep = {}
     for name, version in (("tiny-digits", results["digits"]["model_version"]),
@@ -185,10 +185,19 @@ def test_the_preprocessing_in_the_model_is_the_public_rows_and_declared_constant
     assert visits["kind"] == "public" and visits["classes"] == [str(c) for c in range(10)]
     # exactly what the split applied: its public rows' statistics, nothing computed from a private row
     assert visits_data.preprocessing.mean == tuple(visits["mean"]) and visits_data.preprocessing.std == tuple(visits["std"])
+    import specs
+    from components.data.sql import load_sql
+
+    table = load_sql(specs.spec_from_dict(registered[5]).data.source)
+    where = {fp: i for i, fp in enumerate(table.row_fingerprints())}
+    public = table.features[[where[fp] for fp in visits_data.public.fingerprints]]
+    assert np.array_equal(public.mean(axis=0), np.asarray(visits["mean"], dtype=np.float32))
+    everything = table.features.mean(axis=0)  # what a private statistic would have been
+    assert not np.array_equal(everything, np.asarray(visits["mean"], dtype=np.float32))
 
 
 def test_a_version_whose_artifact_was_changed_is_refused_at_load_in_one_line(registered, tmp_path):
-    uri, results, _, _, _ = registered
+    uri, results, _, _, _, _ = registered
     client = mlflow.MlflowClient(uri)
     local = Path(mlflow.artifacts.download_artifacts(
         client.get_model_version_download_uri("tiny-digits", results["digits"]["model_version"]),
@@ -208,7 +217,7 @@ def _free_port() -> int:
 
 
 def test_mlflow_models_serve_answers_labels_and_probabilities(registered):
-    uri, results, rows, _, tmp = registered
+    uri, results, rows, _, tmp, _ = registered
     frame = rows["visits"][0].head(3)
     port = _free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
