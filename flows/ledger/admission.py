@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import dp_accounting
 
@@ -139,16 +139,25 @@ def refusal(dataset: str, accountant: str, planned: dp_accounting.DpEvent, reque
     return BudgetExceeded(
         dataset, first.lifetime - first.base.epsilon(first.delta), requested, first.lifetime,
         block=first.block, would_reach=first.after, charges=first.base.count,
-        fits=largest_fit(first.base, planned, first.lifetime, first.delta, probes),
+        fits=largest_fit([(first.base, first.lifetime, first.delta)], planned, probes),
         next_block=next_block, when=when([f.block for f in full]) if when is not None else None)
 
 
-def largest_fit(base: ComposedState, planned: dp_accounting.DpEvent, lifetime: float, delta: float,
+def largest_fit(bases: Sequence[Tuple[ComposedState, float, float]], planned: dp_accounting.DpEvent,
                 probes: int) -> Optional[float]:
-    """The largest epsilon (at ``delta``, floored to 4 significant digits) of ``planned`` with its noise
-    scaled up that still composes onto ``base`` within ``lifetime``; None if none does."""
+    """The largest epsilon (at each block's delta, floored to 4 significant digits) of ``planned`` with its
+    noise scaled up that still composes onto every ``(base, lifetime, delta)`` within its lifetime; None if
+    none does. One bisection over all the blocks at once, each probe's event composed once and added to every
+    block (``plus``, as a reservation adds it): the same answer as the smallest of one bisection per block,
+    since the block needing the most noise decides, at a block's cost of compositions instead of the window's."""
+    accountant = bases[0][0].accountant
+
+    def alone(factor: float) -> ComposedState:
+        return ComposedState(accountant).composed([scaled_noise(planned, factor)])
+
     def fits(factor: float) -> bool:
-        return base.composed([scaled_noise(planned, factor)]).epsilon(delta) <= lifetime
+        increment = alone(factor)
+        return all(base.plus(increment).epsilon(delta) <= lifetime for base, lifetime, delta in bases)
 
     low, high = 1.0, 1e4
     if not fits(high):
@@ -156,9 +165,13 @@ def largest_fit(base: ComposedState, planned: dp_accounting.DpEvent, lifetime: f
     for _ in range(probes):  # bisection in log scale: ``high`` always fits
         middle = math.sqrt(low * high)
         low, high = (low, middle) if fits(middle) else (middle, high)
-    alone = ComposedState(base.accountant).composed([scaled_noise(planned, high)]).epsilon(delta)
-    digits = 3 - math.floor(math.log10(alone)) if alone > 0 else 0
-    return math.floor(alone * 10 ** digits) / 10 ** digits
+    chosen = alone(high)
+    return min(_floored(chosen.epsilon(delta)) for _, _, delta in bases)
+
+
+def _floored(epsilon: float) -> float:
+    digits = 3 - math.floor(math.log10(epsilon)) if epsilon > 0 else 0
+    return math.floor(epsilon * 10 ** digits) / 10 ** digits
 
 
 def another_event(dataset: str, block: str, others: int) -> ValueError:

@@ -330,10 +330,9 @@ class PrivacyLedger:
             if not rows:  # charged before blocks: the history is the one block
                 events = [e for e in (self._live_event(r, ds.accountant) for r in charges) if e is not None]
                 base = ComposedState(Accountant(ds.accountant, ds.neighboring)).composed(events)
-                return admission.largest_fit(base, planned, ds.lifetime_epsilon, ds.delta, 20)
-            fits = [admission.largest_fit(self._with_open(session, b), planned, b.lifetime_epsilon, b.delta, 20)
-                    for b in rows]
-            return None if any(f is None for f in fits) else min(fits)
+                return admission.largest_fit([(base, ds.lifetime_epsilon, ds.delta)], planned, 20)
+            return admission.largest_fit([(self._with_open(session, b), b.lifetime_epsilon, b.delta) for b in rows],
+                                         planned, 20)
 
     # ---------------------------------------------------------------- blocks
     @staticmethod
