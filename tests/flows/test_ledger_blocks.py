@@ -193,3 +193,17 @@ def test_scaled_noise_keeps_the_runs_shape():
     assert scaled.events[0].count == 10 and scaled.events[0].event.sampling_probability == 0.05
     assert scaled.events[0].event.event.noise_multiplier == 3.0
     assert scaled.events[1].event.sample_size == 50 and scaled.events[1].event.event.noise_multiplier == 6.0
+
+
+def test_the_largest_fit_over_a_window_is_the_smallest_of_its_blocks_fits():
+    """One bisection over every block (each probe's event composed once, added with ``plus``) gives what one
+    bisection per block gives at its smallest: the block needing the most noise decides; a full block, None."""
+    from flows.ledger.admission import largest_fit
+
+    accountant = Accountant("rdp", "add_remove")
+    planned = run_event(steps=50)
+    bases = [(ComposedState(accountant).composed([run_event(steps=50)] * charges), lifetime, 1e-5)
+             for charges, lifetime in ((0, 4.0), (1, 4.0), (3, 4.0), (2, 3.0), (1, 2.5))]
+    alone = [largest_fit([base], planned, 20) for base in bases]
+    assert largest_fit(bases, planned, 20) == min(alone)
+    assert largest_fit(bases + [(bases[2][0], 0.5, 1e-5)], planned, 20) is None
