@@ -20,8 +20,9 @@ from flows.ledger import Budget, DatasetTerms, Reservation, RowsRead, shown_url
 from flows.record import reporting
 from flows.record.tracking import KEYED_ROWS, keyed_rows, released_fingerprint
 from flows.window import BlockView
-from flows.worker_config import deployment_run, worker_ledger
+from flows.worker_config import deployment_run, worker_ledger, worker_ray
 from specs.refusal import checks_input, not_refused
+from specs.rules import cross_field_problems
 from specs.sections import LEDGER_URL_ENV, default_ledger
 
 
@@ -161,10 +162,14 @@ def charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
     is given the team's; one naming another, or with no budget, would train on the team's data outside the
     lifetimes its owner registered. A deployment's run never takes a ledger from the environment, which job
     variables set: on a worker no stack configured it is refused, and a personal worker's configuration
-    (``"ledger": null``) refuses $PRIVZO_LEDGER_URL rather than trusting it. Refused in one line before any row
-    is read."""
+    (``"ledger": null``) refuses $PRIVZO_LEDGER_URL rather than trusting it. Where the configuration names the
+    stack's Ray, the run's steps run there (``on_the_workers_ray``). Refused in one line before any row is read."""
     if not deployment_run():
         return spec
+    return on_the_workers_ray(_on_the_workers_ledger(spec), worker_ray())
+
+
+def _on_the_workers_ledger(spec: specs.RunSpec) -> specs.RunSpec:
     team = worker_ledger()
     if team is None:
         if os.environ.get(LEDGER_URL_ENV, "").strip():
@@ -184,6 +189,26 @@ def charged_to_the_team_ledger(spec: specs.RunSpec) -> specs.RunSpec:
         raise ValueError(f"budget.ledger: a deployment's run on this team's worker is charged to the team's ledger "
                          f"({source}), not {shown_url(spec.budget.ledger)}; remove budget.ledger")
     return spec
+
+
+def on_the_workers_ray(spec: specs.RunSpec, address: Optional[str]) -> specs.RunSpec:
+    """A deployment's run on a worker whose configuration names its stack's Ray head (``address``) runs its
+    steps on that cluster's actors, whatever backend its spec wrote (the operator's choice of where steps
+    run changes no privacy term: the same rows, events and charge, the weights to float tolerance), and on no
+    other: a spec naming another cluster would send the private rows off the stack, and is refused. Its
+    workers and their resources stay the spec's. ``address`` None: the spec as written."""
+    if address is None:
+        return spec
+    execution = spec.execution
+    if execution.backend == "ray" and execution.address not in ("local", "auto", address):
+        raise ValueError(f"execution.address: a deployment's run on this worker runs its steps on the stack's Ray at "
+                         f"{address} (the worker's configuration), never on another cluster, not "
+                         f"{execution.address!r}; remove execution.address")
+    pinned = spec.model_copy(update={"execution": execution.model_copy(update={"backend": "ray", "address": address})})
+    problems = cross_field_problems(pinned)
+    if problems:  # what the spec allows locally but not on Ray workers
+        raise ValueError(f"{problems[0]} (this worker runs every deployment's steps on its stack's Ray at {address})")
+    return pinned
 
 
 class RunLedger:

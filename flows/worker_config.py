@@ -6,7 +6,9 @@ there, readable by its training user, writable by root only; infra/compose mount
 Prefect user sets for any run through the pool's job variables (``-jv env=...``). The system's comes first,
 so a deployment of the same code from another checkout (which may hold a file of its own beside it) on the
 team's worker is pinned by the team's. ``{"ledger": null}`` is a personal worker, whose runs are charged where
-their specs say. A deployment's run on a worker without either file is refused. A run whose job variables
+their specs say. A deployment's run on a worker without either file is refused. ``"ray"``, where the stack has
+a Ray head (PRIVZO_STACK_RAY=1), is its address: every deployment run on that worker runs its steps there, and
+on no other cluster (a spec naming another ships the rows elsewhere). A run whose job variables
 replace its command runs other code and is not held by this file; docs/design.md says what such a user can do.
 """
 from __future__ import annotations
@@ -44,16 +46,9 @@ def worker_ledger(path: Optional[Path] = None) -> Optional[str]:
                 "variable sets: start the worker with the stack (make up), which writes it; nothing was read or "
                 "charged")
     try:
-        text = path.read_text()
+        ledger = _read(path, "budget.ledger").get("ledger", "")
     except FileNotFoundError:
         return None
-    except OSError as err:  # a worker that cannot read its own configuration charges nowhere
-        raise ValueError(f"budget.ledger: this worker's configuration {path} cannot be read ({err.strerror}); "
-                         "nothing was read or charged") from None
-    try:
-        ledger = json.loads(text)["ledger"]
-    except (ValueError, KeyError, TypeError):
-        ledger = ""
     if ledger is None:  # a personal worker's
         return None
     if not isinstance(ledger, str) or not ledger.strip() or sqlite_ledger_problem(ledger):
@@ -61,6 +56,42 @@ def worker_ledger(path: Optional[Path] = None) -> Optional[str]:
                          "whose \"ledger\" is a SQLAlchemy URL, or null for a personal worker); the stack writes it "
                          "at `up`; nothing was read or charged")
     return ledger.strip()
+
+
+def worker_ray(path: Optional[Path] = None) -> Optional[str]:
+    """The address of the Ray cluster the worker's configuration names for its runs' steps (its stack's head);
+    None where it names none, or there is no configuration."""
+    path = path or worker_config()
+    if path is None:
+        return None
+    try:
+        address = _read(path, "execution.address").get("ray")
+    except FileNotFoundError:
+        return None
+    if address is None:
+        return None
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"execution.address: this worker's configuration {path} names no usable Ray cluster (its "
+                         "\"ray\" is a head's address host:port, or null); the stack writes it at `up`; nothing was "
+                         "read or charged")
+    return address.strip()
+
+
+def _read(path: Path, field: str) -> dict:
+    """The configuration's JSON object ({} where it holds none: each entry's reader says what is wrong);
+    FileNotFoundError where it went."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # a worker that cannot read its own configuration runs nothing
+        raise ValueError(f"{field}: this worker's configuration {path} cannot be read ({err.strerror}); "
+                         "nothing was read or charged") from None
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def deployment_run() -> bool:

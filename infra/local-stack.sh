@@ -49,7 +49,8 @@
 # read another role's files or /proc/PID/environ, or become PostgreSQL's superuser. It must start as root to
 # drop to them; started as anyone else it refuses, and says so.
 # PRIVZO_STACK_RAY=1 also starts a Ray head on 127.0.0.1 (PRIVZO_RAY_PORT, its dashboard and job API on
-# PRIVZO_RAY_DASHBOARD_PORT, 127.0.0.1 only).
+# PRIVZO_RAY_DASHBOARD_PORT, 127.0.0.1 only), which the worker's configuration names: every deployment run's
+# steps then run on its actors (the team's SQL nightly included), and on no other cluster.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/.venv/bin"
@@ -239,7 +240,7 @@ case "${1:-up}" in
     trap 'stop_all' EXIT  # a stack that did not come up whole is stopped, not left half running
     # flow runs name the UI their MLflow runs are browsed in (links in Prefect's logs and artifacts)
     worker_env=("PRIVZO_MLFLOW_UI_URL=http://127.0.0.1:$mlflow_port")
-    worker_ledger=""
+    worker_ledger="" worker_ray=""
     # the team's key of row fingerprints, where the operator keeps it in the environment: the worker's runs
     # key rows as the team's other machines do (else the worker's ~/.privzo/fingerprint.key)
     if [ -n "${PRIVZO_FINGERPRINT_KEY:-}" ]; then worker_env+=("PRIVZO_FINGERPRINT_KEY=$PRIVZO_FINGERPRINT_KEY"); fi
@@ -353,10 +354,16 @@ case "${1:-up}" in
       echo "$ray_temp" >"$state/ray-temp-dir"
       # the training user's: its flow runs drive the steps the head's workers run
       if [ "$team" = 1 ]; then owned "$u_train" "$ray_temp"; fi
+      # its workers read a run's rows themselves: from the team's database as the training worker does
+      # (privzo_reader, its PGPASSFILE), never the ETL's
+      if [ "$db" = postgres ]; then ray_env+=("PGPASSFILE=$state/pgpass"); fi
+      # logical CPUs for a run's default 2 workers of 1 CPU each, however few cores the machine has
+      ray_cpus=$(nproc); [ "$ray_cpus" -ge 2 ] || ray_cpus=2
       start ray-head "${as_train[@]}" "${ray_env[@]}" -- "$bin/ray" start --head --block --node-ip-address 127.0.0.1 --port "$ray_port" \
-        --dashboard-host 127.0.0.1 --dashboard-port "$ray_dashboard_port" --num-cpus 1 --disable-usage-stats \
+        --dashboard-host 127.0.0.1 --dashboard-port "$ray_dashboard_port" --num-cpus "$ray_cpus" --disable-usage-stats \
         --temp-dir "$ray_temp"
       worker_env+=("RAY_ADDRESS=127.0.0.1:$ray_port")
+      worker_ray="127.0.0.1:$ray_port"
     fi
     wait_http "http://127.0.0.1:$prefect_port/api/health" "$prefect_curl"
     # pool local: the training worker's; pool etl: the ETL's worker's (the deployments that write the team's rows)
@@ -376,8 +383,10 @@ case "${1:-up}" in
       config=$system_config
       touch "$state/system-config"  # `down` removes it
     fi
-    PRIVZO_WORKER_LEDGER="$worker_ledger" "$bin/python" -c 'import json, os, sys
-json.dump({"ledger": os.environ["PRIVZO_WORKER_LEDGER"] or None}, sys.stdout)' >"$config.tmp"
+    # and, with PRIVZO_STACK_RAY=1, the stack's Ray head, where every deployment run's steps run (and no other)
+    PRIVZO_WORKER_LEDGER="$worker_ledger" PRIVZO_WORKER_RAY="$worker_ray" "$bin/python" -c 'import json, os, sys
+json.dump({"ledger": os.environ["PRIVZO_WORKER_LEDGER"] or None, "ray": os.environ["PRIVZO_WORKER_RAY"] or None},
+          sys.stdout)' >"$config.tmp"
     if [ "$team" = 1 ]; then chown "root:$u_train" "$config.tmp" && chmod 640 "$config.tmp"; fi
     mv "$config.tmp" "$config"
     start prefect-worker "${as_train[@]}" "${worker_env[@]}" -- "$bin/prefect" worker start --pool local

@@ -316,6 +316,12 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         (finished,) = client.search_runs([client.get_experiment_by_name("digits-retrain").experiment_id])
         assert finished.info.status == "FINISHED" and finished.info.artifact_uri.startswith("mlflow-artifacts:/")
         assert finished.data.params["tracking.uri"] == server  # the resolved spec says where it went
+        # every deployment run's steps ran on the stack's Ray (the worker's configuration names its head), the
+        # team's SQL nightly too: its workers read the window from privzo_data as privzo_reader
+        head = f"127.0.0.1:{env['PRIVZO_RAY_PORT']}"
+        (nightly,) = client.search_runs([client.get_experiment_by_name("digits-stream-team").experiment_id])
+        for run in (finished, nightly):
+            assert (run.data.params["execution.backend"], run.data.params["execution.address"]) == ("ray", head)
         # the worker's ledger role, its password never logged (every MLflow reader sees the params)
         assert finished.data.params["budget.ledger"] == "postgresql+psycopg://privzo_worker:***@127.0.0.1:5432/privzo_ledger"
         assert not any(secret in str(finished.data.params) for secret in secrets.values())

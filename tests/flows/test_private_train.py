@@ -2,6 +2,7 @@
 import copy
 import json
 import os
+import re
 from pathlib import Path
 
 import dp_accounting
@@ -837,3 +838,42 @@ def test_a_team_workers_configuration_pins_its_ledger_whatever_the_runs_environm
     config.write_text('{"ledger": "sqlite:///relative.db"}')
     with pytest.raises(ValueError, match=r"^budget.ledger: this worker's configuration .* names no usable ledger"):
         worker_ledger()
+
+
+def test_a_workers_ray_runs_every_deployment_runs_steps_and_no_other_cluster(tiny_spec_dict, tmp_path, monkeypatch):
+    """Where the worker's configuration names its stack's Ray head, a deployment run's steps run on it, whatever
+    backend the spec wrote (its workers and resources as written); a spec naming another cluster is refused, as
+    is what runs locally but not on Ray workers. Without one, or for the operator's own run, the spec as
+    written."""
+    import flows.tasks as pt
+    import specs
+    from flows.worker_config import worker_ray
+
+    team, head = f"sqlite:///{tmp_path / 'team.db'}", "127.0.0.1:6390"
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({"ledger": team, "ray": head}))
+    monkeypatch.setattr("flows.worker_config.SYSTEM_WORKER_CONFIG", config)
+    monkeypatch.setattr(pt, "deployment_run", lambda: True)
+    d = copy.deepcopy(tiny_spec_dict)
+    d["budget"] = {"dataset": "team-data", "lifetime_epsilon": 10.0}
+    for written in ({}, {"backend": "local", "workers": 3}, {"backend": "ray", "address": "auto"},
+                    {"backend": "ray", "address": head, "cpus_per_worker": 0.5}):
+        pinned = pt.charged_to_the_team_ledger(specs.spec_from_dict({**d, "execution": written})).execution
+        assert (pinned.backend, pinned.address) == ("ray", head), written
+        assert pinned.workers == written.get("workers", 2) and pinned.cpus_per_worker == written.get("cpus_per_worker", 1.0)
+    for elsewhere in ("ray://10.0.0.9:10001", "127.0.0.1:6379"):
+        with pytest.raises(ValueError, match=rf"^execution.address: a deployment's run on this worker runs its steps "
+                                             rf"on the stack's Ray at {head} .* not '{re.escape(elsewhere)}'"):
+            pt.charged_to_the_team_ledger(specs.spec_from_dict({**d, "execution": {"backend": "ray", "address": elsewhere}}))
+    with pytest.raises(ValueError, match=r"^execution.device: cuda with backend ray needs gpus_per_worker > 0 .*"
+                                         rf"\(this worker runs every deployment's steps on its stack's Ray at {head}\)$"):
+        pt.charged_to_the_team_ledger(specs.spec_from_dict({**d, "execution": {"device": "cuda"}}))
+    monkeypatch.setattr(pt, "deployment_run", lambda: False)  # the operator's own run: as written
+    assert pt.charged_to_the_team_ledger(specs.spec_from_dict(d)).execution.backend == "local"
+    for entry, expected in (({"ledger": team}, None), ({"ledger": team, "ray": None}, None), ({"ledger": None, "ray": head}, head)):
+        config.write_text(json.dumps(entry))
+        assert worker_ray() == expected
+    for bad in ('{"ledger": null, "ray": 6379}', '{"ledger": null, "ray": " "}'):
+        config.write_text(bad)
+        with pytest.raises(ValueError, match=r"^execution.address: this worker's configuration .* names no usable Ray"):
+            worker_ray()
