@@ -18,7 +18,7 @@ from components.tuning import RepeatLaw
 from flows import tune as tune_flow
 from flows.cli import main
 from flows.ledger import PrivacyLedger
-from flows.record.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, TUNE, TUNE_ROWS
+from flows.record.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, PRIVZO_INIT, TUNE, TUNE_ROWS
 
 SPACE = {"optimizer.lr": [0.005, 0.02, 0.08], "mechanism.clip": [1.0, 2.0]}
 
@@ -336,6 +336,40 @@ def test_a_tuned_night_on_blocks_charges_the_search_to_every_block_of_its_window
         assert block.charges == 1 and block.committed_epsilon == pytest.approx(search, rel=1e-9)
     run = mlflow.MlflowClient(d["tracking"]["uri"]).get_run(result["run_id"])
     assert run.data.tags[PRIVZO_BLOCKS] == "2026-11-01,2026-11-02"
+
+
+def test_the_shipped_tuned_nightly_shares_the_nightlys_blocks_and_its_winner_is_retrained(prefect_server, tmp_path,
+                                                                                          monkeypatch):
+    """specs/examples/digits_stream_tune.yaml (deployment digits-stream-tune-nightly) on the shipped stream's
+    first night: its search is charged to the nightly's 7 blocks at the nightly's price (epsilon 1 for the
+    winner, the search included), and the nightly spec then retrains that night from the winner's version on
+    the same ledger, each block holding both charges within its lifetime."""
+    import yaml
+
+    from flows.private_train import private_train
+    from tests.conftest import EXAMPLES
+
+    monkeypatch.chdir(tmp_path)
+    stores = {"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "log_every": 50}}
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    raw = {}
+    for name in ("digits_stream_tune", "digits_stream"):
+        d = specs.load_spec(EXAMPLES / f"{name}.yaml").model_dump(mode="json", exclude_unset=True)
+        d.update(stores)
+        d["budget"]["ledger"] = ledger
+        raw[name] = d
+    first_night = "2026-09-08T02:00:00+00:00"
+    searched = tune_flow.private_tune(spec=raw["digits_stream_tune"], as_of=first_night)
+    assert set(searched["winner"]) == {"optimizer.lr", "mechanism.clip"}
+    blocks = PrivacyLedger(ledger).blocks("digits-stream")
+    assert [b.block for b in blocks] == [f"2026-09-0{d}" for d in range(1, 8)]
+    assert all(b.charges == 1 and b.committed_epsilon == pytest.approx(1.0, abs=1e-3) for b in blocks)
+    retrained = private_train(spec=raw["digits_stream"], as_of=first_night)
+    run = mlflow.MlflowClient(stores["tracking"]["uri"]).get_run(retrained["run_id"])
+    assert run.data.tags[PRIVZO_INIT] == f"models:/digits-stream/{searched['model_version']}"
+    blocks = PrivacyLedger(ledger).blocks("digits-stream")
+    assert all(b.charges == 2 and b.committed_epsilon <= yaml.safe_load((EXAMPLES / "digits_stream.yaml").read_text())
+               ["budget"]["lifetime_epsilon"] for b in blocks)
 
 
 def test_a_search_scored_on_the_test_rows_says_its_test_score_is_biased(tiny_spec_dict, tmp_path, monkeypatch, capsys):
