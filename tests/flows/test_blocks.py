@@ -6,6 +6,7 @@ import datetime as dt
 
 import pandas as pd
 import pytest
+import torch
 
 import specs
 from components.data import load_sklearn
@@ -186,18 +187,26 @@ def test_budget_show_with_the_spec_marks_the_next_window_and_the_retired_blocks(
 def test_a_night_on_blocks_runs_on_ray_workers_as_it_runs_locally(prefect_server, tmp_path, mlflow_db, monkeypatch):
     """With execution.backend ray, a person-level night on blocks: the driver chooses the window's rows from the
     ledger, each worker reads them again (the window's positions, no ledger) and must match their ordered digest;
-    the run commits, and the ledger's blocks and charges equal the same night run locally. A worker that reads
-    other rows (the file changed between the driver's read and its own) fails the digest."""
+    the run commits, and the ledger's blocks and charges equal the same night run locally: the same planned and
+    executed events, and (with the noise and the sampling drawn from one fixed seed on both sides, the driver's
+    generators) the same released weights to 1e-6, the workers summing their shares in another order. A worker
+    that reads other rows (the file changed between the driver's read and its own) fails the digest."""
     import ray
 
+    import components.builders as builders
     from components.builders import build_replica, load_data
+    from components.randomness import private_generator
     from flows.private_train import private_train
+    from flows.record.transcript import load_weights
     from flows.window import BlockView, Window
 
     monkeypatch.chdir(tmp_path)
+    # the tests' fixed private generators on both sides: otherwise each run draws its noise from the OS
+    monkeypatch.setattr(builders, "private_generator", lambda seed=None: private_generator(11 if seed is None else seed))
     write_stream(tmp_path / "visits.csv", days=4, persons=True)
     spec = stream_spec(tmp_path, window=2, persons=True)
     spec["tracking"]["uri"] = mlflow_db
+    spec["privacy"]["noise"] = "fast"  # a seedable generator (secure noise comes from the OS's CSPRNG)
     local = copy.deepcopy(spec)
     local["budget"]["ledger"] = f"sqlite:///{tmp_path / 'ledger-local.db'}"
     on_ray = copy.deepcopy(spec)
@@ -211,6 +220,12 @@ def test_a_night_on_blocks_runs_on_ray_workers_as_it_runs_locally(prefect_server
     ledgers = [PrivacyLedger.open(d["budget"]["ledger"]) for d in (on_ray, local)]
     assert [[(b.block, b.charges, round(b.committed_epsilon, 12)) for b in g.blocks("visits")] for g in ledgers] == \
         [[(b.block, b.charges, round(b.committed_epsilon, 12)) for b in ledgers[1].blocks("visits")]] * 2
+    charges = [ledger.history("visits") for ledger in ledgers]
+    assert [(c.status, c.steps_run, c.planned, c.executed, c.blocks) for c in charges[0]] == \
+        [(c.status, c.steps_run, c.planned, c.executed, c.blocks) for c in charges[1]]
+    weights = [torch.cat([p.detach().flatten() for p in load_weights(f"models:/visits/{r['model_version']}",
+                                                                      mlflow_db).parameters()]) for r in (ran, here)]
+    assert ran["model_version"] != here["model_version"] and float((weights[0] - weights[1]).abs().max()) <= 1e-6
 
     resolved = specs.spec_from_dict(copy.deepcopy(on_ray))
     view = BlockView(resolved, Window.for_spec(resolved, night(2)), ledger_of(resolved))
