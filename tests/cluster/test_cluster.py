@@ -272,3 +272,53 @@ def test_losing_the_head_ends_the_run_in_one_line_and_it_resumes_once_the_cluste
     assert resumed.returncode == 0, output[-3000:]
     assert "resuming tiny-digits from its checkpoint at step" in output
     _one_charge_one_run(tmp_path)
+
+
+def test_a_person_level_night_on_blocks_survives_a_killed_worker_node_and_commits_once(cluster, tmp_path):
+    """A night on blocks at person level on the cluster: its workers read the window's rows themselves (each
+    person's rows on one worker) and match the driver's digest; a worker node killed mid-run costs nothing:
+    one committed charge, one MLflow run, and the ledger's blocks equal the same night run locally."""
+    import mlflow
+
+    from flows.ledger import PrivacyLedger
+    from tests.flows.test_blocks import night, stream_spec, write_stream
+
+    write_stream(tmp_path / "visits.csv", days=4, persons=True)
+    as_of = night(2).isoformat()
+    runs = {}
+    for where in ("cluster", "local"):
+        folder = tmp_path / where
+        folder.mkdir()
+        d = stream_spec(tmp_path, window=2, persons=True)
+        d["optimizer"]["steps"] = FLOW_STEPS
+        d["tracking"] = {"uri": f"sqlite:///{folder / 'mlflow.db'}", "log_every": 20}
+        d["checkpoint"] = {"dir": str(folder / "checkpoints"), "keep": True}
+        d["budget"]["ledger"] = f"sqlite:///{folder / 'ledger.db'}"
+        d["execution"] = {"backend": "ray", "workers": 2, "address": cluster.client_address} \
+            if where == "cluster" else {"backend": "local"}
+        (folder / "spec.yaml").write_text(yaml.safe_dump(d))
+        runs[where] = folder
+    proc = _run_on_driver(cluster, runs["cluster"], str(runs["cluster"] / "spec.yaml"), "--as-of", as_of)
+    _when_checkpointed(proc, runs["cluster"], 40)
+    cluster.kill_node(2)
+    output = _finish(proc)
+    try:
+        assert proc.returncode == 0, output[-3000:]
+    finally:
+        cluster.start_node(2)
+        cluster.wait_for_nodes(3)
+    here = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(runs["local"] / "spec.yaml"), "--as-of", as_of,
+                           "--no-progress"], cwd=runs["local"], capture_output=True, text=True, timeout=400)
+    assert here.returncode == 0, here.stdout[-2000:] + here.stderr[-2000:]
+
+    ledgers = {where: PrivacyLedger(f"sqlite:///{folder / 'ledger.db'}") for where, folder in runs.items()}
+    (charge,) = ledgers["cluster"].history("visits")
+    assert charge.status == "committed" and charge.steps_run == FLOW_STEPS
+    tables = {where: [(b.block, b.charges, b.committed_epsilon) for b in ledger.blocks("visits")]
+              for where, ledger in ledgers.items()}
+    assert [b for b, _, _ in tables["cluster"]] == ["2026-11-01", "2026-11-02"]
+    assert [(b, n) for b, n, _ in tables["cluster"]] == [(b, n) for b, n, _ in tables["local"]]
+    assert [e for _, _, e in tables["cluster"]] == pytest.approx([e for _, _, e in tables["local"]], rel=1e-12)
+    client = mlflow.MlflowClient(f"sqlite:///{runs['cluster'] / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FINISHED" and run.info.run_id == charge.run_id
