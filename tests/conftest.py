@@ -11,6 +11,10 @@ import pytest
 # bench/ tests set their subprocesses' environment themselves; tests/flows/test_audit.py sets 2 threads to
 # check that the audit (which runs on 1) restores them.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ray lowers its workers to nice 15 (a driver first); beside the suite's other processes, all at nice 0, the
+# actors of every Ray test then got almost no CPU: two took 68 s to start beside 3 busy processes, 13 s at
+# nice 0 (components/runtime/ray_backend.py starts privzo's own local Ray so too)
+os.environ.setdefault("RAY_worker_niceness", "0")
 # what `privzo` sets before Prefect and MLflow are imported (no telemetry, time for Prefect's temporary
 # server), for the flows the tests call in-process too
 from flows.cli import COMMAND_ENVIRONMENT  # noqa: E402
