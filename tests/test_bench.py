@@ -140,3 +140,17 @@ def test_decoder_step_times_its_cases_on_the_smallest_decoder():
     assert out.returncode == 0, out.stderr[-2000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("| w128-l2 |"))
     assert "failed" not in row and row.count("(×") == 2, row  # regenerate and mezo, each over the floor
+
+
+@pytest.mark.e2e
+def test_ledger_load_admits_what_fits_on_postgres(tmp_path):
+    out = subprocess.run([sys.executable, "bench/ledger_load.py", "--runs", "3", "--burst", "6", "--burst-procs", "2",
+                          "--out", str(tmp_path / "load.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if out.returncode == 2 and "PostgreSQL did not start" in out.stderr:
+        pytest.skip(out.stderr.strip())
+    assert out.returncode == 0 and out.stdout.rstrip().endswith("all checks hold"), out.stdout[-2000:] + out.stderr[-2000:]
+    import json
+
+    rows = json.loads((tmp_path / "load.json").read_text())
+    assert [(r["load"], r["reservations"]) for r in rows] == [("runs at once", 3), ("burst", 6)]
+    assert all(r["admitted"] >= 1 and not r["crashes"] for r in rows)

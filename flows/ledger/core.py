@@ -23,7 +23,7 @@ import flows.ledger.migrations as migrations
 import flows.ledger.opened as opened
 import flows.ledger.roles as roles
 import flows.ledger.rows as ledger_rows
-from flows.ledger.errors import (FIXED, BlockRecordChanged, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable,
+from flows.ledger.errors import (FIXED, BlockRecordChanged, DatasetNotRegistered, LedgerUnavailable,
                                  RowsExposed, RowsUnmatched, driver_reason, identity_types_not_recorded,
                                  ids_not_migrated, shown_url)
 from flows.ledger.records import Block, Charge
@@ -468,6 +468,8 @@ class PrivacyLedger:
 
         try:
             return self._reserve(reservation)
+        except admission.NoRoom as no_room:  # its figures composed now, the dataset's lock released
+            raise no_room.refused() from None
         except DBAPIError as err:
             # a role refused a write mid-reservation (a worker re-keying a dataset's rows: the owner's act);
             # the transaction rolled back, so nothing was written
@@ -554,8 +556,8 @@ class PrivacyLedger:
                blocks: Optional[Sequence[BlockTerms]], next_block: Optional[str] = None,
                when: Optional[Callable[[List[str]], str]] = None):
         """The window's block rows (new ones added to ``session``) and the planned run's epsilon, if every block
-        can take ``planned``; raises ``BudgetExceeded`` (or ValueError) otherwise. Reads and adds the rows; what
-        fits is ``admission``'s."""
+        can take ``planned``; raises ``admission.NoRoom`` (its caller makes the refusal once the lock is released)
+        or ValueError otherwise. Reads and adds the rows; what fits is ``admission``'s."""
         dataset = ds.dataset
         increment = admission.planned_increment(ds, planned)  # planned once, added to every block
         requested = increment.epsilon(ds.delta)
@@ -578,7 +580,7 @@ class PrivacyLedger:
                 full.append(over)
             window.append(row)
         if full:
-            raise admission.refusal(dataset, ds.accountant, planned, requested, full, next_block, when)
+            raise admission.NoRoom(dataset, ds.accountant, planned, requested, full, next_block, when)
         return window, requested
 
     def blocks_with_room(self, dataset: str, candidates: Sequence[BlockTerms], planned: dp_accounting.DpEvent,
@@ -597,7 +599,7 @@ class PrivacyLedger:
                     continue
                 try:
                     self._admit(session, ds, planned, [terms])
-                except (BudgetExceeded, ValueError):
+                except (admission.NoRoom, ValueError):
                     continue
                 chosen.append(terms.block)
             session.rollback()  # blocks _admit added are registered by the reservation, not here
@@ -611,6 +613,8 @@ class PrivacyLedger:
             if ds is not None:
                 try:
                     self._admit(session, ds, planned, blocks, next_block)
+                except admission.NoRoom as no_room:  # no lock here: a read
+                    raise no_room.refused() from None
                 finally:
                     session.rollback()
 
