@@ -175,6 +175,8 @@ def simulate(spec_path: str, nights: int, first: Optional[dt.date] = None,
     """``nights`` nights of the spec at 02:00 UTC from ``first`` (default: the first night whose window is
     full), on a ledger, MLflow store and stream file of their own in ``folder`` (a new temporary folder by
     default). Returns the nights and the blocks as the ledger has them after the last night."""
+    import mlflow
+
     from flows.ledger import PrivacyLedger
     from flows.private_train import private_train
 
@@ -192,6 +194,12 @@ def simulate(spec_path: str, nights: int, first: Optional[dt.date] = None,
     d["tracking"]["uri"] = f"sqlite:///{folder / 'mlflow.db'}"
     d["budget"]["ledger"] = f"sqlite:///{folder / 'ledger.db'}"
     d["checkpoint"]["dir"] = str(folder / "checkpoints")
+    # the runs' artifacts in the folder too: a SQLite store's new experiment otherwise keeps them in ./mlruns
+    # of wherever simulate was started
+    client = mlflow.MlflowClient(d["tracking"]["uri"])
+    experiment = spec.tracking.experiment or spec.name
+    if client.get_experiment_by_name(experiment) is None:
+        client.create_experiment(experiment, artifact_location=(folder / "mlruns").resolve().as_uri())
     first = first or STREAM_START + dt.timedelta(days=spec.budget.window.blocks)
     played: List[Night] = []
     for n in range(nights):

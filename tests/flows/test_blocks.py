@@ -360,6 +360,8 @@ def test_simulate_plays_nights_of_the_shipped_stream_example(prefect_server, tmp
     charges = {b.block: b.charges for b in played["blocks"]}
     assert charges == {**{f"2026-09-0{d}": 2 for d in range(2, 8)}, "2026-09-01": 1, "2026-09-08": 1}
     assert played["spent"] <= played["lifetime"]
+    # everything in its folder: the runs' artifacts too, none in the working directory
+    assert not (tmp_path / "mlruns").exists() and len(list((tmp_path / "sim" / "mlruns").glob("*/*/artifacts"))) == 2
     # the example is person level: one patient, whatever their visits, is one Poisson-sampled unit of
     # sensitivity C at rate expected_batch_size / (declared persons x window), so a patient's loss on a block
     # read by k runs is k runs' composition; computed here from dp-accounting alone, from the spec's public
