@@ -60,10 +60,19 @@ def test_audit_refuses_in_one_line_and_creates_nothing(tmp_path, change, args, m
 
 
 @pytest.mark.e2e
-def test_audit_flow_logs_audit_tags_and_a_report(prefect_server, mlflow_db):
+def test_audit_flow_logs_audit_tags_and_a_report(prefect_server, mlflow_db, monkeypatch):
     import torch
 
+    import components.audit.run as audit_run
+    import components.builders as builders
+    from components.randomness import private_generator
     from flows.audit import privacy_audit
+
+    # the canaries' inclusion and the run's noise from fixed seeds: a 95% lower bound from fresh noise lies
+    # above the claim in up to 1 run of 20 by design (seen once in CI: 0.556 over 0.521), which says nothing
+    # of the plumbing this test checks; tests/components/ hold the audit's statistics
+    for module in (audit_run, builders):
+        monkeypatch.setattr(module, "private_generator", lambda seed=None: private_generator(13 if seed is None else seed))
 
     uri = mlflow_db
     threads = torch.get_num_threads()
