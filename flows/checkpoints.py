@@ -7,6 +7,7 @@ un-noised sum or a private generator's state (from which past noise could be rec
 """
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -14,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from specs.refusal import RuntimeRefusal
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -187,13 +188,32 @@ class CheckpointStore:
         return max(runs, key=lambda p: p.stat().st_mtime).parent.name
 
 
-class Checkpointer:
-    """Saves a loop's trajectory after each chunk and rewinds to it when a chunk is retried."""
+def charged_through(tracker, from_step: int, until: int) -> Tuple[object, int]:
+    """What a run is charged if it dies before step ``until`` of a chunk begun at ``from_step``: the event and
+    privacy steps of its tracker with every step of the chunk executed (restarts and a filter's spend as the
+    chunk's intent counts them, ``CheckpointStore.load``). Computed on a copy: the tracker is not moved."""
+    from components.accountants.accounting import SelectionTracker
 
-    def __init__(self, store: CheckpointStore, binding: dict, last: Optional[dict] = None):
+    selected = isinstance(tracker, SelectionTracker)  # a search's candidate: released as the best of K such runs
+    counted = tracker.inner if selected else tracker
+    ahead = copy.copy(counted)
+    ahead.steps = counted.steps + max(0, int(until) - int(from_step))
+    if isinstance(counted, CountsStarts):
+        ahead.starts = counted.starts + starts_in(counted.period, from_step, until)
+    return (tracker.select(ahead.event()) if selected else ahead.event()), ahead.steps
+
+
+class Checkpointer:
+    """Saves a loop's trajectory after each chunk and rewinds to it when a chunk is retried. ``bound(event,
+    steps)``: called before each chunk's first private query with what a death inside it is charged (the
+    run session's lease renewal, ``RunSession.bound``), raising to stop the chunk before it queries."""
+
+    def __init__(self, store: CheckpointStore, binding: dict, last: Optional[dict] = None,
+                 bound: Optional[Callable[[object, int], None]] = None):
         self.store = store
         self.binding = binding  # spec digest, data fingerprint, ledger charge, MLflow run
         self.last = last  # the loop state of the last checkpoint written
+        self.bound = bound
 
     def save(self, loop) -> None:
         state = loop.state_dict()
@@ -209,6 +229,8 @@ class Checkpointer:
         if isinstance(loop.tracker, PrivacyFilter):  # a filter: every step of the chunk at its most
             intent.update(privacy_spent=loop.tracker.spent, step_cost_bound=loop.tracker.step_cost_bound)
         self.store.write_intent(intent)
+        if self.bound is not None:  # the ledger holds the chunk's bound before its first query, or it stops here
+            self.bound(*charged_through(loop.tracker, loop.step, until))
 
     def rewind(self, loop) -> int:
         """Back to the last checkpoint after a failed attempt; the steps the attempt spent stay charged

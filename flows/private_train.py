@@ -63,9 +63,12 @@ def _worth_retrying(_task, _task_run, state) -> bool:
     spend more of the budget; crashes of workers or stores are retried."""
     from components.runtime.loop import NonFiniteError
 
+    from flows.ledger.leases import LeaseLost
+
     err = getattr(state, "data", None)
-    # a lost cluster stays lost for the seconds a retry takes; the run ends, and resumes once it is back
-    return not isinstance(err, NonFiniteError) and not cluster_lost(err)
+    # a lost cluster stays lost for the seconds a retry takes; the run ends, and resumes once it is back. A
+    # lost lease is final: the charge was settled
+    return not isinstance(err, (NonFiniteError, LeaseLost)) and not cluster_lost(err)
 
 
 def cluster_lost(err: Any) -> bool:
@@ -187,7 +190,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         else:
             run_id = open_run(resolved, plan.sampling_rate, data, built.loop.backend.directions.dim, str(built.device))
         checkpointer = Checkpointer(store, checkpoint_binding(resolved, fingerprint, session.charge_id, run_id, built, view),
-                                    saved["loop"] if saved else None)
+                                    saved["loop"] if saved else None, bound=session.bound)
         session.track(checkpointer, run_id)
         get_run_logger().info("run key %s: checkpoints in %s (after a crash: %s run %s --resume %s)",
                               store.key, store.dir, tool("privzo"), spec_path or "SPEC", store.key)

@@ -29,11 +29,13 @@ Used as a context manager, the session settles itself however its block is left:
 - ``store``: ``write_reservation(charge_id, ledger_url)``, ``remove()``, ``mark_finished()``, ``unlock()``
   (a locked ``flows.checkpoints.CheckpointStore``);
 - ``ledger``: ``url``, ``reserve(charge_id)``, ``abort(charge_id)``, ``commit(charge_id, loop, run_id)``
-  returning the dataset's budget left;
+  returning the dataset's budget left, ``renew(charge_id, bound=None, planned=False, run_id=None)`` (the
+  reservation's lease: ``flows.ledger.leases``), raising ``LeaseLost`` once the charge is no longer reserved;
 - the ``checkpointer`` given to ``track``: ``record_spent(loop)`` (a ``flows.checkpoints.Checkpointer``).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Optional
 
 RESERVED, RUNNING = "reserved", "running"
@@ -79,10 +81,16 @@ class RunSession:
     that holds a charge and is not kept for resume is settled exactly once, and the folder is unlocked once.
     A state is entered before its effects run, so an effect that raises (an unreachable ledger) propagates
     and nothing is settled a second time; the folder then stays as it is, locked until the process exits.
+
+    While it holds a charge and is not settled, a heartbeat thread renews the reservation's lease every
+    ``renew_every`` seconds; ``start`` records the planned run whole as the charge's bound, and ``bound``
+    (each chunk, before its first query) what a death inside that chunk is charged. A dead process's lease
+    runs out and the next reservation on the dataset settles it at its bound (``flows.ledger.leases``).
     """
 
     def __init__(self, store: Any, ledger: Any, *, charge_id: Optional[str] = None, resumed: bool = False,
-                 keep: bool = False, resumable: Callable[[BaseException], bool] = _never):
+                 keep: bool = False, resumable: Callable[[BaseException], bool] = _never,
+                 renew_every: Optional[float] = None):
         """``charge_id``: a resumed run's reservation (a new run's comes from ``reserve``). ``keep``: a completed
         run's folder is marked finished rather than removed. ``resumable(err)``: an error after which the run
         stays resumable under its reservation (``flows.private_train.cluster_lost``)."""
@@ -95,22 +103,69 @@ class RunSession:
         self.checkpointer: Any = None
         self.left: Optional[float] = None  # the dataset's budget left, once a charge is committed
         self._entered = False
+        if renew_every is None:
+            from flows.ledger.leases import lease_seconds
+
+            renew_every = lease_seconds() / 5
+        self.renew_every = renew_every
+        self.lease_lost: Optional[BaseException] = None  # what the heartbeat's renewal met, once the charge was lost
+        self._stop = threading.Event()
+        self._heartbeat: Optional[threading.Thread] = None
 
     # ---------------------------------------------------------------- context manager
     def __enter__(self) -> "RunSession":
         if self._entered or self.state != RESERVED:
             raise IllegalTransition(f"run session: entered in state {self.state}; a session is used once")
         self._entered = True
+        if self.charge_id is not None:  # a resumed run's reservation: held from here
+            self._beat()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self.state in TERMINAL:
-            return False  # settled inside the block (or by an effect that raised): never twice
-        if exc is None and self.state == RUNNING:
-            self.commit()
-        else:  # an error, an interrupt, or a block left before it started: nothing completed
-            self.fail(exc)
-        return False  # the error propagates
+        try:
+            if self.state in TERMINAL:
+                return False  # settled inside the block (or by an effect that raised): never twice
+            if exc is None and self.state == RUNNING:
+                self.commit()
+            else:  # an error, an interrupt, or a block left before it started: nothing completed
+                self.fail(exc)
+            return False  # the error propagates
+        finally:
+            self._stop.set()
+
+    # ---------------------------------------------------------------- the lease
+    def _beat(self) -> None:
+        """Renew the lease now and then every ``renew_every`` seconds, until the session is settled."""
+        if self._heartbeat is not None:
+            return
+        charge_id = self.charge_id
+
+        def beat() -> None:
+            while not self._stop.wait(self.renew_every):
+                if self.state in TERMINAL:
+                    return
+                try:
+                    self.ledger.renew(charge_id)
+                except Exception as err:  # noqa: BLE001 - a lost charge ends the beat; a ledger away is retried
+                    if self.state in TERMINAL:
+                        return
+                    if type(err).__name__ == "LeaseLost":
+                        self.lease_lost = err
+                        return
+
+        self._heartbeat = threading.Thread(target=beat, name=f"privzo-lease-{charge_id}", daemon=True)
+        self._heartbeat.start()
+
+    def bound(self, event: Any, steps: int) -> None:
+        """Before a chunk's first private query: the ledger records ``event`` over ``steps`` as what this run
+        is charged if it dies before its next bound, and renews the lease; raises ``LeaseLost`` (the chunk then
+        makes no query) where the charge is no longer reserved."""
+        self._require(RUNNING, "bound")
+        if self.charge_id is None:
+            return
+        if self.lease_lost is not None:
+            raise self.lease_lost
+        self.ledger.renew(self.charge_id, bound=(event, steps))
 
     # ---------------------------------------------------------------- transitions
     def reserve(self, charge_id: str) -> None:
@@ -126,11 +181,14 @@ class RunSession:
         self.charge_id = charge_id
         self.store.write_reservation(charge_id, self.ledger.url)
         self.ledger.reserve(charge_id)
+        self._beat()
 
     def start(self, loop: Any, run_id: Optional[str] = None) -> None:
         """From here private steps may run: every exit charges what ``loop`` executed (or keeps the
         reservation for a resume), and the reservation is never released."""
         self._require(RESERVED, "start")
+        if self.charge_id is not None:  # until the first chunk's bound: the planned run whole
+            self.ledger.renew(self.charge_id, planned=True, run_id=run_id)
         self.state, self.loop, self.run_id = RUNNING, loop, run_id
 
     def track(self, checkpointer: Any, run_id: Optional[str]) -> None:
@@ -139,6 +197,8 @@ class RunSession:
         if self.checkpointer is not None:
             raise IllegalTransition("run session: track: the run's checkpointer is already set")
         self.checkpointer, self.run_id = checkpointer, run_id
+        if self.charge_id is not None and run_id is not None:  # a settlement after a death names the run
+            self.ledger.renew(self.charge_id, run_id=run_id)
 
     def commit(self, *, finished: bool = True) -> Optional[float]:
         """Charge the steps executed; returns the dataset's budget left (None without a charge). ``finished``:
@@ -190,6 +250,13 @@ class RunSession:
         executed are committed, unless the run can go on: a ``resumable`` error (a lost cluster) once its
         checkpoint exists, or a run without a charge, which keeps its checkpoint."""
         self._require((RESERVED, RUNNING), "fail")
+        if self.state == RUNNING and self.charge_id is not None and type(err).__name__ == "LeaseLost":
+            # the ledger settled the charge at this run's bound after its lease ran out: nothing is left to
+            # settle, and a settled charge cannot be resumed
+            self.state = COMMITTED
+            self.store.remove()
+            self.store.unlock()
+            return
         if self.state == RESERVED:
             if self.resumed:
                 self.keep_for_resume()

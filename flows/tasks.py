@@ -231,6 +231,10 @@ class RunLedger:
     def abort(self, charge_id: str) -> None:
         self.budget.ledger.abort(charge_id)
 
+    def renew(self, charge_id: str, bound=None, planned: bool = False, run_id: Optional[str] = None) -> None:
+        """The reservation's lease (``PrivacyLedger.renew``): not a task, a heartbeat renews it in the background."""
+        self.budget.ledger.renew(charge_id, bound=bound, planned=planned, run_id=run_id)
+
     def commit(self, charge_id: str, loop, run_id: Optional[str]) -> float:
         """Charge what ``charged`` says of the run, whatever happened; returns the dataset's budget left."""
         spec = self.plan.spec

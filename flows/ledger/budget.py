@@ -30,8 +30,14 @@ class Budget:
     def for_spending(cls, spec: "specs.RunSpec") -> Optional["Budget"]:
         """The budget of a run of ``spec`` (None without a budget section): its ledger signed in, granted what a
         charge writes and holding the dataset under the spec's terms (``ledger_for_spending``), refused in one
-        line otherwise."""
+        line otherwise. Reservations on the dataset whose lease ran out are settled first (``settle_expired``),
+        so the run's window and admission see the budget a dead run no longer holds."""
         if spec.budget is None:
             return None
+        from flows.ledger.leases import lease_seconds
+
+        lease_seconds()  # a bad PRIVZO_LEASE_SECONDS is refused here, before any row is read
         terms = DatasetTerms.of(spec)
-        return cls(ledger_for_spending(spec.budget.ledger, terms), spec.budget.ledger, terms)
+        ledger = ledger_for_spending(spec.budget.ledger, terms)
+        ledger.settle_expired(terms.dataset)
+        return cls(ledger, spec.budget.ledger, terms)

@@ -11,12 +11,12 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 
 from flows.ledger.integrity import install_rules
-from flows.ledger.schema import (TERM_COLUMNS, BlockRow, DatasetRow, LedgerBase, PrivateRowRow, PromotionBase,
-                                 RowBlockRow)
+from flows.ledger.schema import (LEASE_COLUMNS, TERM_COLUMNS, BlockRow, ChargeRow, DatasetRow, LedgerBase, PrivateRowRow,
+                                 PromotionBase, RowBlockRow)
 
 
 def prepare(engine: Engine) -> bool:
-    """Create the tables that are missing and migrate (``migrate``); whether the terms columns are there."""
+    """Create the tables that are missing and migrate (``migrate``); whether the terms and lease columns are there."""
     if engine.dialect.name == "postgresql":
         # first use by several runs at once: one creates the tables, the others then find them
         with engine.begin() as conn:
@@ -37,12 +37,14 @@ def owns_tables(conn) -> bool:  # noqa: ANN001 - a SQLAlchemy connection
 
 def migrate(engine: Engine, conn) -> bool:  # noqa: ANN001 - a SQLAlchemy connection in a transaction
     """Bring a ledger an earlier privzo made up to these tables (the datasets' block terms, the indexes the
-    checks across datasets use); whether the terms columns are there. A SQLite file is migrated by
+    checks across datasets use, the charges' leases); whether the terms and lease columns are there. A SQLite file is migrated by
     whoever may write it; a PostgreSQL ledger only by its tables' owner, as ``grant`` migrates it, so a
     worker's or viewer's open leaves it as it is (they then read it, and a worker's run is refused
     until the owner has opened it once)."""
     have = {c["name"] for c in sa_inspect(conn).get_columns(DatasetRow.__tablename__)}
-    missing = [c for c in TERM_COLUMNS if c not in have]
+    leased = {c["name"] for c in sa_inspect(conn).get_columns(ChargeRow.__tablename__)}
+    missing = [(DatasetRow, c) for c in TERM_COLUMNS if c not in have] + \
+        [(ChargeRow, c) for c in LEASE_COLUMNS if c not in leased]
     if engine.dialect.name == "sqlite":
         path = engine.url.database
         if path and not os.access(path, os.W_OK):
@@ -50,9 +52,9 @@ def migrate(engine: Engine, conn) -> bool:  # noqa: ANN001 - a SQLAlchemy connec
     elif engine.dialect.name == "postgresql":
         if not owns_tables(conn):
             return not missing
-    for name in missing:  # nullable: the datasets already registered keep NULL until they adopt terms
-        kind = DatasetRow.__table__.c[name].type.compile(conn.dialect)
-        conn.execute(text(f"ALTER TABLE {DatasetRow.__tablename__} ADD COLUMN {name} {kind}"))
+    for row, name in missing:  # nullable: registered datasets keep NULL until they adopt terms, charges their lease
+        kind = row.__table__.c[name].type.compile(conn.dialect)
+        conn.execute(text(f"ALTER TABLE {row.__tablename__} ADD COLUMN {name} {kind}"))
     for table in (PrivateRowRow.__table__, RowBlockRow.__table__):
         for index in table.indexes:
             index.create(conn, checkfirst=True)

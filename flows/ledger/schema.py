@@ -16,7 +16,8 @@ NO_BLOCKS = "none"  # DatasetRow.blocks of a dataset registered without blocks (
 # update. Nothing may be deleted, a dataset's terms are the owner's (privzo_datasets is not here), and a
 # block's terms are fixed by its foreign key; rows keep the block they were first seen in.
 WORKER_GRANTS: Dict[str, tuple] = {
-    "privzo_charges": ("status", "executed_event", "steps_run", "run_id", "updated_at"),
+    "privzo_charges": ("status", "executed_event", "steps_run", "run_id", "updated_at", "lease_until", "bound_event",
+                       "bound_steps"),
     "privzo_charge_blocks": (),
     "privzo_blocks": ("committed", "committed_epsilon"),
     "privzo_private_rows": (),
@@ -124,6 +125,16 @@ class ChargeRow(LedgerBase):
     planned_epsilon = Column(Float, nullable=False)
     created_at = Column(DateTime, nullable=False)
     updated_at = Column(DateTime, nullable=False)
+    # a reservation's lease (docs/design.md, Leases): the run renews it while it lives, and before each
+    # chunk's first private query records what it is charged if it dies in that chunk (bound_event over
+    # bound_steps; NULL: no private query yet). Added to ledgers made before them by migrations.migrate,
+    # so nullable, and deferred: a role reading a PostgreSQL ledger its owner has not migrated still reads it.
+    lease_until = deferred(Column(DateTime, nullable=True), group="lease")
+    bound_event = deferred(Column(Text, nullable=True), group="lease")
+    bound_steps = deferred(Column(Integer, nullable=True), group="lease")
+
+
+LEASE_COLUMNS = ("lease_until", "bound_event", "bound_steps")
 
 
 def utc_now() -> dt.datetime:

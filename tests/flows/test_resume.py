@@ -330,3 +330,33 @@ def test_a_run_killed_before_its_first_checkpoint_releases_its_reservation(prefe
     released, charge = ledger.history("digits-patients")
     assert (released.id, released.status) == (orphan.id, "aborted") and charge.status == "committed"
     assert ledger.spent("digits-patients") == pytest.approx(charge.planned_epsilon)  # one run, not two
+
+
+def test_a_killed_runs_reservation_is_settled_at_its_bound_after_its_lease_and_the_next_run_fits(
+        prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
+    """SIGKILL mid-run, then nothing resumes it (a scheduled run's next night has another key). While its lease
+    is live, its reservation holds the planned run and the next run does not fit; once the lease ran out, the
+    next run settles it at the bound the killed run recorded, never below what its checkpoint and intent show
+    it may have run, and is admitted."""
+    from flows.checkpoints import CheckpointStore
+    from flows.ledger import BudgetExceeded, PrivacyLedger
+    from flows.private_train import private_train
+
+    monkeypatch.setenv("PRIVZO_LEASE_SECONDS", "4")
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tiny_spec_dict, tmp_path, private=True, tracking_uri=mlflow_db)
+    spec["budget"]["lifetime_epsilon"] = 2.6  # one planned run (epsilon 2) and a cut one, not two planned ones
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    key = _kill_after(spec, spec_path, tmp_path, step=150, api_url=prefect_server)
+    may_have_run = CheckpointStore(spec["checkpoint"]["dir"], spec["name"], key).load()["loop"]["privacy_steps"]
+    ledger = PrivacyLedger(spec["budget"]["ledger"])
+    ((dead, _run, _created, _until, bound, planned),) = ledger.open_reservations("digits-patients")
+    assert may_have_run <= bound < planned
+    with pytest.raises(BudgetExceeded):  # its lease is live: it holds its planned run
+        private_train(spec=yaml.safe_load(spec_path.read_text()))
+    time.sleep(4.5)
+    out = private_train(spec=yaml.safe_load(spec_path.read_text()))
+    settled, charge = ledger.history("digits-patients")  # oldest first; the refused run wrote nothing
+    assert (settled.id, settled.status, settled.steps_run) == (dead, "committed", bound)
+    assert charge.status == "committed" and charge.run_id == out["run_id"]

@@ -45,6 +45,7 @@ class World:
         self.events = list(events)
         self.refuse, self.commit_fails = refuse, commit_fails
         self.reserved: set = set()
+        self.renewals: List[tuple] = []
         self.store, self.ledger = FakeStore(self), FakeLedger(self)
         self.loop = SimpleNamespace(tracker=SimpleNamespace(steps=0))
         self.session: Optional[RunSession] = None
@@ -101,6 +102,9 @@ class FakeLedger:
 
     def abort(self, charge_id):
         self.world.log.append(("abort", charge_id))
+
+    def renew(self, charge_id, bound=None, planned=False, run_id=None):
+        self.world.renewals.append((charge_id, bound, planned, run_id))
 
     def commit(self, charge_id, loop, run_id):
         self.world.log.append(("commit", charge_id, loop.tracker.steps, run_id))

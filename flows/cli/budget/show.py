@@ -8,6 +8,7 @@ import sys
 import specs
 from flows.cli.budget.parsing import action_parser
 from flows.cli.common import fail
+from flows.ledger.errors import shown_url
 
 # what a reader looking for a dataset that is not there is told of where datasets come from
 NOT_CHARGED = ("a dataset is in the ledger its runs name in budget.ledger, registered by its owner (privzo budget "
@@ -26,14 +27,14 @@ def add_parsers(actions) -> None:
 
 
 def show(args) -> int:
-    return _read(args, _show)
+    return read_ledger(args, _show)
 
 
 def history(args) -> int:
-    return _read(args, _history)
+    return read_ledger(args, _history)
 
 
-def _read(args, action) -> int:
+def read_ledger(args, action) -> int:
     """``action(args, ledger)`` on the ledger ``--ledger`` names, opened to read: a mistyped SQLite path is not
     created, and a database that cannot be read is refused in one line."""
     from sqlalchemy.engine import make_url
@@ -108,7 +109,34 @@ def _show(args, ledger) -> int:
     # composition is not subtraction: what is left depends on the next run's shape
     print("a next run shaped like the last one (its steps and sampling, more noise) fits up to epsilon "
           f"{shown(fits)}" if fits is not None else "no run shaped like the last one fits the blocks it read")
+    for line in open_reservation_lines(args, ledger):
+        print(line)
     return _checked(args, ledger) if args.check else 0
+
+
+def open_reservation_lines(args, ledger) -> list:
+    """One line per reservation still open: a run in progress (its lease live), a run that died (its lease
+    ran out: what settles it, and the command), or one without a lease (an earlier privzo's: its resume)."""
+    from flows.ledger.schema import utc_now
+
+    found = ledger.open_reservations(args.dataset)
+    if not found:
+        return []
+    now, lines = utc_now(), [f"{len(found)} open reservation{'s' if len(found) != 1 else ''}:"]
+    for charge_id, run, created, until, bound, planned in found:
+        head = f"  {charge_id} run {run!r}, reserved {created:%Y-%m-%d %H:%M:%S} UTC: "
+        if until is None:
+            lines.append(head + "no lease (reserved by an earlier privzo); it counts its planned run until its run is "
+                         f"resumed: privzo run SPEC --resume latest")
+        elif until >= now:
+            lines.append(head + f"running, its lease renewed until {until:%H:%M:%S} UTC")
+        else:
+            at = ("released: it recorded no private query" if bound is None
+                  else f"committed at its recorded bound, {bound} of {planned} steps")
+            lines.append(head + f"its run died (lease ran out at {until:%Y-%m-%d %H:%M:%S} UTC); the next reservation "
+                         f"on the dataset settles it ({at}), or now: privzo budget settle {args.dataset} "
+                         f"--ledger {shown_url(args.ledger)}")
+    return lines
 
 
 def _history(args, ledger) -> int:
