@@ -319,8 +319,8 @@ def test_on_postgresql_only_the_owner_fixes_a_legacy_datasets_terms(postgres_url
         owner.engine.dispose()
         terms = DatasetTerms("legacy", 4.0, DELTA, "rdp", "add_remove", "day", None, 100)
         assert PrivacyLedger(worker_url).blocks("legacy")[0].block == "2026-11-01"  # reading still works
-        with pytest.raises(LedgerUnavailable, match=r"its tables predate the dataset terms it keeps; its owner adds "
-                                                    r"them by opening it once"):
+        with pytest.raises(LedgerUnavailable, match=r"its tables predate the dataset terms and reservation leases it "
+                                                    r"keeps; its owner adds them by opening it once"):
             ledger_for_spending(worker_url, terms)
         PrivacyLedger(postgres_url).engine.dispose()  # the owner's open migrates
         with pytest.raises(DatasetNotRegistered, match=r"^budget.dataset: 'legacy' has no block terms yet \(it was "
