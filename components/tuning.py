@@ -98,7 +98,10 @@ def _gamma(eta: float, mean: float) -> float:
 
 
 def selection_event(tune: TuneSpec, candidate: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
-    """The search's event: the best of K runs of ``candidate``, K drawn from the tune's law."""
+    """The search's event: the best of K runs of ``candidate``, K drawn from the tune's law. A rehearsal whose
+    pick is then trained once (``then: train``) plans that one run: the pick read public rows only."""
+    if tune.then == "train":
+        return candidate
     return dp_event.RepeatAndSelectDpEvent(candidate, float(tune.candidates.mean),
                                           tune.candidates.accounting_shape)
 
@@ -168,16 +171,65 @@ def better(score: str, a: float, b: float) -> bool:
 
 def plan_lines(tune: TuneSpec, candidate_epsilon: float, total_epsilon: float, delta: float) -> List[str]:
     """``privzo validate``'s and ``calibrate``'s tune plan: K's law, one candidate's epsilon, the total."""
-    law = RepeatLaw(tune.candidates)
     grid = tune.settings()
+    fields = ", ".join(tune.space)
+    if tune.then == "train":
+        return [f"tune: a rehearsal of {len(grid)} settings of {fields} on the public rows ({tune.folds} folds, "
+                f"{tune.score.metric} on the {tune.score.split} rows; nothing charged), then its pick trained once on "
+                f"the private rows: ({total_epsilon:.4g}, {delta:.3g})-DP, the run's own"]
+    law = RepeatLaw(tune.candidates)
     big = max(1, math.ceil(3 * law.mean))
+    among = f"the rehearsal's best {min(tune.top, len(grid))} of {len(grid)}" if tune.then == "search" else \
+        f"{len(grid)}"
     return [
-        f"tune: the best of K candidates over {len(grid)} settings of {', '.join(tune.space)}, scored by "
+        *([f"tune: a rehearsal of every setting on the public rows first ({tune.folds} folds; nothing charged)"]
+          if tune.then == "search" else []),
+        f"tune: the best of K candidates over {among} settings of {fields}, scored by "
         f"{tune.score.metric} on the {tune.score.split} rows; K ~ {law.describe()}, P(K > {big}) = {law.tail(big):.3g}"
         + ("; K = 0 (nothing released) with probability " + f"{law.pmf(0):.3g}" if math.isinf(law.shape) else ""),
         f"tune: each candidate ({candidate_epsilon:.4g}, {delta:.3g})-DP alone; the released winner, the selection "
         f"included, ({total_epsilon:.4g}, {delta:.3g})-DP",
     ]
+
+
+# the laws `privzo validate` compares at a spec's E[K]: each with its shape, the spec's own added when it is another
+COMPARED_LAWS = ({"distribution": "poisson"}, {"distribution": "geometric"}, {"distribution": "logarithmic"},
+                 {"distribution": "truncated_negative_binomial", "shape": 0.5})
+
+
+def sigma_by_law(spec, calibrate: Callable) -> List[Tuple[RepeatLaw, float]]:
+    """sigma for ``spec``'s search under each law of K at its E[K] (``calibrate(spec)``: the calibrated sigma of a
+    spec), the spec's own law among them: a public function of the spec, so choosing the cheapest costs nothing."""
+    tune = spec.tune
+    own = tune.candidates.model_dump(exclude_none=True)
+    laws = [dict(law, mean=tune.candidates.mean) for law in COMPARED_LAWS
+            if not (law["distribution"] == "logarithmic" and tune.candidates.mean <= 1)]
+    if {k: v for k, v in own.items() if k != "mean"} not in COMPARED_LAWS:
+        laws.append(own)
+    out = []
+    for law in laws:
+        repeat = RepeatSpec(**law)
+        varied = spec.model_copy(update={"tune": tune.model_copy(update={"candidates": repeat})})
+        out.append((RepeatLaw(repeat), float(calibrate(varied))))
+    return out
+
+
+def law_lines(spec, calibrate: Callable) -> List[str]:
+    """``privzo validate``'s comparison: sigma under each law at the spec's E[K] and its tail, the cheapest named."""
+    compared = sigma_by_law(spec, calibrate)
+    mean = spec.tune.candidates.mean
+    big = max(1, math.ceil(3 * mean))
+    cheapest = min(compared, key=lambda pair: pair[1])
+    own = RepeatLaw(spec.tune.candidates).describe()
+    lines = [f"tune: sigma at E[K] = {mean:g} by the law of K (a larger sigma is more noise in every candidate):"]
+    for law, sigma in compared:
+        lines.append(f"  {law.describe()}: sigma {sigma:.4g}, P(K > {big}) = {law.tail(big):.3g}"
+                     + ("  <- the spec's" if law.describe() == own else ""))
+    lines.append(f"tune: the cheapest at this mean is {cheapest[0].describe()}"
+                 + (" (the spec's)" if cheapest[0].describe() == own else
+                    f"; the spec's needs {dict((l.describe(), s) for l, s in compared)[own] / cheapest[1]:.3g}x that "
+                    "sigma"))
+    return lines
 
 
 def winner(scores: List[Tuple[int, float]], metric: str) -> Optional[int]:
@@ -190,47 +242,80 @@ def winner(scores: List[Tuple[int, float]], metric: str) -> Optional[int]:
 
 
 # ---------------------------------------------------------------- the rehearsal on public rows (tune.rows: public)
-REHEARSAL_SCORED = 0.25  # the public rows held out to score each setting; the rest train it
-
-
-def rehearsal_rows(data, seed: int):
-    """The rehearsal's rows, all public: a public-seeded quarter of the public split held out (it scores the
-    settings when score.split is public, and guides a public-guided estimator), the rest trained on as the
-    private rows would be. The private rows are not in it."""
+def rehearsal_rows(data, seed: int, fold: int = 0, folds: int = 4):
+    """One fold of the rehearsal's rows, all public: the public split in ``folds`` public-seeded parts, part
+    ``fold`` held out (it scores the settings when score.split is public, and guides a public-guided
+    estimator), the others trained on as the private rows would be. Over the folds every public row is held
+    out once. The private rows are not in it."""
     import numpy as np
 
     from components.data.split import Part, SplitData
     from components.randomness import STREAM_REHEARSAL, public_seed
 
     public = data.public
-    if len(public) < 8:
-        raise ValueError(f"tune.rows: public needs public rows to train and score the settings on, and the split has "
-                         f"{len(public)}; give data.split a larger public fraction, or tune rows: private")
+    if len(public) < max(8, 2 * folds):
+        raise ValueError(f"tune.rows: public needs public rows to train and score the settings on ({folds} folds of "
+                         f"at least 2), and the split has {len(public)}; give data.split a larger public fraction, "
+                         "fewer tune.folds, or tune rows: private")
     order = np.random.default_rng(public_seed(seed, STREAM_REHEARSAL)).permutation(len(public))
-    held = max(1, int(round(REHEARSAL_SCORED * len(public))))
+    parts = np.array_split(order, folds)
+    held = parts[fold]
+    rest = np.concatenate([p for i, p in enumerate(parts) if i != fold])
 
     def part(idx):
         idx = np.sort(idx)
         return Part(public.features[idx], public.labels[idx], [public.fingerprints[i] for i in idx],
                     None if public.persons is None else public.persons[idx])
 
-    return SplitData(public=part(order[:held]), private=part(order[held:]), test=data.test,
+    return SplitData(public=part(held), private=part(rest), test=data.test,
                      n_classes=data.n_classes, n_features=data.n_features, layout=data.layout,
                      preprocessing=data.preprocessing)
 
 
-def rehearsal_spec(search, n_train: int):
-    """The calibrated search as the rehearsal runs it on ``n_train`` public rows: the private search's steps and
-    sigma, its batch capped at the rows there are, no budget (nothing private is read, nothing is charged)."""
+def rehearsal_spec(search, n_train: int, n_private: int):
+    """The calibrated search as the rehearsal runs it on ``n_train`` public rows: the private stage's steps, its
+    batch capped at the rows there are, and its noise per example: sigma scaled by the batches' ratio, so the
+    noise on a step's mean gradient is what the private stage's will be on its ``n_private`` rows (a smaller
+    batch at the same sigma would weigh the noise more than the private run will). No budget: nothing private
+    is read, nothing is charged."""
     from specs.run import RunSpec
 
     data = search.model_dump(mode="json")
     data["budget"] = None
     data["optimizer"]["steps"], data["optimizer"]["epochs"] = int(search.optimizer.steps), None
+    private_batch = search.batch_size(n_private)
     sampling = data["sampling"]
     for field in ("expected_batch_size", "batch_size"):
         if field in sampling:
             sampling[field] = min(int(sampling[field]), n_train)
     if data["data"].get("declared_private_rows") is not None:
         data["data"]["declared_private_rows"] = n_train
-    return RunSpec.model_validate(data)
+    spec = RunSpec.model_validate(data)
+    sigma = search.mechanism.noise_multiplier
+    if isinstance(sigma, (int, float)) and private_batch:
+        data["mechanism"]["noise_multiplier"] = float(sigma) * spec.batch_size(n_train) / private_batch
+        spec = RunSpec.model_validate(data)
+    return spec
+
+
+def ranked(rows: List[Dict], metric: str) -> List[Dict]:
+    """A rehearsal's settings best first: by ``metric`` (accuracy higher, loss lower), ties by the other of the
+    two, then by the space's order; a setting that failed (no score) last. Each row: setting, scores (a dict of
+    the metrics, or None)."""
+    other = "loss" if metric == "accuracy" else "accuracy"
+
+    def key(indexed):
+        index, row = indexed
+        scores = row["scores"]
+        if not scores or not _finite(scores.get(metric)):
+            return (1, 0.0, 0.0, index)
+        sign = -1.0 if metric == "accuracy" else 1.0
+        tie = scores.get(other)
+        tie_sign = -1.0 if other == "accuracy" else 1.0
+        return (0, sign * scores[metric], tie_sign * tie if _finite(tie) else 0.0, index)
+
+    return [row for _, row in sorted(enumerate(rows), key=key)]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -40,7 +40,7 @@ from flows.resume import run_window
 from flows.window import BlockView
 from flows.record.registration import log_metrics, log_spent, open_run, register
 from flows.record.tracking import training_experiment
-from flows.record.tracking_names import DP_EPSILON, DP_GUARANTEE, MLFLOW_PARENT_RUN_ID, TUNE
+from flows.record.tracking_names import DP_EPSILON, DP_GUARANTEE, MLFLOW_PARENT_RUN_ID, TUNE, TUNE_PICKED_BY
 from flows.tune_rehearsal import rehearse
 
 
@@ -53,17 +53,18 @@ class Candidate:
     built: Any
     score: float
     curve: List[Tuple[int, Dict[str, float]]] = field(default_factory=list)
+    scores: Dict[str, float] = field(default_factory=dict)  # every metric on the score's rows
 
 
-def score_of(spec: specs.RunSpec, built, data: SplitData) -> float:
-    """The candidate's score on the tune's split (public or test rows: never a private one)."""
+def scores_of(spec: specs.RunSpec, built, data: SplitData) -> Dict[str, float]:
+    """The candidate's metrics on the tune's split (public or test rows: never a private one)."""
     rows = data.public if spec.tune.score.split == "public" else data.test
     if not len(rows):
         raise ValueError(f"tune.score.split: the {spec.tune.score.split} split has no rows to score candidates on; "
                          "give it rows (data.split) or score on the other")
     dev = built.device
-    return float(models.evaluate(built.model, torch.as_tensor(rows.features, device=dev),
-                                 torch.as_tensor(rows.labels, device=dev))[spec.tune.score.metric])
+    return {k: float(v) for k, v in models.evaluate(built.model, torch.as_tensor(rows.features, device=dev),
+                                                    torch.as_tensor(rows.labels, device=dev)).items()}
 
 
 def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitData) -> Candidate:
@@ -85,7 +86,8 @@ def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitD
             curve[-1] = (built.loop.step, evaluation(built, data))
     finally:
         built.loop.backend.close()
-    return Candidate(setting, spec, built, score_of(search, built, data), curve)
+    scores = scores_of(search, built, data)
+    return Candidate(setting, spec, built, scores[search.tune.score.metric], curve, scores)
 
 
 @task(name="tune-candidates", cache_policy=NO_CACHE, retries=0)
@@ -121,14 +123,14 @@ def _in_process(search: specs.RunSpec) -> specs.RunSpec:
 
 
 def _trained_in_task(job: Tuple[specs.RunSpec, Dict[str, Any]], data: SplitData, threads: int):
-    """A Ray task's candidate: (score, curve, its loop's state) or None when it raised (a loser)."""
+    """A rehearsal's setting trained in a Ray task: (its scores, its curve), or None when it raised."""
     search, setting = job
     torch.set_num_threads(threads)
     try:
         candidate = train_candidate(search, setting, data)
     except Exception:  # noqa: BLE001 - a loser; what it raised stays in the task
         return None
-    return candidate.score, candidate.curve, candidate.built.loop.state_dict()
+    return candidate.scores, candidate.curve
 
 
 def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData):
@@ -144,15 +146,15 @@ def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data:
 
 
 def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData) -> List[Optional[tuple]]:
-    """Every setting's (score, curve), or None where it raised: a rehearsal's, whose rows are all public (what
+    """Every setting's (scores, curve), or None where it raised: a rehearsal's, whose rows are all public (what
     a failure raised is logged). Ray tasks with execution.backend ray, else one after another here."""
     if search.execution.backend == "ray":
-        return [None if result is None else result[:2] for _, result in _results_on_ray(search, settings, data)]
+        return [result for _, result in _results_on_ray(search, settings, data)]
     trained = []
     for setting in settings:
         try:
             candidate = train_candidate(search, setting, data)
-            trained.append((candidate.score, candidate.curve))
+            trained.append((candidate.scores, candidate.curve))
         except Exception as err:  # noqa: BLE001 - public rows only: what it raised may be said
             get_run_logger().warning("tune rehearsal: the setting %s failed: %s", setting, err)
             trained.append(None)
@@ -259,7 +261,8 @@ def private_tune(spec_path: Optional[str] = None, spec: Optional[Dict[str, Any]]
 
 def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_of: Optional[str]) -> Dict[str, Any]:
     with checking_input():
-        run_spec = charged_to_the_team_ledger(load_run_spec(spec_path, spec))
+        loaded = load_run_spec(spec_path, spec)  # as written: a rehearsal's private stage starts from it
+        run_spec = charged_to_the_team_ledger(loaded)
         if run_spec.tune is None:
             raise ValueError("tune: this spec has no tune section; give tune.space and tune.candidates "
                              "(docs/guide/tuning.md), or train it with privzo run")
@@ -275,9 +278,14 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
         plan = dataclasses.replace(plan, window=view.window.blocks)
     search = plan.spec
     if search.tune.rows == "public":
-        return rehearse(search, data, plan, _every_setting,
-                        lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), budget, view, planned=planned),
-                        lambda charge, event, run: commit_budget(search, budget, charge, event, 0, run))
+        rehearsal = rehearse(search, data, plan, _every_setting,
+                             lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), budget, view,
+                                                            planned=planned),
+                             lambda charge, event, run: commit_budget(search, budget, charge, event, 0, run))
+        if search.tune.then == "none" or rehearsal["best"] is None:
+            return rehearsal
+        del data  # the private stage reads its rows itself, as any run or search does
+        return {**rehearsal, "then": _private_stage(loaded, rehearsal, as_of)}
     planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))
     # the search's reservation, settled once however it ends: released while no candidate could run (workers
     # not ready), else its planned event charged whole (every candidate K held drew noise), winner or not
@@ -302,6 +310,32 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
             "tracking_uri": search.tracking.uri, "experiment_id": client.get_run(child).info.experiment_id,
             "epsilon": float(spent.summary.epsilon), "guarantee": spent.model_guarantee, "model_version": version,
             "noise_multiplier": float(search.mechanism.noise_multiplier), **final}
+
+
+def _private_stage(loaded: specs.RunSpec, rehearsal: Dict[str, Any], as_of: Optional[str]) -> Dict[str, Any]:
+    """What follows a rehearsal (``tune.then``): its pick trained once (``train``: a private-train subflow of the
+    spec with that setting and no tune section, calibrated and charged as any run), or a private search among
+    its best settings (``search``, in this flow run: ``tune.among``, K from tune.candidates). The rehearsal read public rows only,
+    so the choice is independent of the private rows and the stage's guarantee is its own. Its MLflow run is a
+    child of the rehearsal's."""
+    tune = loaded.tune
+    if tune.then == "train":
+        from flows.private_train import private_train
+
+        # a subflow: the spec as written with the pick (no credential: a spec's URLs hold none); on a team's
+        # worker it is the deployment's run too, charged to the worker's ledger
+        picked = candidate_spec(loaded, rehearsal["best"]).model_dump(mode="json")
+        result = {"kind": "train", **private_train(spec=picked, as_of=as_of)}
+        run_id = result["run_id"]
+    else:
+        narrowed = loaded.model_dump(mode="json")
+        narrowed["tune"].update(rows="private", then="none", among=rehearsal["top"])
+        result = {"kind": "search", **_private_tune(None, narrowed, as_of)}
+        run_id = result["parent_run_id"]
+    client = mlflow.MlflowClient(loaded.tracking.uri)
+    client.set_tag(run_id, MLFLOW_PARENT_RUN_ID, rehearsal["parent_run_id"])
+    client.set_tag(run_id, TUNE_PICKED_BY, rehearsal["parent_run_id"])
+    return result
 
 
 def _release(search: specs.RunSpec, plan, data: SplitData, best: Candidate, parent: str):

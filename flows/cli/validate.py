@@ -90,3 +90,8 @@ def _print_tune_plan(spec: specs.RunSpec) -> None:
     resolved, _, _ = builders.resolve_privacy(spec)
     for line in family_for(resolved).describe_plan(resolved, None):
         print(line)
+    if spec.tune.then != "train":  # a search's sigma depends on K's law: which is cheapest at this mean
+        from components.tuning import law_lines
+
+        for line in law_lines(spec, lambda varied: builders.resolve_privacy(varied)[0].mechanism.noise_multiplier):
+            print(line)

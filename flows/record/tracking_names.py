@@ -88,6 +88,7 @@ MODEL_ARTIFACT = "model"
 
 TUNE = "privzo.tune"  # a tune's runs: search (its parent), winner, rehearsal
 TUNE_ROWS = "privzo.tune.rows"  # a rehearsal run's: which rows it read (public only)
+TUNE_PICKED_BY = "privzo.tune.picked_by"  # a private stage's run: the rehearsal whose pick it trains or searches
 
 # MLflow's own names (mlflow.utils.mlflow_tags where it has them; tests/test_layering.py holds them equal): this
 # module imports nothing, so it spells them

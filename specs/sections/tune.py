@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Literal, Optional, Union
 
-from pydantic import Field, PositiveFloat, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from specs.base import Strict
 
@@ -59,7 +59,9 @@ class TuneSpec(Strict):
     space: Dict[str, List[Value]] = Field(..., min_length=1, description="Spec fields by dotted path (e.g. "
                                           "optimizer.lr) and the values each candidate draws from; a candidate's "
                                           "setting is one value of each, drawn uniformly.")
-    candidates: RepeatSpec = Field(..., description="K's distribution.")
+    candidates: Optional[RepeatSpec] = Field(None, description="K's distribution: a search's (rows: private, or "
+                                             "then: search), and the one a rehearsal's sigma is for (then: none); "
+                                             "then: train trains one pick and needs none.")
     score: ScoreSpec = ScoreSpec()
     # not "on": YAML 1.1 (PyYAML) reads that key as the boolean true
     rows: Literal["private", "public"] = Field(
@@ -67,6 +69,20 @@ class TuneSpec(Strict):
         "every setting on the public rows only (three quarters train, a quarter score it when score.split is "
         "public), at the noise the private search would draw; it charges nothing and releases every setting's "
         "score.")
+    folds: int = Field(4, ge=2, description="rows: public: the public rows are split in this many folds, and every "
+                       "setting is trained once a fold on the others and scored on it (score.split public), so every "
+                       "public row scores each setting once; its score is the mean over the folds.")
+    then: Literal["none", "train", "search"] = Field(
+        "none", description="rows: public: what follows the rehearsal in the same flow run. none: nothing (it "
+        "prints what to run next). train: its pick, trained once on the private rows at the one-run sigma "
+        "(privacy.epsilon is that run's). search: a private search among its best tune.top settings, K from "
+        "tune.candidates (privacy.epsilon is the search's). The pick reads public rows only, so the private "
+        "stage's guarantee is its own.")
+    top: PositiveInt = Field(3, description="then: search: how many of the rehearsal's best settings it searches.")
+    among: Optional[List[Dict[str, Value]]] = Field(
+        None, min_length=1, description="The settings drawn from, when not the whole grid of the space: each "
+                                        "gives a value of the space's lists for every field (then: search writes "
+                                        "the rehearsal's best here).")
 
     @model_validator(mode="after")
     def _space(self):
@@ -77,10 +93,26 @@ class TuneSpec(Strict):
                 raise ValueError(f"space.{path}: {path.split('.')[0]} is not searched (the guarantee, the ledger "
                                  "and the rows are the search's own); search the model, estimator, mechanism, "
                                  "sampling or optimizer fields")
+        if self.candidates is None and self.then != "train":
+            raise ValueError("candidates: give K's distribution (e.g. {distribution: logarithmic, mean: 3}); only a "
+                             "rehearsal whose pick is trained once (rows: public, then: train) needs none")
+        if self.then != "none" and self.rows != "public":
+            raise ValueError(f"then: {self.then} follows a rehearsal on the public rows; give tune.rows: public, or "
+                             "then: none")
+        for setting in self.among or ():
+            if set(setting) != set(self.space):
+                raise ValueError(f"among: the setting {setting} names other fields than the space "
+                                 f"({', '.join(self.space)}); give a value for each of them")
+            for path, value in setting.items():
+                if value not in self.space[path]:
+                    raise ValueError(f"among: {path} {value!r} is not one of the space's values for it "
+                                     f"({self.space[path]})")
         return self
 
     def settings(self) -> List[Dict[str, Value]]:
-        """Every setting of the space (its grid), in a fixed order."""
+        """Every setting drawn from (``among``, else the space's grid), in a fixed order."""
+        if self.among is not None:
+            return [dict(setting) for setting in self.among]
         grid: List[Dict[str, Value]] = [{}]
         for path, values in self.space.items():
             grid = [{**g, path: v} for g in grid for v in values]

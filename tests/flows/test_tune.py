@@ -18,7 +18,8 @@ from components.tuning import RepeatLaw
 from flows import tune as tune_flow
 from flows.cli import main
 from flows.ledger import PrivacyLedger
-from flows.record.tracking_names import DP_EPSILON, PRIVZO_BLOCKS, PRIVZO_INIT, TUNE, TUNE_ROWS
+from flows.record.tracking_names import (DP_EPSILON, MLFLOW_PARENT_RUN_ID, PRIVZO_BLOCKS, PRIVZO_INIT, TUNE,
+                                         TUNE_ROWS)
 
 SPACE = {"optimizer.lr": [0.005, 0.02, 0.08], "mechanism.clip": [1.0, 2.0]}
 
@@ -273,8 +274,8 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
 
 def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothing(prefect_server, tiny_spec_dict,
                                                                                    tmp_path, monkeypatch):
-    """tune.rows public: each setting of the grid trains on public rows (no private row reaches it) and is
-    scored on the held-out public ones; every score is logged, no model is registered, and the ledger records
+    """tune.rows public: each setting of the grid trains once a fold on public rows (no private row reaches it)
+    and is scored on the held-out fold; every score is logged, no model is registered, and the ledger records
     the rehearsal as a NoOpDpEvent that spends nothing."""
     from components import builders
 
@@ -286,26 +287,90 @@ def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothin
         return real(search, setting, data)
 
     monkeypatch.setattr(tune_flow, "train_candidate", spy)
-    d = _tune_spec(tiny_spec_dict, tmp_path, rows="public")
+    d = _tune_spec(tiny_spec_dict, tmp_path, rows="public", folds=2)
     d["tune"]["space"] = {"optimizer.lr": [0.005, 0.08]}
     result = tune_flow.private_tune(spec=d)
     data = builders.load_data(specs.spec_from_dict(d))
     private, public = set(data.private.fingerprints), set(data.public.fingerprints)
-    assert len(seen) == 2 and all(rows <= public and not rows & private for rows in seen)
+    assert len(seen) == 4 and all(rows <= public and not rows & private for rows in seen)
     assert [row["setting"] for row in result["settings"]] == [{"optimizer.lr": 0.005}, {"optimizer.lr": 0.08}]
-    assert result["best"] in [{"optimizer.lr": 0.005}, {"optimizer.lr": 0.08}]
+    assert result["best"] == result["ranked"][0]["setting"] and [row["rank"] for row in result["ranked"]] == [1, 2]
     client = mlflow.MlflowClient(d["tracking"]["uri"])
     runs = client.search_runs([result["experiment_id"]])
     assert len(runs) == 3 and all(r.data.tags[TUNE] == "rehearsal" for r in runs)
     assert all("no private row" in r.data.tags[TUNE_ROWS] for r in runs)
     children = [r for r in runs if r.info.run_id != result["parent_run_id"]]
     assert sorted(r.data.metrics["score/public_accuracy"] for r in children) == \
-        sorted(row["score"] for row in result["settings"])
+        sorted(row["scores"]["accuracy"] for row in result["settings"])
+    for child in children:  # the score is the folds' mean, each fold's kept
+        folds = client.get_metric_history(child.info.run_id, "score/fold_public_loss")
+        assert len(folds) == 2 and child.data.metrics["score/public_loss"] == pytest.approx(
+            sum(m.value for m in folds) / 2, rel=1e-9)
     assert client.search_model_versions("name='tiny-tune'") == []
     ledger = PrivacyLedger.open(d["budget"]["ledger"])
     (charge,) = ledger.history("digits-tune")
     assert charge.status == "committed" and ledger.spent("digits-tune") == 0.0
     assert isinstance(charge.event, dp_accounting.NoOpDpEvent) and charge.run_id == result["parent_run_id"]
+
+
+def test_a_rehearsals_pick_trained_once_is_charged_one_run_and_registered_under_it(prefect_server, tiny_spec_dict,
+                                                                                    tmp_path):
+    """then: train, the recommended path: the rehearsal (public rows, charged nothing) picks, and its pick trains
+    once on the private rows in the same flow run, charged exactly one run's event at the one-run sigma (what
+    dp-accounting gives for the spec without a tune section), registered as any run, a child of the rehearsal."""
+    from components import builders
+    from components.accountants import event_to_json
+
+    d = _tune_spec(tiny_spec_dict, tmp_path, rows="public", folds=2, then="train", score={"metric": "loss"})
+    del d["tune"]["candidates"]
+    result = tune_flow.private_tune(spec=d)
+    then = result["then"]
+    assert then["kind"] == "train" and result["best"] == result["ranked"][0]["setting"]
+    client = mlflow.MlflowClient(d["tracking"]["uri"])
+    run = client.get_run(then["run_id"])
+    assert run.data.tags[MLFLOW_PARENT_RUN_ID] == result["parent_run_id"]
+    assert {k: float(run.data.params[k]) for k in result["best"]} == result["best"]
+    plain = copy.deepcopy(d)
+    plain.pop("tune")
+    for path, value in result["best"].items():
+        section, field = path.split(".")
+        plain[section][field] = value
+    resolved, _, _ = builders.resolve_privacy(specs.spec_from_dict(plain), 1385)
+    sigma = float(resolved.mechanism.noise_multiplier)
+    assert then["noise_multiplier"] == pytest.approx(sigma, rel=1e-9)
+    ledger = PrivacyLedger.open(d["budget"]["ledger"])
+    rehearsal, trained = sorted(ledger.history("digits-tune"), key=lambda c: c.created_at)
+    assert isinstance(rehearsal.event, dp_accounting.NoOpDpEvent)
+    expected = builders.planned_event(resolved, 1385, sigma)
+    assert trained.status == "committed" and event_to_json(trained.event) == event_to_json(expected)
+    accountant = RdpAccountant()
+    accountant.compose(expected)
+    assert ledger.spent("digits-tune") == pytest.approx(accountant.get_epsilon(float(resolved.privacy.delta)),
+                                                        rel=1e-6)
+    assert client.get_model_version("tiny-tune", then["model_version"]).run_id == then["run_id"]
+
+
+def test_a_rehearsals_best_few_searched_privately_draw_only_among_them(prefect_server, tiny_spec_dict, tmp_path,
+                                                                       monkeypatch):
+    """then: search: the private search draws its candidates among the rehearsal's best tune.top settings
+    (tune.among), and is charged its repeat-and-select event once."""
+    drawn = []
+    real = tune_flow.draw_candidates
+
+    def spy(tune, rng=None):
+        drawn.append(tune.settings())
+        return real(tune, rng)
+
+    monkeypatch.setattr(tune_flow, "draw_candidates", spy)
+    d = _tune_spec(tiny_spec_dict, tmp_path, rows="public", folds=2, then="search", top=2)
+    result = tune_flow.private_tune(spec=d)
+    then = result["then"]
+    assert then["kind"] == "search" and drawn == [result["top"]] and len(result["top"]) == 2
+    assert result["top"] == [row["setting"] for row in result["ranked"][:2]]
+    assert then["winner"] in result["top"]
+    ledger = PrivacyLedger.open(d["budget"]["ledger"])
+    events = [type(c.event).__name__ for c in sorted(ledger.history("digits-tune"), key=lambda c: c.created_at)]
+    assert events == ["NoOpDpEvent", "RepeatAndSelectDpEvent"]
 
 
 def test_a_tuned_night_on_blocks_charges_the_search_to_every_block_of_its_window(prefect_server, tmp_path,
@@ -387,3 +452,30 @@ def test_a_search_scored_on_the_test_rows_says_its_test_score_is_biased(tiny_spe
         out = capsys.readouterr().out
         assert ("note: the candidates were scored on the test rows, so the winner's test accuracy is the best of K "
                 "noisy estimates and biased in its favour" in out) == said, out
+
+
+def test_a_subflow_of_a_deployments_run_is_charged_as_the_deployments_run(prefect_server):
+    """A rehearsal's pick trains in a private-train subflow: on a team's worker, the subflow must be the
+    deployment's run too (its ledger the worker's). Prefect hands a deployment's id to its nested flows; privzo's
+    test of a deployment's run reads it there."""
+    import uuid as uuid_module
+
+    from prefect import flow
+    from prefect.context import _deployment_id  # what Prefect's engine sets for a deployment's flow run
+
+    from flows.worker_config import deployment_run
+
+    @flow
+    def nested() -> bool:
+        return deployment_run()
+
+    @flow
+    def outer() -> tuple:
+        return deployment_run(), nested()
+
+    assert outer() == (False, False)
+    token = _deployment_id.set(uuid_module.uuid4())
+    try:
+        assert outer() == (True, True)
+    finally:
+        _deployment_id.reset(token)
