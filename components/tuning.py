@@ -224,6 +224,8 @@ def law_lines(spec, calibrate: Callable) -> List[str]:
     lines = [f"tune: sigma at E[K] = {mean:g} by the law of K (a larger sigma is more noise in every candidate):"]
     for law, sigma in compared:
         lines.append(f"  {law.describe()}: sigma {sigma:.4g}, P(K > {big}) = {law.tail(big):.3g}"
+                     + (f", P(K = 0) = {law.pmf(0):.3g} (nothing released, the charge stands)"
+                        if math.isinf(law.shape) else "")
                      + ("  <- the spec's" if law.describe() == own else ""))
     lines.append(f"tune: the cheapest at this mean is {cheapest[0].describe()}"
                  + (" (the spec's)" if cheapest[0].describe() == own else
