@@ -284,7 +284,6 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
                              lambda charge, event, run: commit_budget(search, budget, charge, event, 0, run))
         if search.tune.then == "none" or rehearsal["best"] is None:
             return rehearsal
-        del data  # the private stage reads its rows itself, as any run or search does
         return {**rehearsal, "then": _private_stage(loaded, rehearsal, as_of)}
     planned = builders.planned_event(search, plan.n_private, float(search.mechanism.noise_multiplier))
     # the search's reservation, settled once however it ends: released while no candidate could run (workers
@@ -315,8 +314,8 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
 def _private_stage(loaded: specs.RunSpec, rehearsal: Dict[str, Any], as_of: Optional[str]) -> Dict[str, Any]:
     """What follows a rehearsal (``tune.then``): its pick trained once (``train``: a private-train subflow of the
     spec with that setting and no tune section, calibrated and charged as any run), or a private search among
-    its best settings (``search``, in this flow run: ``tune.among``, K from tune.candidates). The rehearsal read public rows only,
-    so the choice is independent of the private rows and the stage's guarantee is its own. Its MLflow run is a
+    its best settings (``search``, in this flow run: ``tune.among``, K from tune.candidates). The rehearsal read
+    public rows only, so the choice is independent of the private rows and the stage's guarantee is its own. Its MLflow run is a
     child of the rehearsal's."""
     tune = loaded.tune
     if tune.then == "train":
