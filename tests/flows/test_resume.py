@@ -360,3 +360,51 @@ def test_a_killed_runs_reservation_is_settled_at_its_bound_after_its_lease_and_t
     settled, charge = ledger.history("digits-patients")  # oldest first; the refused run wrote nothing
     assert (settled.id, settled.status, settled.steps_run) == (dead, "committed", bound)
     assert charge.status == "committed" and charge.run_id == out["run_id"]
+
+
+def test_a_run_killed_between_registering_and_committing_leaves_its_version_charged_once(
+        prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
+    """Nothing lost (docs/reliability.md): SIGKILL after the model version is registered and before the ledger
+    commit (bench/faults.py's hook at that stage). Once the lease ran out, the next run on the dataset settles
+    the dead reservation: every registered version's run then holds exactly one committed charge, no run is
+    charged twice, and every committed charge names an MLflow run that exists."""
+    import mlflow
+
+    from flows.ledger import PrivacyLedger
+    from flows.private_train import private_train
+
+    monkeypatch.setenv("PRIVZO_LEASE_SECONDS", "3")
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tiny_spec_dict, tmp_path, private=True, tracking_uri=mlflow_db)
+    spec["optimizer"]["steps"] = 60
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    control = tmp_path / "control"
+    control.mkdir()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "faults.py"), "child", str(spec_path), "registered",
+                             "kill", str(control), "0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(prefect_server), start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (control / "arrived").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    client = mlflow.MlflowClient(mlflow_db)
+    (killed_version,) = client.search_model_versions(f"name='{spec['name']}'")
+    ledger = PrivacyLedger(spec["budget"]["ledger"])
+    (dead,) = ledger.history("digits-patients")
+    assert dead.status == "reserved" and dead.run_id == killed_version.run_id  # its settlement will name the run
+
+    time.sleep(3.5)  # the lease runs out; the next night settles the dead reservation before reserving
+    out = private_train(spec=yaml.safe_load(spec_path.read_text()))
+    charges = ledger.history("digits-patients")
+    assert [c.status for c in charges] == ["committed", "committed"]
+    assert charges[0].steps_run == 60 and charges[0].run_id == killed_version.run_id  # registered: every step ran
+    committed = [c.run_id for c in charges if c.status == "committed"]
+    assert len(set(committed)) == len(committed)  # no run charged twice
+    for version in client.search_model_versions(f"name='{spec['name']}'"):
+        assert committed.count(version.run_id) == 1, version.version
+    assert {v.run_id for v in client.search_model_versions(f"name='{spec['name']}'")} == {dead.run_id, out["run_id"]}
+    for run_id in committed:
+        client.get_run(run_id)  # raises for a run that does not exist
