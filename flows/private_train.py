@@ -35,7 +35,6 @@ from components import builders
 from components.data import SplitData
 from components.protocols import Finalizing, Periodic
 from flows.checkpoints import Checkpointer
-from flows.ledger import Budget
 from flows.record import reporting
 from flows.record.lineage import registered_source
 from flows.record.registration import (artifact_key, budget_table, epsilon_metric, log_metrics, log_spent, open_run,
@@ -46,7 +45,7 @@ from flows.record.tracking_names import DP_BUDGET_LEFT, PRIVZO_INIT
 from flows.record.transcript import load_weights
 from flows.resume import checkpoint_binding, find_checkpoint, run_window, same_stream
 from flows.session import RunSession
-from flows.tasks import (Plan, RunLedger, calibrate, charged_to_the_team_ledger, evaluate, identity_unchanged,
+from flows.tasks import (Plan, RunLedger, calibrate, charged_to_the_team_ledger, evaluate, open_budget,
                          load_and_split, load_run_spec)
 from flows.window import BlockView
 from specs.refusal import checking_input, is_refusal, quiet_refusals, refusal_line
@@ -153,9 +152,7 @@ def _private_train(spec_path: Optional[str], spec: Optional[Dict[str, Any]], pro
         from components.memory_plan import check_fits
         check_fits(run_spec)  # a model sized by its config that cannot fit the device: refused before any row
         # the run's one handle on its budget: a caller the ledger does not sign in, or may not charge, reads no row
-        budget = Budget.for_spending(run_spec)
-        if budget is not None:
-            identity_unchanged(run_spec, budget)
+        budget = open_budget(run_spec)
         # chosen before any row is read, from the schedule and the calendar; a resumed run reads its own
         view = None if run_spec.data.blocks is None else BlockView(
             run_spec, run_window(run_spec, as_of, resume, budget), budget.ledger)

@@ -89,6 +89,19 @@ def reserve_budget(plan: Plan, data: SplitData, charge_id: str, budget: Optional
         window=None if view is None else view.read()))
 
 
+def open_budget(spec: specs.RunSpec) -> Optional[Budget]:
+    """A run's budget (``Budget.for_spending``), its identity columns checked, and each dead run's reservation
+    that opening it settled named in the run's log: an operator reading the night's flow run sees what an
+    earlier night that died was charged."""
+    budget = Budget.for_spending(spec)
+    if budget is None:
+        return None
+    identity_unchanged(spec, budget)
+    for settled in budget.settled:
+        get_run_logger().warning("ledger: %s", settled.line())
+    return budget
+
+
 def identity_unchanged(spec: specs.RunSpec, budget: Budget) -> None:
     """A table's identity columns, as the database's catalogue types them, against the identity the dataset's
     runs recorded: a change is refused before any row is read (flows/ledger/rows.py). A file's is known only

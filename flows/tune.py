@@ -31,9 +31,8 @@ from components import builders, models
 from components.data import SplitData
 from components.protocols import Finalizing
 from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates
-from flows.ledger import Budget
 from flows.session import NO_FOLDER, RunSession
-from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, commit_budget, evaluation, identity_unchanged,
+from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, commit_budget, evaluation, open_budget,
                          load_and_split, load_run_spec, reserve_budget)
 from specs.refusal import checking_input, is_refusal, quiet_refusals, refusal_line
 from flows.resume import run_window
@@ -266,9 +265,7 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
         if run_spec.tune is None:
             raise ValueError("tune: this spec has no tune section; give tune.space and tune.candidates "
                              "(docs/guide/tuning.md), or train it with privzo run")
-        budget = Budget.for_spending(run_spec)  # the search's one handle on its budget
-        if budget is not None:
-            identity_unchanged(run_spec, budget)
+        budget = open_budget(run_spec)  # the search's one handle on its budget
         # a night's search reads its window, chosen before any row is read as a training run's is
         view = None if run_spec.data.blocks is None else BlockView(
             run_spec, run_window(run_spec, as_of, None, budget), budget.ledger)

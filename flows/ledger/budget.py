@@ -4,9 +4,10 @@ starts from, its budget table), so that no step opens a ledger by its URL."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from flows.ledger.core import PrivacyLedger, ledger_for_spending
+from flows.ledger.leases import Settled
 from flows.ledger.terms import DatasetTerms
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ class Budget:
     ledger: PrivacyLedger
     url: str
     terms: DatasetTerms
+    settled: Tuple[Settled, ...] = ()  # dead runs' reservations this run's opening settled (the run logs them)
 
     @property
     def dataset(self) -> str:
@@ -39,5 +41,5 @@ class Budget:
         lease_seconds()  # a bad PRIVZO_LEASE_SECONDS is refused here, before any row is read
         terms = DatasetTerms.of(spec)
         ledger = ledger_for_spending(spec.budget.ledger, terms)
-        ledger.settle_expired(terms.dataset)
-        return cls(ledger, spec.budget.ledger, terms)
+        settled = ledger.settle_expired(terms.dataset)
+        return cls(ledger, spec.budget.ledger, terms, tuple(settled))

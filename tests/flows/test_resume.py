@@ -366,7 +366,7 @@ def test_a_run_killed_between_registering_and_committing_leaves_its_version_char
         prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
     """Nothing lost (docs/reliability.md): SIGKILL after the model version is registered and before the ledger
     commit (bench/faults.py's hook at that stage). Once the lease ran out, the next run on the dataset settles
-    the dead reservation: every registered version's run then holds exactly one committed charge, no run is
+    the dead reservation, and its flow run's log says so: every registered version's run then holds exactly one committed charge, no run is
     charged twice, and every committed charge names an MLflow run that exists."""
     import mlflow
 
@@ -398,6 +398,17 @@ def test_a_run_killed_between_registering_and_committing_leaves_its_version_char
 
     time.sleep(3.5)  # the lease runs out; the next night settles the dead reservation before reserving
     out = private_train(spec=yaml.safe_load(spec_path.read_text()))
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)  # the run's logs reach the server in batches
+    with get_client(sync_client=True) as prefect:
+        (night,) = prefect.read_flow_runs(sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1)
+        logs = [log.message for log in prefect.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[night.id])))]
+    # the night's own Prefect log says what the dead night was charged
+    assert any(f"reservation {dead.id} of run" in m and "committed at its bound, 60 steps" in m for m in logs), logs
     charges = ledger.history("digits-patients")
     assert [c.status for c in charges] == ["committed", "committed"]
     assert charges[0].steps_run == 60 and charges[0].run_id == killed_version.run_id  # registered: every step ran
