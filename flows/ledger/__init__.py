@@ -50,6 +50,7 @@ The modules, one job each:
 - ``admission``: pure decisions, no database: terms compared, whether a block has room, the largest run
   that still fits, whether a run recognises the rows earlier runs recorded;
 - ``rows``: the checks and records of private rows and persons across the ledger's datasets;
+- ``outages``: every ledger call retried whole across a PostgreSQL server's restart or stop, up to a wait;
 - ``migrations``: making the tables and migrating a ledger an earlier privzo made; ``roles``: PostgreSQL
   grants and what a connection may write;
 - ``core``: ``PrivacyLedger`` (``PrivacyLedger.open(url)``: the process's one ledger per URL, shared by a
@@ -60,8 +61,8 @@ The modules, one job each:
 """
 from flows.ledger.budget import Budget
 from flows.ledger.core import Block, Charge, PrivacyLedger, ledger_for_spending
-from flows.ledger.errors import (FIXED, BudgetExceeded, DatasetNotRegistered, LedgerUnavailable, RowsExposed,
-                                 RowsLaundered, RowsUnmatched, RowsUnrecognised, driver_reason, shown_url)
+from flows.ledger.errors import (FIXED, BudgetExceeded, DatasetNotRegistered, LedgerOutage, LedgerUnavailable,
+                                 RowsExposed, RowsLaundered, RowsUnmatched, RowsUnrecognised, driver_reason, shown_url)
 from flows.ledger.integrity import ledger_problems, recomposition_problems
 from flows.ledger.reservation import Reservation, RowsRead, WindowRead
 from flows.ledger.schema import (ABORTED, COMMITTED, NO_BLOCKS, RESERVED, TERM_COLUMNS, WHOLE, WORKER_GRANTS, BlockRow,
@@ -71,7 +72,7 @@ from flows.ledger.terms import BlockTerms, DatasetTerms
 __all__ = [
     "ABORTED", "COMMITTED", "FIXED", "NO_BLOCKS", "RESERVED", "TERM_COLUMNS", "WHOLE", "WORKER_GRANTS",
     "Block", "BlockRow", "BlockTerms", "Budget", "BudgetExceeded", "Charge", "ChargeBlockRow", "ChargeRow",
-    "DatasetNotRegistered", "DatasetRow", "DatasetTerms", "LedgerUnavailable", "PrivacyLedger", "PrivateRowRow",
+    "DatasetNotRegistered", "DatasetRow", "DatasetTerms", "LedgerOutage", "LedgerUnavailable", "PrivacyLedger", "PrivateRowRow",
     "Reservation", "RowBlockRow", "RowLayoutRow", "RowsRead", "RowsExposed", "RowsLaundered", "RowsUnmatched",
     "RowsUnrecognised", "WindowRead", "driver_reason", "ledger_for_spending", "ledger_problems", "recomposition_problems", "shown_url",
 ]

@@ -3,6 +3,7 @@ transaction; ``PrivacyLedger.open``, the process's one ledger per URL; ``ledger_
 run that spends budget signs in to before any row is read."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import uuid
@@ -23,6 +24,7 @@ from flows.ledger.lease_book import LeaseBook
 import flows.ledger.leases as leases
 import flows.ledger.migrations as migrations
 import flows.ledger.opened as opened
+import flows.ledger.outages as outages
 import flows.ledger.roles as roles
 import flows.ledger.rows as ledger_rows
 from flows.ledger.errors import (FIXED, BlockRecordChanged, DatasetNotRegistered, LedgerUnavailable,
@@ -58,6 +60,9 @@ def ledger_for_spending(url: str, terms: Optional[DatasetTerms] = None) -> "Priv
     return ledger
 
 
+@outages.ride_out(("register", "spent", "blocks", "recomposed", "next_fit", "dataset", "history", "run_charges",
+                   "datasets", "charged_run", "status", "_reserve", "preview", "commit", "row_layout", "abort", "renew",
+                   "settle_expired", "open_reservations"))
 class PrivacyLedger(LeaseBook):
     """The ledger at a database URL. ``PrivacyLedger(url)`` opens it anew (an engine, the tables made and
     migrated); ``PrivacyLedger.open(url)`` is the process's one ledger at ``url``, which a run's steps share.
@@ -469,6 +474,8 @@ class PrivacyLedger(LeaseBook):
         Rows of a reservation later aborted stay recorded. What each field asks: ``Reservation``."""
         from sqlalchemy.exc import DBAPIError
 
+        if reservation.charge_id is None:  # chosen once, so a retried transaction finds the charge it wrote
+            reservation = dataclasses.replace(reservation, charge_id=str(uuid.uuid4()))
         try:
             return self._reserve(reservation)
         except admission.NoRoom as no_room:  # its figures composed now, the dataset's lock released
@@ -489,6 +496,10 @@ class PrivacyLedger(LeaseBook):
         self._terms_columns_kept()
         with Session(self.engine) as session, session.begin():
             ds = self._lock(session, dataset)
+            again = session.get(ChargeRow, r.charge_id) if r.charge_id and ds is not None else None
+            if again is not None and (again.dataset, again.fingerprint, again.status) == (dataset, r.fingerprint,
+                                                                                          RESERVED):
+                return again.id  # a retry (flows/ledger/outages.py) of a reservation whose commit went through
             if ds is None:
                 if not self.may_register():
                     raise DatasetNotRegistered(dataset, shown_url(self.url))
@@ -546,7 +557,7 @@ class PrivacyLedger(LeaseBook):
             for kind, seen in (("row", row_blocks), ("person", person_blocks)):
                 if seen:
                     ledger_rows.record_blocks(session, dataset, kind, seen, recorded[kind])
-            charge = ChargeRow(id=r.charge_id or str(uuid.uuid4()), dataset=dataset, fingerprint=r.fingerprint,
+            charge = ChargeRow(id=r.charge_id, dataset=dataset, fingerprint=r.fingerprint,
                                run_name=r.run_name, status=RESERVED, planned_event=event_to_json(planned),
                                steps_planned=r.steps, steps_run=0, planned_epsilon=requested, created_at=utc_now(),
                                updated_at=utc_now(), lease_until=leases.lease_end(utc_now()))

@@ -161,6 +161,15 @@ class LedgerUnavailable(RuntimeRefusal):
                          "$PRIVZO_LEDGER_URL); nothing was read or charged")
 
 
+class LedgerOutage(RuntimeRefusal):
+    """The ledger's server did not answer within the wait (flows/ledger/outages.py): the call wrote nothing, and
+    a run's reservation is kept by its lease, so the next run settles it at what the run may have spent."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"budget.ledger: the ledger at {where} did not answer ({reason}); a reservation this "
+                         "run holds is settled at its recorded bound once its lease runs out (privzo budget show)")
+
+
 class DatasetNotRegistered(LedgerUnavailable):
     """A run would charge a dataset the ledger has not registered, and its role may not register one: a
     dataset's lifetime is set by the ledger's owner, never by whoever runs a spec."""
