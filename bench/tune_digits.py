@@ -10,7 +10,9 @@ Every path but the last two is inside the guarantee.
 The worst setting is found by training every setting of the grid once (seed 0) at epsilon 2, outside any
 guarantee, for this comparison only; those runs are not a search privzo releases.
 
-    .venv/bin/python bench/tune_digits.py [--epochs 200] [--processes 2]
+    .venv/bin/python bench/tune_digits.py [--epochs 200] [--processes 2] [--only recommended]
+
+``--only recommended`` runs the first two rows alone (the rehearsal and its narrowed search, seeds 0-2).
 """
 from __future__ import annotations
 
@@ -65,8 +67,11 @@ def _with(base: dict, setting: Dict, seed: int, epochs: int) -> dict:
 def recommended(seed: int, epochs: int, folder: str) -> dict:
     """One seed of the recommended path (rehearsal, its pick trained once), then a small private search among the
     same rehearsal's best 3, as tune.then: search would run it: each a private-tune flow run of its own."""
+    import time
+
     from flows.tune import private_tune
 
+    began = time.monotonic()
     d = _example("digits_tune_rehearsed.yaml")
     d["seed"], d["optimizer"]["epochs"] = seed, epochs
     d["tracking"]["uri"] = f"sqlite:///{folder}/mlflow-rehearsed-{seed}.db"
@@ -75,6 +80,8 @@ def recommended(seed: int, epochs: int, folder: str) -> dict:
     narrowed["tune"].update(rows="private", then="none", among=rehearsed["top"],
                             candidates={"distribution": "poisson", "mean": 2})
     searched = private_tune(spec=narrowed)
+    print(f"seed {seed}: rehearsed, its pick trained, and its best 3 searched in {time.monotonic() - began:.0f} s",
+          flush=True)
     return {"pick": rehearsed["best"], "pick_accuracy": rehearsed["then"]["eval/accuracy"], "top": rehearsed["top"],
             "search_winner": searched["winner"], "search_accuracy": searched.get("eval/accuracy")}
 
@@ -91,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--only", choices=("recommended",), help="the recommended path's rows alone")
     args = parser.parse_args()
     tune_base = _example("digits_tune.yaml")
     hand = _example("digits_dpzero.yaml")
@@ -100,6 +108,10 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="tune-digits-")
     with ProcessPoolExecutor(args.processes) as pool:
         rehearsed = list(pool.map(recommended, SEEDS, [args.epochs] * len(SEEDS), [folder] * len(SEEDS)))
+    if args.only == "recommended":
+        _recommended_rows(rehearsed)
+        return
+    with ProcessPoolExecutor(args.processes) as pool:
         screened = list(pool.map(trained_accuracy, [_with(tune_base, s, 0, args.epochs) for s in grid]))
         worst = grid[min(range(len(grid)), key=lambda i: screened[i])]
         worst_runs = list(pool.map(trained_accuracy, [_with(tune_base, worst, seed, args.epochs) for seed in SEEDS]))
@@ -116,10 +128,19 @@ def main() -> None:
             d["tracking"]["uri"] = f"sqlite:///{tmp}/mlflow-{seed}.db"
             result = private_tune(spec=d)
             winners.append((result["winner"], result["eval/accuracy"]))
-    for seed, r in zip(SEEDS, rehearsed):
-        print(f"seed {seed}: the rehearsal's best 3: " + "; ".join(_setting(t) for t in r["top"]))
     print("grid at epsilon 2, seed 0 (outside any guarantee, to find the worst): "
           + ", ".join(f"{s} {a:.3f}" for s, a in zip(grid, screened)))
+    _recommended_rows(rehearsed)
+    print(f"| privzo tune over all 12, K ~ TNB(6, 0.5) | {_shown([a for _, a in winners])} | "
+          + "; ".join(_setting(w) for w, _ in winners) + " |")
+    print(f"| hand-tuned digits_dpzero.yaml (chosen outside it) | {_shown(hand_runs)} | lr {hand_setting['optimizer.lr']}, "
+          f"clip {hand_setting['mechanism.clip']} |")
+    print(f"| the grid's worst setting | {_shown(worst_runs)} | lr {worst['optimizer.lr']}, clip {worst['mechanism.clip']} |")
+
+
+def _recommended_rows(rehearsed: List[dict]) -> None:
+    for seed, r in zip(SEEDS, rehearsed):
+        print(f"seed {seed}: the rehearsal's best 3: " + "; ".join(_setting(t) for t in r["top"]))
     print("| digits, DPZero, epsilon 2 | test accuracy, seeds 0-2 | hyperparameters |")
     print("|---|---|---|")
     print(f"| rehearsal, then its pick trained once (recommended) | {_shown([r['pick_accuracy'] for r in rehearsed])} | "
@@ -129,11 +150,6 @@ def main() -> None:
           f"{_shown([r['search_accuracy'] for r in released]) if released else '-'}"
           + (f" ({len(rehearsed) - len(released)} drew K = 0, nothing released)" if len(released) < len(rehearsed) else "")
           + " | " + "; ".join(_setting(r["search_winner"]) if r["search_winner"] else "none" for r in rehearsed) + " |")
-    print(f"| privzo tune over all 12, K ~ TNB(6, 0.5) | {_shown([a for _, a in winners])} | "
-          + "; ".join(_setting(w) for w, _ in winners) + " |")
-    print(f"| hand-tuned digits_dpzero.yaml (chosen outside it) | {_shown(hand_runs)} | lr {hand_setting['optimizer.lr']}, "
-          f"clip {hand_setting['mechanism.clip']} |")
-    print(f"| the grid's worst setting | {_shown(worst_runs)} | lr {worst['optimizer.lr']}, clip {worst['mechanism.clip']} |")
 
 
 def _product(space: Dict[str, list]):
