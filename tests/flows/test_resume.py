@@ -1,4 +1,5 @@
 """A training process killed mid-run resumes from its last checkpoint: one ledger charge, the same model."""
+import datetime as dt
 import os
 import re
 import signal
@@ -332,6 +333,18 @@ def test_a_run_killed_before_its_first_checkpoint_releases_its_reservation(prefe
     assert ledger.spent("digits-patients") == pytest.approx(charge.planned_epsilon)  # one run, not two
 
 
+def _lease_ends(ledger, charge_id, after):
+    """Set a reservation's lease to end ``after`` from now, as its run's last renewal would have."""
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from flows.ledger import ChargeRow
+    from flows.ledger.schema import utc_now
+
+    with Session(ledger.engine) as session, session.begin():
+        session.execute(update(ChargeRow).where(ChargeRow.id == charge_id).values(lease_until=utc_now() + after))
+
+
 def test_a_killed_runs_reservation_is_settled_at_its_bound_after_its_lease_and_the_next_run_fits(
         prefect_server, tiny_spec_dict, tmp_path, mlflow_db, monkeypatch):
     """SIGKILL mid-run, then nothing resumes it (a scheduled run's next night has another key). While its lease
@@ -353,9 +366,11 @@ def test_a_killed_runs_reservation_is_settled_at_its_bound_after_its_lease_and_t
     ledger = PrivacyLedger(spec["budget"]["ledger"])
     ((dead, _run, _created, _until, bound, planned),) = ledger.open_reservations("digits-patients")
     assert may_have_run <= bound < planned
+    # the lease's end is set, not waited for: a slow machine can spend a 4 s lease before the next run reserves
+    _lease_ends(ledger, dead, dt.timedelta(seconds=120))
     with pytest.raises(BudgetExceeded):  # its lease is live: it holds its planned run
         private_train(spec=yaml.safe_load(spec_path.read_text()))
-    time.sleep(4.5)
+    _lease_ends(ledger, dead, dt.timedelta(seconds=-1))
     out = private_train(spec=yaml.safe_load(spec_path.read_text()))
     settled, charge = ledger.history("digits-patients")  # oldest first; the refused run wrote nothing
     assert (settled.id, settled.status, settled.steps_run) == (dead, "committed", bound)
