@@ -27,16 +27,21 @@ DEFAULT_LEASE_SECONDS = 600.0
 def lease_seconds() -> float:
     """How long a reservation outlives its run's last renewal: ``PRIVZO_LEASE_SECONDS`` (default 600). A run
     renews every fifth of it, so a stalled ledger connection misses several renewals before the lease ends."""
-    raw = os.environ.get(LEASE_ENV)
+    return env_seconds(LEASE_ENV, DEFAULT_LEASE_SECONDS, 1, "a lease length")
+
+
+def env_seconds(name: str, default: float, least: float, what: str) -> float:
+    """Seconds from environment variable ``name`` (``default`` when unset), at least ``least``; a ValueError in one
+    line naming what it is and what is allowed otherwise."""
+    raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
-        return DEFAULT_LEASE_SECONDS
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not (value >= 1 and value < float("inf")):
-        raise ValueError(f"{LEASE_ENV}: {raw!r} is not a lease length; give seconds, at least 1 (default "
-                         f"{DEFAULT_LEASE_SECONDS:g})")
+    if not (value >= least and value < float("inf")):
+        raise ValueError(f"{name}: {raw!r} is not {what}; give seconds, at least {least:g} (default {default:g})")
     return value
 
 

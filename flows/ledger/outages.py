@@ -11,11 +11,11 @@ every read. SQLite's own waits (its busy timeout) are not outages and are left a
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Iterable
 
 from flows.ledger.errors import LedgerOutage, driver_reason, shown_url
+from flows.ledger.leases import env_seconds
 
 WAIT_ENV = "PRIVZO_LEDGER_WAIT_SECONDS"
 DEFAULT_WAIT_SECONDS = 120.0
@@ -27,17 +27,7 @@ RETRIED_SQLSTATES = ("40001", "40P01")  # serialization failure, deadlock detect
 
 def wait_seconds() -> float:
     """How long one ledger call waits out an outage: ``PRIVZO_LEDGER_WAIT_SECONDS`` (default 120)."""
-    raw = os.environ.get(WAIT_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_WAIT_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not (value >= 0 and value < float("inf")):
-        raise ValueError(f"{WAIT_ENV}: {raw!r} is not a wait; give seconds, at least 0 (default "
-                         f"{DEFAULT_WAIT_SECONDS:g})")
-    return value
+    return env_seconds(WAIT_ENV, DEFAULT_WAIT_SECONDS, 0, "a wait")
 
 
 def transient(err: BaseException) -> bool:
