@@ -60,9 +60,7 @@ def ledger_for_spending(url: str, terms: Optional[DatasetTerms] = None) -> "Priv
     return ledger
 
 
-@outages.ride_out(("register", "spent", "blocks", "recomposed", "next_fit", "dataset", "history", "run_charges",
-                   "datasets", "charged_run", "status", "_reserve", "preview", "commit", "row_layout", "abort", "renew",
-                   "settle_expired", "open_reservations"))
+@outages.ride_out(also=("_reserve",), besides=("reserve",))  # reserve chooses the charge id, _reserve is its transaction
 class PrivacyLedger(LeaseBook):
     """The ledger at a database URL. ``PrivacyLedger(url)`` opens it anew (an engine, the tables made and
     migrated); ``PrivacyLedger.open(url)`` is the process's one ledger at ``url``, which a run's steps share.

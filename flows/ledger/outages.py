@@ -51,10 +51,17 @@ def transient(err: BaseException) -> bool:
     return state.startswith(TRANSIENT_SQLSTATE_CLASSES) or state in RETRIED_SQLSTATES
 
 
-def ride_out(names: Iterable[str]):
-    """A class decorator: each method named is retried whole across a PostgreSQL outage (module docstring)."""
+def ride_out(also: Iterable[str] = (), besides: Iterable[str] = ()):
+    """A class decorator: every public method of the class and its bases, and each private one in ``also``, is
+    retried whole across a PostgreSQL outage (module docstring); those in ``besides`` are not (a method whose
+    transaction is one of ``also``, retried there)."""
+    import inspect
+
     def wrap(cls):
-        for name in names:
+        skipped = set(besides)
+        names = {name for klass in cls.__mro__[:-1] for name, value in vars(klass).items()
+                 if not name.startswith("_") and inspect.isfunction(value)} | set(also)
+        for name in sorted(names - skipped):
             setattr(cls, name, _retried(getattr(cls, name)))
         return cls
     return wrap
