@@ -227,19 +227,21 @@ def on_the_workers_ray(spec: specs.RunSpec, address: Optional[str]) -> specs.Run
 class RunLedger:
     """The privacy ledger as a run session drives it (``flows.session``): reservation and commit go through
     the shared tasks, so each shows as a Prefect task run. ``charged(loop)``: the event and steps a commit
-    charges; by default what the loop's tracker executed, a search's its planned event whole."""
+    charges; by default what the loop's tracker executed, a search's its planned event whole. ``planned``: the event
+    reserved where it is not the spec's run (a tune rehearsal reserves a NoOpDpEvent)."""
 
     def __init__(self, plan: Plan, data: SplitData, budget: Optional[Budget], view: Optional[BlockView] = None,
-                 charged: Optional[Callable[[Any], Tuple[Any, int]]] = None):
+                 charged: Optional[Callable[[Any], Tuple[Any, int]]] = None, planned=None):
         self.plan, self.data, self.budget, self.view = plan, data, budget, view
         self.charged = charged or (lambda loop: (loop.tracker.event(), loop.tracker.steps))
+        self.planned = planned  # the event reserved, when not the spec's (a rehearsal's NoOpDpEvent)
 
     @property
     def url(self) -> str:
         return self.budget.url
 
     def reserve(self, charge_id: str) -> None:
-        reserve_budget(self.plan, self.data, charge_id, self.budget, self.view)
+        reserve_budget(self.plan, self.data, charge_id, self.budget, self.view, planned=self.planned)
 
     def abort(self, charge_id: str) -> None:
         self.budget.ledger.abort(charge_id)

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import dp_accounting
 import mlflow
 import torch
 from mlflow.entities import Param, RunTag
@@ -32,8 +33,8 @@ from components.data import SplitData
 from components.protocols import Finalizing
 from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates
 from flows.session import NO_FOLDER, RunSession
-from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, commit_budget, evaluation, open_budget,
-                         load_and_split, load_run_spec, reserve_budget)
+from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, evaluation, open_budget, load_and_split,
+                         load_run_spec)
 from specs.refusal import checking_input, is_refusal, quiet_refusals, refusal_line
 from flows.resume import run_window
 from flows.window import BlockView
@@ -275,10 +276,15 @@ def _private_tune(spec_path: Optional[str], spec: Optional[Dict[str, Any]], as_o
         plan = dataclasses.replace(plan, window=view.window.blocks)
     search = plan.spec
     if search.tune.rows == "public":
-        rehearsal = rehearse(search, data, plan, _every_setting,
-                             lambda planned: reserve_budget(plan, data, str(uuid.uuid4()), budget, view,
-                                                            planned=planned),
-                             lambda charge, event, run: commit_budget(search, budget, charge, event, 0, run))
+        # its record of nothing held as any run holds its reservation: renewed while it trains (a rehearsal
+        # outlasts a lease), committed once, aborted if it fails; no private row is read inside
+        nothing = dp_accounting.NoOpDpEvent()
+        ledger = RunLedger(plan, data, budget, view, charged=lambda _loop: (nothing, 0), planned=nothing)
+        with RunSession(NO_FOLDER, ledger) as session:
+            if search.budget is not None:
+                session.reserve(str(uuid.uuid4()))
+            rehearsal = rehearse(search, data, plan, _every_setting)
+            session.start(None, rehearsal["parent_run_id"])
         if search.tune.then == "none" or rehearsal["best"] is None:
             return rehearsal
         return {**rehearsal, "then": _private_stage(loaded, rehearsal, as_of)}

@@ -7,7 +7,8 @@ mean over the folds, so every public row scores it once. The settings are ranked
 by the other (accuracy, loss), then by the space's order. The
 private rows are split off at load and never reach a candidate. Every setting's score and curve is released:
 an MLflow parent run tagged ``privzo.tune: rehearsal`` with one child run a setting, no model registered.
-With a budget, the ledger records the rehearsal as a charge of nothing (a NoOpDpEvent), after the same row
+With a budget, the ledger records the rehearsal as a charge of nothing (a NoOpDpEvent, held by the caller's run
+session as any run's reservation is, its lease renewed while it trains), after the same row
 checks a run passes (no public or test row may have been private in an earlier run): its history shows it.
 """
 from __future__ import annotations
@@ -16,13 +17,11 @@ import json
 import time
 from typing import Any, Dict, List, Optional
 
-import dp_accounting
 import mlflow
 from mlflow.entities import Metric, Param
 from prefect import get_run_logger
 
 import specs
-from components.accountants import event_to_json
 from components.data import SplitData
 from components.tuning import RepeatLaw, ranked, rehearsal_rows, rehearsal_spec
 from flows.record.tracking import training_experiment
@@ -31,15 +30,13 @@ from flows.record.tracking_names import MLFLOW_PARENT_RUN_ID, TUNE, TUNE_ROWS
 REHEARSAL = "rehearsal"
 
 
-def rehearse(search: specs.RunSpec, data: SplitData, plan, train, reserve, commit) -> Dict[str, Any]:
+def rehearse(search: specs.RunSpec, data: SplitData, plan, train) -> Dict[str, Any]:
     """Train and score every setting of ``search`` (calibrated) on public rows, once a fold:
-    ``train(spec, settings, rows)`` gives each setting's (scores, curve) or None; ``reserve(planned)`` and
-    ``commit(charge_id, event_json, run_id)`` record the rehearsal in the ledger (called with a budget only)."""
+    ``train(spec, settings, rows)`` gives each setting's (scores, curve) or None. Its record in the ledger (a
+    NoOpDpEvent) is the caller's run session's."""
     logger = get_run_logger()
     tune = search.tune
     folds = [rehearsal_rows(data, search.seed, fold, tune.folds) for fold in range(tune.folds)]
-    nothing = dp_accounting.NoOpDpEvent()
-    charge_id = reserve(nothing) if search.budget is not None else None
     trained_on = sorted({len(rows.private) for rows in folds})
     held = sorted({len(rows.public) for rows in folds})
     seen = (f"public rows only: {len(data.public)} in {tune.folds} folds, each setting trained once a fold on "
@@ -95,8 +92,6 @@ def rehearse(search: specs.RunSpec, data: SplitData, plan, train, reserve, commi
                     best["setting"], tune.score.metric, best["scores"][tune.score.metric], tune.score.split,
                     tune.folds)
     client.set_terminated(parent, "FINISHED")
-    if charge_id is not None:
-        commit(charge_id, event_to_json(nothing), parent)
     return {"rehearsal": True, "parent_run_id": parent, "settings": table, "ranked": order,
             "best": best and best["setting"], "score": best and best["scores"][tune.score.metric],
             "top": [row["setting"] for row in order[:tune.top] if row["scores"] is not None],

@@ -313,6 +313,31 @@ def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothin
     assert isinstance(charge.event, dp_accounting.NoOpDpEvent) and charge.run_id == result["parent_run_id"]
 
 
+def test_a_rehearsal_longer_than_its_lease_keeps_its_record_while_another_run_settles_dead_ones(
+        prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """A rehearsal holds its reservation (of nothing) as a run holds one: its run session renews the lease, so
+    a rehearsal that outlasts PRIVZO_LEASE_SECONDS while another run on the dataset settles the dead runs' charges
+    is not taken for dead; it commits its NoOpDpEvent once, under its parent run."""
+    import time
+
+    monkeypatch.setenv("PRIVZO_LEASE_SECONDS", "1")
+    real, settled = tune_flow.train_candidate, []
+
+    def slow(search, setting, data):
+        time.sleep(1.6)  # past the lease: only its renewals keep the reservation live
+        settled.extend(PrivacyLedger.open(d["budget"]["ledger"]).settle_expired("digits-tune"))
+        return real(search, setting, data)
+
+    monkeypatch.setattr(tune_flow, "train_candidate", slow)
+    d = _tune_spec(tiny_spec_dict, tmp_path, rows="public", folds=2)
+    d["tune"]["space"] = {"optimizer.lr": [0.005]}
+    result = tune_flow.private_tune(spec=d)
+    assert settled == []
+    (charge,) = PrivacyLedger.open(d["budget"]["ledger"]).history("digits-tune")
+    assert charge.status == "committed" and isinstance(charge.event, dp_accounting.NoOpDpEvent)
+    assert charge.run_id == result["parent_run_id"]
+
+
 def test_a_rehearsals_pick_trained_once_is_charged_one_run_and_registered_under_it(prefect_server, tiny_spec_dict,
                                                                                     tmp_path):
     """then: train, the recommended path: the rehearsal (public rows, charged nothing) picks, and its pick trains
