@@ -5,7 +5,8 @@ changed password in the environment takes effect. Passwords come from the enviro
 
 With the server's ``default_permission = READ``, every signed-in user reads everything, and a user may
 write only what it created (MLflow gives the creator MANAGE): the worker owns the experiments and
-registered models its runs create, and the viewer owns nothing.
+registered models its runs create, and the viewer owns nothing. The stack's door
+(flows/record/mlflow_app.py) narrows that ownership: only the promoter moves an alias, renames or deletes.
 """
 from __future__ import annotations
 

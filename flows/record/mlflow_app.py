@@ -17,6 +17,11 @@ lenient and not one (werkzeug's splits on whitespace and decodes base64 lenientl
 ``Basic <base64 of user:password>`` (strict base64 that re-encodes to itself, ASCII, no control character), the
 same in each, naming a known user; anything else is refused (401) before MLflow sees the request.
 
+What a name resolves to moves, and a record is removed, by a promoter only (``PRIVZO_MLFLOW_PROMOTERS``, where
+the stack names them): basic-auth gives whoever may register a version its aliases, and whoever created a model,
+run or experiment MANAGE over it (delete, rename). Registering a candidate needs none of that, so every route
+that moves an alias, renames, moves a stage or deletes is refused to everyone else (``promoters_only``).
+
 A logged byte never changes: MLflow's artifact proxy lets whoever may write a run overwrite or delete its
 files in place, so a registered (even a promoted) version's weights could become other weights under the same
 version and alias. At the door, for every user: an artifact that exists is never written again with other
@@ -35,10 +40,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 READ_ONLY_ENV = "PRIVZO_MLFLOW_READ_ONLY_USERS"
-# who may move a registered model's aliases (the stack names admin, whose `privzo verify --promote` records what
-# it promoted in the ledger, flows/record/promotion.py): basic-auth gives it to whoever may register a version
+# who may move a registered model's aliases, and remove or rename anything (the stack names admin, whose
+# `privzo verify --promote` records what it promoted in the ledger, flows/record/promotion.py): basic-auth gives
+# them to whoever may register a version, MANAGE to whoever created a model, run or experiment
 PROMOTERS_ENV = "PRIVZO_MLFLOW_PROMOTERS"
-ALIAS_WRITES = frozenset({"registered-models/alias"})
+# a route (its last segment) that moves what a name resolves to or removes a record, whatever it is named under
+PROMOTER_ROUTES = frozenset({"alias", "rename", "transition-stage"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # the reads MLflow serves as POST (a search's filter is a body), named after /api/<version>/mlflow/ or
 # /ajax-api/<version>/mlflow/
@@ -68,18 +75,25 @@ def promoters() -> frozenset:
     return frozenset(u.strip() for u in os.environ.get(PROMOTERS_ENV, "").split(",") if u.strip())
 
 
-def moves_an_alias(method: str, path: str) -> bool:
-    """Whether a request sets or deletes a registered model's alias."""
+def promoters_only(method: str, path: str) -> bool:
+    """Whether a request moves what a registered name resolves to, or removes or renames a record: an alias set
+    or deleted, a model renamed, a stage moved, and any deletion (a version, a model, a run, an experiment, a
+    logged model, a tag, traces, a webhook). Registering a candidate needs none of them; they are what makes
+    ``models:/NAME@verified`` resolve to other bytes, or removes what verify and a consumer read."""
     api = _API.match(path)
-    return method.upper() not in READ_METHODS and api is not None and api.group("what").rstrip("/") in ALIAS_WRITES
+    if method.upper() in READ_METHODS or api is None:
+        return False
+    last = api.group("what").rstrip("/").rsplit("/", 1)[-1]
+    return method.upper() == "DELETE" or last.startswith("delete") or last in PROMOTER_ROUTES
 
 
 def refused_to(user: Optional[str], method: str, path: str) -> bool:
-    """A read-only user's write, or anyone but a promoter moving an alias (where promoters are named)."""
+    """A read-only user's write, or anyone but a promoter moving a name or removing a record (where promoters
+    are named)."""
     if user in read_only_users() and not is_read(method, path):
         return True
     named = promoters()
-    return bool(named) and user not in named and moves_an_alias(method, path)
+    return bool(named) and user not in named and promoters_only(method, path)
 
 
 def _read_only_users_write_nothing():

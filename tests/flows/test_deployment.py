@@ -404,6 +404,12 @@ def test_the_postgres_stack_keeps_prefect_mlflow_and_the_ledger_on_the_server(tm
         worker = f"worker:{secrets['PRIVZO_MLFLOW_WORKER_PASSWORD']}"
         assert _status(f"{server}/api/2.0/mlflow/registered-models/alias", "POST", auth=worker,
                        body={"name": "digits-retrain", "alias": "verified", "version": by_hand.version}) == 403
+        # nor remove or rename what it registered (MLflow made it the model's MANAGE owner)
+        for route, method, body in (("model-versions/delete", "DELETE", {"name": "digits-retrain", "version": version.version}),
+                                    ("registered-models/delete", "DELETE", {"name": "digits-retrain"}),
+                                    ("registered-models/rename", "POST", {"name": "digits-retrain", "new_name": "x"}),
+                                    ("runs/delete", "POST", {"run_id": version.run_id})):
+            assert _status(f"{server}/api/2.0/mlflow/{route}", method, auth=worker, body=body) == 403, route
         assert load_verified("digits-retrain", ledger_url=owner, tracking_uri=server, flavor="pytorch") is not None
         logged = admin.get_logged_model(version.source.removeprefix("models:/")).artifact_location
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=logged, tracking_uri=server,

@@ -171,12 +171,15 @@ def test_the_door_reads_one_user_whichever_header_a_route_reads(monkeypatch):
     assert status([]) is None and reached  # no credential: basic-auth asks for one
 
 
-def test_only_a_promoter_moves_an_alias(monkeypatch):
-    """Where the stack names its promoters, setting or deleting a registered model's alias is theirs: the worker
-    (who may register versions, and to MLflow may therefore move aliases) is refused at the door."""
+def test_only_a_promoter_moves_a_name_or_removes_a_record_on_every_route_mlflow_serves(monkeypatch):
+    """Where the stack names its promoters, moving what a registered name resolves to (an alias, a rename, a stage)
+    and removing anything (a version, a model, a run, an experiment, a logged model, a tag) is theirs: the worker,
+    to whom MLflow gives MANAGE on what it created, is refused at the door on every such route MLflow serves,
+    and keeps every route registering a candidate needs."""
     import asyncio
+    import re
 
-    from flows.record.mlflow_app import ReadOnlyUsersAtTheDoor, moves_an_alias
+    from flows.record.mlflow_app import ReadOnlyUsersAtTheDoor, promoters_only
 
     sent = []
 
@@ -194,16 +197,32 @@ def test_only_a_promoter_moves_an_alias(monkeypatch):
         return sent[0]["status"] if sent else None
 
     monkeypatch.setenv("PRIVZO_MLFLOW_PROMOTERS", "admin")
-    for method, path in (("POST", "/api/2.0/mlflow/registered-models/alias"),
-                         ("DELETE", "/ajax-api/2.0/mlflow/registered-models/alias"),
-                         ("POST", "/api/2.0/mlflow/registered-models/alias/")):
-        assert moves_an_alias(method, path)
+    served = [(re.sub(r"<[^>]+>", "x", p), m) for p, m in _endpoints() if "/mlflow/" in p and m not in ("GET", "HEAD")]
+    removals = [(p, m) for p, m in served
+                if m == "DELETE" or re.search(r"/(delete[^/]*|alias|rename|transition-stage)/?$", p)]
+    # the class, as MLflow serves it today: every one of these is a promoter's, on both API prefixes
+    named = {p.split("/mlflow/", 1)[1] for p, _ in removals if p.startswith("/api/2.0/")}
+    assert {"registered-models/alias", "registered-models/delete", "registered-models/rename",
+            "model-versions/delete", "model-versions/delete-tag", "model-versions/transition-stage",
+            "runs/delete", "runs/delete-tag", "experiments/delete", "logged-models/x"} <= named
+    for path, method in removals:
+        assert promoters_only(method, path), (method, path)
+        assert status("worker", method, path) == 403, (method, path)
+        assert status("admin", method, path) is None, (method, path)
+    for method, path in (("POST", "/api/2.0/mlflow/registered-models/alias/"),
+                         ("DELETE", "/ajax-api/2.0/mlflow/registered-models/alias")):
         assert status("worker", method, path) == 403
-        assert status("admin", method, path) is None
-    assert status("worker", "GET", "/api/2.0/mlflow/registered-models/alias") is None  # reading an alias
-    assert status("worker", "POST", "/api/2.0/mlflow/model-versions/create") is None  # registering a candidate
+    registering = [("POST", "/api/2.0/mlflow/runs/create"), ("POST", "/api/2.0/mlflow/runs/log-batch"),
+                   ("POST", "/api/2.0/mlflow/runs/update"), ("POST", "/api/2.0/mlflow/runs/set-tag"),
+                   ("POST", "/api/2.0/mlflow/experiments/create"), ("POST", "/api/2.0/mlflow/registered-models/create"),
+                   ("POST", "/api/2.0/mlflow/model-versions/create"), ("POST", "/api/2.0/mlflow/model-versions/set-tag"),
+                   ("POST", "/api/2.0/mlflow/logged-models"), ("POST", "/api/2.0/mlflow/runs/restore"),
+                   ("GET", "/api/2.0/mlflow/registered-models/alias")]
+    for method, path in registering:
+        assert not promoters_only(method, path) and status("worker", method, path) is None, (method, path)
     monkeypatch.delenv("PRIVZO_MLFLOW_PROMOTERS")
     assert status("worker", "POST", "/api/2.0/mlflow/registered-models/alias") is None  # no stack: MLflow's rules
+    assert status("worker", "DELETE", "/api/2.0/mlflow/model-versions/delete") is None
 
 
 def test_a_logged_artifact_is_never_written_again_or_deleted(tmp_path):
