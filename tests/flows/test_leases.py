@@ -169,3 +169,32 @@ def test_a_lease_length_that_is_not_one_is_refused_in_one_line(monkeypatch, raw)
     with pytest.raises(ValueError, match=rf"^PRIVZO_LEASE_SECONDS: '{raw}' is not a lease length; give seconds, at "
                                          r"least 1 \(default 600\)$"):
         lease_seconds()
+
+
+def test_every_reservation_a_flow_makes_is_held_by_a_run_session():
+    """The heartbeat is the run session's, so a reservation made anywhere else would never be renewed and would
+    be settled as a dead run's while its run still ran (a tune rehearsal's did): in flows/ and components/ the
+    ledger's ``reserve`` is called by the run session alone, through ``RunLedger.reserve`` (reserve_budget's one
+    caller)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    callers = set()
+    for path in sorted((root / "flows").rglob("*.py")) + sorted((root / "components").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for scope in ast.walk(tree):
+            if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(scope):
+                if isinstance(node, ast.Call):
+                    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                    if name in ("reserve", "reserve_budget"):
+                        on = ast.unparse(node.func.value) if isinstance(node.func, ast.Attribute) else ""
+                        callers.add((path.relative_to(root).as_posix(), scope.name, f"{on}.{name}".lstrip(".")))
+    # a flow reserves through its session; the session through its RunLedger; that through reserve_budget alone
+    flows_reserving = {c for c in callers if c[2] == "session.reserve"}
+    assert flows_reserving and {c[0] for c in flows_reserving} <= {"flows/private_train.py", "flows/tune.py"}
+    assert callers - flows_reserving == {("flows/session.py", "reserve", "self.ledger.reserve"),
+                                         ("flows/tasks.py", "reserve", "reserve_budget"),
+                                         ("flows/tasks.py", "reserve_budget", "budget.ledger.reserve")}, callers
