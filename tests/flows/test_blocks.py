@@ -238,6 +238,49 @@ def test_a_night_on_blocks_runs_on_ray_workers_as_it_runs_locally(prefect_server
     assert build_replica(resolved.model_dump(mode="json"), driver.window_rows)[0] != driver.ordered_digest
 
 
+def test_a_night_on_blocks_whose_rows_change_under_its_ray_workers_fails_before_any_step_and_charges_nothing(
+        prefect_server, tmp_path, mlflow_db, monkeypatch):
+    """The window's rows change between the driver's read and its Ray workers' (a row of the window rewritten
+    in the file): the workers' ordered digest differs, so the night fails in one line before any private
+    query, its reservation is aborted (nothing composed on any block), and the next night runs."""
+    import ray
+
+    from components.runtime.ray_backend import DataChanged, RayBackend
+    from flows.private_train import private_train
+
+    monkeypatch.chdir(tmp_path)
+    write_stream(tmp_path / "visits.csv", days=4, persons=True)
+    spec = stream_spec(tmp_path, window=2, persons=True)
+    spec["tracking"]["uri"] = mlflow_db
+    spec["execution"] = {"backend": "ray", "workers": 2}
+    from components.builders import load_data
+
+    resolved = specs.spec_from_dict(copy.deepcopy(spec))
+    window = load_data(resolved, BlockView(resolved, Window.for_spec(resolved, night(2)), ledger_of(resolved)).select)
+    real = RayBackend.__init__
+
+    def rows_change_first(self, *args, **kwargs):
+        frame = pd.read_csv(tmp_path / "visits.csv")
+        frame.loc[list(window.window_rows.positions), "px10"] += 1.0  # the window's rows, after the driver read them
+        frame.to_csv(tmp_path / "visits.csv", index=False)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RayBackend, "__init__", rows_change_first)
+    try:
+        with pytest.raises(DataChanged, match=r"^data\.source: a Ray worker loaded different private or public rows "
+                                              r"than the driver \(on node [^\n]*every node must read the same rows$"):
+            private_train(spec=copy.deepcopy(spec), as_of=night(2).isoformat())
+        ledger = ledger_of(specs.spec_from_dict(copy.deepcopy(spec)))
+        (charge,) = ledger.history("visits")
+        assert charge.status == "aborted" and charge.steps_run in (0, None)
+        assert all(b.charges == 0 and b.committed_epsilon == 0.0 for b in ledger.blocks("visits"))
+        monkeypatch.setattr(RayBackend, "__init__", real)
+        ran = private_train(spec=copy.deepcopy(spec), as_of=night(2).isoformat())
+    finally:
+        ray.shutdown()
+    assert ran["steps"] > 0 and [c.status for c in ledger.history("visits")].count("committed") == 1
+
+
 def test_a_partitioned_folder_gives_each_row_its_files_period(tmp_path):
     """A folder of files named by period (visits/2026-11-03.csv ...) falls into the same blocks as one file
     with an arrival column; a file not named by a period is refused in one line."""
