@@ -354,3 +354,14 @@ def test_only_the_entry_points_open_the_ledger_by_url():
                        and not m.startswith("flows.cli"))
     assert not offenders, offenders
     assert sum(len(lines) for lines in opened.values()) <= 12, opened  # the entry points' opens, counted
+
+
+ROOM_LINES = 700
+
+
+def test_no_module_of_the_product_is_over_700_lines():
+    """A room with one job: a module of specs/, components/ or flows/ past 700 lines holds several and is split
+    where they part (docs/design.md, "Where new code goes")."""
+    big = {str(p.relative_to(ROOT)): n for folder in ("specs", "components", "flows")
+           for p in sorted((ROOT / folder).rglob("*.py")) if (n := len(p.read_text().splitlines())) > ROOM_LINES}
+    assert big == {}, big
