@@ -71,6 +71,15 @@ class RepeatLaw:
         """P(K > k)."""
         return max(0.0, 1.0 - sum(self.pmf(j) for j in range(0, k + 1)))
 
+    def quantile(self, q: float) -> int:
+        """The smallest k with P(K <= k) >= q."""
+        k, cdf = 0, 0.0
+        while True:
+            cdf += self.pmf(k)
+            if cdf >= q or k > 10_000_000:
+                return k
+            k += 1
+
     def describe(self) -> str:
         r = self.repeat
         if r.distribution == "truncated_negative_binomial":

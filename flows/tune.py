@@ -7,14 +7,16 @@ candidate trains in memory and is scored on rows that are not private; only the 
 parent run for the search (its space, K's law, the guarantee: never K, never a loser's setting or score) with
 one child run, the winner's (its setting, its curve, its model, registered like any run). A losing
 candidate's metrics, model and curve stay in this process's memory and are dropped with it; nothing of it is
-logged, printed or written. Who sees the flow run's duration or the worker's process table can estimate K:
-docs/guide/tuning.md says so.
+logged, printed or written. Who sees the flow run's duration or the worker's process table can estimate K,
+unless tune.pad_to pads every share of candidates to the same time (``best_of_share``): docs/guide/tuning.md
+says what stays visible.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import secrets
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -103,8 +105,26 @@ def run_candidates(search: specs.RunSpec, data: SplitData, started: Callable[[],
     if search.execution.backend == "ray":
         return candidates_on_ray(search, settings, data, started)
     started()
+    return best_of_share(search, settings, data, padded_share(search, 1))
+
+
+def padded_share(search: specs.RunSpec, tasks: int) -> Optional[int]:
+    """How many candidates' time a share lasts with tune.pad_to (None without): the K at that quantile of K's
+    law, dealt among ``tasks`` shares as the candidates are. A function of the public spec only."""
+    q = search.tune.pad_to
+    return None if q is None else -(-RepeatLaw(search.tune.candidates).quantile(q) // tasks)
+
+
+def best_of_share(search: specs.RunSpec, share: List[Dict[str, Any]], data: SplitData,
+                  pad_to: Optional[int] = None) -> Optional[Candidate]:
+    """The best candidate of ``share``, trained one after another (None when none finished: a candidate that
+    raises is a loser; what it raised is not released). With ``pad_to`` (``padded_share``) the share then lasts
+    as long as that many candidates, timed by its own (a share without one trains a throwaway candidate, never
+    compared nor kept, to time one): its duration says nothing of its size unless the size is past it."""
     best: Optional[Candidate] = None
-    for setting in settings:
+    began, trained = time.monotonic(), 0
+    for setting in share:
+        trained += 1
         try:
             candidate = train_candidate(search, setting, data)
         except Exception:  # noqa: BLE001 - a loser; what it raised is not released
@@ -112,6 +132,15 @@ def run_candidates(search: specs.RunSpec, data: SplitData, started: Callable[[],
         if best is None or better(search.tune.score.metric, candidate.score, best.score):
             best = candidate
         del candidate  # a loser's model and curve go with it
+    if pad_to is not None and trained < pad_to:
+        if not trained:
+            try:
+                train_candidate(search, search.tune.settings()[0], data)
+            except Exception:  # noqa: BLE001 - it only times a candidate
+                pass
+            trained = 1
+        spent = time.monotonic() - began
+        time.sleep(max(0.0, spent / trained * pad_to - spent))
     return best
 
 
@@ -173,16 +202,8 @@ def _share_in_task(job: Tuple[specs.RunSpec, List[Dict[str, Any]]], read: Tuple[
     data = builders.read_split(spec_dict, window_rows)
     if data.ordered_digest != digest:
         return ROWS_CHANGED
-    best = None
-    for setting in share:
-        try:
-            candidate = train_candidate(search, setting, data)
-        except Exception:  # noqa: BLE001 - a loser; what it raised stays in the task
-            continue
-        if best is None or better(search.tune.score.metric, candidate.score, best[1]):
-            best = (setting, candidate.score, candidate.curve, candidate.built.loop.state_dict())
-        del candidate  # a loser's model and curve go with it
-    return best
+    best = best_of_share(search, share, data, padded_share(search, search.execution.workers))
+    return None if best is None else (best.setting, best.score, best.curve, best.built.loop.state_dict())
 
 
 ROWS_CHANGED = "rows changed"

@@ -83,6 +83,11 @@ class TuneSpec(Strict):
         None, min_length=1, description="The settings drawn from, when not the whole grid of the space: each "
                                         "gives a value of the space's lists for every field (then: search writes "
                                         "the rehearsal's best here).")
+    pad_to: Optional[float] = Field(
+        None, gt=0, lt=1, description="A private search's running time hidden too: every share of candidates (the "
+        "search's, or each Ray task's) lasts as long as the K at this quantile of K's law would take (e.g. 0.99), "
+        "timed by its own candidates, so the Prefect task's duration and the ledger charge's times do not tell K "
+        "unless K is past that quantile. Costs that time every search.")
 
     @model_validator(mode="after")
     def _space(self):
@@ -99,6 +104,9 @@ class TuneSpec(Strict):
         if self.then != "none" and self.rows != "public":
             raise ValueError(f"then: {self.then} follows a rehearsal on the public rows; give tune.rows: public, or "
                              "then: none")
+        if self.pad_to is not None and self.rows != "private" and self.then != "search":
+            raise ValueError("pad_to: only a private search draws K (rows: private, or then: search); a rehearsal "
+                             "trains every setting, and then: train one")
         for setting in self.among or ():
             if set(setting) != set(self.space):
                 raise ValueError(f"among: the setting {setting} names other fields than the space "

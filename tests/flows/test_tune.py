@@ -50,6 +50,80 @@ def test_k_is_drawn_from_its_law(repeat):
     assert min(draws) == (0 if repeat["distribution"] == "poisson" else 1)
 
 
+@pytest.mark.parametrize("repeat", [{"distribution": "poisson", "mean": 2},
+                                    {"distribution": "truncated_negative_binomial", "mean": 6, "shape": 0.5}])
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
+def test_the_padded_k_is_the_laws_quantile(repeat, q):
+    law = RepeatLaw(specs.sections.RepeatSpec(**repeat))
+    k = law.quantile(q)
+    assert sum(law.pmf(j) for j in range(k + 1)) >= q > sum(law.pmf(j) for j in range(k))
+
+
+def test_a_padded_share_lasts_as_long_whatever_its_size_and_keeps_its_best(monkeypatch):
+    """tune.pad_to: a share of candidates (the local search's, or a Ray task's) lasts as long as the padded K's
+    candidates would, timed by its own; an empty share times a throwaway candidate, never returned; a share past
+    the pad is not padded. What an insider reads of time (the Prefect task, the ledger's times) then follows."""
+    import time
+    from types import SimpleNamespace
+
+    each = 0.2
+
+    def timed(search, setting, data):
+        time.sleep(each)
+        return SimpleNamespace(setting=setting, score=setting["optimizer.lr"])
+
+    monkeypatch.setattr(tune_flow, "train_candidate", timed)
+    search = SimpleNamespace(tune=SimpleNamespace(score=SimpleNamespace(metric="accuracy"),
+                                                  settings=lambda: [{"optimizer.lr": 9.0}]))
+    took = {}
+    for size in (0, 1, 3, 5):
+        share = [{"optimizer.lr": float(i)} for i in range(size)]
+        began = time.monotonic()
+        best = tune_flow.best_of_share(search, share, None, pad_to=4)
+        took[size] = time.monotonic() - began
+        assert (best is None) if size == 0 else best.setting == {"optimizer.lr": size - 1.0}
+    assert all(4 * each <= took[size] < 4 * each + each / 2 for size in (0, 1, 3)), took
+    assert 5 * each <= took[5] < 5 * each + each / 2, took
+
+
+
+def test_a_ray_task_of_a_padded_search_pads_its_share_to_the_public_laws_share(tiny_spec_dict, tmp_path, monkeypatch):
+    """Each Ray task of a search with pad_to lasts as long as its share of the padded K (Poisson(2) at 0.99:
+    6 candidates over 3 tasks, 2 a task), whatever its own share; run here in-process, as the task runs it."""
+    import time
+    from types import SimpleNamespace
+
+    each = 0.2
+    def timed(search, setting, data):
+        time.sleep(each)
+        return SimpleNamespace(setting=setting, score=0.5, curve=[],
+                               built=SimpleNamespace(loop=SimpleNamespace(state_dict=dict)))
+
+    monkeypatch.setattr(tune_flow, "train_candidate", timed)
+    monkeypatch.setattr(tune_flow.builders, "read_split", lambda spec, rows: SimpleNamespace(ordered_digest="d"))
+    d = _tune_spec(tiny_spec_dict, tmp_path, candidates={"distribution": "poisson", "mean": 2}, pad_to=0.99)
+    d["execution"] = {"backend": "ray", "workers": 3}
+    search = tune_flow._in_process(specs.spec_from_dict(d))
+    for share in ([], [{"optimizer.lr": 0.02}]):
+        began = time.monotonic()
+        tune_flow._share_in_task((search, share), ({}, None, "d"), 1)
+        assert 2 * each <= time.monotonic() - began < 2.5 * each
+
+
+def test_pad_to_is_a_private_searchs_and_its_share_is_the_public_laws(tiny_spec_dict, tmp_path):
+    d = _tune_spec(tiny_spec_dict, tmp_path, candidates={"distribution": "poisson", "mean": 2}, pad_to=0.99)
+    search = specs.spec_from_dict(d)
+    assert tune_flow.padded_share(search, 1) == 6 and tune_flow.padded_share(search, 4) == 2
+    assert tune_flow.padded_share(specs.spec_from_dict(_tune_spec(tiny_spec_dict, tmp_path)), 1) is None
+    rehearsal = _tune_spec(tiny_spec_dict, tmp_path, rows="public", then="train", pad_to=0.99)
+    with pytest.raises(specs.SpecError, match=r"pad_to: only a private search draws K \(rows: private, or then: "
+                                              r"search\)"):
+        specs.spec_from_dict(rehearsal)
+    for bad in (0, 1, 1.5):
+        with pytest.raises(specs.SpecError, match="pad_to"):
+            specs.spec_from_dict(_tune_spec(tiny_spec_dict, tmp_path, pad_to=bad))
+
+
 def _prefect_logs(flow_run_id) -> str:
     """Every log line the Prefect server holds of a flow run and its task runs (what the UI shows of them)."""
     import asyncio
@@ -398,11 +472,12 @@ def test_a_rehearsals_best_few_searched_privately_draw_only_among_them(prefect_s
     assert events == ["NoOpDpEvent", "RepeatAndSelectDpEvent"]
 
 
+@pytest.mark.parametrize("backend", ["local", "ray"])
 def test_a_tuned_night_on_blocks_charges_the_search_to_every_block_of_its_window(prefect_server, tmp_path,
-                                                                               monkeypatch):
+                                                                               monkeypatch, backend):
     """tune on data.blocks: the search reads one night's window, its RepeatAndSelect event (from dp-accounting
     alone) is charged to every block of the window, admitted as any run's, and the winner is a nightly version
-    naming its blocks."""
+    naming its blocks; on Ray too, where each task reads the window's rows itself, padded (tune.pad_to)."""
     from tests.flows.test_blocks import night, stream_spec, write_stream
 
     monkeypatch.chdir(tmp_path)
@@ -413,7 +488,17 @@ def test_a_tuned_night_on_blocks_charges_the_search_to_every_block_of_its_window
     d["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     d["budget"]["lifetime_epsilon"] = 5.0
     d["tune"] = {"space": SPACE, "candidates": {"distribution": "geometric", "mean": 2}}
-    result = tune_flow.private_tune(spec=d, as_of=night(2).isoformat())
+    if backend == "ray":
+        import ray
+
+        d["execution"] = {"backend": "ray", "workers": 2}
+        d["tune"]["pad_to"] = 0.8  # geometric(2): K = 3 at 0.8, 2 a task: each trains its one, then waits one
+        try:
+            result = tune_flow.private_tune(spec=d, as_of=night(2).isoformat())
+        finally:
+            ray.shutdown()
+    else:
+        result = tune_flow.private_tune(spec=d, as_of=night(2).isoformat())
     sigma, spec = result["noise_multiplier"], specs.spec_from_dict(d)
     n = spec.data.blocks.declared_persons * 2  # N: declared persons a block times the window's blocks
     one = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
