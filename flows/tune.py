@@ -190,43 +190,63 @@ def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: 
     return trained
 
 
-def _share_in_task(job: Tuple[specs.RunSpec, List[Dict[str, Any]]], read: Tuple[dict, Any, str], threads: int):
-    """A Ray task of the private search: its share of the candidates, trained one after another on the rows the
-    task reads itself from the spec's source (never sent through Ray's object store), after it has matched
-    their ordered digest with the driver's (``read``: the spec, the window's rows, the digest). Returns only
-    the best of its share, (setting, score, curve, its loop's state), or None (none finished; a candidate that
-    raised is a loser), and the string "rows changed" when it read other rows (it trains none of them)."""
-    search, share = job
+def _rows_read(read: Tuple[dict, Any, str], threads: int) -> Tuple[Any, bool]:
+    """The rows a Ray task of the private search reads itself from the spec's source (never sent through Ray's
+    object store), and whether their ordered digest is the driver's (``read``: the spec, the window's rows, the
+    digest)."""
     spec_dict, window_rows, digest = read
     torch.set_num_threads(threads)
     data = builders.read_split(spec_dict, window_rows)
-    if data.ordered_digest != digest:
+    return data, data.ordered_digest == digest
+
+
+def _rows_match(read: Tuple[dict, Any, str], threads: int) -> bool:
+    """A worker's check, run before the search starts: does it read the driver's rows?"""
+    return _rows_read(read, threads)[1]
+
+
+def _share_in_task(job: Tuple[specs.RunSpec, List[Dict[str, Any]]], read: Tuple[dict, Any, str], threads: int):
+    """A Ray task of the private search: its share of the candidates, trained one after another on the rows it
+    reads itself (``_rows_read``). Returns only the best of its share, (setting, score, curve, its loop's
+    state), or None (none finished; a candidate that raised is a loser), and the string "rows changed" when it
+    read other rows (it trains none of them)."""
+    search, share = job
+    data, same = _rows_read(read, threads)
+    if not same:
         return ROWS_CHANGED
     best = best_of_share(search, share, data, padded_share(search, search.execution.workers))
     return None if best is None else (best.setting, best.score, best.curve, best.built.loop.state_dict())
 
 
 ROWS_CHANGED = "rows changed"
+CHANGED_ROWS = ("data.source: a Ray task of the search read other rows than the driver (the data changed after "
+                "the driver read it, or a node holds another copy); every node must read the same rows")
 
 
 def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData,
                       started: Callable[[], None]) -> Optional[Candidate]:
     """The private search on Ray: always execution.workers tasks, whatever K (so how many tasks ran says nothing
     of it), the candidates dealt among them in turn; each reads the rows itself and returns its share's best.
-    The winner is rebuilt here from its state: its trajectory on this process's rows."""
+    A task a worker first reads the rows and matches the driver's digest, and only then is the search started:
+    rows that changed since the driver's read are refused with nothing charged (a task that still reads other
+    rows after that refuses too, the search charged whole: its other tasks drew noise). The winner is rebuilt
+    here from its state: its trajectory on this process's rows."""
     from components.runtime.ray_tasks import each_on_ray
     from components.runtime.workers import DataChanged
+
+    def start(matched: List[bool]) -> None:
+        if not all(matched):
+            raise DataChanged(CHANGED_ROWS)
+        started()
 
     execution, local = search.execution, _in_process(search)
     shares = [(local, settings[i::execution.workers]) for i in range(execution.workers)]
     read = (local.model_dump(mode="json"), data.window_rows, data.ordered_digest)
     best = None
     for _, result in each_on_ray(_share_in_task, shares, read, address=execution.address, workers=execution.workers,
-                                 cpus_per_worker=execution.cpus_per_worker, ready=started):
+                                 cpus_per_worker=execution.cpus_per_worker, check=_rows_match, ready=start):
         if result == ROWS_CHANGED:
-            raise DataChanged("data.source: a Ray task of the search read other rows than the driver (the data "
-                              "changed after the search started, or a node holds another copy); every node must "
-                              "read the same rows")
+            raise DataChanged(CHANGED_ROWS)
         if result is not None and (best is None or better(search.tune.score.metric, result[1], best[1])):
             best = result
         del result  # a share's curve and state go with it

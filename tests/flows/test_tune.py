@@ -346,6 +346,45 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
     assert score["accuracy"] == pytest.approx(result["score"], abs=1e-6)
 
 
+def test_a_search_on_ray_whose_rows_change_before_its_tasks_read_them_is_refused_and_charges_nothing(
+        prefect_server, tiny_spec_dict, tmp_path, monkeypatch):
+    """A Ray task of the search reads the rows itself. When the source changed after the driver read it, a task
+    a worker finds it before the search starts: refused in one line, the reservation released. Rows that change
+    after that check, under the candidates' own tasks, are refused too, but the search was started (its other
+    tasks drew noise): charged whole, never less."""
+    import components.runtime.ray_tasks as ray_tasks
+    from tests.conftest import write_digits_file
+
+    path = write_digits_file(tmp_path / "rows.csv", rows=range(1500))
+    d = _tune_spec(tiny_spec_dict, tmp_path)
+    d["data"] = {"declared_private_rows": 1000, "split": {"kind": "hashed", "public": 0.04, "test": 0.2},
+                 "source": {"kind": "file", "path": str(path), "label": "digit", "classes": list(range(10))}}
+    d["execution"] = {"backend": "ray", "workers": 2}
+    monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: [{"optimizer.lr": 0.02, "mechanism.clip": 1.0}])
+    real_each, when = ray_tasks.each_on_ray, {}
+
+    def rows_change(fn, items, shared, *, ready, **kwargs):
+        if when["at"] == "before the check":
+            write_digits_file(path, rows=range(1797))  # new rows land after the driver's read
+            return real_each(fn, items, shared, ready=ready, **kwargs)
+
+        def then_change(checked):
+            ready(checked)
+            write_digits_file(path, rows=range(1797))
+        return real_each(fn, items, shared, ready=then_change, **kwargs)
+
+    monkeypatch.setattr(ray_tasks, "each_on_ray", rows_change)
+    ledger = PrivacyLedger(d["budget"]["ledger"])
+    for at, status, spent in (("before the check", "aborted", 0.0), ("after the check", "committed", 2.0)):
+        write_digits_file(path, rows=range(1500))
+        when["at"] = at
+        with pytest.raises(RuntimeError, match=r"^data.source: a Ray task of the search read other rows than the "
+                                               r"driver \(the data changed after the driver read it"):
+            tune_flow.private_tune(spec=d)
+        charge = ledger.history("digits-tune")[-1]
+        assert charge.status == status, at
+        assert ledger.spent("digits-tune") == pytest.approx(spent, rel=5e-6), at
+
 def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothing(prefect_server, tiny_spec_dict,
                                                                                    tmp_path, monkeypatch):
     """tune.rows public: each setting of the grid trains once a fold on public rows (no private row reaches it)
