@@ -1,6 +1,7 @@
 """RDP, PLD and zCDP accounting with dp-accounting; the accountant is a pure consumer of DpEvents."""
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -227,7 +228,31 @@ class Accountant:
     def calibrate(self, make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float) -> float:
         """Smallest noise multiplier whose event meets (epsilon, delta), via dp-accounting's
         ``calibrate_dp_mechanism`` with a fresh accountant per probe. The search returns the upper end of
-        its bracket, so the result never gives less privacy than asked; it is re-checked here."""
+        its bracket, so the result never gives less privacy than asked; it is re-checked here, every time.
+
+        The search (a dozen compositions, most of a small run's set-up) is kept for the process, keyed by
+        the accountant, the target and the events ``make_event`` gives at CALIBRATION_PROBES: for the events
+        privzo plans, where sigma is each Gaussian's noise multiplier, those fix the event at every sigma, so
+        a kept sigma is the one the search would give. Whatever the key missed, the re-check stands."""
+        try:
+            key: Optional[tuple] = (self.kind, self.neighboring, float(epsilon), float(delta),
+                                    tuple(event_to_json(make_event(probe)) for probe in CALIBRATION_PROBES))
+        except Exception:  # noqa: BLE001 - an event the probes cannot make or write is searched every time
+            key = None
+        sigma = None if key is None else _CALIBRATED.get(key)
+        if sigma is None:
+            sigma = self._search(make_event, epsilon, delta)
+        achieved = self.epsilon(make_event(sigma), delta)
+        if not achieved <= epsilon:
+            raise ArithmeticError(f"calibration gave sigma={sigma} with epsilon {achieved} > target {epsilon}")
+        if key is not None:
+            _CALIBRATED[key] = sigma
+            _CALIBRATED.move_to_end(key)
+            while len(_CALIBRATED) > CALIBRATIONS_KEPT:
+                _CALIBRATED.popitem(last=False)
+        return sigma
+
+    def _search(self, make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float) -> float:
         bracket = None
         unit = gaussian_equivalent(make_event(1.0))
         if unit is not None and unit.noise_multiplier > 0:
@@ -237,7 +262,7 @@ class Accountant:
 
             mu = max(NormalDist().inv_cdf(1 - delta / 2) / max(epsilon, 1e-9), 1e-3) ** -1
             bracket = dp_accounting.LowerEndpointAndGuess(0.0, 1.0 / (mu * unit.noise_multiplier))
-        sigma = float(
+        return float(
             dp_accounting.calibrate_dp_mechanism(
                 self.fresh,
                 # the search starts at sigma = 0, where dp-accounting's sampling-without-replacement RDP
@@ -248,10 +273,11 @@ class Accountant:
                 bracket_interval=bracket,
             )
         )
-        achieved = self.epsilon(make_event(sigma), delta)
-        if not achieved <= epsilon:
-            raise ArithmeticError(f"calibration gave sigma={sigma} with epsilon {achieved} > target {epsilon}")
-        return sigma
+
+
+CALIBRATION_PROBES = (0.5, 1.0, 3.0)
+CALIBRATIONS_KEPT = 256
+_CALIBRATED: "collections.OrderedDict[tuple, float]" = collections.OrderedDict()
 
 
 def describe_event(event: dp_accounting.DpEvent) -> str:

@@ -161,3 +161,30 @@ def test_an_executed_event_is_its_plan_cut_short_or_it_is_named():
         dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(4.0), 20),
         dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(3.0), 2)])) is None
     assert beyond_plan(both, dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(9.0), 2)) is not None
+
+
+def test_a_kept_calibration_is_the_search_and_is_rechecked_every_time(monkeypatch):
+    """A calibration is kept for the process by its accountant, target and events at the probes: asked again it
+    gives the search's sigma without searching; another event (another rate) is searched; and the kept sigma's
+    epsilon is re-checked on every call, so a key that missed something can only fail loud."""
+    import components.accountants.accounting as accounting
+
+    def poisson(q):
+        return lambda sigma: dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), 300)
+
+    accounting._CALIBRATED.clear()
+    acc = Accountant("rdp")
+    searched = []
+    real_search = Accountant._search
+    monkeypatch.setattr(Accountant, "_search", lambda self, *a: searched.append(a[1:]) or real_search(self, *a))
+    first = acc.calibrate(poisson(0.01), 1.0, 1e-5)
+    assert acc.calibrate(poisson(0.01), 1.0, 1e-5) == first and len(searched) == 1
+    accounting._CALIBRATED.clear()
+    assert Accountant("rdp").calibrate(poisson(0.01), 1.0, 1e-5) == first  # what a fresh search gives
+    assert acc.calibrate(poisson(0.02), 1.0, 1e-5) != first and len(searched) == 3
+    assert acc.calibrate(poisson(0.01), 2.0, 1e-5) < first and len(searched) == 4
+    assert Accountant("pld").calibrate(poisson(0.01), 1.0, 1e-5) != first and len(searched) == 5
+    monkeypatch.setattr(Accountant, "epsilon", lambda self, event, delta: 1.5)  # as if the kept sigma fell short
+    with pytest.raises(ArithmeticError, match="epsilon 1.5 > target 1.0"):
+        acc.calibrate(poisson(0.01), 1.0, 1e-5)
