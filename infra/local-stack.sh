@@ -93,7 +93,7 @@ clean_environment() {  # in a subshell about to start a long-running process: ev
   local var
   for var in $(compgen -e); do
     case "$var" in
-      PATH|HOME|LANG|LC_*|TZ|TMPDIR|USER|LOGNAME|TERM|PREFECT_HOME|PREFECT_API_URL|PRIVZO_DEVICE_MEMORY_BYTES) continue ;;
+      PATH|HOME|LANG|LC_*|TZ|TMPDIR|USER|LOGNAME|TERM|PREFECT_HOME|PREFECT_API_URL|PRIVZO_DEVICE_MEMORY_BYTES|PRIVZO_LEASE_SECONDS) continue ;;
       # the caller's runtime settings (threads, numerics, devices, offline hubs, certificates), less any secret
       PREFECT_*|MLFLOW_*|RAY_*|DO_NOT_TRACK|OMP_*|MKL_*|OPENBLAS_*|TORCH_*|CUDA_*|NVIDIA_*|HF_*|TRANSFORMERS_*|\
       TOKENIZERS_*|PYTHONHASHSEED|PYTHONUNBUFFERED|LD_LIBRARY_PATH|SSL_CERT_*|REQUESTS_CA_BUNDLE|XDG_*)
