@@ -27,7 +27,8 @@ def main() -> None:
 
     import specs
     from components import builders
-    from flows.tune import candidates_on_ray, train_candidate
+    from flows.tune import candidates_on_ray
+    from flows.tune_candidates import train_candidate
 
     with open(os.path.join(ROOT, "specs", "examples", "digits_tune.yaml")) as f:
         d = yaml.safe_load(f)

@@ -8,7 +8,7 @@ parent run for the search (its space, K's law, the guarantee: never K, never a l
 one child run, the winner's (its setting, its curve, its model, registered like any run). A losing
 candidate's metrics, model and curve stay in this process's memory and are dropped with it; nothing of it is
 logged, printed or written. Who sees the flow run's duration or the worker's process table can estimate K,
-unless tune.pad_to pads every share of candidates to the same time (``best_of_share``): docs/guide/tuning.md
+unless tune.pad_to pads every share of candidates to the same time (``tune_candidates.best_of_share``): docs/guide/tuning.md
 says what stays visible.
 """
 from __future__ import annotations
@@ -16,26 +16,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import dp_accounting
 import mlflow
-import torch
 from mlflow.entities import Param, RunTag
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
 import specs
-from components import builders, models
+from components import builders
 from components.data import SplitData
-from components.protocols import Finalizing
 from components.tuning import RepeatLaw, better, candidate_spec, draw_candidates
 from flows.session import NO_FOLDER, RunSession
-from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, evaluation, open_budget, load_and_split,
+from flows.tasks import (RunLedger, calibrate, charged_to_the_team_ledger, open_budget, load_and_split,
                          load_run_spec)
 from specs.refusal import checking_input, is_refusal, quiet_refusals, refusal_line
 from flows.resume import run_window
@@ -43,57 +39,13 @@ from flows.window import BlockView
 from flows.record.registration import log_metrics, log_spent, open_run, register
 from flows.record.tracking import training_experiment
 from flows.record.tracking_names import DP_EPSILON, DP_GUARANTEE, MLFLOW_PARENT_RUN_ID, TUNE, TUNE_PICKED_BY
+from flows import tune_candidates as candidates
 from flows.tune_rehearsal import rehearse
 
 
 
-@dataclass
-class Candidate:
-    """One trained candidate, in memory only: a loser's is dropped with this object."""
-    setting: Dict[str, Any]
-    spec: specs.RunSpec
-    built: Any
-    score: float
-    curve: List[Tuple[int, Dict[str, float]]] = field(default_factory=list)
-    scores: Dict[str, float] = field(default_factory=dict)  # every metric on the score's rows
-
-
-def scores_of(spec: specs.RunSpec, built, data: SplitData) -> Dict[str, float]:
-    """The candidate's metrics on the tune's split (public or test rows: never a private one)."""
-    rows = data.public if spec.tune.score.split == "public" else data.test
-    if not len(rows):
-        raise ValueError(f"tune.score.split: the {spec.tune.score.split} split has no rows to score candidates on; "
-                         "give it rows (data.split) or score on the other")
-    dev = built.device
-    return {k: float(v) for k, v in models.evaluate(built.model, torch.as_tensor(rows.features, device=dev),
-                                                    torch.as_tensor(rows.labels, device=dev)).items()}
-
-
-def train_candidate(search: specs.RunSpec, setting: Dict[str, Any], data: SplitData) -> Candidate:
-    """One candidate trained to its end in memory, its curve (the run's evaluation every log_every steps,
-    on test and public rows) kept for the winner's child run."""
-    spec = candidate_spec(search, setting)
-    built = builders.build_loop(spec, data, selected_by=search.tune)  # its tracker: what the search spends
-    warm = builders.public_warm_start(spec, built)
-    start = evaluation(built, data)
-    curve = [(0, {**({"public/warm_start_steps": warm} if warm else {}), **start})]
-    steps, every = spec.optimizer.steps, spec.tracking.log_every
-    try:
-        while built.loop.step < steps and not built.loop.finished:
-            built.loop.run(min(steps, built.loop.step + every))
-            curve.append((built.loop.step, evaluation(built, data)))
-        optimizer = built.loop.backend.optimizer
-        if isinstance(optimizer, Finalizing):
-            optimizer.finalize()
-            curve[-1] = (built.loop.step, evaluation(built, data))
-    finally:
-        built.loop.backend.close()
-    scores = scores_of(search, built, data)
-    return Candidate(setting, spec, built, scores[search.tune.score.metric], curve, scores)
-
-
 @task(name="tune-candidates", cache_policy=NO_CACHE, retries=0)
-def run_candidates(search: specs.RunSpec, data: SplitData, started: Callable[[], None]) -> Optional[Candidate]:
+def run_candidates(search: specs.RunSpec, data: SplitData, started: Callable[[], None]) -> Optional[candidates.Candidate]:
     """Draw K and the settings, train each candidate, keep the best (None when K = 0 or none finished). K is
     never returned, logged or printed. With execution.backend ray the candidates are dealt among
     execution.workers Ray tasks (``candidates_on_ray``), each training its share in-process on rows it reads
@@ -105,61 +57,7 @@ def run_candidates(search: specs.RunSpec, data: SplitData, started: Callable[[],
     if search.execution.backend == "ray":
         return candidates_on_ray(search, settings, data, started)
     started()
-    return best_of_share(search, settings, data, padded_share(search, 1))
-
-
-def padded_share(search: specs.RunSpec, tasks: int) -> Optional[int]:
-    """How many candidates' time a share lasts with tune.pad_to (None without): the K at that quantile of K's
-    law, dealt among ``tasks`` shares as the candidates are. A function of the public spec only."""
-    q = search.tune.pad_to
-    return None if q is None else -(-RepeatLaw(search.tune.candidates).quantile(q) // tasks)
-
-
-def best_of_share(search: specs.RunSpec, share: List[Dict[str, Any]], data: SplitData,
-                  pad_to: Optional[int] = None) -> Optional[Candidate]:
-    """The best candidate of ``share``, trained one after another (None when none finished: a candidate that
-    raises is a loser; what it raised is not released). With ``pad_to`` (``padded_share``) the share then lasts
-    as long as that many candidates, timed by its own (a share without one trains a throwaway candidate, never
-    compared nor kept, to time one): its duration says nothing of its size unless the size is past it."""
-    best: Optional[Candidate] = None
-    began, trained = time.monotonic(), 0
-    for setting in share:
-        trained += 1
-        try:
-            candidate = train_candidate(search, setting, data)
-        except Exception:  # noqa: BLE001 - a loser; what it raised is not released
-            continue
-        if best is None or better(search.tune.score.metric, candidate.score, best.score):
-            best = candidate
-        del candidate  # a loser's model and curve go with it
-    if pad_to is not None and trained < pad_to:
-        if not trained:
-            try:
-                train_candidate(search, search.tune.settings()[0], data)
-            except Exception:  # noqa: BLE001 - it only times a candidate
-                pass
-            trained = 1
-        spent = time.monotonic() - began
-        time.sleep(max(0.0, spent / trained * pad_to - spent))
-    return best
-
-
-def _in_process(search: specs.RunSpec) -> specs.RunSpec:
-    """The search as one Ray task trains a candidate: its steps in the task's own process."""
-    data = search.model_dump(mode="json")
-    data["execution"]["backend"] = "local"
-    return specs.RunSpec.model_validate(data)
-
-
-def _trained_in_task(job: Tuple[specs.RunSpec, Dict[str, Any]], data: SplitData, threads: int):
-    """A rehearsal's setting trained in a Ray task: (its scores, its curve), or None when it raised."""
-    search, setting = job
-    torch.set_num_threads(threads)
-    try:
-        candidate = train_candidate(search, setting, data)
-    except Exception:  # noqa: BLE001 - a loser; what it raised stays in the task
-        return None
-    return candidate.scores, candidate.curve
+    return candidates.best_of_share(search, settings, data, candidates.padded_share(search, 1))
 
 
 def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData):
@@ -167,8 +65,8 @@ def _results_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data:
     tasks): yields (setting, its task's result), one at a time."""
     from components.runtime.ray_tasks import each_on_ray
 
-    execution, local = search.execution, _in_process(search)
-    for (_, setting), result in each_on_ray(_trained_in_task, [(local, s) for s in settings], data,
+    execution, local = search.execution, candidates.in_process(search)
+    for (_, setting), result in each_on_ray(candidates.trained_in_task, [(local, s) for s in settings], data,
                                              address=execution.address, workers=execution.workers,
                                              cpus_per_worker=execution.cpus_per_worker):
         yield setting, result
@@ -182,7 +80,7 @@ def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: 
     trained = []
     for setting in settings:
         try:
-            candidate = train_candidate(search, setting, data)
+            candidate = candidates.train_candidate(search, setting, data)
             trained.append((candidate.scores, candidate.curve))
         except Exception as err:  # noqa: BLE001 - public rows only: what it raised may be said
             get_run_logger().warning("tune rehearsal: the setting %s failed: %s", setting, err)
@@ -190,41 +88,8 @@ def _every_setting(search: specs.RunSpec, settings: List[Dict[str, Any]], data: 
     return trained
 
 
-def _rows_read(read: Tuple[dict, Any, str], threads: int) -> Tuple[Any, bool]:
-    """The rows a Ray task of the private search reads itself from the spec's source (never sent through Ray's
-    object store), and whether their ordered digest is the driver's (``read``: the spec, the window's rows, the
-    digest)."""
-    spec_dict, window_rows, digest = read
-    torch.set_num_threads(threads)
-    data = builders.read_split(spec_dict, window_rows)
-    return data, data.ordered_digest == digest
-
-
-def _rows_match(read: Tuple[dict, Any, str], threads: int) -> bool:
-    """A worker's check, run before the search starts: does it read the driver's rows?"""
-    return _rows_read(read, threads)[1]
-
-
-def _share_in_task(job: Tuple[specs.RunSpec, List[Dict[str, Any]]], read: Tuple[dict, Any, str], threads: int):
-    """A Ray task of the private search: its share of the candidates, trained one after another on the rows it
-    reads itself (``_rows_read``). Returns only the best of its share, (setting, score, curve, its loop's
-    state), or None (none finished; a candidate that raised is a loser), and the string "rows changed" when it
-    read other rows (it trains none of them)."""
-    search, share = job
-    data, same = _rows_read(read, threads)
-    if not same:
-        return ROWS_CHANGED
-    best = best_of_share(search, share, data, padded_share(search, search.execution.workers))
-    return None if best is None else (best.setting, best.score, best.curve, best.built.loop.state_dict())
-
-
-ROWS_CHANGED = "rows changed"
-CHANGED_ROWS = ("data.source: a Ray task of the search read other rows than the driver (the data changed after "
-                "the driver read it, or a node holds another copy); every node must read the same rows")
-
-
 def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], data: SplitData,
-                      started: Callable[[], None]) -> Optional[Candidate]:
+                      started: Callable[[], None]) -> Optional[candidates.Candidate]:
     """The private search on Ray: always execution.workers tasks, whatever K (so how many tasks ran says nothing
     of it), the candidates dealt among them in turn; each reads the rows itself and returns its share's best.
     A task a worker first reads the rows and matches the driver's digest, and only then is the search started:
@@ -236,17 +101,17 @@ def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], dat
 
     def start(matched: List[bool]) -> None:
         if not all(matched):
-            raise DataChanged(CHANGED_ROWS)
+            raise DataChanged(candidates.CHANGED_ROWS)
         started()
 
-    execution, local = search.execution, _in_process(search)
+    execution, local = search.execution, candidates.in_process(search)
     shares = [(local, settings[i::execution.workers]) for i in range(execution.workers)]
     read = (local.model_dump(mode="json"), data.window_rows, data.ordered_digest)
     best = None
-    for _, result in each_on_ray(_share_in_task, shares, read, address=execution.address, workers=execution.workers,
-                                 cpus_per_worker=execution.cpus_per_worker, check=_rows_match, ready=start):
-        if result == ROWS_CHANGED:
-            raise DataChanged(CHANGED_ROWS)
+    for _, result in each_on_ray(candidates.share_in_task, shares, read, address=execution.address, workers=execution.workers,
+                                 cpus_per_worker=execution.cpus_per_worker, check=candidates.rows_match, ready=start):
+        if result == candidates.ROWS_CHANGED:
+            raise DataChanged(candidates.CHANGED_ROWS)
         if result is not None and (best is None or better(search.tune.score.metric, result[1], best[1])):
             best = result
         del result  # a share's curve and state go with it
@@ -256,7 +121,7 @@ def candidates_on_ray(search: specs.RunSpec, settings: List[Dict[str, Any]], dat
     spec = candidate_spec(local, setting)
     built = builders.build_loop(spec, data, selected_by=search.tune)
     built.loop.load_state_dict(state, restore_privacy_steps=True)
-    return Candidate(setting, spec, built, score, curve)
+    return candidates.Candidate(setting, spec, built, score, curve)
 
 
 def selection_sentence(search: specs.RunSpec) -> str:
@@ -381,7 +246,7 @@ def _private_stage(loaded: specs.RunSpec, rehearsal: Dict[str, Any], as_of: Opti
     return result
 
 
-def _release(search: specs.RunSpec, plan, data: SplitData, best: Candidate, parent: str):
+def _release(search: specs.RunSpec, plan, data: SplitData, best: candidates.Candidate, parent: str):
     """The winner as any run is released: its child run under the search's, its curve, its spend (the
     search's, its tracker says so) and its registered version."""
     client = mlflow.MlflowClient(search.tracking.uri)

@@ -16,6 +16,7 @@ from dp_accounting.rdp import RdpAccountant
 import specs
 from components.tuning import RepeatLaw
 from flows import tune as tune_flow
+from flows import tune_candidates as candidates
 from flows.cli import main
 from flows.ledger import PrivacyLedger
 from flows.record.tracking_names import (DP_EPSILON, MLFLOW_PARENT_RUN_ID, PRIVZO_BLOCKS, PRIVZO_INIT, TUNE,
@@ -72,14 +73,14 @@ def test_a_padded_share_lasts_as_long_whatever_its_size_and_keeps_its_best(monke
         time.sleep(each)
         return SimpleNamespace(setting=setting, score=setting["optimizer.lr"])
 
-    monkeypatch.setattr(tune_flow, "train_candidate", timed)
+    monkeypatch.setattr(candidates, "train_candidate", timed)
     search = SimpleNamespace(tune=SimpleNamespace(score=SimpleNamespace(metric="accuracy"),
                                                   settings=lambda: [{"optimizer.lr": 9.0}]))
     took = {}
     for size in (0, 1, 3, 5):
         share = [{"optimizer.lr": float(i)} for i in range(size)]
         began = time.monotonic()
-        best = tune_flow.best_of_share(search, share, None, pad_to=4)
+        best = candidates.best_of_share(search, share, None, pad_to=4)
         took[size] = time.monotonic() - began
         assert (best is None) if size == 0 else best.setting == {"optimizer.lr": size - 1.0}
     assert all(4 * each <= took[size] < 4 * each + each / 2 for size in (0, 1, 3)), took
@@ -99,22 +100,22 @@ def test_a_ray_task_of_a_padded_search_pads_its_share_to_the_public_laws_share(t
         return SimpleNamespace(setting=setting, score=0.5, curve=[],
                                built=SimpleNamespace(loop=SimpleNamespace(state_dict=dict)))
 
-    monkeypatch.setattr(tune_flow, "train_candidate", timed)
-    monkeypatch.setattr(tune_flow.builders, "read_split", lambda spec, rows: SimpleNamespace(ordered_digest="d"))
+    monkeypatch.setattr(candidates, "train_candidate", timed)
+    monkeypatch.setattr(candidates.builders, "read_split", lambda spec, rows: SimpleNamespace(ordered_digest="d"))
     d = _tune_spec(tiny_spec_dict, tmp_path, candidates={"distribution": "poisson", "mean": 2}, pad_to=0.99)
     d["execution"] = {"backend": "ray", "workers": 3}
-    search = tune_flow._in_process(specs.spec_from_dict(d))
+    search = candidates.in_process(specs.spec_from_dict(d))
     for share in ([], [{"optimizer.lr": 0.02}]):
         began = time.monotonic()
-        tune_flow._share_in_task((search, share), ({}, None, "d"), 1)
+        candidates.share_in_task((search, share), ({}, None, "d"), 1)
         assert 2 * each <= time.monotonic() - began < 2.5 * each
 
 
 def test_pad_to_is_a_private_searchs_and_its_share_is_the_public_laws(tiny_spec_dict, tmp_path):
     d = _tune_spec(tiny_spec_dict, tmp_path, candidates={"distribution": "poisson", "mean": 2}, pad_to=0.99)
     search = specs.spec_from_dict(d)
-    assert tune_flow.padded_share(search, 1) == 6 and tune_flow.padded_share(search, 4) == 2
-    assert tune_flow.padded_share(specs.spec_from_dict(_tune_spec(tiny_spec_dict, tmp_path)), 1) is None
+    assert candidates.padded_share(search, 1) == 6 and candidates.padded_share(search, 4) == 2
+    assert candidates.padded_share(specs.spec_from_dict(_tune_spec(tiny_spec_dict, tmp_path)), 1) is None
     rehearsal = _tune_spec(tiny_spec_dict, tmp_path, rows="public", then="train", pad_to=0.99)
     with pytest.raises(specs.SpecError, match=r"pad_to: only a private search draws K \(rows: private, or then: "
                                               r"search\)"):
@@ -146,14 +147,14 @@ def test_a_tune_charges_once_the_epsilon_dp_accounting_gives_and_releases_only_t
                 {"optimizer.lr": 0.02, "mechanism.clip": 1.0}]
     monkeypatch.setattr(tune_flow, "draw_candidates", lambda tune, rng: list(settings))
     trained = []
-    real = tune_flow.train_candidate
+    real = candidates.train_candidate
 
     def spy(search, setting, data):
         candidate = real(search, setting, data)
         trained.append((setting, candidate.score, [dict(m) for _, m in candidate.curve]))
         return candidate
 
-    monkeypatch.setattr(tune_flow, "train_candidate", spy)
+    monkeypatch.setattr(candidates, "train_candidate", spy)
     d = _tune_spec(tiny_spec_dict, tmp_path)
     state = tune_flow.private_tune(spec=d, return_state=True)
     result = state.result()
@@ -273,7 +274,8 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
     each reading the rows itself (none is sent through Ray's object store); the winner's model, rebuilt on the
     driver from the state its task returned, scores what its task scored, and is registered with the search's
     epsilon. Run from a folder of the user's holding folders named like privzo's packages, the tasks import
-    privzo's own (Ray puts the driver's working directory first on its workers' path)."""
+    privzo's own (Ray puts the driver's working directory first on its workers' path). The search is the flow as
+    a deployment's run loads it (its entrypoint file as a module of its own name)."""
     import pickle
 
     import ray
@@ -316,7 +318,14 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
         return real_each(fn, items, shared, **kwargs)
 
     monkeypatch.setattr(ray_tasks, "each_on_ray", spy)
-    result = tune_flow.private_tune(spec=d)  # from privzo's own root, whatever the working directory
+    # the flow as a deployment's run loads it: its entrypoint file by path, as a top-level module of its own
+    # name (so nothing a Ray task runs may be defined there: a worker could not import it by that name)
+    from prefect.flows import load_flow_from_entrypoint
+
+    deployed = load_flow_from_entrypoint(f"{Path(tune_flow.__file__)}:private_tune")
+    assert deployed.fn.__module__ != "flows.tune"
+    monkeypatch.setitem(deployed.fn.__globals__, "draw_candidates", lambda tune, rng: list(settings))
+    result = deployed(spec=d)  # from privzo's own root, whatever the working directory
     assert result["winner"] in settings
     ((items, shared),) = submitted
     assert len(items) == 2 and sorted(len(share) for _, share in items) == [1, 2]  # 2 tasks for K = 3
@@ -327,7 +336,7 @@ def test_candidates_run_as_ray_tasks_and_the_winner_is_rebuilt_from_its_state(pr
 
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
     for _ in range(50):
-        marks = sum(f.read_text(errors="replace").count(":task_name:_share_in_task") for f in logs.glob("worker-*.out"))
+        marks = sum(f.read_text(errors="replace").count(":task_name:share_in_task") for f in logs.glob("worker-*.out"))
         if marks >= 2:
             break
         time.sleep(0.2)
@@ -393,13 +402,13 @@ def test_a_rehearsal_trains_every_setting_on_public_rows_only_and_charges_nothin
     from components import builders
 
     seen = []
-    real = tune_flow.train_candidate
+    real = candidates.train_candidate
 
     def spy(search, setting, data):
         seen.append(set(data.private.fingerprints) | set(data.public.fingerprints))
         return real(search, setting, data)
 
-    monkeypatch.setattr(tune_flow, "train_candidate", spy)
+    monkeypatch.setattr(candidates, "train_candidate", spy)
     d = _tune_spec(tiny_spec_dict, tmp_path, rows="public", folds=2)
     d["tune"]["space"] = {"optimizer.lr": [0.005, 0.08]}
     result = tune_flow.private_tune(spec=d)
@@ -434,14 +443,14 @@ def test_a_rehearsal_longer_than_its_lease_keeps_its_record_while_another_run_se
     import time
 
     monkeypatch.setenv("PRIVZO_LEASE_SECONDS", "1")
-    real, settled = tune_flow.train_candidate, []
+    real, settled = candidates.train_candidate, []
 
     def slow(search, setting, data):
         time.sleep(1.6)  # past the lease: only its renewals keep the reservation live
         settled.extend(PrivacyLedger.open(d["budget"]["ledger"]).settle_expired("digits-tune"))
         return real(search, setting, data)
 
-    monkeypatch.setattr(tune_flow, "train_candidate", slow)
+    monkeypatch.setattr(candidates, "train_candidate", slow)
     d = _tune_spec(tiny_spec_dict, tmp_path, rows="public", folds=2)
     d["tune"]["space"] = {"optimizer.lr": [0.005]}
     result = tune_flow.private_tune(spec=d)
@@ -628,3 +637,30 @@ def test_a_subflow_of_a_deployments_run_is_charged_as_the_deployments_run(prefec
         assert outer() == (True, True)
     finally:
         _deployment_id.reset(token)
+
+
+def test_nothing_a_ray_worker_runs_is_defined_in_a_deployments_entrypoint_file():
+    """A deployment's run loads its entrypoint file by path, as a top-level module named after the file (flows/tune.py
+    as ``tune``), and Ray pickles a function by its module's name: one defined there reaches a worker as
+    ``tune.fn``, which no worker can import. So no function or class an entrypoint file defines is handed to Ray
+    (each_on_ray, ray.remote, .remote, or as a Ray backend's assemble)."""
+    import ast
+
+    import yaml
+
+    from tests.conftest import ROOT
+
+    entrypoints = {d["entrypoint"].split(":")[0] for d in
+                   yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())["deployments"]}
+    assert "flows/tune.py" in entrypoints and "flows/private_train.py" in entrypoints
+    handed = []
+    for path in sorted(entrypoints):
+        tree = ast.parse((ROOT / path).read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+            if name not in ("each_on_ray", "remote", "RayBackend"):
+                continue
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                handed += [(path, n.id) for n in ast.walk(arg) if isinstance(n, ast.Name) and n.id in defined]
+    assert handed == []
